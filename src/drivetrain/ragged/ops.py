@@ -1,0 +1,330 @@
+"""Batched, sync-free index ops on ragged batches: gather, scatter, write, map_pairs, mask_from_indices.
+
+Every op here handles all samples of all batch dims in a fixed number of kernel launches, reads no
+tensor values on the host, and is differentiable for floating data. Shapes use one glossary: ``*batch``
+the batch dims (e.g. ``L, B``), ``N`` the indexed length, ``J`` the padded number of indices, ``*rest``
+trailing data dims. Internally each op flattens to ``M = prod(batch)`` rows of ``R = prod(rest)``
+elements and uses one ``index_select`` / ``index_copy_`` over the flat row space.
+
+Indices may be negative (counted from the end of the sample: its size for ragged data, ``N`` for a plain
+tensor). Index padding is never read. Out-of-range indices raise ``IndexError`` naming the argument on the
+CPU; on a GPU they are caught by PyTorch's kernels when outside the padded tensor, and by a device-side
+assert when inside it but past the sample's size only after
+:func:`drivetrain.ragged.set_device_checks` (off by default: it costs launches).
+"""
+
+from __future__ import annotations
+
+import math
+from builtins import sum as builtins_sum
+
+import torch
+
+from drivetrain.ragged._checks import (
+    assert_values,
+    check_batch_shape,
+    check_int_dtype,
+    check_same_device,
+    values_checked,
+)
+from drivetrain.ragged.batch import RaggedBatch, _normalize_ragged_dim
+
+__all__ = ["as_index", "combine", "gather", "map_pairs", "mask_from_indices", "scatter", "write"]
+
+
+def as_index(index: RaggedBatch | torch.Tensor, name: str = "index") -> RaggedBatch:
+    """Validate an index argument; a plain ``(*batch, J)`` tensor counts as all-valid."""
+    if isinstance(index, torch.Tensor):
+        if index.dim() < 2:
+            raise ValueError(f"{name}: a plain index tensor needs shape (*batch, J), got {tuple(index.shape)}")
+        index = RaggedBatch.from_dense(index, num_batch_dims=index.dim() - 1)
+    if not isinstance(index, RaggedBatch):
+        raise TypeError(f"{name}: expected a RaggedBatch or tensor of indices, got {type(index).__name__}")
+    check_int_dtype(index.tensor, name)
+    if index.tensor.dim() != index.num_batch_dims + 1:
+        raise ValueError(
+            f"{name}: must have shape (*batch, J) with the ragged dim last, got {tuple(index.shape)} "
+            f"with {index.num_batch_dims} batch dim(s)"
+        )
+    return index
+
+
+def _source(
+    data: RaggedBatch | torch.Tensor, num_batch_dims: int, dim: int | None, name: str
+) -> tuple[torch.Tensor, int, torch.Tensor | int]:
+    """Return (tensor, indexed dim, per-sample length limit) for a data argument."""
+    if isinstance(data, RaggedBatch):
+        if data.num_batch_dims != num_batch_dims:
+            raise ValueError(f"{name}: has {data.num_batch_dims} batch dim(s), the index has {num_batch_dims}")
+        if dim is not None and _normalize_ragged_dim(dim, num_batch_dims, data.tensor.dim()) != data.ragged_dim:
+            raise ValueError(f"dim: {dim} differs from the ragged dim {data.ragged_dim} of {name}")
+        return data.tensor, data.ragged_dim, data.sizes
+    if not isinstance(data, torch.Tensor):
+        raise TypeError(f"{name}: expected a RaggedBatch or tensor, got {type(data).__name__}")
+    if data.dim() <= num_batch_dims:
+        raise ValueError(f"{name}: shape {tuple(data.shape)} has no dim to index after {num_batch_dims} batch dim(s)")
+    dim = _normalize_ragged_dim(dim, num_batch_dims, data.dim())
+    return data, dim, data.shape[dim]
+
+
+def _resolve(index: RaggedBatch, limit: torch.Tensor | int, name: str) -> torch.Tensor:
+    """Wrap negative indices, check the range (no sync) and zero the padding: int64 ``(*batch, J)``."""
+    valid = index.mask  # (*batch, J)
+    idx = index.tensor.long()  # (*batch, J)
+    bound = limit.unsqueeze(-1) if isinstance(limit, torch.Tensor) else limit  # (*batch, 1) or int
+    idx = torch.where(idx < 0, idx + bound, idx)  # (*batch, J)
+    if values_checked(idx.device) and idx.numel() > 0:
+        in_range = (idx >= 0) & (idx < bound) | ~valid  # (*batch, J)
+        assert_values(in_range.all(), IndexError, f"{name}: an index is out of range for its sample")
+    return idx.masked_fill(~valid, 0)  # (*batch, J)
+
+
+def _flat_rows(
+    idx: torch.Tensor, valid: torch.Tensor, num_rows: int, length: int, dump: int | None = None
+) -> torch.Tensor:
+    """Row numbers of ``idx`` in the flat ``(M * length, R)`` view; padding goes to row ``dump`` if given."""
+    base = torch.arange(num_rows, device=idx.device).mul_(length)  # (M,)
+    rows = idx.reshape(num_rows, idx.shape[-1]) + base.unsqueeze(1)  # (M, J)
+    if dump is not None:
+        rows = rows.masked_fill(~valid.reshape(num_rows, idx.shape[-1]), dump)  # (M, J)
+    return rows.reshape(-1)  # (M*J,)
+
+
+def _fill_mask_view(valid: torch.Tensor, num_rest: int) -> torch.Tensor:
+    return valid.view(*valid.shape, *([1] * num_rest))  # (*batch, J, 1...)
+
+
+def gather(
+    data: RaggedBatch | torch.Tensor,
+    index: RaggedBatch | torch.Tensor,
+    fill: float = 0,
+    *,
+    dim: int | None = None,
+) -> RaggedBatch:
+    """Batched gather: ``out[b, j] = data[b, index[b, j]]`` for ``j < index.sizes[b]``, ``fill`` elsewhere.
+
+    Args:
+        data: ``(*batch, N, *rest)`` tensor (``N`` at ``dim``, default the first dim after the batch
+            dims), or a RaggedBatch (indexed along its ragged dim; indices must be below its sizes).
+        index: RaggedBatch of integers ``(*batch, J)``; a plain tensor counts as all-valid.
+        fill: value at padding positions of the output.
+        dim: for a plain-tensor ``data``, the dim to index.
+
+    Returns:
+        RaggedBatch ``(*batch, J, *rest)`` (``J`` at ``dim``) sharing ``index``'s sizes. Gradients flow
+        to ``data`` (accumulated over repeated indices).
+
+    Example:
+        >>> matched_pred = gather(pred_boxes, pred_index)  # (L, B, Q, D) at (L, B, G) -> (L, B, G, D)
+    """
+    index = as_index(index)
+    nb = index.num_batch_dims
+    tensor, dim, limit = _source(data, nb, dim, "data")
+    check_batch_shape(tensor.shape[:nb], index.batch_shape, "data", "index")
+    check_same_device(tensor, index.tensor, "data", "index")
+    src = tensor.movedim(dim, nb)  # (*batch, N, *rest)
+    rest = src.shape[nb + 1 :]
+    num_rows, n, r = math.prod(index.batch_shape), src.shape[nb], math.prod(rest)
+    idx = _resolve(index, limit, "index")  # (*batch, J)
+    valid = index.mask  # (*batch, J)
+    out_shape = (*index.batch_shape, index.max_size, *rest)
+    if n == 0 or num_rows == 0:
+        out = src.new_full(out_shape, fill)  # (*batch, J, *rest)
+    else:
+        rows = _flat_rows(idx, valid, num_rows, n)  # (M*J,)
+        out = src.reshape(num_rows * n, r).index_select(0, rows).view(out_shape)  # (*batch, J, *rest)
+        out = out.masked_fill(~_fill_mask_view(valid, len(rest)), fill)  # (*batch, J, *rest)
+    return RaggedBatch._make(out.movedim(nb, dim), index.sizes, dim, index._mask)
+
+
+def scatter(
+    values: RaggedBatch | torch.Tensor,
+    index: RaggedBatch | torch.Tensor,
+    size: int,
+    fill: float = 0,
+    *,
+    dim: int | None = None,
+) -> torch.Tensor:
+    """Inverse of :func:`gather` into a new tensor: ``out[b, index[b, j]] = values[b, j]`` for valid ``j``.
+
+    Args:
+        values: ``(*batch, J, *rest)`` tensor or RaggedBatch (``J`` at ``dim``; only the first
+            ``index.sizes[b]`` entries of sample ``b`` are used).
+        index: RaggedBatch of integers ``(*batch, J)`` in ``[-size, size)``. Within a sample, indices
+            must be distinct; with duplicates one of the values lands (which one is unspecified).
+        size: length ``N`` of the output's indexed dim.
+        fill: value at positions no index points to.
+        dim: for a plain-tensor ``values``, the dim holding ``J``.
+
+    Returns:
+        Tensor ``(*batch, N, *rest)`` (``N`` at ``dim``). Gradients flow to ``values``.
+    """
+    index = as_index(index)
+    nb = index.num_batch_dims
+    tensor, dim, _ = _source(values, nb, dim, "values")
+    check_batch_shape(tensor.shape[:nb], index.batch_shape, "values", "index")
+    check_same_device(tensor, index.tensor, "values", "index")
+    if size < 0:
+        raise ValueError(f"size: must be ≥ 0, got {size}")
+    src = tensor.movedim(dim, nb)  # (*batch, J, *rest)
+    if src.shape[nb] != index.max_size:
+        raise ValueError(
+            f"values: has length {src.shape[nb]} at dim {dim}, the index has padded length {index.max_size}"
+        )
+    rest = src.shape[nb + 1 :]
+    num_rows, r = math.prod(index.batch_shape), math.prod(rest)
+    idx = _resolve(index, size, "index")  # (*batch, J)
+    dump = num_rows * size
+    rows = _flat_rows(idx, index.mask, num_rows, size, dump=dump)  # (M*J,)
+    out = src.new_full((dump + 1, r), fill)  # (M*N + 1, R): last row takes the padding
+    out.index_copy_(0, rows, src.reshape(num_rows * index.max_size, r))
+    out = out[:dump].view(*index.batch_shape, size, *rest)  # (*batch, N, *rest)
+    return out.movedim(nb, dim)
+
+
+def write(
+    into: RaggedBatch | torch.Tensor,
+    index: RaggedBatch | torch.Tensor,
+    values: RaggedBatch | torch.Tensor,
+    *,
+    dim: int | None = None,
+) -> RaggedBatch | torch.Tensor:
+    """Copy of ``into`` with ``into[b, index[b, j]] = values[b, j]`` for valid ``j``.
+
+    Args:
+        into: ``(*batch, N, *rest)`` tensor (``N`` at ``dim``) or RaggedBatch (written along its
+            ragged dim; indices must be below its sizes).
+        index: RaggedBatch of integers ``(*batch, J)``, distinct within a sample.
+        values: ``(*batch, J, *rest)`` tensor or RaggedBatch of ``into``'s dtype, ``J`` at the same dim.
+        dim: for a plain-tensor ``into``, the dim to write along.
+
+    Returns:
+        Same type and shape as ``into`` (a RaggedBatch keeps its sizes). Gradients flow to ``values``
+        and to ``into`` (zero at the overwritten positions).
+    """
+    index = as_index(index)
+    nb = index.num_batch_dims
+    target, dim, limit = _source(into, nb, dim, "into")
+    vals = values.tensor if isinstance(values, RaggedBatch) else values
+    if not isinstance(vals, torch.Tensor):
+        raise TypeError(f"values: expected a RaggedBatch or tensor, got {type(values).__name__}")
+    check_batch_shape(target.shape[:nb], index.batch_shape, "into", "index")
+    check_same_device(target, index.tensor, "into", "index")
+    check_same_device(vals, target, "values", "into")
+    if vals.dtype != target.dtype:
+        raise ValueError(f"values: dtype {vals.dtype} differs from the dtype {target.dtype} of into")
+    dst = target.movedim(dim, nb)  # (*batch, N, *rest)
+    if vals.dim() != target.dim():
+        raise ValueError(f"values: has {vals.dim()} dims, into has {target.dim()}")
+    src = vals.movedim(dim, nb)  # (*batch, J, *rest)
+    expected = (*index.batch_shape, index.max_size, *dst.shape[nb + 1 :])
+    if tuple(src.shape) != expected:
+        raise ValueError(
+            f"values: shape {tuple(vals.shape)} (ragged dim moved to {nb}: {tuple(src.shape)}) does not "
+            f"match {expected} = (batch, index padded length, data dims of into)"
+        )
+    rest = dst.shape[nb + 1 :]
+    num_rows, n, r = math.prod(index.batch_shape), dst.shape[nb], math.prod(rest)
+    idx = _resolve(index, limit, "index")  # (*batch, J)
+    dump = num_rows * n
+    rows = _flat_rows(idx, index.mask, num_rows, n, dump=dump)  # (M*J,)
+    out = torch.cat([dst.reshape(dump, r), dst.new_zeros(1, r)])  # (M*N + 1, R)
+    out.index_copy_(0, rows, src.reshape(num_rows * index.max_size, r))
+    out = out[:dump].view(dst.shape).movedim(nb, dim)  # (*batch, N, *rest) with N at dim
+    if isinstance(into, RaggedBatch):
+        return into.with_tensor(out)
+    return out
+
+
+def map_pairs(
+    src: RaggedBatch | torch.Tensor,
+    src_index: RaggedBatch | torch.Tensor,
+    dst_index: RaggedBatch | torch.Tensor,
+    dst: RaggedBatch | torch.Tensor,
+) -> RaggedBatch | torch.Tensor:
+    """Copy of ``dst`` with ``dst[b, dst_index[b, j]] = src[b, src_index[b, j]]`` for valid pairs ``j``.
+
+    Typical use: move matched ground truth into prediction slots (``src`` = GT ``(*batch, G, D)``,
+    ``dst`` = targets ``(*batch, Q, D)``). Source indices may repeat; destination indices must be
+    distinct within a sample. Both indices must have equal sizes (checked without a sync, see module).
+
+    Returns:
+        Same type as ``dst``; gradients flow to ``src`` and to ``dst`` (zero where overwritten).
+    """
+    src_index, dst_index = as_index(src_index, "src_index"), as_index(dst_index, "dst_index")
+    check_batch_shape(src_index.batch_shape, dst_index.batch_shape, "src_index", "dst_index")
+    if src_index.max_size != dst_index.max_size:
+        raise ValueError(
+            f"src_index: padded length {src_index.max_size} differs from {dst_index.max_size} of dst_index"
+        )
+    if src_index.sizes is not dst_index.sizes and values_checked(src_index.device):
+        same = (src_index.sizes == dst_index.sizes).all()
+        assert_values(same, ValueError, "src_index: sizes differ from the sizes of dst_index")
+    gathered = gather(src, src_index)  # (*batch, J, *rest)
+    return write(dst, dst_index, gathered.tensor.movedim(gathered.ragged_dim, _target_dim(dst, src_index)))
+
+
+def _target_dim(dst: RaggedBatch | torch.Tensor, index: RaggedBatch) -> int:
+    if isinstance(dst, RaggedBatch):
+        return dst.ragged_dim
+    return index.num_batch_dims
+
+
+def mask_from_indices(index: RaggedBatch | torch.Tensor, size: int) -> torch.Tensor:
+    """Bool ``(*batch, size)``: True at ``index[b, j]`` for every valid ``j``.
+
+    Example:
+        >>> is_matched = mask_from_indices(pred_index, num_queries)  # (L, B, Q)
+    """
+    index = as_index(index)
+    if size < 0:
+        raise ValueError(f"size: must be ≥ 0, got {size}")
+    num_rows = math.prod(index.batch_shape)
+    idx = _resolve(index, size, "index")  # (*batch, J)
+    dump = num_rows * size
+    rows = _flat_rows(idx, index.mask, num_rows, size, dump=dump)  # (M*J,)
+    out = torch.zeros(dump + 1, dtype=torch.bool, device=idx.device)  # (M*N + 1,)
+    out.index_fill_(0, rows, True)
+    return out[:dump].view(*index.batch_shape, size)  # (*batch, N)
+
+
+def combine(parts: list[RaggedBatch], fill: float = 0) -> RaggedBatch:
+    """Concatenate ragged batches sample by sample: sample ``b`` = valid entries of ``parts[0][b]``,
+    then of ``parts[1][b]``, ... (e.g. matches of the denoising queries after the regular ones).
+
+    Sync-free: the output's padded length is the sum of the inputs' padded lengths (known from shapes).
+
+    Args:
+        parts: RaggedBatches with one batch shape, ragged dim, dtype, device and data dims.
+        fill: value at the output's padding positions.
+
+    Returns:
+        RaggedBatch ``(*batch, sum S_k, *rest)`` with sizes ``sum_k parts[k].sizes``.
+    """
+    if not parts:
+        raise ValueError("parts: needs at least one RaggedBatch")
+    first = parts[0]
+    for k, part in enumerate(parts):
+        if not isinstance(part, RaggedBatch):
+            raise TypeError(f"parts[{k}]: expected a RaggedBatch, got {type(part).__name__}")
+        check_batch_shape(part.batch_shape, first.batch_shape, f"parts[{k}]", "parts[0]")
+        check_same_device(part.tensor, first.tensor, f"parts[{k}]", "parts[0]")
+        same_layout = part.ragged_dim == first.ragged_dim and part.dtype == first.dtype
+        data_dims = [s for d, s in enumerate(part.shape) if d != part.ragged_dim]
+        if not same_layout or data_dims != [s for d, s in enumerate(first.shape) if d != first.ragged_dim]:
+            raise ValueError(
+                f"parts[{k}]: shape {tuple(part.shape)}, ragged dim {part.ragged_dim}, dtype {part.dtype} "
+                f"do not line up with parts[0] ({tuple(first.shape)}, {first.ragged_dim}, {first.dtype})"
+            )
+    dim = first.ragged_dim
+    total_len = builtins_sum(part.max_size for part in parts)
+    shape = list(first.shape)
+    shape[dim] = total_len
+    out: torch.Tensor = first.tensor.new_full(shape, fill)  # (*batch, sum S_k, *rest)
+    offset = torch.zeros_like(first.sizes)  # (*batch,)
+    for part in parts:
+        positions = torch.arange(part.max_size, device=offset.device)  # (S_k,)
+        index = RaggedBatch._make(offset.unsqueeze(-1) + positions, part.sizes, part.num_batch_dims, part._mask)
+        out = write(out, index, part.tensor, dim=dim)  # (*batch, sum S_k, *rest)
+        offset = offset + part.sizes  # (*batch,)
+    return RaggedBatch._make(out, offset, dim)

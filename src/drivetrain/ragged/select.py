@@ -1,0 +1,109 @@
+"""Compacting selection: keep the masked entries of each sample, packed to the front.
+
+The output's padded length is the longest selection, a value only the device knows. With ``trim=True``
+these ops therefore read it back (**one host sync**); with ``trim=False`` they keep the input's padded
+length and never sync, which is what hot code should use.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from drivetrain.ragged._checks import check_batch_shape, check_same_device
+from drivetrain.ragged.batch import RaggedBatch, _normalize_ragged_dim
+
+__all__ = ["indices_from_mask", "select"]
+
+
+def _mask_tensor(mask: RaggedBatch | torch.Tensor) -> torch.Tensor:
+    if isinstance(mask, RaggedBatch):
+        if mask.tensor.dim() != mask.num_batch_dims + 1:
+            raise ValueError(f"mask: must have shape (*batch, N), got {tuple(mask.shape)}")
+        if mask.dtype != torch.bool:
+            raise ValueError(f"mask: must be bool, got {mask.dtype}")
+        return mask.tensor & mask.mask  # (*batch, N): padding counts as not selected
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise ValueError(f"mask: must be a bool tensor of shape (*batch, N), got {got}")
+    if mask.dim() < 2:
+        raise ValueError(f"mask: needs shape (*batch, N) with at least one batch dim, got {tuple(mask.shape)}")
+    return mask
+
+
+def select(
+    data: RaggedBatch | torch.Tensor,
+    mask: RaggedBatch | torch.Tensor,
+    *,
+    ragged_dim: int | None = None,
+    trim: bool = True,
+    fill: float = 0,
+) -> RaggedBatch:
+    """Per-sample boolean selection, compacted: sample ``b`` keeps ``data[b][mask[b]]`` in order.
+
+    Args:
+        data: ``(*batch, N, *rest)`` tensor (``N`` at ``ragged_dim``, default the first dim after the
+            batch dims) or RaggedBatch (its padding is never selected).
+        mask: bool ``(*batch, N)`` (or a RaggedBatch of bools; its padding counts as False).
+        trim: cut the padded length to the longest selection. **Synchronises with the device once**
+            (the length is data-dependent). ``trim=False`` keeps length ``N`` and never syncs.
+        fill: value at the output's padding positions.
+
+    Returns:
+        RaggedBatch ``(*batch, K, *rest)`` with sizes ``mask.sum(-1)``; gradients flow to ``data``.
+
+    Example:
+        >>> positives = select(pred_logits, is_matched, trim=False)  # no sync
+    """
+    m = _mask_tensor(mask)  # (*batch, N)
+    nb = m.dim() - 1
+    if isinstance(data, RaggedBatch):
+        if data.num_batch_dims != nb:
+            raise ValueError(f"data: has {data.num_batch_dims} batch dim(s), mask has {nb}")
+        tensor, dim = data.tensor, data.ragged_dim
+        m = m & data.mask  # (*batch, N)
+    elif isinstance(data, torch.Tensor):
+        tensor = data
+        if tensor.dim() <= nb:
+            raise ValueError(f"data: shape {tuple(tensor.shape)} has no dim after {nb} batch dim(s)")
+        dim = _normalize_ragged_dim(ragged_dim, nb, tensor.dim())
+    else:
+        raise TypeError(f"data: expected a RaggedBatch or tensor, got {type(data).__name__}")
+    check_batch_shape(tensor.shape[:nb], m.shape[:nb], "data", "mask")
+    check_same_device(tensor, m, "data", "mask")
+    n = tensor.shape[dim]
+    if m.shape[-1] != n:
+        raise ValueError(f"mask: length {m.shape[-1]} differs from length {n} of data dim {dim}")
+    src = tensor.movedim(dim, nb)  # (*batch, N, *rest)
+    batch, rest = src.shape[:nb], src.shape[nb + 1 :]
+    num_rows, r = math.prod(batch), math.prod(rest)
+    counts = m.sum(-1)  # (*batch,) int64
+    # Each entry's destination: kept ones to the front in order, dropped ones behind them (a permutation).
+    keep_pos = m.cumsum(-1) - 1  # (*batch, N)
+    drop_pos = counts.unsqueeze(-1) + (~m).cumsum(-1) - 1  # (*batch, N)
+    dest = torch.where(m, keep_pos, drop_pos)  # (*batch, N)
+    base = torch.arange(num_rows, device=m.device).mul_(n)  # (M,)
+    rows = (dest.reshape(num_rows, n) + base.unsqueeze(1)).reshape(-1)  # (M*N,)
+    flat = src.reshape(num_rows * n, r)  # (M*N, R)
+    out = flat.new_empty(num_rows * n, r).index_copy_(0, rows, flat).view(src.shape)  # (*batch, N, *rest)
+    if trim:
+        length = int(counts.max().item()) if counts.numel() > 0 else 0  # sync: trimmed length is data-dependent
+        out = out.narrow(nb, 0, length)  # (*batch, K, *rest)
+    new_mask = torch.arange(out.shape[nb], device=m.device) < counts.unsqueeze(-1)  # (*batch, K)
+    out = out.masked_fill(~new_mask.view(*new_mask.shape, *([1] * len(rest))), fill)  # (*batch, K, *rest)
+    return RaggedBatch._make(out.movedim(nb, dim), counts, dim, new_mask)
+
+
+def indices_from_mask(mask: RaggedBatch | torch.Tensor, *, trim: bool = True) -> RaggedBatch:
+    """Positions of the True entries of each sample, as int64 RaggedBatch ``(*batch, K)``.
+
+    With ``trim=True`` this **synchronises with the device once** (see :func:`select`).
+
+    Example:
+        >>> indices_from_mask(torch.tensor([[True, False, True], [False, False, False]])).to_list()
+        [tensor([0, 2]), tensor([], dtype=torch.int64)]
+    """
+    m = _mask_tensor(mask)  # (*batch, N)
+    positions = torch.arange(m.shape[-1], device=m.device).expand(m.shape)  # (*batch, N)
+    return select(positions, m, trim=trim)
