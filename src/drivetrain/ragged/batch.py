@@ -399,6 +399,11 @@ def _normalize_ragged_dim(ragged_dim: int | None, num_batch_dims: int, ndim: int
     return rd
 
 
+def movedim(tensor: torch.Tensor, source: int, destination: int) -> torch.Tensor:
+    """``tensor.movedim`` that skips the call (a measurable cost on tiny CPU tensors) when it is a no-op."""
+    return tensor if source == destination else tensor.movedim(source, destination)
+
+
 def _shape_arg(shape: tuple[Any, ...]) -> tuple[int, ...]:
     if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
         return tuple(int(s) for s in shape[0])

@@ -6,11 +6,12 @@ the batch dims (e.g. ``L, B``), ``N`` the indexed length, ``J`` the padded numbe
 trailing data dims. Internally each op flattens to ``M = prod(batch)`` rows of ``R = prod(rest)``
 elements and uses one ``index_select`` / ``index_copy_`` over the flat row space.
 
-Indices may be negative (counted from the end of the sample: its size for ragged data, ``N`` for a plain
-tensor). Index padding is never read. Out-of-range indices raise ``IndexError`` naming the argument on the
-CPU; on a GPU they are caught by PyTorch's kernels when outside the padded tensor, and by a device-side
-assert when inside it but past the sample's size only after
-:func:`drivetrain.ragged.set_device_checks` (off by default: it costs launches).
+Valid indices lie in ``[0, size)`` of their sample (its size for ragged data, ``N`` for a plain tensor);
+as in ``torch.gather``, negative indices are errors. Index padding is never read, whatever it holds.
+Out-of-range indices raise ``IndexError`` naming the argument on the CPU (checked with no host sync). On a
+GPU the check is a device-side assert enabled by :func:`drivetrain.ragged.set_device_checks` (off by
+default, since it costs a few launches per op); without it an out-of-range index is undefined behaviour
+(it may read a neighbouring sample's row), as in the per-sample CUDA kernels of other libraries.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from drivetrain.ragged._checks import (
     check_same_device,
     values_checked,
 )
-from drivetrain.ragged.batch import RaggedBatch, _normalize_ragged_dim
+from drivetrain.ragged.batch import RaggedBatch, _normalize_ragged_dim, movedim
 
 __all__ = ["as_index", "combine", "gather", "map_pairs", "mask_from_indices", "scatter", "write"]
 
@@ -67,37 +68,67 @@ def _source(
     return data, dim, data.shape[dim]
 
 
-def _resolve(index: RaggedBatch, limit: torch.Tensor | int, name: str) -> torch.Tensor:
-    """Wrap negative indices, check the range (no sync) and zero the padding: int64 ``(*batch, J)``."""
+def _resolve(index: RaggedBatch, limit: torch.Tensor | int, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Check the index range without a sync; return int64 indices with padding set to 0, and the padding.
+
+    Returns:
+        ``idx`` int64 ``(*batch, J)`` and ``invalid`` bool ``(*batch, J)`` (True at index padding).
+    """
     valid = index.mask  # (*batch, J)
-    idx = index.tensor.long()  # (*batch, J)
-    bound = limit.unsqueeze(-1) if isinstance(limit, torch.Tensor) else limit  # (*batch, 1) or int
-    idx = torch.where(idx < 0, idx + bound, idx)  # (*batch, J)
+    invalid = ~valid  # (*batch, J)
+    idx = index.tensor.long() * valid  # (*batch, J): padding -> 0 (a multiply is cheaper than masked_fill)
     if values_checked(idx.device) and idx.numel() > 0:
-        in_range = (idx >= 0) & (idx < bound) | ~valid  # (*batch, J)
-        assert_values(in_range.all(), IndexError, f"{name}: an index is out of range for its sample")
-    return idx.masked_fill(~valid, 0)  # (*batch, J)
+        message = f"{name}: an index lies outside [0, size) of its sample"
+        if isinstance(limit, torch.Tensor):
+            ok = ((idx >= 0) & (idx < limit.unsqueeze(-1)) | invalid).all()
+        elif limit == 0:
+            ok = invalid.all()
+        else:
+            low, high = idx.aminmax()
+            ok = (low >= 0) & (high < limit)
+        assert_values(ok, IndexError, message)
+    return idx, invalid
 
 
-def _flat_rows(
-    idx: torch.Tensor, valid: torch.Tensor, num_rows: int, length: int, dump: int | None = None
-) -> torch.Tensor:
-    """Row numbers of ``idx`` in the flat ``(M * length, R)`` view; padding goes to row ``dump`` if given."""
-    base = torch.arange(num_rows, device=idx.device).mul_(length)  # (M,)
-    rows = idx.reshape(num_rows, idx.shape[-1]) + base.unsqueeze(1)  # (M, J)
-    if dump is not None:
-        rows = rows.masked_fill(~valid.reshape(num_rows, idx.shape[-1]), dump)  # (M, J)
-    return rows.reshape(-1)  # (M*J,)
+def _row_base(batch_shape: torch.Size, length: int, device: torch.device) -> torch.Tensor:
+    """Offset of each sample's first row in the flat ``(M * length, R)`` view: ``(*batch, 1)``."""
+    num_rows = math.prod(batch_shape)
+    return torch.arange(0, num_rows * length, max(length, 1), device=device).view(*batch_shape, 1)  # (*batch, 1)
 
 
-def _fill_mask_view(valid: torch.Tensor, num_rest: int) -> torch.Tensor:
-    return valid.view(*valid.shape, *([1] * num_rest))  # (*batch, J, 1...)
+def _dump_rows(index: RaggedBatch, limit: torch.Tensor | int, length: int, name: str) -> tuple[torch.Tensor, int]:
+    """Flat target rows ``(M*J,)`` of the indices in a ``(M * length + 1, R)`` buffer; padding → last row."""
+    idx, invalid = _resolve(index, limit, name)  # (*batch, J)
+    dump = math.prod(index.batch_shape) * length
+    rows = (idx + _row_base(index.batch_shape, length, idx.device)).masked_fill_(invalid, dump)  # (*batch, J)
+    return rows.view(-1), dump
+
+
+def take_rows(flat: torch.Tensor, rows: torch.Tensor, invalid: torch.Tensor, fill: float | None) -> torch.Tensor:
+    """``flat[rows]`` with ``fill`` where ``invalid`` (rows there must be in range; their value is unused).
+
+    Args:
+        flat: ``(T, R)`` source rows.
+        rows: int64 ``(K,)`` row numbers.
+        invalid: bool ``(K,)``.
+        fill: value of invalid output rows; None leaves them as whatever row they point at.
+
+    Returns:
+        ``(K, R)``; differentiable w.r.t. ``flat``.
+    """
+    if fill is None:
+        return flat.index_select(0, rows)  # (K, R)
+    if flat.shape[0] <= 8 * rows.shape[0]:
+        # Filling the output costs ~10x a copy per element: cheaper to read padding from an extra fill row.
+        extended = torch.cat([flat, flat.new_full((1, flat.shape[1]), fill)])  # (T+1, R)
+        return extended.index_select(0, rows.masked_fill(invalid, flat.shape[0]))  # (K, R)
+    return flat.index_select(0, rows).masked_fill_(invalid.unsqueeze(1), fill)  # (K, R)
 
 
 def gather(
     data: RaggedBatch | torch.Tensor,
     index: RaggedBatch | torch.Tensor,
-    fill: float = 0,
+    fill: float | None = 0,
     *,
     dim: int | None = None,
 ) -> RaggedBatch:
@@ -107,7 +138,8 @@ def gather(
         data: ``(*batch, N, *rest)`` tensor (``N`` at ``dim``, default the first dim after the batch
             dims), or a RaggedBatch (indexed along its ragged dim; indices must be below its sizes).
         index: RaggedBatch of integers ``(*batch, J)``; a plain tensor counts as all-valid.
-        fill: value at padding positions of the output.
+        fill: value at padding positions of the output; None leaves them unspecified (copies of the
+            sample's first entry), which saves a pass over the output in hot code.
         dim: for a plain-tensor ``data``, the dim to index.
 
     Returns:
@@ -122,19 +154,17 @@ def gather(
     tensor, dim, limit = _source(data, nb, dim, "data")
     check_batch_shape(tensor.shape[:nb], index.batch_shape, "data", "index")
     check_same_device(tensor, index.tensor, "data", "index")
-    src = tensor.movedim(dim, nb)  # (*batch, N, *rest)
+    src = movedim(tensor, dim, nb)  # (*batch, N, *rest)
     rest = src.shape[nb + 1 :]
     num_rows, n, r = math.prod(index.batch_shape), src.shape[nb], math.prod(rest)
-    idx = _resolve(index, limit, "index")  # (*batch, J)
-    valid = index.mask  # (*batch, J)
+    idx, invalid = _resolve(index, limit, "index")  # (*batch, J)
     out_shape = (*index.batch_shape, index.max_size, *rest)
     if n == 0 or num_rows == 0:
-        out = src.new_full(out_shape, fill)  # (*batch, J, *rest)
+        out = src.new_full(out_shape, 0 if fill is None else fill)  # (*batch, J, *rest)
     else:
-        rows = _flat_rows(idx, valid, num_rows, n)  # (M*J,)
-        out = src.reshape(num_rows * n, r).index_select(0, rows).view(out_shape)  # (*batch, J, *rest)
-        out = out.masked_fill(~_fill_mask_view(valid, len(rest)), fill)  # (*batch, J, *rest)
-    return RaggedBatch._make(out.movedim(nb, dim), index.sizes, dim, index._mask)
+        rows = (idx + _row_base(index.batch_shape, n, idx.device)).view(-1)  # (M*J,)
+        out = take_rows(src.reshape(num_rows * n, r), rows, invalid.view(-1), fill).view(out_shape)
+    return RaggedBatch._make(movedim(out, nb, dim), index.sizes, dim, index._mask)
 
 
 def scatter(
@@ -166,20 +196,18 @@ def scatter(
     check_same_device(tensor, index.tensor, "values", "index")
     if size < 0:
         raise ValueError(f"size: must be ≥ 0, got {size}")
-    src = tensor.movedim(dim, nb)  # (*batch, J, *rest)
+    src = movedim(tensor, dim, nb)  # (*batch, J, *rest)
     if src.shape[nb] != index.max_size:
         raise ValueError(
             f"values: has length {src.shape[nb]} at dim {dim}, the index has padded length {index.max_size}"
         )
     rest = src.shape[nb + 1 :]
     num_rows, r = math.prod(index.batch_shape), math.prod(rest)
-    idx = _resolve(index, size, "index")  # (*batch, J)
-    dump = num_rows * size
-    rows = _flat_rows(idx, index.mask, num_rows, size, dump=dump)  # (M*J,)
+    rows, dump = _dump_rows(index, size, size, "index")  # (M*J,)
     out = src.new_full((dump + 1, r), fill)  # (M*N + 1, R): last row takes the padding
     out.index_copy_(0, rows, src.reshape(num_rows * index.max_size, r))
     out = out[:dump].view(*index.batch_shape, size, *rest)  # (*batch, N, *rest)
-    return out.movedim(nb, dim)
+    return movedim(out, nb, dim)
 
 
 def write(
@@ -213,10 +241,10 @@ def write(
     check_same_device(vals, target, "values", "into")
     if vals.dtype != target.dtype:
         raise ValueError(f"values: dtype {vals.dtype} differs from the dtype {target.dtype} of into")
-    dst = target.movedim(dim, nb)  # (*batch, N, *rest)
+    dst = movedim(target, dim, nb)  # (*batch, N, *rest)
     if vals.dim() != target.dim():
         raise ValueError(f"values: has {vals.dim()} dims, into has {target.dim()}")
-    src = vals.movedim(dim, nb)  # (*batch, J, *rest)
+    src = movedim(vals, dim, nb)  # (*batch, J, *rest)
     expected = (*index.batch_shape, index.max_size, *dst.shape[nb + 1 :])
     if tuple(src.shape) != expected:
         raise ValueError(
@@ -225,12 +253,10 @@ def write(
         )
     rest = dst.shape[nb + 1 :]
     num_rows, n, r = math.prod(index.batch_shape), dst.shape[nb], math.prod(rest)
-    idx = _resolve(index, limit, "index")  # (*batch, J)
-    dump = num_rows * n
-    rows = _flat_rows(idx, index.mask, num_rows, n, dump=dump)  # (M*J,)
+    rows, dump = _dump_rows(index, limit, n, "index")  # (M*J,)
     out = torch.cat([dst.reshape(dump, r), dst.new_zeros(1, r)])  # (M*N + 1, R)
     out.index_copy_(0, rows, src.reshape(num_rows * index.max_size, r))
-    out = out[:dump].view(dst.shape).movedim(nb, dim)  # (*batch, N, *rest) with N at dim
+    out = movedim(out[:dump].view(dst.shape), nb, dim)  # (*batch, N, *rest) with N at dim
     if isinstance(into, RaggedBatch):
         return into.with_tensor(out)
     return out
@@ -260,8 +286,8 @@ def map_pairs(
     if src_index.sizes is not dst_index.sizes and values_checked(src_index.device):
         same = (src_index.sizes == dst_index.sizes).all()
         assert_values(same, ValueError, "src_index: sizes differ from the sizes of dst_index")
-    gathered = gather(src, src_index)  # (*batch, J, *rest)
-    return write(dst, dst_index, gathered.tensor.movedim(gathered.ragged_dim, _target_dim(dst, src_index)))
+    gathered = gather(src, src_index, fill=None)  # (*batch, J, *rest); padding is never written
+    return write(dst, dst_index, movedim(gathered.tensor, gathered.ragged_dim, _target_dim(dst, src_index)))
 
 
 def _target_dim(dst: RaggedBatch | torch.Tensor, index: RaggedBatch) -> int:
@@ -279,11 +305,8 @@ def mask_from_indices(index: RaggedBatch | torch.Tensor, size: int) -> torch.Ten
     index = as_index(index)
     if size < 0:
         raise ValueError(f"size: must be ≥ 0, got {size}")
-    num_rows = math.prod(index.batch_shape)
-    idx = _resolve(index, size, "index")  # (*batch, J)
-    dump = num_rows * size
-    rows = _flat_rows(idx, index.mask, num_rows, size, dump=dump)  # (M*J,)
-    out = torch.zeros(dump + 1, dtype=torch.bool, device=idx.device)  # (M*N + 1,)
+    rows, dump = _dump_rows(index, size, size, "index")  # (M*J,)
+    out = torch.zeros(dump + 1, dtype=torch.bool, device=rows.device)  # (M*N + 1,)
     out.index_fill_(0, rows, True)
     return out[:dump].view(*index.batch_shape, size)  # (*batch, N)
 

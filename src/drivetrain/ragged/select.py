@@ -12,7 +12,8 @@ import math
 import torch
 
 from drivetrain.ragged._checks import check_batch_shape, check_same_device
-from drivetrain.ragged.batch import RaggedBatch, _normalize_ragged_dim
+from drivetrain.ragged.batch import RaggedBatch, _normalize_ragged_dim, movedim
+from drivetrain.ragged.ops import take_rows
 
 __all__ = ["indices_from_mask", "select"]
 
@@ -75,24 +76,43 @@ def select(
     n = tensor.shape[dim]
     if m.shape[-1] != n:
         raise ValueError(f"mask: length {m.shape[-1]} differs from length {n} of data dim {dim}")
-    src = tensor.movedim(dim, nb)  # (*batch, N, *rest)
-    batch, rest = src.shape[:nb], src.shape[nb + 1 :]
-    num_rows, r = math.prod(batch), math.prod(rest)
-    counts = m.sum(-1)  # (*batch,) int64
-    # Each entry's destination: kept ones to the front in order, dropped ones behind them (a permutation).
-    keep_pos = m.cumsum(-1) - 1  # (*batch, N)
-    drop_pos = counts.unsqueeze(-1) + (~m).cumsum(-1) - 1  # (*batch, N)
-    dest = torch.where(m, keep_pos, drop_pos)  # (*batch, N)
-    base = torch.arange(num_rows, device=m.device).mul_(n)  # (M,)
-    rows = (dest.reshape(num_rows, n) + base.unsqueeze(1)).reshape(-1)  # (M*N,)
-    flat = src.reshape(num_rows * n, r)  # (M*N, R)
-    out = flat.new_empty(num_rows * n, r).index_copy_(0, rows, flat).view(src.shape)  # (*batch, N, *rest)
+    src = movedim(tensor, dim, nb)  # (*batch, N, *rest)
+    rest = src.shape[nb + 1 :]
+    order, counts, new_mask = _compaction(m, trim)  # (*batch, K), (*batch,), (*batch, K)
+    num_rows, r, k = math.prod(m.shape[:-1]), math.prod(rest), order.shape[-1]
+    out_shape = (*m.shape[:-1], k, *rest)
+    if n == 0 or num_rows == 0:
+        out = src.new_full(out_shape, fill)  # (*batch, K, *rest)
+    else:
+        base = torch.arange(0, num_rows * n, n, device=m.device).view(*m.shape[:-1], 1)  # (*batch, 1)
+        rows = (order + base).view(-1)  # (M*K,)
+        out = take_rows(src.reshape(num_rows * n, r), rows, (~new_mask).view(-1), fill).view(out_shape)
+    return RaggedBatch._make(movedim(out, nb, dim), counts, dim, new_mask)
+
+
+def _compaction(m: torch.Tensor, trim: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Source position of every output slot, per-sample counts and the output mask.
+
+    Args:
+        m: bool ``(*batch, N)``.
+
+    Returns:
+        ``order`` int64 ``(*batch, K)`` (positions of the True entries first, in order; the rest are
+        the False positions), ``counts`` int64 ``(*batch,)``, ``mask`` bool ``(*batch, K)``; ``K = N``, or
+        the largest count when ``trim`` (one sync).
+    """
+    n = m.shape[-1]
+    taken = m.cumsum(-1)  # (*batch, N): selected entries up to and including each position
+    counts = taken[..., -1] if n > 0 else taken.new_zeros(m.shape[:-1])  # (*batch,)
+    positions = torch.arange(n, device=m.device)  # (N,)
+    # Destination of each entry: selected ones to the front in order, the others behind them.
+    dest = torch.where(m, taken - 1, counts.unsqueeze(-1) + positions - taken)  # (*batch, N)
+    order = torch.empty_like(dest).scatter_(-1, dest, positions.expand(m.shape))  # (*batch, N)
     if trim:
         length = int(counts.max().item()) if counts.numel() > 0 else 0  # sync: trimmed length is data-dependent
-        out = out.narrow(nb, 0, length)  # (*batch, K, *rest)
-    new_mask = torch.arange(out.shape[nb], device=m.device) < counts.unsqueeze(-1)  # (*batch, K)
-    out = out.masked_fill(~new_mask.view(*new_mask.shape, *([1] * len(rest))), fill)  # (*batch, K, *rest)
-    return RaggedBatch._make(out.movedim(nb, dim), counts, dim, new_mask)
+        order = order[..., :length]  # (*batch, K)
+    new_mask = positions[: order.shape[-1]] < counts.unsqueeze(-1)  # (*batch, K)
+    return order, counts, new_mask
 
 
 def indices_from_mask(mask: RaggedBatch | torch.Tensor, *, trim: bool = True) -> RaggedBatch:
@@ -105,5 +125,5 @@ def indices_from_mask(mask: RaggedBatch | torch.Tensor, *, trim: bool = True) ->
         [tensor([0, 2]), tensor([], dtype=torch.int64)]
     """
     m = _mask_tensor(mask)  # (*batch, N)
-    positions = torch.arange(m.shape[-1], device=m.device).expand(m.shape)  # (*batch, N)
-    return select(positions, m, trim=trim)
+    order, counts, new_mask = _compaction(m, trim)  # (*batch, K)
+    return RaggedBatch._make(order.masked_fill(~new_mask, 0), counts, m.dim() - 1, new_mask)

@@ -1,0 +1,1 @@
+"""The ``drivetrain`` command line."""

@@ -1,0 +1,90 @@
+"""``drivetrain bench <what>``: run a benchmark script from the ``benchmarks/`` folder of a source checkout.
+
+Each ``benchmarks/<what>.py`` times a reference path against its fast path in one process and defines
+``DESCRIPTION`` (one line) and ``main(argv) -> int``. The folder is found from ``$DRIVETRAIN_BENCHMARKS``,
+then next to the installed sources (an editable install of a checkout), then in the working directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import os
+from pathlib import Path
+from types import ModuleType
+
+import drivetrain
+
+
+def benchmarks_dir() -> Path | None:
+    """The benchmarks folder, or None if there is none to be found."""
+    candidates = []
+    if env := os.environ.get("DRIVETRAIN_BENCHMARKS"):
+        candidates.append(Path(env))
+    candidates.append(Path(drivetrain.__file__).resolve().parents[2] / "benchmarks")
+    candidates.append(Path.cwd() / "benchmarks")
+    for path in candidates:
+        if path.is_dir():
+            return path
+    return None
+
+
+def available() -> dict[str, Path]:
+    """Benchmark name → script path."""
+    folder = benchmarks_dir()
+    if folder is None:
+        return {}
+    return {p.stem: p for p in sorted(folder.glob("*.py")) if not p.stem.startswith("_")}
+
+
+def load(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"drivetrain_bench_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"{path}: cannot be loaded as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, "main", None)):
+        raise SystemExit(f"{path}: a benchmark script must define main(argv) -> int")
+    return module
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    scripts = available()
+    lines = []
+    for name, path in scripts.items():
+        description = _first_docline(path)
+        lines.append(f"  {name:<12} {description}")
+    epilog = "benchmarks:\n" + ("\n".join(lines) if lines else "  (none found: run from a source checkout)")
+    parser = sub.add_parser(
+        "bench",
+        help="time a fast path against its reference path and print where the time goes",
+        description=(
+            "Run one benchmark: both paths in one process on the same data, after warm-up, with device "
+            "synchronisation; prints a breakdown table of medians. Every benchmark takes --device, --repeat, "
+            "--warmup, --seed, --json, --md and --save; `drivetrain bench WHAT --help` lists its own options."
+        ),
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("what", metavar="WHAT", help="benchmark name (see below)")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="options passed to the benchmark")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    scripts = available()
+    if args.what not in scripts:
+        known = ", ".join(scripts) or "none (no benchmarks/ folder found; run from a source checkout)"
+        raise SystemExit(f"bench: unknown benchmark {args.what!r}; available: {known}")
+    module = load(scripts[args.what])
+    return int(module.main(args.args, prog=f"drivetrain bench {args.what}") or 0)
+
+
+def _first_docline(path: Path) -> str:
+    """The first line of a script's module docstring, read without importing it."""
+    try:
+        doc = ast.get_docstring(ast.parse(path.read_text()))
+    except (OSError, SyntaxError):
+        return ""
+    return doc.splitlines()[0] if doc else ""

@@ -1,0 +1,32 @@
+"""Timing, resource sampling and result reporting for every drivetrain benchmark.
+
+- :class:`Profiler`: named, nestable regions (CUDA events on GPU, ``perf_counter`` on CPU, optional
+  NVTX), warm-up exclusion, medians over repeats.
+- :class:`ResourceMonitor`: CPU cores used by the process tree, peak RSS, peak CUDA memory.
+- :class:`BenchResult` / :class:`Row`: the breakdown table and its JSON / Markdown files.
+- :func:`compare`, :func:`add_bench_arguments`, :func:`emit`: the plumbing shared by ``drivetrain bench``.
+"""
+
+from drivetrain.profile.bench import add_bench_arguments, compare, emit, resolve_device, rows_from_profilers
+from drivetrain.profile.report import BenchResult, Row, device_name, device_slug, environment
+from drivetrain.profile.resources import ResourceMonitor, ResourceUsage
+from drivetrain.profile.timer import Profiler, Stats, synchronize, time_call
+
+__all__ = [
+    "BenchResult",
+    "Profiler",
+    "ResourceMonitor",
+    "ResourceUsage",
+    "Row",
+    "Stats",
+    "add_bench_arguments",
+    "compare",
+    "device_name",
+    "device_slug",
+    "emit",
+    "environment",
+    "resolve_device",
+    "rows_from_profilers",
+    "synchronize",
+    "time_call",
+]

@@ -1,0 +1,98 @@
+"""Shared plumbing of ``drivetrain bench <what>``: options, paired timing, rows from profilers, output.
+
+Every benchmark times its reference and batched paths in one process on the same data, after warm-up,
+with the device synchronised around each timed region; the two paths are interleaved repeat by repeat so
+drifting machine load hits both alike. Results are medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from drivetrain.profile.report import BenchResult, Row, device_slug
+from drivetrain.profile.timer import Profiler, synchronize
+
+__all__ = ["add_bench_arguments", "compare", "emit", "resolve_device", "rows_from_profilers"]
+
+RESULTS_DIR = Path("benchmarks") / "results"
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser, *, repeat: int = 20, warmup: int = 3) -> None:
+    """The options every benchmark takes (DESIGN.md): device, repeat, warmup, output files."""
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--repeat", type=int, default=repeat, help=f"timed repeats per path (default: {repeat})")
+    parser.add_argument("--warmup", type=int, default=warmup, help=f"untimed repeats first (default: {warmup})")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random benchmark data (default: 0)")
+    parser.add_argument("--json", type=Path, default=None, help="write the result as JSON here")
+    parser.add_argument("--md", type=Path, default=None, help="write the result as Markdown here")
+    parser.add_argument(
+        "--save",
+        action="store_true",
+        help=f"write both to {RESULTS_DIR}/<benchmark>-<device>.{{json,md}} (the committed results)",
+    )
+    parser.add_argument("--nvtx", action="store_true", help="emit NVTX ranges per region (CUDA only)")
+
+
+def resolve_device(name: str) -> torch.device:
+    """``torch.device`` for a ``--device`` value, with a clear error when it is unavailable."""
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise SystemExit(f"--device: {err}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is available on this machine; use --device cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise SystemExit(f"--device: expected cpu or cuda, got {name!r}")
+    return device
+
+
+def compare(
+    reference: Callable[[], Any],
+    batched: Callable[[], Any],
+    *,
+    device: torch.device | str,
+    repeat: int,
+    warmup: int,
+) -> tuple[list[float], list[float]]:
+    """Time two callables alternately; return their per-repeat milliseconds (warm-up excluded)."""
+    if repeat < 1:
+        raise ValueError(f"repeat: must be ≥ 1, got {repeat}")
+    prof = Profiler(device, warmup=warmup)
+    for _ in range(warmup + repeat):
+        for name, fn in (("reference", reference), ("batched", batched)):
+            synchronize(prof.device)
+            with prof.region(name):
+                fn()
+            synchronize(prof.device)
+        prof.step()
+    return prof.samples("reference"), prof.samples("batched")
+
+
+def rows_from_profilers(reference: Profiler, batched: Profiler) -> list[Row]:
+    """Rows for every region both profilers timed, parents from the ``/``-separated names."""
+    ref, bat = reference.summary(), batched.summary()
+    rows = []
+    for name in reference.names:
+        if name in ref and name in bat:
+            parent = name.rsplit("/", 1)[0] if "/" in name else None
+            rows.append(Row(name=name, reference_ms=ref[name].median, batched_ms=bat[name].median, parent=parent))
+    return rows
+
+
+def emit(result: BenchResult, args: argparse.Namespace) -> list[Path]:
+    """Print the table and write the files the options ask for; return the paths written."""
+    print(result.render_table())
+    json_path, md_path = args.json, args.md
+    if args.save:
+        stem = f"{result.benchmark}-{device_slug(args.device)}"
+        json_path = json_path or RESULTS_DIR / f"{stem}.json"
+        md_path = md_path or RESULTS_DIR / f"{stem}.md"
+    written = result.write(json_path, md_path)
+    for path in written:
+        print(f"wrote {path}")
+    return written

@@ -1,0 +1,172 @@
+"""Named, nestable timed regions with warm-up exclusion and medians over repeats.
+
+On a CUDA device a region records a pair of CUDA events on the current stream (no sync while timing;
+the events are resolved with one synchronisation when results are read). On the CPU it reads
+``time.perf_counter``. Optionally each region is also an NVTX range so it shows up in Nsight Systems.
+
+Example:
+    >>> prof = Profiler("cpu", warmup=2)
+    >>> for _ in range(10):
+    ...     with prof.region("step"):
+    ...         with prof.region("forward"):
+    ...             model(x)
+    ...     prof.step()
+    >>> prof.median("step/forward")
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["Profiler", "Stats", "synchronize", "time_call"]
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Summary of one region's per-step times in milliseconds (warm-up steps excluded)."""
+
+    median: float
+    mean: float
+    min: float
+    max: float
+    count: int
+
+    @classmethod
+    def of(cls, samples: list[float]) -> Stats:
+        if not samples:
+            raise ValueError("samples: no timed steps after warm-up; raise repeat or lower warmup")
+        return cls(statistics.median(samples), statistics.fmean(samples), min(samples), max(samples), len(samples))
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for all queued work on ``device`` (a no-op on the CPU)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Profiler:
+    """Collects per-step times of named, nestable regions.
+
+    Args:
+        device: where the timed work runs; ``cuda`` uses CUDA events, anything else ``perf_counter``.
+        warmup: number of leading steps (see :meth:`step`) whose times are discarded.
+        nvtx: also emit an NVTX range per region (only on CUDA).
+
+    Region names nest with ``/``: ``region("loss")`` inside ``region("forward")`` is ``forward/loss``.
+    A region entered several times in one step adds up.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu", *, warmup: int = 0, nvtx: bool = False) -> None:
+        if warmup < 0:
+            raise ValueError(f"warmup: must be ≥ 0, got {warmup}")
+        self.device = torch.device(device)
+        self.warmup = warmup
+        self._cuda = self.device.type == "cuda"
+        self._nvtx = nvtx and self._cuda
+        self._stack: list[str] = []
+        self._step = 0
+        self._pending: list[tuple[int, str, Any, Any]] = []
+        self._times: dict[str, dict[int, float]] = {}
+
+    @property
+    def names(self) -> list[str]:
+        """Region paths in the order they were first entered."""
+        self._resolve()
+        return list(self._times)
+
+    @property
+    def num_steps(self) -> int:
+        return self._step
+
+    @contextmanager
+    def region(self, name: str) -> Iterator[None]:
+        """Time the enclosed block as ``name`` (nested under any open region)."""
+        if not name or "/" in name:
+            raise ValueError(f"name: region names must be non-empty and contain no '/', got {name!r}")
+        path = "/".join([*self._stack, name])
+        self._times.setdefault(path, {})
+        if self._nvtx:
+            torch.cuda.nvtx.range_push(path)
+        if self._cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+        else:
+            t0 = time.perf_counter()
+        self._stack.append(name)
+        try:
+            yield
+        finally:
+            self._stack.pop()
+            if self._cuda:
+                end = torch.cuda.Event(enable_timing=True)
+                end.record()
+                self._pending.append((self._step, path, start, end))
+            else:
+                self._add(self._step, path, (time.perf_counter() - t0) * 1e3)
+            if self._nvtx:
+                torch.cuda.nvtx.range_pop()
+
+    def step(self) -> None:
+        """Close one repeat (e.g. one training iteration)."""
+        if self._stack:
+            raise RuntimeError(f"step() called inside open region {'/'.join(self._stack)!r}")
+        self._step += 1
+
+    def samples(self, name: str) -> list[float]:
+        """Per-step milliseconds of region ``name`` for the steps after warm-up."""
+        self._resolve()
+        if name not in self._times:
+            raise KeyError(f"name: no region {name!r}; known: {sorted(self._times)}")
+        return [ms for step, ms in sorted(self._times[name].items()) if step >= self.warmup]
+
+    def median(self, name: str) -> float:
+        return Stats.of(self.samples(name)).median
+
+    def summary(self) -> dict[str, Stats]:
+        """Stats of every region that has timed steps after warm-up."""
+        self._resolve()
+        return {name: Stats.of(s) for name in self._times if (s := self.samples(name))}
+
+    def _add(self, step: int, path: str, ms: float) -> None:
+        per_step = self._times.setdefault(path, {})
+        per_step[step] = per_step.get(step, 0.0) + ms
+
+    def _resolve(self) -> None:
+        if not self._pending:
+            return
+        torch.cuda.synchronize(self.device)  # sync: read back event times, once, when results are asked for
+        for step, path, start, end in self._pending:
+            self._add(step, path, start.elapsed_time(end))
+        self._pending.clear()
+
+
+def time_call(
+    fn: Callable[[], Any],
+    *,
+    device: torch.device | str = "cpu",
+    repeat: int = 10,
+    warmup: int = 2,
+) -> list[float]:
+    """Run ``fn`` ``warmup + repeat`` times; return the ``repeat`` timed durations in milliseconds.
+
+    The device is synchronised before and after each call so queued work is neither missed nor
+    charged to the next call.
+    """
+    if repeat < 1:
+        raise ValueError(f"repeat: must be ≥ 1, got {repeat}")
+    prof = Profiler(device, warmup=warmup)
+    for _ in range(warmup + repeat):
+        synchronize(prof.device)
+        with prof.region("call"):
+            fn()
+        synchronize(prof.device)
+        prof.step()
+    return prof.samples("call")
