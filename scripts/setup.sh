@@ -15,17 +15,20 @@ if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+quiet_pip() {  # hide the notes this machine's pip configuration prints about absent local index folders
+  "${pip[@]}" "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+}
 
 if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
   echo "setup: installing torch==2.13.0"
-  "${pip[@]}" install "torch==2.13.0"
+  quiet_pip install "torch==2.13.0"
 fi
 
 # Reinstall only when the package metadata changed since the last install (keeps reruns fast).
 stamp="$venv/.drivetrain-setup"
-want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+want="$(pwd) $(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || ! "$venv/bin/python" -c "import drivetrain" >/dev/null 2>&1; then
   echo "setup: installing drivetrain (editable) with the dev extra"
-  "${pip[@]}" install -e ".[dev]" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+  quiet_pip install -e ".[dev]"
   echo "$want" > "$stamp"
 fi
