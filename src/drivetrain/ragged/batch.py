@@ -388,13 +388,13 @@ class RaggedBatch:
 
 
 # ---------------------------------------------------------------------- helpers
-def _normalize_ragged_dim(ragged_dim: int | None, num_batch_dims: int, ndim: int) -> int:
+def _normalize_ragged_dim(ragged_dim: int | None, num_batch_dims: int, ndim: int, name: str = "ragged_dim") -> int:
     if ragged_dim is None:
         return num_batch_dims
     rd = ragged_dim + ndim if ragged_dim < 0 else ragged_dim
     if not num_batch_dims <= rd < ndim:
         raise ValueError(
-            f"ragged_dim: {ragged_dim} must be a dim after the {num_batch_dims} batch dim(s) of a {ndim}-dim tensor"
+            f"{name}: {ragged_dim} must be a dim after the {num_batch_dims} batch dim(s) of a {ndim}-dim tensor"
         )
     return rd
 

@@ -6,8 +6,9 @@ the batch dims (e.g. ``L, B``), ``N`` the indexed length, ``J`` the padded numbe
 trailing data dims. Internally each op flattens to ``M = prod(batch)`` rows of ``R = prod(rest)``
 elements and uses one ``index_select`` / ``index_copy_`` over the flat row space.
 
-Valid indices lie in ``[0, size)`` of their sample (its size for ragged data, ``N`` for a plain tensor);
-as in ``torch.gather``, negative indices are errors. Index padding is never read, whatever it holds.
+Valid indices lie in ``[-size, size)`` of their sample (its size for ragged data, ``N`` for a plain
+tensor); negative indices count from the end of the sample, as in Python (``-1`` is the last valid entry).
+Index padding is never read, whatever it holds.
 Out-of-range indices raise ``IndexError`` naming the argument on the CPU (checked with no host sync). On a
 GPU the check is a device-side assert enabled by :func:`drivetrain.ragged.set_device_checks` (off by
 default, since it costs a few launches per op); without it an out-of-range index is undefined behaviour
@@ -57,14 +58,14 @@ def _source(
     if isinstance(data, RaggedBatch):
         if data.num_batch_dims != num_batch_dims:
             raise ValueError(f"{name}: has {data.num_batch_dims} batch dim(s), the index has {num_batch_dims}")
-        if dim is not None and _normalize_ragged_dim(dim, num_batch_dims, data.tensor.dim()) != data.ragged_dim:
+        if dim is not None and _normalize_ragged_dim(dim, num_batch_dims, data.tensor.dim(), "dim") != data.ragged_dim:
             raise ValueError(f"dim: {dim} differs from the ragged dim {data.ragged_dim} of {name}")
         return data.tensor, data.ragged_dim, data.sizes
     if not isinstance(data, torch.Tensor):
         raise TypeError(f"{name}: expected a RaggedBatch or tensor, got {type(data).__name__}")
     if data.dim() <= num_batch_dims:
         raise ValueError(f"{name}: shape {tuple(data.shape)} has no dim to index after {num_batch_dims} batch dim(s)")
-    dim = _normalize_ragged_dim(dim, num_batch_dims, data.dim())
+    dim = _normalize_ragged_dim(dim, num_batch_dims, data.dim(), "dim")
     return data, dim, data.shape[dim]
 
 
@@ -77,10 +78,12 @@ def _resolve(index: RaggedBatch, limit: torch.Tensor | int, name: str) -> tuple[
     valid = index.mask  # (*batch, J)
     invalid = ~valid  # (*batch, J)
     idx = index.tensor.long() * valid  # (*batch, J): padding -> 0 (a multiply is cheaper than masked_fill)
+    bound = limit.unsqueeze(-1) if isinstance(limit, torch.Tensor) else limit  # (*batch, 1) or int
+    idx = torch.where(idx < 0, idx + bound, idx)  # (*batch, J): negative indices count from the sample's end
     if values_checked(idx.device) and idx.numel() > 0:
-        message = f"{name}: an index lies outside [0, size) of its sample"
+        message = f"{name}: an index lies outside [-size, size) of its sample"
         if isinstance(limit, torch.Tensor):
-            ok = ((idx >= 0) & (idx < limit.unsqueeze(-1)) | invalid).all()
+            ok = ((idx >= 0) & (idx < bound) | invalid).all()
         elif limit == 0:
             ok = invalid.all()
         else:
@@ -93,6 +96,8 @@ def _resolve(index: RaggedBatch, limit: torch.Tensor | int, name: str) -> tuple[
 def _row_base(batch_shape: torch.Size, length: int, device: torch.device) -> torch.Tensor:
     """Offset of each sample's first row in the flat ``(M * length, R)`` view: ``(*batch, 1)``."""
     num_rows = math.prod(batch_shape)
+    if length == 0:  # the arange below would be empty; every sample starts at row 0
+        return torch.zeros(*batch_shape, 1, dtype=torch.int64, device=device)  # (*batch, 1)
     return torch.arange(0, num_rows * length, max(length, 1), device=device).view(*batch_shape, 1)  # (*batch, 1)
 
 
@@ -149,15 +154,27 @@ def gather(
     Example:
         >>> matched_pred = gather(pred_boxes, pred_index)  # (L, B, Q, D) at (L, B, G) -> (L, B, G, D)
     """
-    index = as_index(index)
+    return _gather(data, index, fill, dim, "data", "index")
+
+
+def _gather(
+    data: RaggedBatch | torch.Tensor,
+    index: RaggedBatch | torch.Tensor,
+    fill: float | None,
+    dim: int | None,
+    data_name: str,
+    index_name: str,
+) -> RaggedBatch:
+    """:func:`gather`, with the argument names that its error messages use (``map_pairs`` passes its own)."""
+    index = as_index(index, index_name)
     nb = index.num_batch_dims
-    tensor, dim, limit = _source(data, nb, dim, "data")
-    check_batch_shape(tensor.shape[:nb], index.batch_shape, "data", "index")
-    check_same_device(tensor, index.tensor, "data", "index")
+    tensor, dim, limit = _source(data, nb, dim, data_name)
+    check_batch_shape(tensor.shape[:nb], index.batch_shape, data_name, index_name)
+    check_same_device(tensor, index.tensor, data_name, index_name)
     src = movedim(tensor, dim, nb)  # (*batch, N, *rest)
     rest = src.shape[nb + 1 :]
     num_rows, n, r = math.prod(index.batch_shape), src.shape[nb], math.prod(rest)
-    idx, invalid = _resolve(index, limit, "index")  # (*batch, J)
+    idx, invalid = _resolve(index, limit, index_name)  # (*batch, J)
     out_shape = (*index.batch_shape, index.max_size, *rest)
     if n == 0 or num_rows == 0:
         out = src.new_full(out_shape, 0 if fill is None else fill)  # (*batch, J, *rest)
@@ -230,30 +247,43 @@ def write(
         Same type and shape as ``into`` (a RaggedBatch keeps its sizes). Gradients flow to ``values``
         and to ``into`` (zero at the overwritten positions).
     """
-    index = as_index(index)
+    return _write(into, index, values, dim, "into", "index", "values")
+
+
+def _write(
+    into: RaggedBatch | torch.Tensor,
+    index: RaggedBatch | torch.Tensor,
+    values: RaggedBatch | torch.Tensor,
+    dim: int | None,
+    into_name: str,
+    index_name: str,
+    values_name: str,
+) -> RaggedBatch | torch.Tensor:
+    """:func:`write`, with the argument names that its error messages use (``map_pairs`` passes its own)."""
+    index = as_index(index, index_name)
     nb = index.num_batch_dims
-    target, dim, limit = _source(into, nb, dim, "into")
+    target, dim, limit = _source(into, nb, dim, into_name)
     vals = values.tensor if isinstance(values, RaggedBatch) else values
     if not isinstance(vals, torch.Tensor):
-        raise TypeError(f"values: expected a RaggedBatch or tensor, got {type(values).__name__}")
-    check_batch_shape(target.shape[:nb], index.batch_shape, "into", "index")
-    check_same_device(target, index.tensor, "into", "index")
-    check_same_device(vals, target, "values", "into")
+        raise TypeError(f"{values_name}: expected a RaggedBatch or tensor, got {type(values).__name__}")
+    check_batch_shape(target.shape[:nb], index.batch_shape, into_name, index_name)
+    check_same_device(target, index.tensor, into_name, index_name)
+    check_same_device(vals, target, values_name, into_name)
     if vals.dtype != target.dtype:
-        raise ValueError(f"values: dtype {vals.dtype} differs from the dtype {target.dtype} of into")
+        raise ValueError(f"{values_name}: dtype {vals.dtype} differs from the dtype {target.dtype} of {into_name}")
     dst = movedim(target, dim, nb)  # (*batch, N, *rest)
     if vals.dim() != target.dim():
-        raise ValueError(f"values: has {vals.dim()} dims, into has {target.dim()}")
+        raise ValueError(f"{values_name}: has {vals.dim()} dims, {into_name} has {target.dim()}")
     src = movedim(vals, dim, nb)  # (*batch, J, *rest)
     expected = (*index.batch_shape, index.max_size, *dst.shape[nb + 1 :])
     if tuple(src.shape) != expected:
         raise ValueError(
-            f"values: shape {tuple(vals.shape)} (ragged dim moved to {nb}: {tuple(src.shape)}) does not "
-            f"match {expected} = (batch, index padded length, data dims of into)"
+            f"{values_name}: shape {tuple(vals.shape)} (ragged dim moved to {nb}: {tuple(src.shape)}) does not "
+            f"match {expected} = (batch, {index_name} padded length, data dims of {into_name})"
         )
     rest = dst.shape[nb + 1 :]
     num_rows, n, r = math.prod(index.batch_shape), dst.shape[nb], math.prod(rest)
-    rows, dump = _dump_rows(index, limit, n, "index")  # (M*J,)
+    rows, dump = _dump_rows(index, limit, n, index_name)  # (M*J,)
     out = torch.cat([dst.reshape(dump, r), dst.new_zeros(1, r)])  # (M*N + 1, R)
     out.index_copy_(0, rows, src.reshape(num_rows * index.max_size, r))
     out = movedim(out[:dump].view(dst.shape), nb, dim)  # (*batch, N, *rest) with N at dim
@@ -286,8 +316,9 @@ def map_pairs(
     if src_index.sizes is not dst_index.sizes and values_checked(src_index.device):
         same = (src_index.sizes == dst_index.sizes).all()
         assert_values(same, ValueError, "src_index: sizes differ from the sizes of dst_index")
-    gathered = gather(src, src_index, fill=None)  # (*batch, J, *rest); padding is never written
-    return write(dst, dst_index, movedim(gathered.tensor, gathered.ragged_dim, _target_dim(dst, src_index)))
+    gathered = _gather(src, src_index, None, None, "src", "src_index")  # (*batch, J, *rest); padding unwritten
+    values = movedim(gathered.tensor, gathered.ragged_dim, _target_dim(dst, src_index))  # (*batch, J, *rest)
+    return _write(dst, dst_index, values, None, "dst", "dst_index", "src")
 
 
 def _target_dim(dst: RaggedBatch | torch.Tensor, index: RaggedBatch) -> int:

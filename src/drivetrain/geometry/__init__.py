@@ -1,0 +1,26 @@
+"""Box encodings, 2D box formats and IoU/GIoU for padded batches."""
+
+from drivetrain.geometry.boxes2d import (
+    boxes_cxcywh_to_xyxy,
+    boxes_xyxy_to_cxcywh,
+    giou_aligned,
+    giou_pairwise,
+    iou_aligned,
+    iou_pairwise,
+    normalize_boxes,
+    unnormalize_boxes,
+)
+from drivetrain.geometry.boxes3d import decode_boxes_streampetr, encode_boxes_streampetr
+
+__all__ = [
+    "boxes_cxcywh_to_xyxy",
+    "boxes_xyxy_to_cxcywh",
+    "decode_boxes_streampetr",
+    "encode_boxes_streampetr",
+    "giou_aligned",
+    "giou_pairwise",
+    "iou_aligned",
+    "iou_pairwise",
+    "normalize_boxes",
+    "unnormalize_boxes",
+]

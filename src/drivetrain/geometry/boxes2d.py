@@ -1,0 +1,103 @@
+"""2D box formats and IoU / GIoU for padded batches.
+
+Formats: ``xyxy`` (x1, y1, x2, y2) and ``cxcywh`` (centre, width, height), in pixels or normalised by
+the image size ``(W, H)``. All functions broadcast over leading dims, so one call covers every image of a
+padded batch (``(B, N, Q, 4)`` against ``(B, N, G, 4)``); padding rows give finite garbage that the caller
+masks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "boxes_cxcywh_to_xyxy",
+    "boxes_xyxy_to_cxcywh",
+    "giou_aligned",
+    "giou_pairwise",
+    "iou_aligned",
+    "iou_pairwise",
+    "normalize_boxes",
+    "unnormalize_boxes",
+]
+
+
+def _check4(boxes: torch.Tensor, name: str) -> None:
+    if boxes.shape[-1] != 4:
+        raise ValueError(f"{name}: last dim must be 4, got shape {tuple(boxes.shape)}")
+
+
+def boxes_cxcywh_to_xyxy(boxes: torch.Tensor) -> torch.Tensor:
+    """``(..., 4)`` (cx, cy, w, h) → ``(..., 4)`` (x1, y1, x2, y2)."""
+    _check4(boxes, "boxes")
+    centre, size = boxes[..., :2], boxes[..., 2:]
+    return torch.cat([centre - size / 2, centre + size / 2], dim=-1)  # (..., 4)
+
+
+def boxes_xyxy_to_cxcywh(boxes: torch.Tensor) -> torch.Tensor:
+    """``(..., 4)`` (x1, y1, x2, y2) → ``(..., 4)`` (cx, cy, w, h)."""
+    _check4(boxes, "boxes")
+    low, high = boxes[..., :2], boxes[..., 2:]
+    return torch.cat([(low + high) / 2, high - low], dim=-1)  # (..., 4)
+
+
+def _scale(image_size: torch.Tensor | tuple[float, float], like: torch.Tensor) -> torch.Tensor:
+    """``(W, H)`` (or ``(..., 2)`` per image) → ``(..., 4)`` factors (W, H, W, H)."""
+    size = torch.as_tensor(image_size, dtype=like.dtype, device=like.device)
+    return torch.cat([size, size], dim=-1)  # (..., 4)
+
+
+def normalize_boxes(boxes: torch.Tensor, image_size: torch.Tensor | tuple[float, float]) -> torch.Tensor:
+    """Pixels → [0, 1]: divide x by ``W`` and y by ``H`` (either box format)."""
+    _check4(boxes, "boxes")
+    return boxes / _scale(image_size, boxes)  # (..., 4)
+
+
+def unnormalize_boxes(boxes: torch.Tensor, image_size: torch.Tensor | tuple[float, float]) -> torch.Tensor:
+    """[0, 1] → pixels (either box format)."""
+    _check4(boxes, "boxes")
+    return boxes * _scale(image_size, boxes)  # (..., 4)
+
+
+def _area(boxes: torch.Tensor) -> torch.Tensor:
+    return (boxes[..., 2] - boxes[..., 0]).clamp(min=0) * (boxes[..., 3] - boxes[..., 1]).clamp(min=0)  # (...)
+
+
+def _iou_parts(a: torch.Tensor, b: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """IoU, union and enclosing area of broadcastable xyxy boxes ``a`` and ``b``."""
+    inter_wh = (torch.minimum(a[..., 2:], b[..., 2:]) - torch.maximum(a[..., :2], b[..., :2])).clamp(min=0)
+    inter = inter_wh[..., 0] * inter_wh[..., 1]  # (...)
+    union = (_area(a) + _area(b) - inter).clamp(min=eps)  # (...)
+    hull_wh = (torch.maximum(a[..., 2:], b[..., 2:]) - torch.minimum(a[..., :2], b[..., :2])).clamp(min=0)
+    hull = (hull_wh[..., 0] * hull_wh[..., 1]).clamp(min=eps)  # (...)
+    return inter / union, union, hull
+
+
+def iou_aligned(a: torch.Tensor, b: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """IoU of corresponding xyxy boxes: ``(..., 4)`` and ``(..., 4)`` → ``(...)``."""
+    _check4(a, "a")
+    _check4(b, "b")
+    return _iou_parts(a, b, eps)[0]  # (...)
+
+
+def giou_aligned(a: torch.Tensor, b: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Generalised IoU of corresponding xyxy boxes: ``(..., 4)`` and ``(..., 4)`` → ``(...)`` in [-1, 1]."""
+    _check4(a, "a")
+    _check4(b, "b")
+    iou, union, hull = _iou_parts(a, b, eps)
+    return iou - (hull - union) / hull  # (...)
+
+
+def iou_pairwise(a: torch.Tensor, b: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """IoU of every pair: ``(..., Q, 4)`` and ``(..., G, 4)`` → ``(..., Q, G)``."""
+    _check4(a, "a")
+    _check4(b, "b")
+    return _iou_parts(a.unsqueeze(-2), b.unsqueeze(-3), eps)[0]  # (..., Q, G)
+
+
+def giou_pairwise(a: torch.Tensor, b: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Generalised IoU of every pair: ``(..., Q, 4)`` and ``(..., G, 4)`` → ``(..., Q, G)``."""
+    _check4(a, "a")
+    _check4(b, "b")
+    iou, union, hull = _iou_parts(a.unsqueeze(-2), b.unsqueeze(-3), eps)
+    return iou - (hull - union) / hull  # (..., Q, G)

@@ -1,0 +1,27 @@
+"""Detection losses (elementwise, fp32) and average factors."""
+
+from drivetrain.losses.focal_head import FocalHeadLoss
+from drivetrain.losses.functional import (
+    gaussian_focal_loss,
+    giou_loss,
+    l1_loss,
+    quality_focal_loss,
+    sigmoid_focal_loss,
+    sine_difference,
+    smooth_l1_loss,
+)
+from drivetrain.losses.normalize import average_factor
+from drivetrain.losses.streampetr import StreamPETRLoss
+
+__all__ = [
+    "FocalHeadLoss",
+    "StreamPETRLoss",
+    "average_factor",
+    "gaussian_focal_loss",
+    "giou_loss",
+    "l1_loss",
+    "quality_focal_loss",
+    "sigmoid_focal_loss",
+    "sine_difference",
+    "smooth_l1_loss",
+]

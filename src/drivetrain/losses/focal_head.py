@@ -1,0 +1,218 @@
+"""StreamPETR's 2D auxiliary (focal head) loss over every image of the batch: QFL, L1, GIoU, centres, heatmap.
+
+Per image (``B × N`` cameras, ``Q`` feature tokens each) the 2D Hungarian assigner matches tokens to the
+image's 2D ground truth; then, with ``N⁺`` the number of ground truths of the whole batch and ``f`` the
+image size ``(W, H, W, H)``:
+
+- ``enc_loss_cls = Σ QFL(logits, label, IoU) / max(N⁺, 1)`` with the matched token's IoU target;
+- ``enc_loss_bbox = Σ_pos |pred_cxcywh − cxcywh(gt / f)| / max(N⁺, 1)``;
+- ``enc_loss_iou = Σ_pos (1 − GIoU(pred · f, gt)) / max(N⁺, 1)`` in pixels;
+- ``centers2d_loss = Σ_pos |pred_c2d − c2d / (W, H)| / max(N⁺, 1)``;
+- ``centerness_loss = Σ GaussianFocal(clamp(σ(centerness)), heatmap) / max(N⁺, 1)`` with each ground
+  truth drawn at ``int(c2d / stride)`` with radius ``max(1, ceil(min edge distance / stride))``.
+
+Terms are unweighted; :attr:`FocalHeadLoss.weights` holds the published weights (2, 5, 2, 10, 1).
+``reference`` loops over images as the original; ``batched`` treats all images at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from drivetrain import ragged
+from drivetrain.geometry import (
+    boxes_cxcywh_to_xyxy,
+    boxes_xyxy_to_cxcywh,
+    iou_aligned,
+    normalize_boxes,
+    unnormalize_boxes,
+)
+from drivetrain.heatmap import draw_gaussians, focal_head_radius, reference_draw_gaussians
+from drivetrain.losses.functional import gaussian_focal_loss, giou_loss, l1_loss, quality_focal_loss
+from drivetrain.losses.normalize import average_factor
+from drivetrain.losses.streampetr import field
+from drivetrain.match import HungarianAssigner2D
+from drivetrain.ragged import RaggedBatch
+
+__all__ = ["FocalHeadLoss"]
+
+
+class FocalHeadLoss(torch.nn.Module):
+    """2D auxiliary loss of StreamPETR's focal head.
+
+    Args:
+        num_classes: ``C``; label ``C`` is background.
+        stride: feature stride in pixels (16).
+        beta: QFL exponent (2). The published weights: cls 2, bbox 5, iou 2, centers2d 10, centerness 1.
+        assigner: the 2D matcher (default: published HungarianAssigner2D, ``auto`` solver backend).
+
+    ``forward(outputs, targets, impl)`` takes:
+        outputs: ``cls_logits`` ``(B, N, Q, C)``, ``boxes`` ``(B, N, Q, 4)`` normalised cxcywh,
+            ``centres`` ``(B, N, Q, 2)`` normalised, ``centerness`` ``(B, N, Hf, Wf)`` logits (``Q = Hf·Wf``).
+        targets: ``gt_boxes_2d`` RaggedBatch ``(B, N, G, 4)`` pixel xyxy, ``gt_labels_2d`` ``(B, N, G)``,
+            ``centers_2d`` ``(B, N, G, 2)`` pixels (projected 3D centres), ``image_size`` ``(W, H)``.
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        stride: int = 16,
+        beta: float = 2.0,
+        weights: Mapping[str, float] | None = None,
+        assigner: HungarianAssigner2D | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_classes, self.stride, self.beta = num_classes, stride, beta
+        self.assigner = assigner or HungarianAssigner2D()
+        self.weights = dict(
+            weights
+            or {
+                "enc_loss_cls": 2.0,
+                "enc_loss_bbox": 5.0,
+                "enc_loss_iou": 2.0,
+                "centers2d_loss": 10.0,
+                "centerness_loss": 1.0,
+            }
+        )
+
+    def total(self, terms: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The weighted sum of the terms (weights applied here only)."""
+        return sum(self.weights[k] * v for k, v in terms.items())  # type: ignore[return-value]
+
+    def forward(self, outputs: Mapping[str, Any], targets: Any, impl: str = "batched") -> dict[str, torch.Tensor]:
+        logits, boxes, centres = field(outputs, "cls_logits"), field(outputs, "boxes"), field(outputs, "centres")
+        centerness = field(outputs, "centerness")
+        gt_boxes, gt_labels = field(targets, "gt_boxes_2d"), field(targets, "gt_labels_2d")
+        gt_centres, image_size = field(targets, "centers_2d"), tuple(float(v) for v in field(targets, "image_size"))
+        batch, cams, num_tokens, _ = logits.shape
+        if boxes.shape != (batch, cams, num_tokens, 4) or centres.shape != (batch, cams, num_tokens, 2):
+            raise ValueError(
+                f"boxes/centres: expected {(batch, cams, num_tokens, 4)} and {(batch, cams, num_tokens, 2)}, "
+                f"got {tuple(boxes.shape)} and {tuple(centres.shape)}"
+            )
+        if centerness.dim() != 4 or centerness.shape[:2] != (batch, cams) or centerness[0, 0].numel() != num_tokens:
+            raise ValueError(
+                f"centerness: expected (B, N, Hf, Wf) with Hf·Wf = {num_tokens}, got {tuple(centerness.shape)}"
+            )
+        args = (logits, boxes, centres, centerness, gt_boxes, gt_labels, gt_centres, image_size)
+        if impl == "batched":
+            terms = self._batched(*args)
+        elif impl == "reference":
+            terms = self._reference(*args)
+        else:
+            raise ValueError(f"impl: expected 'batched' or 'reference', got {impl!r}")
+        return {k: torch.nan_to_num(v) for k, v in terms.items()}
+
+    # ------------------------------------------------------------------ batched
+    def _batched(
+        self,
+        logits: torch.Tensor,
+        boxes: torch.Tensor,
+        centres: torch.Tensor,
+        centerness: torch.Tensor,
+        gt_boxes: RaggedBatch,
+        gt_labels: RaggedBatch,
+        gt_centres: RaggedBatch,
+        image_size: tuple[float, float],
+    ) -> dict[str, torch.Tensor]:
+        batch, cams, num_tokens, num_classes = logits.shape
+        pairs = self.assigner.batched(
+            logits.detach(), boxes.detach(), centres.detach(), gt_boxes, gt_labels, gt_centres, image_size
+        )  # (B, N, G, 2)
+        token_index = pairs.apply(lambda t: t[..., 0])  # (B, N, G)
+        gt_index = pairs.apply(lambda t: t[..., 1])  # (B, N, G)
+        num_pos = average_factor(gt_boxes.sizes.sum())
+        matched_boxes = ragged.gather(boxes, token_index).tensor.float()  # (B, N, G, 4)
+        matched_centres = ragged.gather(centres, token_index).tensor.float()  # (B, N, G, 2)
+        target_xyxy = ragged.gather(gt_boxes, gt_index).tensor.float()  # (B, N, G, 4) pixels
+        target_centres = ragged.gather(gt_centres, gt_index).tensor.float()  # (B, N, G, 2) pixels
+        target_labels = ragged.gather(gt_labels.apply(lambda t: t.long()), gt_index)  # (B, N, G)
+        valid = token_index.mask.unsqueeze(-1)  # (B, N, G, 1)
+        pred_xyxy = unnormalize_boxes(boxes_cxcywh_to_xyxy(matched_boxes), image_size)  # (B, N, G, 4)
+        iou = iou_aligned(target_xyxy, pred_xyxy.detach())  # (B, N, G)
+        background = torch.full((batch, cams, num_tokens), num_classes, device=logits.device)
+        labels = ragged.write(background, token_index, target_labels.tensor)  # (B, N, Q)
+        scores = ragged.scatter(token_index.with_tensor(iou), token_index, num_tokens)  # (B, N, Q)
+        loss_cls = quality_focal_loss(logits, labels, scores, self.beta).sum() / num_pos
+        box_target = boxes_xyxy_to_cxcywh(normalize_boxes(target_xyxy, image_size))  # (B, N, G, 4)
+        loss_bbox = torch.where(valid, l1_loss(matched_boxes, box_target), 0.0).sum() / num_pos
+        target_pixels = unnormalize_boxes(boxes_cxcywh_to_xyxy(box_target), image_size)  # via cxcywh, as the original
+        loss_iou = torch.where(valid[..., 0], giou_loss(pred_xyxy, target_pixels), 0.0).sum() / num_pos
+        wh = torch.tensor(image_size, dtype=torch.float32, device=logits.device)
+        loss_c2d = torch.where(valid, l1_loss(matched_centres, target_centres / wh), 0.0).sum() / num_pos
+        heat_shape = centerness.shape  # (B, N, Hf, Wf)
+        cells = gt_centres.apply(lambda t: (t / self.stride).long())  # (B, N, G, 2)
+        radii = gt_centres.with_tensor(focal_head_radius(gt_centres.tensor, gt_boxes.tensor, self.stride))  # (B, N, G)
+        heatmap = draw_gaussians(torch.zeros(heat_shape, device=logits.device), cells, radii)  # (B, N, Hf, Wf)
+        pred_heat = centerness.float().sigmoid().clamp(1e-4, 1 - 1e-4)
+        loss_centerness = gaussian_focal_loss(pred_heat, heatmap).sum() / num_pos
+        return {
+            "enc_loss_cls": loss_cls,
+            "enc_loss_bbox": loss_bbox,
+            "enc_loss_iou": loss_iou,
+            "centers2d_loss": loss_c2d,
+            "centerness_loss": loss_centerness,
+        }
+
+    # ------------------------------------------------------------------ reference
+    def _reference(
+        self,
+        logits: torch.Tensor,
+        boxes: torch.Tensor,
+        centres: torch.Tensor,
+        centerness: torch.Tensor,
+        gt_boxes: RaggedBatch,
+        gt_labels: RaggedBatch,
+        gt_centres: RaggedBatch,
+        image_size: tuple[float, float],
+    ) -> dict[str, torch.Tensor]:
+        batch, cams, num_tokens, num_classes = logits.shape
+        boxes_list, labels_list, centres_list = gt_boxes.to_list(), gt_labels.to_list(), gt_centres.to_list()
+        matches = self.assigner.reference(
+            logits.detach(), boxes.detach(), centres.detach(), boxes_list, labels_list, centres_list, image_size
+        )
+        wh = torch.tensor(image_size, dtype=torch.float32, device=logits.device)
+        labels_all, scores_all, pos_pred, pos_target, pos_centre, pos_centre_target = [], [], [], [], [], []
+        heat_centres, heat_radii = [], []
+        for b in range(batch):
+            for n in range(cams):
+                tokens, gts = matches[b][n][:, 0], matches[b][n][:, 1]
+                gt_xyxy = boxes_list[b][n][gts].float()
+                pred_xyxy = unnormalize_boxes(boxes_cxcywh_to_xyxy(boxes[b, n][tokens].float()), image_size)
+                label = torch.full((num_tokens,), num_classes, dtype=torch.long, device=logits.device)
+                label[tokens] = labels_list[b][n][gts].long()
+                score = torch.zeros(num_tokens, device=logits.device)
+                score[tokens] = iou_aligned(gt_xyxy, pred_xyxy.detach())
+                labels_all.append(label)
+                scores_all.append(score)
+                pos_pred.append(boxes[b, n][tokens].float())
+                pos_target.append(boxes_xyxy_to_cxcywh(normalize_boxes(gt_xyxy, image_size)))
+                pos_centre.append(centres[b, n][tokens].float())
+                pos_centre_target.append(centres_list[b][n][gts].float() / wh)
+                image_centres = centres_list[b][n].float()
+                heat_centres.append((image_centres / self.stride).long())
+                heat_radii.append(focal_head_radius(image_centres, boxes_list[b][n].float(), self.stride))
+        num_pos = average_factor(float(sum(len(m) for row in matches for m in row)))
+        flat_logits = logits.reshape(-1, num_classes)
+        loss_cls = quality_focal_loss(flat_logits, torch.cat(labels_all), torch.cat(scores_all), self.beta).sum()
+        pred, target = torch.cat(pos_pred), torch.cat(pos_target)
+        loss_bbox = l1_loss(pred, target).sum()
+        pred_pixels = unnormalize_boxes(boxes_cxcywh_to_xyxy(pred), image_size)
+        loss_iou = giou_loss(pred_pixels, unnormalize_boxes(boxes_cxcywh_to_xyxy(target), image_size)).sum()
+        loss_c2d = l1_loss(torch.cat(pos_centre), torch.cat(pos_centre_target)).sum()
+        heat_shape = centerness.shape[-2:]
+        heatmap = reference_draw_gaussians(
+            torch.zeros(batch * cams, *heat_shape, device=logits.device), heat_centres, heat_radii
+        ).view(centerness.shape)
+        pred_heat = centerness.float().sigmoid().clamp(1e-4, 1 - 1e-4)
+        loss_centerness = gaussian_focal_loss(pred_heat, heatmap).sum()
+        return {
+            "enc_loss_cls": loss_cls / num_pos,
+            "enc_loss_bbox": loss_bbox / num_pos,
+            "enc_loss_iou": loss_iou / num_pos,
+            "centers2d_loss": loss_c2d / num_pos,
+            "centerness_loss": loss_centerness / num_pos,
+        }

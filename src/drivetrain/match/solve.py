@@ -1,0 +1,184 @@
+"""Linear assignment for a batch of rectangular problems of mixed sizes.
+
+Problem ``p`` is the ``Q × M_p`` block of a padded cost tensor ``(*batch, Q, G)`` (``M_p`` ≤ ``G`` targets,
+``Q`` ≥ ``M_p`` predictions; ``M_p = 0`` is allowed). Every target gets exactly one prediction, the one
+minimising the total cost, as ``scipy.optimize.linear_sum_assignment`` does. Non-finite costs are mapped
+as the original detectors do before solving: NaN → 100, +inf → 100, -inf → -100.
+
+Backends:
+    ``scipy``: the whole padded batch goes to the host in **one** transfer (one sync), the problems are
+        solved in a thread pool (SciPy releases the GIL), and all index pairs come back in one transfer.
+    ``gpu``: the exact Triton solver of the ``torch-linear-assignment`` package (``pip install
+        drivetrain[gpu]``) on a CUDA device with compute capability ≥ 8.0: no host sync at all. Padding
+        columns get a constant cost, which leaves the optimum of the real columns unchanged (they all
+        still fit, since ``G ≤ Q``).
+    ``auto``: ``gpu`` when its requirements are met, else ``scipy``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+
+import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+
+from drivetrain.ragged import RaggedBatch
+
+__all__ = ["BACKENDS", "gpu_solver_available", "pairs_from_assignment", "solve"]
+
+BACKENDS = ("auto", "scipy", "gpu")
+NAN_COST, POSINF_COST, NEGINF_COST = 100.0, 100.0, -100.0
+
+
+def solve(costs: RaggedBatch, *, backend: str = "auto", num_threads: int | None = None) -> RaggedBatch:
+    """Solve every assignment problem of a padded batch.
+
+    Args:
+        costs: RaggedBatch ``(*batch, Q, G)`` with the ragged dim last (``G``), sizes ``M`` = number of
+            targets per problem. Predictions are the rows, targets the columns.
+        backend: ``auto``, ``scipy`` or ``gpu`` (see module docstring).
+        num_threads: SciPy worker threads (default: the number of CPUs, at most the number of problems).
+
+    Returns:
+        int64 RaggedBatch ``(*batch, G, 2)`` of ``(prediction, target)`` pairs, ragged dim ``G``, sizes
+        ``M``; within a problem pairs are sorted by prediction index, as SciPy returns them.
+
+    Raises:
+        ValueError: a problem has more targets than predictions (``M > Q``), or the ragged dim is not last.
+    """
+    if not isinstance(costs, RaggedBatch):
+        raise TypeError(f"costs: expected a RaggedBatch (*batch, Q, G) with sizes = targets, got {type(costs)}")
+    if costs.tensor.dim() != costs.num_batch_dims + 2 or costs.ragged_dim != costs.tensor.dim() - 1:
+        raise ValueError(
+            f"costs: must have shape (*batch, Q, G) with the ragged dim last, got shape {tuple(costs.shape)} "
+            f"ragged at dim {costs.ragged_dim}"
+        )
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        backend = "gpu" if gpu_solver_available(costs.device) else "scipy"
+    if backend == "gpu":
+        return _solve_gpu(costs)
+    return _solve_scipy(costs, num_threads)
+
+
+@lru_cache(maxsize=1)
+def _has_triton_solver() -> bool:
+    return all(importlib.util.find_spec(name) is not None for name in ("torch_linear_assignment", "triton"))
+
+
+def gpu_solver_available(device: torch.device | str) -> bool:
+    """Whether the ``gpu`` backend can run on ``device`` (CUDA, CC ≥ 8.0, package and Triton installed)."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 0) and _has_triton_solver()
+
+
+# ---------------------------------------------------------------------- scipy
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="drivetrain-lsa")
+    return _POOL
+
+
+def _solve_scipy(costs: RaggedBatch, num_threads: int | None) -> RaggedBatch:
+    batch, (q, g) = costs.batch_shape, costs.shape[-2:]
+    device = costs.device
+    tensor = costs.tensor.detach()
+    if tensor.dtype not in (torch.float32, torch.float64):
+        tensor = tensor.float()
+    if device.type == "cuda":
+        # sync: the one host transfer of the step; both copies are queued, then waited for once
+        host_costs = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host_sizes = torch.empty(costs.sizes.shape, dtype=torch.int64, pin_memory=True)
+        host_costs.copy_(tensor, non_blocking=True)
+        host_sizes.copy_(costs.sizes, non_blocking=True)
+        torch.cuda.current_stream(device).synchronize()
+    else:
+        host_costs, host_sizes = tensor, costs.sizes
+    flat_costs = host_costs.reshape(-1, q, g).numpy()  # (P, Q, G)
+    sizes = host_sizes.reshape(-1).tolist()  # host memory by now (copied above on CUDA)
+    for p, m in enumerate(sizes):
+        if m > q:
+            raise ValueError(
+                f"costs: problem {p} (batch index {np.unravel_index(p, tuple(batch))}) has {m} targets but only "
+                f"{q} predictions; every target needs its own prediction (M ≤ Q)"
+            )
+    pairs = np.zeros((len(sizes), g, 2), dtype=np.int64)  # (P, G, 2)
+
+    def run(p: int) -> None:
+        m = sizes[p]
+        if m == 0:
+            return
+        block = np.nan_to_num(flat_costs[p, :, :m], nan=NAN_COST, posinf=POSINF_COST, neginf=NEGINF_COST)
+        rows, cols = linear_sum_assignment(block)
+        pairs[p, :m, 0] = rows
+        pairs[p, :m, 1] = cols
+
+    work = [p for p, m in enumerate(sizes) if m > 0]
+    threads = min(num_threads or os.cpu_count() or 1, len(work))
+    if threads > 1:
+        list(_pool().map(run, work))
+    else:
+        for p in work:
+            run(p)
+    out = torch.from_numpy(pairs).view(*batch, g, 2)  # (*batch, G, 2)
+    if device.type == "cuda":
+        out = out.pin_memory().to(device, non_blocking=True)
+    return RaggedBatch._make(out, costs.sizes, costs.num_batch_dims, costs._mask)
+
+
+# ---------------------------------------------------------------------- gpu
+def _solve_gpu(costs: RaggedBatch) -> RaggedBatch:
+    if not gpu_solver_available(costs.device):
+        raise RuntimeError(
+            "backend='gpu' needs a CUDA device with compute capability ≥ 8.0 and the packages "
+            "torch-linear-assignment and triton (pip install 'drivetrain[gpu]'); use backend='scipy' or 'auto'"
+        )
+    from torch_linear_assignment import batch_linear_assignment
+
+    batch, (q, g) = costs.batch_shape, costs.shape[-2:]
+    if g > q:
+        raise ValueError(
+            f"costs: padded target dim {g} exceeds the {q} predictions; the gpu backend needs G ≤ Q "
+            "(pad targets only to the largest count)"
+        )
+    valid = costs.mask.unsqueeze(-2)  # (*batch, 1, G)
+    clean = torch.nan_to_num(costs.tensor.detach().float(), nan=NAN_COST, posinf=POSINF_COST, neginf=NEGINF_COST)
+    clean = torch.where(valid, clean, 0.0)  # (*batch, Q, G): constant padding columns keep the optimum
+    assignment = batch_linear_assignment(clean.reshape(-1, q, g))  # (P, Q): target of each prediction or -1
+    pairs = pairs_from_assignment(assignment, costs.sizes.reshape(-1), g)  # (P, G, 2)
+    return RaggedBatch._make(pairs.view(*batch, g, 2), costs.sizes, costs.num_batch_dims, costs._mask)
+
+
+def pairs_from_assignment(assignment: torch.Tensor, num_targets: torch.Tensor, num_columns: int) -> torch.Tensor:
+    """Turn a per-prediction assignment into (prediction, target) pairs sorted by prediction, sync-free.
+
+    Args:
+        assignment: int64 ``(P, Q)``: the column assigned to each row, or -1.
+        num_targets: int64 ``(P,)``: real columns per problem; pairs of columns ≥ this are dropped.
+        num_columns: padded column count ``G``.
+
+    Returns:
+        int64 ``(P, G, 2)``: the first ``num_targets[p]`` rows of problem ``p`` hold its pairs in row order.
+    """
+    p, q = assignment.shape
+    rows = torch.arange(q, device=assignment.device).expand(p, q)  # (P, Q)
+    row_of_col = torch.full((p, num_columns + 1), q, dtype=torch.long, device=assignment.device)  # (P, G+1)
+    target = torch.where(assignment >= 0, assignment, num_columns)  # (P, Q): unassigned rows → dump column
+    row_of_col.scatter_(1, target, rows)  # (P, G+1)
+    row_of_col = row_of_col[:, :num_columns]  # (P, G)
+    cols = torch.arange(num_columns, device=assignment.device).expand(p, num_columns)  # (P, G)
+    real = cols < num_targets.unsqueeze(1)  # (P, G)
+    key = torch.where(real, row_of_col, q + cols)  # (P, G): padding sorts after every real pair
+    order = key.argsort(dim=1)  # (P, G)
+    return torch.stack([row_of_col.gather(1, order), cols.gather(1, order)], dim=-1) * real.unsqueeze(-1)  # (P, G, 2)
