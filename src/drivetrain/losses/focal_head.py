@@ -35,6 +35,7 @@ from drivetrain.losses.functional import gaussian_focal_loss, giou_loss, l1_loss
 from drivetrain.losses.normalize import average_factor
 from drivetrain.losses.streampetr import field
 from drivetrain.match import HungarianAssigner2D
+from drivetrain.profile import region
 from drivetrain.ragged import RaggedBatch
 
 __all__ = ["FocalHeadLoss"]
@@ -122,33 +123,37 @@ class FocalHeadLoss(torch.nn.Module):
         pairs = self.assigner.batched(
             logits.detach(), boxes.detach(), centres.detach(), gt_boxes, gt_labels, gt_centres, image_size
         )  # (B, N, G, 2)
-        token_index = pairs.apply(lambda t: t[..., 0])  # (B, N, G)
-        gt_index = pairs.apply(lambda t: t[..., 1])  # (B, N, G)
-        num_pos = average_factor(gt_boxes.sizes.sum())
-        matched_boxes = ragged.gather(boxes, token_index).tensor.float()  # (B, N, G, 4)
-        matched_centres = ragged.gather(centres, token_index).tensor.float()  # (B, N, G, 2)
-        target_xyxy = ragged.gather(gt_boxes, gt_index).tensor.float()  # (B, N, G, 4) pixels
-        target_centres = ragged.gather(gt_centres, gt_index).tensor.float()  # (B, N, G, 2) pixels
-        target_labels = ragged.gather(gt_labels.apply(lambda t: t.long()), gt_index)  # (B, N, G)
-        valid = token_index.mask.unsqueeze(-1)  # (B, N, G, 1)
-        pred_xyxy = unnormalize_boxes(boxes_cxcywh_to_xyxy(matched_boxes), image_size)  # (B, N, G, 4)
-        iou = iou_aligned(target_xyxy, pred_xyxy.detach())  # (B, N, G)
-        background = torch.full((batch, cams, num_tokens), num_classes, device=logits.device)
-        labels = ragged.write(background, token_index, target_labels.tensor)  # (B, N, Q)
-        scores = ragged.scatter(token_index.with_tensor(iou), token_index, num_tokens)  # (B, N, Q)
-        loss_cls = quality_focal_loss(logits, labels, scores, self.beta).sum() / num_pos
-        box_target = boxes_xyxy_to_cxcywh(normalize_boxes(target_xyxy, image_size))  # (B, N, G, 4)
-        loss_bbox = torch.where(valid, l1_loss(matched_boxes, box_target), 0.0).sum() / num_pos
-        target_pixels = unnormalize_boxes(boxes_cxcywh_to_xyxy(box_target), image_size)  # via cxcywh, as the original
-        loss_iou = torch.where(valid[..., 0], giou_loss(pred_xyxy, target_pixels), 0.0).sum() / num_pos
-        wh = torch.tensor(image_size, dtype=torch.float32, device=logits.device)
-        loss_c2d = torch.where(valid, l1_loss(matched_centres, target_centres / wh), 0.0).sum() / num_pos
-        heat_shape = centerness.shape  # (B, N, Hf, Wf)
-        cells = gt_centres.apply(lambda t: (t / self.stride).long())  # (B, N, G, 2)
-        radii = gt_centres.with_tensor(focal_head_radius(gt_centres.tensor, gt_boxes.tensor, self.stride))  # (B, N, G)
-        heatmap = draw_gaussians(torch.zeros(heat_shape, device=logits.device), cells, radii)  # (B, N, Hf, Wf)
-        pred_heat = centerness.float().sigmoid().clamp(1e-4, 1 - 1e-4)
-        loss_centerness = gaussian_focal_loss(pred_heat, heatmap).sum() / num_pos
+        with region("targets"):
+            token_index = pairs.apply(lambda t: t[..., 0])  # (B, N, G)
+            gt_index = pairs.apply(lambda t: t[..., 1])  # (B, N, G)
+            num_pos = average_factor(gt_boxes.sizes.sum())
+            matched_boxes = ragged.gather(boxes, token_index).tensor.float()  # (B, N, G, 4)
+            matched_centres = ragged.gather(centres, token_index).tensor.float()  # (B, N, G, 2)
+            target_xyxy = ragged.gather(gt_boxes, gt_index).tensor.float()  # (B, N, G, 4) pixels
+            target_centres = ragged.gather(gt_centres, gt_index).tensor.float()  # (B, N, G, 2) pixels
+            target_labels = ragged.gather(gt_labels.apply(lambda t: t.long()), gt_index)  # (B, N, G)
+            valid = token_index.mask.unsqueeze(-1)  # (B, N, G, 1)
+            pred_xyxy = unnormalize_boxes(boxes_cxcywh_to_xyxy(matched_boxes), image_size)  # (B, N, G, 4)
+            iou = iou_aligned(target_xyxy, pred_xyxy.detach())  # (B, N, G)
+            background = torch.full((batch, cams, num_tokens), num_classes, device=logits.device)
+            labels = ragged.write(background, token_index, target_labels.tensor)  # (B, N, Q)
+            scores = ragged.scatter(token_index.with_tensor(iou), token_index, num_tokens)  # (B, N, Q)
+            box_target = boxes_xyxy_to_cxcywh(normalize_boxes(target_xyxy, image_size))  # (B, N, G, 4)
+            target_pixels = unnormalize_boxes(boxes_cxcywh_to_xyxy(box_target), image_size)  # as the original
+            wh = torch.tensor(image_size, dtype=torch.float32, device=logits.device)
+        with region("heatmap"):
+            cells = gt_centres.apply(lambda t: (t / self.stride).long())  # (B, N, G, 2)
+            radii = gt_centres.with_tensor(focal_head_radius(gt_centres.tensor, gt_boxes.tensor, self.stride))
+            heatmap = draw_gaussians(
+                torch.zeros(centerness.shape, device=logits.device), cells, radii
+            )  # (B, N, Hf, Wf)
+        with region("losses"):
+            loss_cls = quality_focal_loss(logits, labels, scores, self.beta).sum() / num_pos
+            loss_bbox = torch.where(valid, l1_loss(matched_boxes, box_target), 0.0).sum() / num_pos
+            loss_iou = torch.where(valid[..., 0], giou_loss(pred_xyxy, target_pixels), 0.0).sum() / num_pos
+            loss_c2d = torch.where(valid, l1_loss(matched_centres, target_centres / wh), 0.0).sum() / num_pos
+            pred_heat = centerness.float().sigmoid().clamp(1e-4, 1 - 1e-4)
+            loss_centerness = gaussian_focal_loss(pred_heat, heatmap).sum() / num_pos
         return {
             "enc_loss_cls": loss_cls,
             "enc_loss_bbox": loss_bbox,
@@ -174,41 +179,44 @@ class FocalHeadLoss(torch.nn.Module):
         matches = self.assigner.reference(
             logits.detach(), boxes.detach(), centres.detach(), boxes_list, labels_list, centres_list, image_size
         )
-        wh = torch.tensor(image_size, dtype=torch.float32, device=logits.device)
-        labels_all, scores_all, pos_pred, pos_target, pos_centre, pos_centre_target = [], [], [], [], [], []
-        heat_centres, heat_radii = [], []
-        for b in range(batch):
-            for n in range(cams):
-                tokens, gts = matches[b][n][:, 0], matches[b][n][:, 1]
-                gt_xyxy = boxes_list[b][n][gts].float()
-                pred_xyxy = unnormalize_boxes(boxes_cxcywh_to_xyxy(boxes[b, n][tokens].float()), image_size)
-                label = torch.full((num_tokens,), num_classes, dtype=torch.long, device=logits.device)
-                label[tokens] = labels_list[b][n][gts].long()
-                score = torch.zeros(num_tokens, device=logits.device)
-                score[tokens] = iou_aligned(gt_xyxy, pred_xyxy.detach())
-                labels_all.append(label)
-                scores_all.append(score)
-                pos_pred.append(boxes[b, n][tokens].float())
-                pos_target.append(boxes_xyxy_to_cxcywh(normalize_boxes(gt_xyxy, image_size)))
-                pos_centre.append(centres[b, n][tokens].float())
-                pos_centre_target.append(centres_list[b][n][gts].float() / wh)
-                image_centres = centres_list[b][n].float()
-                heat_centres.append((image_centres / self.stride).long())
-                heat_radii.append(focal_head_radius(image_centres, boxes_list[b][n].float(), self.stride))
-        num_pos = average_factor(float(sum(len(m) for row in matches for m in row)))
-        flat_logits = logits.reshape(-1, num_classes)
-        loss_cls = quality_focal_loss(flat_logits, torch.cat(labels_all), torch.cat(scores_all), self.beta).sum()
-        pred, target = torch.cat(pos_pred), torch.cat(pos_target)
-        loss_bbox = l1_loss(pred, target).sum()
-        pred_pixels = unnormalize_boxes(boxes_cxcywh_to_xyxy(pred), image_size)
-        loss_iou = giou_loss(pred_pixels, unnormalize_boxes(boxes_cxcywh_to_xyxy(target), image_size)).sum()
-        loss_c2d = l1_loss(torch.cat(pos_centre), torch.cat(pos_centre_target)).sum()
-        heat_shape = centerness.shape[-2:]
-        heatmap = reference_draw_gaussians(
-            torch.zeros(batch * cams, *heat_shape, device=logits.device), heat_centres, heat_radii
-        ).view(centerness.shape)
-        pred_heat = centerness.float().sigmoid().clamp(1e-4, 1 - 1e-4)
-        loss_centerness = gaussian_focal_loss(pred_heat, heatmap).sum()
+        with region("targets"):
+            wh = torch.tensor(image_size, dtype=torch.float32, device=logits.device)
+            labels_all, scores_all, pos_pred, pos_target, pos_centre, pos_centre_target = [], [], [], [], [], []
+            heat_centres, heat_radii = [], []
+            for b in range(batch):
+                for n in range(cams):
+                    tokens, gts = matches[b][n][:, 0], matches[b][n][:, 1]
+                    gt_xyxy = boxes_list[b][n][gts].float()
+                    pred_xyxy = unnormalize_boxes(boxes_cxcywh_to_xyxy(boxes[b, n][tokens].float()), image_size)
+                    label = torch.full((num_tokens,), num_classes, dtype=torch.long, device=logits.device)
+                    label[tokens] = labels_list[b][n][gts].long()
+                    score = torch.zeros(num_tokens, device=logits.device)
+                    score[tokens] = iou_aligned(gt_xyxy, pred_xyxy.detach())
+                    labels_all.append(label)
+                    scores_all.append(score)
+                    pos_pred.append(boxes[b, n][tokens].float())
+                    pos_target.append(boxes_xyxy_to_cxcywh(normalize_boxes(gt_xyxy, image_size)))
+                    pos_centre.append(centres[b, n][tokens].float())
+                    pos_centre_target.append(centres_list[b][n][gts].float() / wh)
+                    image_centres = centres_list[b][n].float()
+                    heat_centres.append((image_centres / self.stride).long())
+                    heat_radii.append(focal_head_radius(image_centres, boxes_list[b][n].float(), self.stride))
+            num_pos = average_factor(float(sum(len(m) for row in matches for m in row)))
+        with region("heatmap"):
+            heat_shape = centerness.shape[-2:]
+            heatmap = reference_draw_gaussians(
+                torch.zeros(batch * cams, *heat_shape, device=logits.device), heat_centres, heat_radii
+            ).view(centerness.shape)
+        with region("losses"):
+            flat_logits = logits.reshape(-1, num_classes)
+            loss_cls = quality_focal_loss(flat_logits, torch.cat(labels_all), torch.cat(scores_all), self.beta).sum()
+            pred, target = torch.cat(pos_pred), torch.cat(pos_target)
+            loss_bbox = l1_loss(pred, target).sum()
+            pred_pixels = unnormalize_boxes(boxes_cxcywh_to_xyxy(pred), image_size)
+            loss_iou = giou_loss(pred_pixels, unnormalize_boxes(boxes_cxcywh_to_xyxy(target), image_size)).sum()
+            loss_c2d = l1_loss(torch.cat(pos_centre), torch.cat(pos_centre_target)).sum()
+            pred_heat = centerness.float().sigmoid().clamp(1e-4, 1 - 1e-4)
+            loss_centerness = gaussian_focal_loss(pred_heat, heatmap).sum()
         return {
             "enc_loss_cls": loss_cls / num_pos,
             "enc_loss_bbox": loss_bbox / num_pos,

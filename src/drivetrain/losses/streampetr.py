@@ -35,6 +35,7 @@ from drivetrain.geometry import encode_boxes_streampetr
 from drivetrain.losses.functional import l1_loss, sigmoid_focal_loss
 from drivetrain.losses.normalize import average_factor
 from drivetrain.match import CODE_WEIGHTS, HungarianAssigner3D
+from drivetrain.profile import region
 from drivetrain.ragged import RaggedBatch
 
 __all__ = ["StreamPETRLoss", "field"]
@@ -138,20 +139,23 @@ class StreamPETRLoss(torch.nn.Module):
     ) -> dict[str, torch.Tensor]:
         num_layers, batch, num_queries, num_classes = cls_logits.shape
         pairs = self.assigner.batched(cls_logits.detach(), box_codes.detach(), gt_boxes, gt_labels)  # (L, B, G, 2)
-        pred_index = pairs.apply(lambda t: t[..., 0])  # (L, B, G)
-        gt_index = pairs.apply(lambda t: t[..., 1])  # (L, B, G)
-        background = torch.full((num_layers, batch, num_queries), num_classes, device=cls_logits.device)
-        gt_labels_layers = gt_labels.expand_batch(num_layers, batch).apply(lambda t: t.long())  # (L, B, G)
-        labels = ragged.map_pairs(gt_labels_layers, gt_index, pred_index, background)  # (L, B, Q)
-        one_hot = F.one_hot(labels, num_classes + 1)[..., :num_classes].float()  # (L, B, Q, C)
-        num_pos = average_factor(gt_boxes.sizes.sum())  # every target is matched in every layer
-        loss_cls = sigmoid_focal_loss(cls_logits, one_hot, self.alpha, self.gamma).sum((1, 2, 3)) / num_pos  # (L,)
-        matched_pred = ragged.gather(box_codes, pred_index)  # (L, B, G, 10)
-        gt_layers = gt_boxes.expand_batch(num_layers, batch)  # (L, B, G, 9)
-        matched_gt = encode_boxes_streampetr(ragged.gather(gt_layers, gt_index, fill=1.0).tensor)  # (L, B, G, 10)
-        keep = torch.isfinite(matched_gt).all(-1) & pred_index.mask  # (L, B, G)
-        per_entry = l1_loss(matched_pred.tensor, matched_gt, self.code_weights)  # (L, B, G, 10)
-        loss_bbox = torch.where(keep.unsqueeze(-1), per_entry, 0.0).sum((1, 2, 3)) / num_pos  # (L,)
+        with region("targets"):
+            pred_index = pairs.apply(lambda t: t[..., 0])  # (L, B, G)
+            gt_index = pairs.apply(lambda t: t[..., 1])  # (L, B, G)
+            background = torch.full((num_layers, batch, num_queries), num_classes, device=cls_logits.device)
+            gt_labels_layers = gt_labels.expand_batch(num_layers, batch).apply(lambda t: t.long())  # (L, B, G)
+            labels = ragged.map_pairs(gt_labels_layers, gt_index, pred_index, background)  # (L, B, Q)
+            one_hot = F.one_hot(labels, num_classes + 1)[..., :num_classes].float()  # (L, B, Q, C)
+            num_pos = average_factor(gt_boxes.sizes.sum())  # every target is matched in every layer
+            matched_pred = ragged.gather(box_codes, pred_index)  # (L, B, G, 10)
+            gt_layers = gt_boxes.expand_batch(num_layers, batch)  # (L, B, G, 9)
+            matched_gt = encode_boxes_streampetr(ragged.gather(gt_layers, gt_index, fill=1.0).tensor)  # (L, B, G, 10)
+            keep = torch.isfinite(matched_gt).all(-1) & pred_index.mask  # (L, B, G)
+        with region("losses"):
+            focal = sigmoid_focal_loss(cls_logits, one_hot, self.alpha, self.gamma)  # (L, B, Q, C)
+            loss_cls = focal.sum((1, 2, 3)) / num_pos  # (L,)
+            per_entry = l1_loss(matched_pred.tensor, matched_gt, self.code_weights)  # (L, B, G, 10)
+            loss_bbox = torch.where(keep.unsqueeze(-1), per_entry, 0.0).sum((1, 2, 3)) / num_pos  # (L,)
         return self._per_layer({"loss_cls": loss_cls, "loss_bbox": loss_bbox})
 
     def _batched_dn(
@@ -164,22 +168,25 @@ class StreamPETRLoss(torch.nn.Module):
         gt_labels: RaggedBatch,
     ) -> dict[str, torch.Tensor]:
         _, batch, num_dn, num_classes = dn_logits.shape
-        per_group = num_dn // groups
-        slot = torch.arange(num_dn, device=dn_logits.device) % per_group  # (P,): GT index of each DN query
-        exists = slot.unsqueeze(0) < gt_boxes.sizes.unsqueeze(1)  # (B, P)
-        slot_index = slot.expand(batch, num_dn)  # (B, P)
-        labels = gt_labels.tensor.long().gather(1, slot_index)  # (B, P)
-        labels = labels.masked_fill(dn_background, num_classes)  # (B, P)
-        one_hot = F.one_hot(labels.clamp(0, num_classes), num_classes + 1)[..., :num_classes].float()  # (B, P, C)
-        boxes = gt_boxes.with_padding(1.0).tensor.gather(1, slot_index.unsqueeze(-1).expand(batch, num_dn, 9))
-        target = encode_boxes_streampetr(boxes)  # (B, P, 10)
-        num_targets = gt_boxes.sizes.sum() * groups  # G·T on the device
-        cls_factor = average_factor(num_targets * DN_BALL_FRACTION * self.dn_split**3)
-        focal = sigmoid_focal_loss(dn_logits, one_hot.unsqueeze(0), self.alpha, self.gamma)  # (L, B, P, C)
-        loss_cls = torch.where(exists[..., None], focal, 0.0).sum((1, 2, 3)) / cls_factor  # (L,)
-        keep = exists & torch.isfinite(target).all(-1)  # (B, P)
-        per_entry = l1_loss(dn_codes, target.unsqueeze(0), self.code_weights)  # (L, B, P, 10)
-        loss_bbox = torch.where(keep[..., None], per_entry, 0.0).sum((1, 2, 3)) / average_factor(num_targets)  # (L,)
+        with region("targets"):
+            per_group = num_dn // groups
+            slot = torch.arange(num_dn, device=dn_logits.device) % per_group  # (P,): GT index of each DN query
+            exists = slot.unsqueeze(0) < gt_boxes.sizes.unsqueeze(1)  # (B, P)
+            slot_index = slot.expand(batch, num_dn)  # (B, P)
+            labels = gt_labels.tensor.long().gather(1, slot_index)  # (B, P)
+            labels = labels.masked_fill(dn_background, num_classes)  # (B, P)
+            one_hot = F.one_hot(labels.clamp(0, num_classes), num_classes + 1)[..., :num_classes].float()  # (B, P, C)
+            boxes = gt_boxes.with_padding(1.0).tensor.gather(1, slot_index.unsqueeze(-1).expand(batch, num_dn, 9))
+            target = encode_boxes_streampetr(boxes)  # (B, P, 10)
+            keep = exists & torch.isfinite(target).all(-1)  # (B, P)
+            num_targets = gt_boxes.sizes.sum() * groups  # G·T on the device
+            cls_factor = average_factor(num_targets * DN_BALL_FRACTION * self.dn_split**3)
+            box_factor = average_factor(num_targets)
+        with region("losses"):
+            focal = sigmoid_focal_loss(dn_logits, one_hot.unsqueeze(0), self.alpha, self.gamma)  # (L, B, P, C)
+            loss_cls = torch.where(exists[..., None], focal, 0.0).sum((1, 2, 3)) / cls_factor  # (L,)
+            per_entry = l1_loss(dn_codes, target.unsqueeze(0), self.code_weights)  # (L, B, P, 10)
+            loss_bbox = torch.where(keep[..., None], per_entry, 0.0).sum((1, 2, 3)) / box_factor  # (L,)
         return self._per_layer({"dn_loss_cls": loss_cls, "dn_loss_bbox": loss_bbox})
 
     @staticmethod
@@ -196,28 +203,30 @@ class StreamPETRLoss(torch.nn.Module):
         matches = self.assigner.reference(cls_logits.detach(), box_codes.detach(), boxes_list, labels_list)
         terms = {}
         for layer in range(num_layers):
-            labels, box_targets, box_weights = [], [], []
-            for b, (boxes, sample_labels) in enumerate(zip(boxes_list, labels_list, strict=True)):
-                pred_i, gt_i = matches[layer][b][:, 0], matches[layer][b][:, 1]
-                label = torch.full((num_queries,), num_classes, dtype=torch.long, device=cls_logits.device)
-                label[pred_i] = sample_labels[gt_i]
-                box_target = box_codes.new_zeros(num_queries, 9, dtype=torch.float32)
-                box_target[pred_i] = boxes[gt_i].float()
-                weight = box_codes.new_zeros(num_queries, 10, dtype=torch.float32)
-                weight[pred_i] = 1.0
-                labels.append(label)
-                box_targets.append(box_target)
-                box_weights.append(weight)
-            label_all, target_all, weight_all = torch.cat(labels), torch.cat(box_targets), torch.cat(box_weights)
-            num_pos = average_factor(float(sum(len(m) for m in matches[layer])))
-            logits = cls_logits[layer].reshape(-1, num_classes)  # (B*Q, C)
-            one_hot = F.one_hot(label_all, num_classes + 1)[:, :num_classes].float()
-            loss_cls = sigmoid_focal_loss(logits, one_hot, self.alpha, self.gamma).sum() / num_pos
-            normalized = encode_boxes_streampetr(target_all)  # (B*Q, 10): unmatched rows hold -inf
-            finite = torch.isfinite(normalized).all(-1)
-            preds = box_codes[layer].reshape(-1, 10)
-            weights = weight_all * self.code_weights
-            loss_bbox = l1_loss(preds[finite], normalized[finite], weights[finite]).sum() / num_pos
+            with region("targets"):
+                labels, box_targets, box_weights = [], [], []
+                for b, (boxes, sample_labels) in enumerate(zip(boxes_list, labels_list, strict=True)):
+                    pred_i, gt_i = matches[layer][b][:, 0], matches[layer][b][:, 1]
+                    label = torch.full((num_queries,), num_classes, dtype=torch.long, device=cls_logits.device)
+                    label[pred_i] = sample_labels[gt_i]
+                    box_target = box_codes.new_zeros(num_queries, 9, dtype=torch.float32)
+                    box_target[pred_i] = boxes[gt_i].float()
+                    weight = box_codes.new_zeros(num_queries, 10, dtype=torch.float32)
+                    weight[pred_i] = 1.0
+                    labels.append(label)
+                    box_targets.append(box_target)
+                    box_weights.append(weight)
+                label_all, target_all, weight_all = torch.cat(labels), torch.cat(box_targets), torch.cat(box_weights)
+                num_pos = average_factor(float(sum(len(m) for m in matches[layer])))
+                one_hot = F.one_hot(label_all, num_classes + 1)[:, :num_classes].float()
+                normalized = encode_boxes_streampetr(target_all)  # (B*Q, 10): unmatched rows hold -inf
+                finite = torch.isfinite(normalized).all(-1)
+            with region("losses"):
+                logits = cls_logits[layer].reshape(-1, num_classes)  # (B*Q, C)
+                loss_cls = sigmoid_focal_loss(logits, one_hot, self.alpha, self.gamma).sum() / num_pos
+                preds = box_codes[layer].reshape(-1, 10)
+                weights = weight_all * self.code_weights
+                loss_bbox = l1_loss(preds[finite], normalized[finite], weights[finite]).sum() / num_pos
             terms[_layer_name(layer, num_layers, "loss_cls")] = loss_cls
             terms[_layer_name(layer, num_layers, "loss_bbox")] = loss_bbox
         return terms
@@ -233,31 +242,34 @@ class StreamPETRLoss(torch.nn.Module):
     ) -> dict[str, torch.Tensor]:
         num_layers, _, num_dn, num_classes = dn_logits.shape
         per_group = num_dn // groups
-        device = dn_logits.device
-        known_index, known_labels, known_boxes = [], [], []
-        for b, (boxes, labels) in enumerate(zip(gt_boxes.to_list(), gt_labels.to_list(), strict=True)):
-            num_gt = boxes.shape[0]
-            for g in range(groups):
-                slots = g * per_group + torch.arange(num_gt, device=device)
-                known_index.append(b * num_dn + slots)
-                known_labels.append(torch.where(dn_background[b, slots], num_classes, labels.long()))
-                known_boxes.append(boxes.float())
-        index = torch.cat(known_index)
-        label_t = torch.cat(known_labels)
-        box_t = torch.cat(known_boxes)
-        num_known = index.shape[0]
-        one_hot = F.one_hot(label_t, num_classes + 1)[:, :num_classes].float()
-        normalized = encode_boxes_streampetr(box_t)
-        finite = torch.isfinite(normalized).all(-1)
-        cls_factor = average_factor(num_known * DN_BALL_FRACTION * self.dn_split**3)
-        box_factor = average_factor(float(num_known))
+        with region("targets"):
+            device = dn_logits.device
+            known_index, known_labels, known_boxes = [], [], []
+            for b, (boxes, labels) in enumerate(zip(gt_boxes.to_list(), gt_labels.to_list(), strict=True)):
+                num_gt = boxes.shape[0]
+                for g in range(groups):
+                    slots = g * per_group + torch.arange(num_gt, device=device)
+                    known_index.append(b * num_dn + slots)
+                    known_labels.append(torch.where(dn_background[b, slots], num_classes, labels.long()))
+                    known_boxes.append(boxes.float())
+            index = torch.cat(known_index)
+            label_t = torch.cat(known_labels)
+            box_t = torch.cat(known_boxes)
+            num_known = index.shape[0]
+            one_hot = F.one_hot(label_t, num_classes + 1)[:, :num_classes].float()
+            normalized = encode_boxes_streampetr(box_t)
+            finite = torch.isfinite(normalized).all(-1)
+            cls_factor = average_factor(num_known * DN_BALL_FRACTION * self.dn_split**3)
+            box_factor = average_factor(float(num_known))
         terms = {}
         for layer in range(num_layers):
-            logits = dn_logits[layer].reshape(-1, num_classes)[index]
-            codes = dn_codes[layer].reshape(-1, 10)[index]
-            loss_cls = sigmoid_focal_loss(logits, one_hot, self.alpha, self.gamma).sum() / cls_factor
-            weights = self.code_weights.expand(num_known, 10)
-            loss_bbox = l1_loss(codes[finite], normalized[finite], weights[finite]).sum() / box_factor
+            with region("targets"):
+                logits = dn_logits[layer].reshape(-1, num_classes)[index]
+                codes = dn_codes[layer].reshape(-1, 10)[index]
+            with region("losses"):
+                loss_cls = sigmoid_focal_loss(logits, one_hot, self.alpha, self.gamma).sum() / cls_factor
+                weights = self.code_weights.expand(num_known, 10)
+                loss_bbox = l1_loss(codes[finite], normalized[finite], weights[finite]).sum() / box_factor
             terms[_layer_name(layer, num_layers, "dn_loss_cls")] = loss_cls
             terms[_layer_name(layer, num_layers, "dn_loss_bbox")] = loss_bbox
         return terms

@@ -20,6 +20,7 @@ from scipy.optimize import linear_sum_assignment
 from drivetrain.geometry import boxes_xyxy_to_cxcywh, encode_boxes_streampetr, normalize_boxes
 from drivetrain.match.costs import bbox3d_l1_cost, centre_l1_cost, focal_cost, giou_cost, l1_cost
 from drivetrain.match.solve import NAN_COST, NEGINF_COST, POSINF_COST, solve
+from drivetrain.profile import region
 from drivetrain.ragged import RaggedBatch
 
 __all__ = ["CODE_WEIGHTS", "HungarianAssigner2D", "HungarianAssigner3D"]
@@ -29,11 +30,15 @@ CODE_WEIGHTS = (2.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)
 
 def _solve_one(cost: torch.Tensor) -> torch.Tensor:
     """Reference solve of one ``(Q, M)`` matrix as the original does: to host, nan_to_num, SciPy."""
-    host = torch.nan_to_num(cost.detach().float().cpu(), nan=NAN_COST, posinf=POSINF_COST, neginf=NEGINF_COST)
+    with region("transfer"):
+        host = cost.detach().float().cpu()  # sync: the original moves each matrix to the host on its own
+        host = torch.nan_to_num(host, nan=NAN_COST, posinf=POSINF_COST, neginf=NEGINF_COST)
     if host.shape[1] > host.shape[0]:
         raise ValueError(f"costs: {host.shape[1]} targets but only {host.shape[0]} predictions (M ≤ Q required)")
-    rows, cols = linear_sum_assignment(host.numpy())
-    return torch.stack([torch.from_numpy(rows), torch.from_numpy(cols)], dim=-1).to(cost.device)  # (M, 2)
+    with region("solve"):
+        rows, cols = linear_sum_assignment(host.numpy())
+    with region("transfer"):
+        return torch.stack([torch.from_numpy(rows), torch.from_numpy(cols)], dim=-1).to(cost.device)  # (M, 2)
 
 
 def _check_targets(name: str, rb: RaggedBatch, batch_shape: tuple[int, ...]) -> None:
@@ -101,7 +106,8 @@ class HungarianAssigner3D:
         _check_targets("gt_labels", gt_labels, tuple(gt_boxes.batch_shape))
         gt_codes = encode_boxes_streampetr(gt_boxes.with_padding(1.0).tensor)  # (B, G, 10): padding stays finite
         labels = gt_labels.with_padding(0).tensor  # (B, G)
-        cost = self.cost(pred_logits, pred_codes, gt_codes, labels)  # (L, B, Q, G)
+        with region("cost"):
+            cost = self.cost(pred_logits, pred_codes, gt_codes, labels)  # (L, B, Q, G)
         sizes = gt_boxes.sizes.expand(lead)  # (L, B)
         return solve(RaggedBatch._make(cost, sizes, len(lead) + 1), backend=self.backend)
 
@@ -126,7 +132,9 @@ class HungarianAssigner3D:
                 if boxes.shape[0] == 0:
                     row.append(torch.zeros(0, 2, dtype=torch.long, device=pred_logits.device))
                     continue
-                cost = self.cost(pred_logits[layer, b], pred_codes[layer, b], encode_boxes_streampetr(boxes), labels)
+                with region("cost"):
+                    gt_codes = encode_boxes_streampetr(boxes)
+                    cost = self.cost(pred_logits[layer, b], pred_codes[layer, b], gt_codes, labels)
                 row.append(_solve_one(cost))
             out.append(row)
         return out
@@ -205,15 +213,16 @@ class HungarianAssigner2D:
         lead = tuple(pred_logits.shape[:-2])
         for name, rb in (("gt_boxes", gt_boxes), ("gt_labels", gt_labels), ("gt_centres", gt_centres)):
             _check_targets(name, rb, lead)
-        cost = self.cost(
-            pred_logits,
-            pred_boxes,
-            pred_centres,
-            gt_boxes.with_padding(0.0).tensor,
-            gt_labels.with_padding(0).tensor,
-            gt_centres.with_padding(0.0).tensor,
-            image_size,
-        )  # (B, N, Q, G)
+        with region("cost"):
+            cost = self.cost(
+                pred_logits,
+                pred_boxes,
+                pred_centres,
+                gt_boxes.with_padding(0.0).tensor,
+                gt_labels.with_padding(0).tensor,
+                gt_centres.with_padding(0.0).tensor,
+                image_size,
+            )  # (B, N, Q, G)
         return solve(RaggedBatch._make(cost, gt_boxes.sizes, len(lead) + 1), backend=self.backend)
 
     @torch.no_grad()
@@ -236,9 +245,10 @@ class HungarianAssigner2D:
                 if boxes.shape[0] == 0:
                     row.append(torch.zeros(0, 2, dtype=torch.long, device=pred_logits.device))
                     continue
-                cost = self.cost(
-                    pred_logits[b, n], pred_boxes[b, n], pred_centres[b, n], boxes, labels, centres, image_size
-                )
+                with region("cost"):
+                    cost = self.cost(
+                        pred_logits[b, n], pred_boxes[b, n], pred_centres[b, n], boxes, labels, centres, image_size
+                    )
                 row.append(_solve_one(cost))
             out.append(row)
         return out

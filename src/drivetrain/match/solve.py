@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
+from drivetrain.profile import region
 from drivetrain.ragged import RaggedBatch
 
 __all__ = ["BACKENDS", "gpu_solver_available", "pairs_from_assignment", "solve"]
@@ -96,15 +97,16 @@ def _solve_scipy(costs: RaggedBatch, num_threads: int | None) -> RaggedBatch:
     tensor = costs.tensor.detach()
     if tensor.dtype not in (torch.float32, torch.float64):
         tensor = tensor.float()
-    if device.type == "cuda":
-        # sync: the one host transfer of the step; both copies are queued, then waited for once
-        host_costs = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-        host_sizes = torch.empty(costs.sizes.shape, dtype=torch.int64, pin_memory=True)
-        host_costs.copy_(tensor, non_blocking=True)
-        host_sizes.copy_(costs.sizes, non_blocking=True)
-        torch.cuda.current_stream(device).synchronize()
-    else:
-        host_costs, host_sizes = tensor, costs.sizes
+    with region("transfer"):
+        if device.type == "cuda":
+            # sync: the one host transfer of the step; both copies are queued, then waited for once
+            host_costs = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            host_sizes = torch.empty(costs.sizes.shape, dtype=torch.int64, pin_memory=True)
+            host_costs.copy_(tensor, non_blocking=True)
+            host_sizes.copy_(costs.sizes, non_blocking=True)
+            torch.cuda.current_stream(device).synchronize()
+        else:
+            host_costs, host_sizes = tensor, costs.sizes
     flat_costs = host_costs.reshape(-1, q, g).numpy()  # (P, Q, G)
     sizes = host_sizes.reshape(-1).tolist()  # host memory by now (copied above on CUDA)
     for p, m in enumerate(sizes):
@@ -126,14 +128,16 @@ def _solve_scipy(costs: RaggedBatch, num_threads: int | None) -> RaggedBatch:
 
     work = [p for p, m in enumerate(sizes) if m > 0]
     threads = min(num_threads or os.cpu_count() or 1, len(work))
-    if threads > 1:
-        list(_pool().map(run, work))
-    else:
-        for p in work:
-            run(p)
+    with region("solve"):
+        if threads > 1:
+            list(_pool().map(run, work))
+        else:
+            for p in work:
+                run(p)
     out = torch.from_numpy(pairs).view(*batch, g, 2)  # (*batch, G, 2)
     if device.type == "cuda":
-        out = out.pin_memory().to(device, non_blocking=True)
+        with region("transfer"):
+            out = out.pin_memory().to(device, non_blocking=True)
     return RaggedBatch._make(out, costs.sizes, costs.num_batch_dims, costs._mask)
 
 

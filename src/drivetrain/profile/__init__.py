@@ -10,7 +10,7 @@
 from drivetrain.profile.bench import add_bench_arguments, compare, emit, resolve_device, rows_from_profilers
 from drivetrain.profile.report import BenchResult, Row, device_name, device_slug, environment
 from drivetrain.profile.resources import ResourceMonitor, ResourceUsage
-from drivetrain.profile.timer import Profiler, Stats, synchronize, time_call
+from drivetrain.profile.timer import Profiler, Stats, active, region, synchronize, time_call
 
 __all__ = [
     "BenchResult",
@@ -19,12 +19,14 @@ __all__ = [
     "ResourceUsage",
     "Row",
     "Stats",
+    "active",
     "add_bench_arguments",
     "compare",
     "device_name",
     "device_slug",
     "emit",
     "environment",
+    "region",
     "resolve_device",
     "rows_from_profilers",
     "synchronize",

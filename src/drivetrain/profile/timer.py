@@ -19,13 +19,13 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["Profiler", "Stats", "synchronize", "time_call"]
+__all__ = ["Profiler", "Stats", "active", "region", "synchronize", "time_call"]
 
 
 @dataclass(frozen=True)
@@ -170,3 +170,30 @@ def time_call(
         synchronize(prof.device)
         prof.step()
     return prof.samples("call")
+
+
+_ACTIVE: list[Profiler] = []
+
+
+@contextmanager
+def active(profiler: Profiler) -> Iterator[Profiler]:
+    """Make ``profiler`` receive the :func:`region` calls of library code while the block runs.
+
+    Example:
+        >>> with active(prof), prof.region("loss"):
+        ...     loss(outputs, batch)   # its internal regions land under "loss/..."
+    """
+    _ACTIVE.append(profiler)
+    try:
+        yield profiler
+    finally:
+        _ACTIVE.remove(profiler)
+
+
+def region(name: str) -> AbstractContextManager[None]:
+    """A timed region of the active profiler, or a no-op (``nullcontext``) when none is active.
+
+    Library code marks its phases with this (e.g. ``cost``, ``solve``, ``targets``); it costs one list
+    lookup when nobody is profiling.
+    """
+    return _ACTIVE[-1].region(name) if _ACTIVE else nullcontext()
