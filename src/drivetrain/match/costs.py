@@ -5,8 +5,8 @@ the leading dims broadcast, so one call builds the cost matrices of all decoder 
 cameras) at once. Target padding gives finite garbage that the solver never looks at (it only reads the
 first ``num_gt`` columns of each problem). Costs are unweighted; assigners apply the weights.
 
-The pairwise L1 costs accumulate one dim at a time (see :func:`l1_cost`), far faster on the CPU than
-``torch.cdist(p=1)`` on single problems or the broadcast form; both paths (reference and batched) use it.
+The pairwise L1 costs use ``torch.cdist(p=1)`` (see :func:`l1_cost`); both paths (reference and batched)
+use it, so the per-sample and batched cost matrices are bitwise equal.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ def focal_cost(
         labels: int ``(..., G)`` target classes in ``[0, C)`` (padding must hold a valid class, e.g. 0).
 
     Returns:
-        ``(..., Q, G)`` in the logits' dtype (computed in fp32 when given half types).
+        ``(..., Q, G)``: float64 for float64 logits, else float32 (half types are computed in fp32).
     """
-    prob = logits.float().sigmoid()  # (..., Q, C)
+    prob = (logits if logits.dtype == torch.float64 else logits.float()).sigmoid()  # (..., Q, C)
     neg = -(1 - alpha) * prob.pow(gamma) * (1 - prob + eps).log()  # (..., Q, C)
     pos = -alpha * (1 - prob).pow(gamma) * (prob + eps).log()  # (..., Q, C)
     per_class = pos - neg  # (..., Q, C)
@@ -44,27 +44,20 @@ def focal_cost(
 
 
 def l1_cost(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Pairwise L1 distance: ``(..., Q, D)`` and ``(..., G, D)`` → ``(..., Q, G)``.
+    """Pairwise L1 distance: ``(..., Q, D)`` and ``(..., G, D)`` → ``(..., Q, G)`` (leading dims broadcast).
 
-    Without gradients (matching) it accumulates one dim at a time into a preallocated buffer instead of
-    materialising the ``(..., Q, G, D)`` difference: ~7× faster on the CPU than the broadcast form and
-    than ``torch.cdist(p=1)`` per sample, and bitwise identical whatever the leading dims (so per-sample
-    and batched costs agree exactly). With gradients it uses the differentiable broadcast form.
+    Uses ``torch.cdist(p=1)``, which computes each pair directly (no matmul trick, so no cancellation),
+    is differentiable, and gives bitwise the same value for a pair whether called per sample or on a
+    whole batch. Measured here (2-core CPU, torch 2.13) it beats the broadcast form
+    ``|a[..., :, None] - b[..., None, :]|.sum(-1)`` by ~4× per sample and ~4× batched.
     """
-    if torch.is_grad_enabled() and (pred.requires_grad or target.requires_grad):
-        return (pred.unsqueeze(-2) - target.unsqueeze(-3)).abs().sum(-1)  # (..., Q, G)
     lead = torch.broadcast_shapes(pred.shape[:-2], target.shape[:-2])
-    shape, dtype = (*lead, pred.shape[-2], target.shape[-2]), torch.result_type(pred, target)
+    dtype = torch.result_type(pred, target)
+    pred = pred.to(dtype).expand(*lead, *pred.shape[-2:])  # (..., Q, D)
+    target = target.to(dtype).expand(*lead, *target.shape[-2:])  # (..., G, D)
     if pred.shape[-1] == 0:
-        return pred.new_zeros(shape, dtype=dtype)  # (..., Q, G)
-    out = pred.new_empty(shape, dtype=dtype)  # (..., Q, G)
-    pred_dims = pred.movedim(-1, 0).unsqueeze(-1)  # (D, ..., Q, 1)
-    target_dims = target.movedim(-1, 0).unsqueeze(-2)  # (D, ..., 1, G)
-    torch.sub(pred_dims[0], target_dims[0], out=out).abs_()  # (..., Q, G)
-    scratch = torch.empty_like(out)  # (..., Q, G)
-    for k in range(1, pred.shape[-1]):
-        out.add_(torch.sub(pred_dims[k], target_dims[k], out=scratch).abs_())
-    return out  # (..., Q, G)
+        return pred.new_zeros((*lead, pred.shape[-2], target.shape[-2]))  # (..., Q, G)
+    return torch.cdist(pred, target, p=1.0)  # (..., Q, G)
 
 
 def bbox3d_l1_cost(

@@ -18,6 +18,7 @@ Backends:
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
@@ -107,7 +108,8 @@ def _solve_scipy(costs: RaggedBatch, num_threads: int | None) -> RaggedBatch:
             torch.cuda.current_stream(device).synchronize()
         else:
             host_costs, host_sizes = tensor, costs.sizes
-    flat_costs = host_costs.reshape(-1, q, g).numpy()  # (P, Q, G)
+    num_problems = math.prod(batch)
+    flat_costs = host_costs.reshape(num_problems, q, g).numpy()  # (P, Q, G)
     sizes = host_sizes.reshape(-1).tolist()  # host memory by now (copied above on CUDA)
     for p, m in enumerate(sizes):
         if m > q:
@@ -159,7 +161,7 @@ def _solve_gpu(costs: RaggedBatch) -> RaggedBatch:
     valid = costs.mask.unsqueeze(-2)  # (*batch, 1, G)
     clean = torch.nan_to_num(costs.tensor.detach().float(), nan=NAN_COST, posinf=POSINF_COST, neginf=NEGINF_COST)
     clean = torch.where(valid, clean, 0.0)  # (*batch, Q, G): constant padding columns keep the optimum
-    assignment = batch_linear_assignment(clean.reshape(-1, q, g))  # (P, Q): target of each prediction or -1
+    assignment = batch_linear_assignment(clean.reshape(math.prod(batch), q, g))  # (P, Q): column of each row or -1
     pairs = pairs_from_assignment(assignment, costs.sizes.reshape(-1), g)  # (P, G, 2)
     return RaggedBatch._make(pairs.view(*batch, g, 2), costs.sizes, costs.num_batch_dims, costs._mask)
 

@@ -109,6 +109,13 @@ def _dump_rows(index: RaggedBatch, limit: torch.Tensor | int, length: int, name:
     return rows.view(-1), dump
 
 
+def empty_source_result(src: torch.Tensor, shape: tuple[int, ...], fill: float) -> torch.Tensor:
+    """Output of an op whose source has no elements: all ``fill``, still linked to ``src`` in the graph
+    (an all-zero gradient) so that a loss built only from it can call ``backward()``."""
+    out = src.new_full(shape, fill)
+    return out + src.sum().to(out.dtype) * 0 if src.requires_grad else out
+
+
 def take_rows(flat: torch.Tensor, rows: torch.Tensor, invalid: torch.Tensor, fill: float | None) -> torch.Tensor:
     """``flat[rows]`` with ``fill`` where ``invalid`` (rows there must be in range; their value is unused).
 
@@ -177,7 +184,7 @@ def _gather(
     idx, invalid = _resolve(index, limit, index_name)  # (*batch, J)
     out_shape = (*index.batch_shape, index.max_size, *rest)
     if n == 0 or num_rows == 0:
-        out = src.new_full(out_shape, 0 if fill is None else fill)  # (*batch, J, *rest)
+        out = empty_source_result(src, out_shape, 0 if fill is None else fill)  # (*batch, J, *rest)
     else:
         rows = (idx + _row_base(index.batch_shape, n, idx.device)).view(-1)  # (M*J,)
         out = take_rows(src.reshape(num_rows * n, r), rows, invalid.view(-1), fill).view(out_shape)
@@ -274,7 +281,8 @@ def _write(
     dst = movedim(target, dim, nb)  # (*batch, N, *rest)
     if vals.dim() != target.dim():
         raise ValueError(f"{values_name}: has {vals.dim()} dims, {into_name} has {target.dim()}")
-    src = movedim(vals, dim, nb)  # (*batch, J, *rest)
+    values_dim = values.ragged_dim if isinstance(values, RaggedBatch) else dim
+    src = movedim(vals, values_dim, nb)  # (*batch, J, *rest)
     expected = (*index.batch_shape, index.max_size, *dst.shape[nb + 1 :])
     if tuple(src.shape) != expected:
         raise ValueError(

@@ -13,7 +13,7 @@ import torch
 
 from drivetrain.ragged._checks import check_batch_shape, check_same_device
 from drivetrain.ragged.batch import RaggedBatch, _normalize_ragged_dim, movedim
-from drivetrain.ragged.ops import take_rows
+from drivetrain.ragged.ops import empty_source_result, take_rows
 
 __all__ = ["indices_from_mask", "select"]
 
@@ -82,7 +82,7 @@ def select(
     num_rows, r, k = math.prod(m.shape[:-1]), math.prod(rest), order.shape[-1]
     out_shape = (*m.shape[:-1], k, *rest)
     if n == 0 or num_rows == 0:
-        out = src.new_full(out_shape, fill)  # (*batch, K, *rest)
+        out = empty_source_result(src, out_shape, fill)  # (*batch, K, *rest)
     else:
         base = torch.arange(0, num_rows * n, n, device=m.device).view(*m.shape[:-1], 1)  # (*batch, 1)
         rows = (order + base).view(-1)  # (M*K,)
