@@ -88,8 +88,8 @@ def draw_gaussians(
         radii: int RaggedBatch ``(*batch, G)``, same sizes.
         labels: optional int RaggedBatch ``(*batch, G)``: the channel each box is drawn into.
         max_radius: an upper bound of the radii (host int). Given, only a ``(2R+1)²`` window per box is
-            evaluated (memory ``O(G R²)``); None evaluates every cell per box (memory ``O(G H W)``). Radii
-            above the bound are clipped to it.
+            evaluated (memory ``O(G R²)``); None evaluates every cell per box (memory ``O(G H W)``). A box
+            whose radius exceeds the bound keeps its Gaussian (σ from its radius) but only the bound's window.
         diameter_to_sigma: ``σ = (2r + 1) / diameter_to_sigma``.
 
     Returns:
@@ -119,7 +119,6 @@ def draw_gaussians(
         dx = xs - cx[..., None, None]  # (*batch, G, 1, W)
         y, x = dy + cy[..., None, None], dx + cx[..., None, None]
     else:
-        radius = radius.clamp(max=max_radius)
         offsets = torch.arange(-max_radius, max_radius + 1, device=device)  # (K,)
         dy = offsets.view(-1, 1).expand(-1, offsets.numel())  # (K, K)
         dx = offsets.view(1, -1).expand(offsets.numel(), -1)  # (K, K)

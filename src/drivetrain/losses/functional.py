@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from drivetrain.geometry import giou_aligned
 
 __all__ = [
+    "class_mask",
     "gaussian_focal_loss",
     "giou_loss",
     "l1_loss",
@@ -27,6 +28,12 @@ __all__ = [
 ]
 
 Fn = TypeVar("Fn", bound=Callable[..., torch.Tensor])
+
+
+def class_mask(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Bool one-hot ``(..., C)`` of int ``labels`` ``(...)``; labels outside ``[0, C)`` (background) are all
+    False. A comparison, so unlike ``F.one_hot`` it never checks label ranges with a device sync."""
+    return labels.unsqueeze(-1) == torch.arange(num_classes, device=labels.device)  # (..., C)
 
 
 def fp32(fn: Fn) -> Fn:
@@ -83,12 +90,11 @@ def quality_focal_loss(
     Returns:
         ``(..., C)`` fp32.
     """
-    num_classes = logits.shape[-1]
     prob = logits.sigmoid()  # (..., C)
     negative = F.binary_cross_entropy_with_logits(logits, torch.zeros_like(logits), reduction="none") * prob.pow(beta)
-    positive_mask = (labels >= 0) & (labels < num_classes)  # (...)
-    one_hot = F.one_hot(labels.clamp(0, num_classes - 1).long(), num_classes).bool() & positive_mask.unsqueeze(-1)
-    score = scores.unsqueeze(-1).expand_as(logits)  # (..., C)
+    one_hot = class_mask(labels, logits.shape[-1])  # (..., C)
+    # Background scores are unused; zero them so that NaN padding cannot reach the gradient through where().
+    score = torch.where(one_hot.any(-1), scores, 0.0).unsqueeze(-1).expand_as(logits)  # (..., C)
     positive = F.binary_cross_entropy_with_logits(logits, score, reduction="none") * (score - prob).abs().pow(beta)
     return torch.where(one_hot, positive, negative)  # (..., C)
 

@@ -28,11 +28,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from drivetrain import ragged
 from drivetrain.geometry import encode_boxes_streampetr
-from drivetrain.losses.functional import l1_loss, sigmoid_focal_loss
+from drivetrain.losses.functional import class_mask, l1_loss, sigmoid_focal_loss
 from drivetrain.losses.normalize import average_factor
 from drivetrain.match import CODE_WEIGHTS, HungarianAssigner3D
 from drivetrain.profile import region
@@ -145,7 +144,7 @@ class StreamPETRLoss(torch.nn.Module):
             background = torch.full((num_layers, batch, num_queries), num_classes, device=cls_logits.device)
             gt_labels_layers = gt_labels.expand_batch(num_layers, batch).apply(lambda t: t.long())  # (L, B, G)
             labels = ragged.map_pairs(gt_labels_layers, gt_index, pred_index, background)  # (L, B, Q)
-            one_hot = F.one_hot(labels, num_classes + 1)[..., :num_classes].float()  # (L, B, Q, C)
+            one_hot = class_mask(labels, num_classes).float()  # (L, B, Q, C)
             num_pos = average_factor(gt_boxes.sizes.sum())  # every target is matched in every layer
             matched_pred = ragged.gather(box_codes, pred_index)  # (L, B, G, 10)
             gt_layers = gt_boxes.expand_batch(num_layers, batch)  # (L, B, G, 9)
@@ -175,7 +174,7 @@ class StreamPETRLoss(torch.nn.Module):
             slot_index = slot.expand(batch, num_dn)  # (B, P)
             labels = gt_labels.tensor.long().gather(1, slot_index)  # (B, P)
             labels = labels.masked_fill(dn_background, num_classes)  # (B, P)
-            one_hot = F.one_hot(labels.clamp(0, num_classes), num_classes + 1)[..., :num_classes].float()  # (B, P, C)
+            one_hot = class_mask(labels, num_classes).float()  # (B, P, C)
             boxes = gt_boxes.with_padding(1.0).tensor.gather(1, slot_index.unsqueeze(-1).expand(batch, num_dn, 9))
             target = encode_boxes_streampetr(boxes)  # (B, P, 10)
             keep = exists & torch.isfinite(target).all(-1)  # (B, P)
@@ -218,7 +217,7 @@ class StreamPETRLoss(torch.nn.Module):
                     box_weights.append(weight)
                 label_all, target_all, weight_all = torch.cat(labels), torch.cat(box_targets), torch.cat(box_weights)
                 num_pos = average_factor(float(sum(len(m) for m in matches[layer])))
-                one_hot = F.one_hot(label_all, num_classes + 1)[:, :num_classes].float()
+                one_hot = class_mask(label_all, num_classes).float()
                 normalized = encode_boxes_streampetr(target_all)  # (B*Q, 10): unmatched rows hold -inf
                 finite = torch.isfinite(normalized).all(-1)
             with region("losses"):
@@ -256,7 +255,7 @@ class StreamPETRLoss(torch.nn.Module):
             label_t = torch.cat(known_labels)
             box_t = torch.cat(known_boxes)
             num_known = index.shape[0]
-            one_hot = F.one_hot(label_t, num_classes + 1)[:, :num_classes].float()
+            one_hot = class_mask(label_t, num_classes).float()
             normalized = encode_boxes_streampetr(box_t)
             finite = torch.isfinite(normalized).all(-1)
             cls_factor = average_factor(num_known * DN_BALL_FRACTION * self.dn_split**3)

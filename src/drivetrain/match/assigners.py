@@ -102,6 +102,8 @@ class HungarianAssigner3D:
             int64 RaggedBatch ``(L, B, G, 2)`` of (query, target) pairs, sizes = targets per sample.
         """
         lead = tuple(pred_logits.shape[:-2])
+        if not isinstance(gt_boxes, RaggedBatch):
+            raise TypeError(f"gt_boxes: expected a RaggedBatch (B, G, 9), got {type(gt_boxes).__name__}")
         _check_targets("gt_boxes", gt_boxes, lead[-gt_boxes.num_batch_dims :])
         _check_targets("gt_labels", gt_labels, tuple(gt_boxes.batch_shape))
         gt_codes = encode_boxes_streampetr(gt_boxes.with_padding(1.0).tensor)  # (B, G, 10): padding stays finite

@@ -1,0 +1,249 @@
+"""StreamPETRLoss and FocalHeadLoss: batched == per-sample reference on every term and gradient, edge cases,
+no host sync in the batched path apart from the one solver transfer, precision and bad input."""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+import drivetrain.match.assigners as assigners_module
+from conftest import SYNC_METHODS, HostSyncError, no_host_sync
+from drivetrain.losses import FocalHeadLoss, StreamPETRLoss
+from drivetrain.match import HungarianAssigner2D, HungarianAssigner3D
+from drivetrain.ragged import RaggedBatch
+
+C = 10
+
+
+def random_boxes(n: int, gen: torch.Generator) -> torch.Tensor:
+    centre = torch.randn(n, 3, generator=gen) * torch.tensor([15.0, 15.0, 1.0])
+    size = torch.rand(n, 3, generator=gen) * 3 + 0.5
+    yaw = torch.rand(n, 1, generator=gen) * 6.2 - 3.1
+    return torch.cat([centre, size, yaw, torch.randn(n, 2, generator=gen)], dim=-1)
+
+
+def streampetr_case(num_gt: list[int], layers: int, queries: int, groups: int, gen: torch.Generator) -> tuple:
+    batch = len(num_gt)
+    targets = {
+        "gt_boxes": RaggedBatch.from_list([random_boxes(n, gen) for n in num_gt]),
+        "gt_labels": RaggedBatch.from_list([torch.randint(0, C, (n,), generator=gen) for n in num_gt]),
+    }
+    outputs = {
+        "cls_logits": torch.randn(layers, batch, queries, C, generator=gen),
+        "box_codes": torch.randn(layers, batch, queries, 10, generator=gen) * 2,
+    }
+    if groups:
+        num_dn = groups * max(num_gt)  # one DN query per ground truth and group (none without ground truth)
+        outputs["dn_cls_logits"] = torch.randn(layers, batch, num_dn, C, generator=gen)
+        outputs["dn_box_codes"] = torch.randn(layers, batch, num_dn, 10, generator=gen)
+        outputs["dn_background"] = torch.rand(batch, num_dn, generator=gen) > 0.7
+        outputs["dn_groups"] = groups
+    return outputs, targets
+
+
+def focal_case(num_gt: list[list[int]], gen: torch.Generator, hf: int = 4, wf: int = 11) -> tuple:
+    stride, width, height = 16, wf * 16, hf * 16
+    boxes, labels, centres = [], [], []
+    for row in num_gt:
+        boxes.append([])
+        labels.append([])
+        centres.append([])
+        for n in row:
+            centre = torch.rand(n, 2, generator=gen) * torch.tensor([width - 8.0, height - 8.0]) + 4
+            half = torch.rand(n, 2, generator=gen) * 20 + 2
+            shift = (torch.rand(n, 2, generator=gen) - 0.5) * half
+            xyxy = torch.cat([centre - half + shift, centre + half + shift], -1).clamp(min=0)
+            boxes[-1].append(torch.minimum(xyxy, torch.tensor([width, height, width, height], dtype=torch.float32)))
+            labels[-1].append(torch.randint(0, C, (n,), generator=gen))
+            centres[-1].append(centre)
+    batch, cams, q = len(num_gt), len(num_gt[0]), hf * wf
+    outputs = {
+        "cls_logits": torch.randn(batch, cams, q, C, generator=gen),
+        "boxes": torch.rand(batch, cams, q, 4, generator=gen) * 0.3 + 0.1,
+        "centres": torch.rand(batch, cams, q, 2, generator=gen),
+        "centerness": torch.randn(batch, cams, hf, wf, generator=gen),
+    }
+    targets = {
+        "gt_boxes_2d": RaggedBatch.from_list(boxes),
+        "gt_labels_2d": RaggedBatch.from_list(labels),
+        "centers_2d": RaggedBatch.from_list(centres),
+        "image_size": (width, height),
+    }
+    assert stride == 16
+    return outputs, targets
+
+
+def run(loss: torch.nn.Module, outputs: dict, targets: dict, impl: str, dtype: torch.dtype = torch.float32):
+    leaves = {
+        k: v.detach().to(dtype).requires_grad_() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+        for k, v in outputs.items()
+    }
+    terms = loss(leaves, targets, impl=impl)
+    tensors = [v for v in leaves.values() if isinstance(v, torch.Tensor) and v.requires_grad]
+    grads = torch.autograd.grad(loss.total(terms), tensors)
+    return terms, grads
+
+
+def assert_paths_agree(loss: torch.nn.Module, outputs: dict, targets: dict, rel: float = 1e-5) -> dict:
+    ref_terms, ref_grads = run(loss, outputs, targets, "reference")
+    bat_terms, bat_grads = run(loss, outputs, targets, "batched")
+    assert set(ref_terms) == set(bat_terms)
+    for key, ref in ref_terms.items():
+        assert torch.isfinite(bat_terms[key]), key
+        torch.testing.assert_close(bat_terms[key], ref, rtol=rel, atol=1e-7, msg=key)
+    for ref, bat in zip(ref_grads, bat_grads, strict=True):
+        assert torch.isfinite(bat).all()
+        scale = float(ref.abs().max()) if ref.numel() else 1.0
+        torch.testing.assert_close(bat, ref, rtol=rel, atol=1e-7 * max(1.0, scale))
+    return bat_terms
+
+
+@pytest.mark.parametrize("groups", [0, 3])
+@pytest.mark.parametrize("num_gt", [[0, 1, 7, 12], [5], [0, 0, 3]])
+def test_streampetr_batched_equals_reference(num_gt, groups, gen):
+    outputs, targets = streampetr_case(num_gt, layers=3, queries=40, groups=groups, gen=gen)
+    loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
+    terms = assert_paths_agree(loss, outputs, targets)
+    expected = {"loss_cls", "loss_bbox", "d0.loss_cls", "d0.loss_bbox", "d1.loss_cls", "d1.loss_bbox"}
+    if groups:
+        expected |= {"dn_loss_cls", "dn_loss_bbox", "d0.dn_loss_cls", "d0.dn_loss_bbox", "d1.dn_loss_cls"}
+    assert expected <= set(terms)
+
+
+def test_streampetr_without_ground_truth_gives_zero_box_loss_and_finite_gradients(gen):
+    outputs, targets = streampetr_case([0, 0], layers=2, queries=20, groups=2, gen=gen)
+    loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
+    for impl in ("reference", "batched"):
+        terms, grads = run(loss, outputs, targets, impl)
+        assert float(terms["loss_bbox"]) == 0.0 and float(terms["dn_loss_bbox"]) == 0.0
+        assert float(terms["loss_cls"]) > 0  # every query is background and still trained
+        assert all(torch.isfinite(g).all() for g in grads)
+    assert_paths_agree(loss, outputs, targets)
+
+
+def test_streampetr_normalisation_matches_the_published_formula(gen):
+    outputs, targets = streampetr_case([4, 2], layers=1, queries=30, groups=2, gen=gen)
+    loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
+    terms, _ = run(loss, outputs, targets, "batched")
+    # DN classification is divided by groups·T·(3.14159/6)·0.75³ with T = 6 ground truths.
+    dn_factor = 2 * 6 * 3.14159 / 6 * 0.75**3
+    loss_plain = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"), dn_split=1.0)
+    terms_plain, _ = run(loss_plain, outputs, targets, "batched")
+    ratio = float(terms["dn_loss_cls"].detach() / terms_plain["dn_loss_cls"].detach())
+    assert ratio == pytest.approx((2 * 6 * 3.14159 / 6) / dn_factor, rel=1e-5)
+    total = loss.total(terms)
+    manual = sum(loss.weight_of(k) * v for k, v in terms.items())
+    assert torch.allclose(total, manual)
+    assert loss.weight_of("d2.loss_cls") == 2.0 and loss.weight_of("loss_bbox") == 0.25
+
+
+@pytest.mark.parametrize("num_gt", [[[0, 3, 1], [6, 0, 2]], [[0, 0], [0, 0]], [[9]]])
+def test_focal_head_batched_equals_reference(num_gt, gen):
+    outputs, targets = focal_case(num_gt, gen)
+    loss = FocalHeadLoss(assigner=HungarianAssigner2D(backend="scipy"))
+    terms = assert_paths_agree(loss, outputs, targets)
+    assert set(terms) == set(loss.weights)
+
+
+def test_focal_head_without_ground_truth_trains_only_background(gen):
+    outputs, targets = focal_case([[0, 0]], gen)
+    terms, grads = run(FocalHeadLoss(assigner=HungarianAssigner2D(backend="scipy")), outputs, targets, "batched")
+    for key in ("enc_loss_bbox", "enc_loss_iou", "centers2d_loss"):
+        assert float(terms[key]) == 0.0
+    assert float(terms["enc_loss_cls"]) > 0 and float(terms["centerness_loss"]) > 0
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_losses_compute_in_fp32_for_half_inputs(dtype, gen):
+    outputs, targets = streampetr_case([3, 5], layers=2, queries=30, groups=2, gen=gen)
+    loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
+    terms, grads = run(loss, outputs, targets, "batched", dtype=dtype)
+    assert all(v.dtype == torch.float32 and torch.isfinite(v) for v in terms.values())
+    assert all(g.dtype == dtype for g in grads)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        terms = loss(outputs, targets)
+    assert all(v.dtype == torch.float32 for v in terms.values())
+
+
+# ---------------------------------------------------------------------- no host sync
+@contextmanager
+def sync_allowed(originals: dict):
+    """Temporarily restore the real Tensor methods inside a ``no_host_sync`` block."""
+    patched = {name: getattr(torch.Tensor, name) for name in SYNC_METHODS}
+    for name, original in originals.items():
+        setattr(torch.Tensor, name, original)
+    try:
+        yield
+    finally:
+        for name, value in patched.items():
+            setattr(torch.Tensor, name, value)
+
+
+@pytest.mark.parametrize("head", ["streampetr", "focal_head"])
+def test_batched_loss_syncs_only_inside_the_one_solver_call(head, gen, monkeypatch):
+    if head == "streampetr":
+        outputs, targets = streampetr_case([0, 4, 9], layers=2, queries=30, groups=2, gen=gen)
+        loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
+    else:
+        outputs, targets = focal_case([[0, 3], [5, 1]], gen)
+        loss = FocalHeadLoss(assigner=HungarianAssigner2D(backend="scipy"))
+    originals = {name: getattr(torch.Tensor, name) for name in SYNC_METHODS}
+    real_solve, calls = assigners_module.solve, []
+
+    def solve_with_sync(*args, **kwargs):
+        calls.append(1)
+        with sync_allowed(originals):
+            return real_solve(*args, **kwargs)
+
+    monkeypatch.setattr(assigners_module, "solve", solve_with_sync)
+    leaves = {
+        k: v.requires_grad_() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+        for k, v in outputs.items()
+    }
+    with no_host_sync():
+        terms = loss(leaves, targets, impl="batched")
+        loss.total(terms).backward()
+    assert calls == [1]
+    # The harness does catch syncs: the reference path reads sizes and moves each matrix to the host.
+    with pytest.raises(HostSyncError), no_host_sync():
+        loss(leaves, targets, impl="reference")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_batched_streampetr_loss_on_cuda_matches_cpu(gen):
+    outputs, targets = streampetr_case([2, 7, 0], layers=2, queries=50, groups=3, gen=gen)
+    loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
+    cpu_terms, _ = run(loss, outputs, targets, "batched")
+    cuda_out = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}
+    cuda_targets = {k: v.to("cuda") for k, v in targets.items()}
+    cuda_terms, _ = run(loss.cuda(), cuda_out, cuda_targets, "batched")
+    for key, value in cpu_terms.items():
+        torch.testing.assert_close(cuda_terms[key].cpu(), value, rtol=1e-4, atol=1e-6)
+
+
+# ---------------------------------------------------------------------- bad input
+def test_bad_loss_inputs_name_the_field(gen):
+    outputs, targets = streampetr_case([2, 3], layers=2, queries=20, groups=2, gen=gen)
+    loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
+    with pytest.raises(ValueError, match="impl"):
+        loss(outputs, targets, impl="fast")
+    with pytest.raises(KeyError, match="gt_labels"):
+        loss(outputs, {"gt_boxes": targets["gt_boxes"]})
+    with pytest.raises(ValueError, match="cls_logits"):
+        loss({**outputs, "cls_logits": outputs["cls_logits"][0]}, targets)
+    with pytest.raises(ValueError, match="classes"):
+        loss({**outputs, "cls_logits": outputs["cls_logits"][..., :5]}, targets)
+    with pytest.raises(ValueError, match="dn_groups"):
+        loss({**outputs, "dn_groups": 4}, targets)
+    with pytest.raises(ValueError, match="dn_background"):
+        loss({**outputs, "dn_background": outputs["dn_background"].float()}, targets)
+    focal_out, focal_targets = focal_case([[1, 2]], gen)
+    with pytest.raises(ValueError, match="centerness"):
+        FocalHeadLoss()({**focal_out, "centerness": focal_out["centerness"][..., :3]}, focal_targets)
+    focal_loss = FocalHeadLoss(assigner=HungarianAssigner2D(backend="scipy"))
+    assert math.isfinite(float(focal_loss.total(focal_loss(focal_out, focal_targets))))
