@@ -84,7 +84,7 @@ class HungarianAssigner3D:
         weights = torch.tensor(self.code_weights, dtype=torch.float32, device=pred_codes.device)
         cls = focal_cost(pred_logits, gt_labels, self.alpha, self.gamma)  # (..., Q, G)
         reg = bbox3d_l1_cost(pred_codes.float(), gt_codes.float(), weights, self.reg_dims)  # (..., Q, G)
-        return self.cls_weight * cls + self.reg_weight * reg  # (..., Q, G)
+        return cls.mul_(self.cls_weight).add_(reg, alpha=self.reg_weight)  # (..., Q, G), in place: fresh tensors
 
     @torch.no_grad()
     def batched(
@@ -186,9 +186,8 @@ class HungarianAssigner2D:
         box = l1_cost(pred_boxes.float(), gt_norm)  # (..., Q, G)
         giou = giou_cost(pred_boxes.float(), gt_boxes.float(), image_size)  # (..., Q, G)
         centre = centre_l1_cost(pred_centres.float(), gt_centres.float() / wh)  # (..., Q, G)
-        return (
-            self.cls_weight * cls + self.box_weight * box + self.giou_weight * giou + self.centre_weight * centre
-        )  # (..., Q, G)
+        cost = cls.mul_(self.cls_weight).add_(box, alpha=self.box_weight)  # (..., Q, G), in place: fresh tensors
+        return cost.add_(giou, alpha=self.giou_weight).add_(centre, alpha=self.centre_weight)  # (..., Q, G)
 
     @torch.no_grad()
     def batched(
