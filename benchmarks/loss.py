@@ -205,8 +205,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         warmup=args.warmup,
     )
     reference_heat = reference_draw_gaussians(flat_heat, cell_list, radius_list).view_as(heat)
-    if not torch.equal(reference_heat, draw_gaussians(heat, cells, radii)):
-        raise AssertionError("heatmap: batched drawing differs from the per-box loop")
+    heat_diff = float((reference_heat - draw_gaussians(heat, cells, radii)).abs().max())
+    if heat_diff > 1e-6:
+        raise AssertionError(f"heatmap: batched drawing differs from the per-box loop by {heat_diff:.1e} > 1e-6")
     result.add(
         Row(
             "heatmap drawing (48 images, 0-20 boxes each)",
@@ -216,7 +217,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     )
     result.notes.append(
         f"Before timing, every loss term and gradient of the batched path matched the reference "
-        f"(worst relative difference {worst:.1e}); heatmaps matched exactly."
+        f"(worst relative difference {worst:.1e}); heatmaps matched within {heat_diff:.1e} (the separable "
+        "Gaussian vs the per-box formula, float32 rounding)."
     )
     result.notes.append(
         "Improvements that are not batching are in both paths: the per-dim L1 cost (not torch.cdist), "
