@@ -152,8 +152,8 @@ def test_focal_head_without_ground_truth_trains_only_background(gen):
     outputs, targets = focal_case([[0, 0]], gen)
     terms, grads = run(FocalHeadLoss(assigner=HungarianAssigner2D(backend="scipy")), outputs, targets, "batched")
     for key in ("enc_loss_bbox", "enc_loss_iou", "centers2d_loss"):
-        assert float(terms[key]) == 0.0
-    assert float(terms["enc_loss_cls"]) > 0 and float(terms["centerness_loss"]) > 0
+        assert float(terms[key].detach()) == 0.0
+    assert float(terms["enc_loss_cls"].detach()) > 0 and float(terms["centerness_loss"].detach()) > 0
     assert all(torch.isfinite(g).all() for g in grads)
 
 
@@ -247,3 +247,44 @@ def test_bad_loss_inputs_name_the_field(gen):
         FocalHeadLoss()({**focal_out, "centerness": focal_out["centerness"][..., :3]}, focal_targets)
     focal_loss = FocalHeadLoss(assigner=HungarianAssigner2D(backend="scipy"))
     assert math.isfinite(float(focal_loss.total(focal_loss(focal_out, focal_targets))))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("head", ["streampetr", "focal_head"])
+def test_batched_loss_on_cuda_syncs_only_inside_the_solver(head, gen, monkeypatch):
+    from drivetrain.match import gpu_solver_available
+
+    if head == "streampetr":
+        outputs, targets = streampetr_case([0, 4, 9], layers=2, queries=30, groups=2, gen=gen)
+        loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="auto"))
+    else:
+        outputs, targets = focal_case([[0, 3], [5, 1]], gen)
+        loss = FocalHeadLoss(assigner=HungarianAssigner2D(backend="auto"))
+    loss = loss.cuda()
+    outputs = {
+        k: v.cuda().requires_grad_() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in outputs.items()
+    }
+    outputs = {k: v.cuda() if torch.is_tensor(v) else v for k, v in outputs.items()}
+    targets = {k: v.to("cuda") if hasattr(v, "to") else v for k, v in targets.items()}
+    real_solve = assigners_module.solve
+
+    def solve_allowing_sync(*args, **kwargs):
+        if gpu_solver_available("cuda"):
+            return real_solve(*args, **kwargs)  # the gpu backend must not sync either
+        torch.cuda.set_sync_debug_mode("default")
+        try:
+            return real_solve(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+
+    monkeypatch.setattr(assigners_module, "solve", solve_allowing_sync)
+    loss(outputs, targets)  # warm-up: lazy CUDA initialisation may sync once
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        terms = loss(outputs, targets)
+        loss.total(terms).backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(torch.isfinite(v).item() for v in terms.values())
