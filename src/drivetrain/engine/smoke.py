@@ -54,7 +54,7 @@ class SmokeDataset(Dataset):
         extent = torch.rand((), generator=gen) * 0.2 + 0.1
         axes = torch.meshgrid(*[torch.linspace(0, 1, self.size)] * self.dims, indexing="ij")
         dist2 = sum((ax - c) ** 2 for ax, c in zip(axes, center.tolist(), strict=True))
-        image[label] += torch.exp(-dist2 / (2 * extent**2)) * 2.0
+        image[label] += torch.exp(-dist2 / (2 * extent**2)) * 4.0
         target = torch.cat([center[:2], extent.view(1), image[label].mean().view(1)])
         return {"image": image, "label": torch.tensor(label), "target": target.float()}
 
@@ -98,14 +98,15 @@ class SmokeModel(nn.Module):
         self.frames_seen = 0
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        feats = self.backbone(batch["image"]).flatten(2).mean(-1)  # (B, width)
+        feats = self.backbone(batch["image"]).flatten(2).amax(-1)  # (B, width): max-pooled
         memory = self.memory.expand_as(feats) if self.use_memory else torch.zeros_like(feats)
         if self.training and self.use_memory:
             with torch.no_grad():  # streaming state: what a temporal model carries between frames
                 self.memory.mul_(0.9).add_(feats.detach().float().mean(0), alpha=0.1)
             self.frames_seen += feats.shape[0]
         out = self.head(self.dropout(torch.cat([feats, memory.to(feats.dtype)], dim=1)))  # (B, C + 4)
-        return {"logits": out[:, : self.num_classes], "boxes": out[:, self.num_classes :]}
+        logits, boxes = out.split([self.num_classes, 4], dim=1)
+        return {"logits": logits.clone(), "boxes": boxes.clone()}  # own storage, not views of one tensor
 
     def loss(self, outputs: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Unweighted named terms: cross-entropy of the class, smooth-L1 of the box numbers."""

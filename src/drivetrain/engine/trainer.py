@@ -271,7 +271,7 @@ class Trainer:
                 "config": config_to_dict(self.cfg),
                 "versions": {
                     "drivetrain": drivetrain.__version__,
-                    "torch": torch.__version__,
+                    "torch": str(torch.__version__),
                     "python": platform.python_version(),
                 },
             }
