@@ -196,18 +196,13 @@ class SpeedConfig:
 
 @dataclass(frozen=True)
 class DistributedConfig:
-    strategy: Literal["none", "ddp", "fsdp", "deepspeed"] = "none"  # with torchrun; "none" = one process
+    strategy: Literal["none", "ddp", "fsdp"] = "none"  # with torchrun; "none" = one process
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl on CUDA, gloo on CPU
     static_graph: bool = False  # DDP static_graph (same used parameters every step)
     find_unused_parameters: bool = False  # DDP find_unused_parameters
     fsdp_modules: list[str] = field(default_factory=list)  # FSDP2 units (module paths); [] = direct children
     fsdp_cpu_offload: bool = False  # FSDP2 CPUOffloadPolicy: parameters, gradients, optimizer state on CPU
     fsdp_reshard_after_forward: bool = True  # FSDP2: free gathered parameters after forward (ZeRO-3)
-    deepspeed_zero_stage: int = 2  # DeepSpeed ZeRO stage (1, 2, 3)
-    deepspeed_offload: bool = False  # DeepSpeed ZeRO-Offload of optimizer state (and parameters at stage 3)
-
-    def __post_init__(self) -> None:
-        _check(self.deepspeed_zero_stage in (1, 2, 3), "distributed.deepspeed_zero_stage", "must be 1, 2 or 3")
 
 
 @dataclass(frozen=True)

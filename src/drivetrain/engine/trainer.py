@@ -115,6 +115,7 @@ class Trainer:
             (self.out_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
         self.ctx.barrier()
         self._stop_signal: str | None = None
+        self._first_iteration = True
         self._step_delay = float(os.environ.get(STEP_DELAY_ENV, "0") or 0)
 
     # ------------------------------------------------------------------ the loop
@@ -174,7 +175,10 @@ class Trainer:
             batch = to_device(batch, self.device, cfg.speed.channels_last)
             data_wait += time.perf_counter() - t0
             batch_indices.append(indices)
-            with grad_sync(self.wrapped, self.ctx, enabled=micro == accum - 1):
+            # DDP static_graph records the graph on its first iteration and fails inside no_sync() there
+            # (reducer assert); reducing every micro-batch of that one iteration gives the same gradients.
+            first_static = self._first_iteration and self.cfg.distributed.static_graph
+            with grad_sync(self.wrapped, self.ctx, enabled=micro == accum - 1 or first_static):
                 with autocast(cfg.precision.mode, self.device):
                     outputs = self.wrapped(batch)
                 terms = self.model.loss(fp32_outputs(outputs), batch)  # losses in fp32, outside autocast
@@ -211,6 +215,7 @@ class Trainer:
         self.scaler.update(grads_bad & ~loss_bad.any())  # a bad loss is not an fp16 overflow
         self.optimizer.zero_grad(set_to_none=True)
         self.state.iteration += 1
+        self._first_iteration = False
 
         elapsed = time.perf_counter() - t_start
         samples = accum * cfg.data.batch_size * self.ctx.world_size
