@@ -103,3 +103,29 @@ def test_config_diff_ignores_resume_safe_keys() -> None:
     a = config_to_dict(load_config(SMOKE))
     b = config_to_dict(load_config(SMOKE, ["train.steps=999", "log.every=3", "data.num_workers=2", "run.seed=1"]))
     assert config_diff(a, b) == ["run.seed: 0 → 1"]
+
+
+def test_cli_train_reports_config_errors_with_exit_code_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from drivetrain.cli.main import main
+
+    assert main(["train", "--config", str(SMOKE), "optim.lrr=1"]) == 2
+    assert "optim.lrr: unknown key" in capsys.readouterr().err
+    assert main(["train", "--config", "no/such.yaml"]) == 2
+    assert "no/such.yaml: config file not found" in capsys.readouterr().err
+
+
+def test_cli_train_help_explains_overrides_and_resume(capsys: pytest.CaptureFixture[str]) -> None:
+    from drivetrain.cli.main import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    assert "--resume auto|DIR" in out and "KEY=VALUE" in out and "torchrun" in out
+
+
+def test_cli_train_runs_the_smoke_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from drivetrain.cli.main import main
+
+    assert main(["train", "--config", str(SMOKE), *overrides(tmp_path, "train.steps=3")]) == 0
+    assert "3/3 steps (3 updates, 0 skipped)" in capsys.readouterr().out
+    assert (tmp_path / "config.yaml").is_file() and (tmp_path / "checkpoints" / "step-00000003").is_dir()
