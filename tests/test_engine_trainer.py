@@ -122,3 +122,21 @@ def test_bf16_trains_with_fp32_losses(tmp_path: Path) -> None:
     fp32, bf16 = losses(tmp_path / "fp32"), losses(tmp_path / "bf16")
     assert fp32 != bf16  # autocast really ran in bf16
     torch.testing.assert_close(bf16, fp32, atol=0.05, rtol=0.05)
+
+
+def test_loader_workers_give_the_same_batches(tmp_path: Path) -> None:
+    train(tmp_path / "main", "train.steps=4")
+    workers = ["data.num_workers=2", "data.persistent_workers=true", "data.prefetch_factor=2"]
+    train(tmp_path / "workers", "train.steps=4", *workers)
+    assert losses(tmp_path / "workers") == losses(tmp_path / "main")
+
+
+@pytest.mark.slow
+def test_compiled_backbone_trains_the_same_model(tmp_path: Path) -> None:
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    train(tmp_path / "eager", "train.steps=3")
+    train(tmp_path / "compiled", "train.steps=3", "speed.compile=[backbone]")
+    assert counters["stats"]["unique_graphs"] >= 1  # dynamo really traced the backbone
+    torch.testing.assert_close(losses(tmp_path / "compiled"), losses(tmp_path / "eager"), atol=1e-5, rtol=0)

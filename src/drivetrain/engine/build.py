@@ -125,8 +125,9 @@ def apply_speed(model: nn.Module, cfg: SpeedConfig) -> nn.Module:
     for path in cfg.activation_checkpointing:
         module = _submodule(model, path, "speed.activation_checkpointing")
         module.forward = _checkpointed(module.forward)  # recomputed in backward; RNG state preserved
-    for path in cfg.compile:
-        _submodule(model, path, "speed.compile").compile()
+    for path in cfg.compile:  # patch forward: nn.Module.compile() was not traced in torch 2.13 here
+        module = _submodule(model, path, "speed.compile")
+        module.forward = torch.compile(module.forward)
     torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
     torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
     torch.backends.cudnn.allow_tf32 = cfg.tf32
