@@ -202,7 +202,8 @@ class Trainer:
         ).tolist()
         stop = stop or self._stop_signal is not None
         if any_loss_bad and cfg.precision.nonfinite == "stop":
-            self._raise_nonfinite(bool(loss_bad[bad_micro]), bad_micro, batch_indices)
+            local_bad = bool(loss_bad[bad_micro])  # sync: error path only, the run stops here
+            self._raise_nonfinite(local_bad, bad_micro, batch_indices)
 
         lr = self._set_lr(self.state.step)
         scale = self.scaler.scale.clone()
