@@ -6,7 +6,7 @@ import argparse
 import sys
 
 import drivetrain
-from drivetrain.cli import bench
+from drivetrain.cli import bench, train
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,12 +14,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="drivetrain",
         description=(
             "Fast, faithful training of autonomous-driving 3D perception models. Every fast path has a "
-            "reference path beside it; `drivetrain bench` times the two on the same data."
+            "reference path beside it; `drivetrain bench` times the two on the same data; `drivetrain train` trains "
+            "a model from a YAML config."
         ),
     )
     parser.add_argument("--version", action="version", version=f"drivetrain {drivetrain.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     bench.add_parser(sub)
+    train.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,28 @@
+"""The training engine: typed configs, precision, schedules, resumable data, atomic checkpoints, DDP/FSDP, logs.
+
+The engine knows a model only through ``forward(batch) -> outputs`` and
+``loss(outputs, batch) -> {name: scalar tensor}``; ``Trainer(load_config(path, overrides)).fit()`` trains it.
+"""
+
+from drivetrain.engine.checkpoint import Checkpointer, CheckpointError, CheckpointWarning
+from drivetrain.engine.config import ConfigError, TrainConfig, load_config
+from drivetrain.engine.precision import LossScaler
+from drivetrain.engine.sampler import BatchStream, ResumableSampler
+from drivetrain.engine.schedule import lr_factor
+from drivetrain.engine.trainer import NonFiniteLossError, Trainer, TrainState
+
+__all__ = [
+    "BatchStream",
+    "CheckpointError",
+    "CheckpointWarning",
+    "Checkpointer",
+    "ConfigError",
+    "LossScaler",
+    "NonFiniteLossError",
+    "ResumableSampler",
+    "TrainConfig",
+    "TrainState",
+    "Trainer",
+    "load_config",
+    "lr_factor",
+]

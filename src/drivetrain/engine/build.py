@@ -1,0 +1,150 @@
+"""Build the pieces of a run from its config: model, dataset, AdamW with parameter groups, speed switches.
+
+Models and datasets are named either ``smoke`` (built in, :mod:`drivetrain.engine.smoke`) or
+``package.module:function``; the function gets ``args`` as keyword arguments and returns an ``nn.Module``
+following the engine protocol (``forward(batch)``, ``loss(outputs, batch) -> {name: scalar}``) or a
+map-style ``Dataset``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from drivetrain.engine.config import ConfigError, DataConfig, ModelConfig, OptimConfig, SpeedConfig
+from drivetrain.engine.smoke import SmokeDataset, SmokeModel
+
+__all__ = ["apply_speed", "build_dataset", "build_model", "build_optimizer", "to_device"]
+
+_BUILTIN: dict[str, dict[str, Callable[..., Any]]] = {
+    "model": {"smoke": SmokeModel},
+    "data": {"smoke": SmokeDataset},
+}
+
+
+def _builder(section: str, name: str) -> Callable[..., Any]:
+    if name in _BUILTIN[section]:
+        return _BUILTIN[section][name]
+    module_name, sep, attr = name.partition(":")
+    if not sep:
+        known = ", ".join(_BUILTIN[section])
+        raise ConfigError(f"{section}.name: {name!r} is neither built in ({known}) nor 'package.module:function'")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"{section}.name: cannot import {name!r} ({err})") from None
+
+
+def _call(section: str, name: str, args: dict[str, Any]) -> Any:
+    fn = _builder(section, name)
+    params = inspect.signature(fn).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        for key in args:
+            if key not in params:
+                raise ConfigError(f"{section}.args.{key}: unknown argument of {name}; known: {', '.join(params)}")
+    try:
+        return fn(**args)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{section}.args: {name}: {err}") from None
+
+
+def build_model(cfg: ModelConfig) -> nn.Module:
+    """The model named by ``cfg``; it must have ``forward`` and ``loss``."""
+    model = _call("model", cfg.name, cfg.args)
+    if not isinstance(model, nn.Module) or not callable(getattr(model, "loss", None)):
+        raise ConfigError(f"model.name: {cfg.name} must build an nn.Module with loss(outputs, batch)")
+    return model
+
+
+def build_dataset(cfg: DataConfig) -> torch.utils.data.Dataset:
+    """The map-style dataset named by ``cfg``."""
+    dataset = _call("data", cfg.name, cfg.args)
+    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+        raise ConfigError(f"data.name: {cfg.name} must build a map-style Dataset (__getitem__ and __len__)")
+    return dataset
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
+    """AdamW with one group per ``cfg.groups`` entry (by module path) and one for the other parameters.
+
+    Each param group carries ``lr_mult``; the trainer sets ``lr = cfg.lr × lr_mult × schedule(step)``.
+    """
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    taken: dict[str, int] = {}
+    groups = []
+    for i, group in enumerate(cfg.groups):
+        params = []
+        for module in group.modules:
+            hits = [(n, p) for n, p in named if n == module or n.startswith(module + ".")]
+            if not hits:
+                raise ConfigError(f"optim.groups[{i}].modules: no trainable parameter under {module!r}")
+            for n, p in hits:
+                if n in taken:
+                    raise ConfigError(f"optim.groups[{i}].modules: {n} is already in optim.groups[{taken[n]}]")
+                taken[n] = i
+                params.append(p)
+        wd = cfg.weight_decay if group.weight_decay is None else group.weight_decay
+        groups.append({"params": params, "lr_mult": group.lr_mult, "weight_decay": wd})
+    rest = [p for n, p in named if n not in taken]
+    if rest:
+        groups.append({"params": rest, "lr_mult": 1.0, "weight_decay": cfg.weight_decay})
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+
+
+def _submodule(model: nn.Module, path: str, key: str) -> nn.Module:
+    if path == "":
+        return model
+    try:
+        return model.get_submodule(path)
+    except AttributeError:
+        raise ConfigError(f"{key}: the model has no module {path!r}") from None
+
+
+def _checkpointed(forward: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(forward)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    return run
+
+
+def apply_speed(model: nn.Module, cfg: SpeedConfig) -> nn.Module:
+    """Apply memory and speed switches in place: memory format, activation checkpointing, compile, cuDNN/TF32."""
+    if cfg.channels_last != "none":
+        fmt = torch.channels_last if cfg.channels_last == "2d" else torch.channels_last_3d
+        model.to(memory_format=fmt)
+    for path in cfg.activation_checkpointing:
+        module = _submodule(model, path, "speed.activation_checkpointing")
+        module.forward = _checkpointed(module.forward)  # recomputed in backward; RNG state preserved
+    for path in cfg.compile:  # patch forward: nn.Module.compile() was not traced in torch 2.13 here
+        module = _submodule(model, path, "speed.compile")
+        module.forward = torch.compile(module.forward)
+    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
+    torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
+    torch.backends.cudnn.allow_tf32 = cfg.tf32
+    return model
+
+
+def to_device(batch: Any, device: torch.device, channels_last: str = "none") -> Any:
+    """Move every tensor of a (nested) batch to ``device``; 4-D/5-D float tensors get the memory format."""
+    if isinstance(batch, torch.Tensor):
+        out = batch.to(device, non_blocking=batch.is_pinned())
+        if out.is_floating_point() and channels_last == "2d" and out.dim() == 4:
+            out = out.contiguous(memory_format=torch.channels_last)
+        elif out.is_floating_point() and channels_last == "3d" and out.dim() == 5:
+            out = out.contiguous(memory_format=torch.channels_last_3d)
+        return out
+    if isinstance(batch, dict):
+        return {k: to_device(v, device, channels_last) for k, v in batch.items()}
+    if isinstance(batch, list | tuple):
+        return type(batch)(to_device(v, device, channels_last) for v in batch)
+    return batch

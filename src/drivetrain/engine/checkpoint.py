@@ -1,0 +1,172 @@
+"""Atomic checkpoints: write to a temp dir, fsync, rename, commit marker, then prune to the k latest.
+
+Layout under ``<run>/checkpoints/``::
+
+    step-00000100/state.pt      torch.save of a dict of plain tensors, lists, ints and strings
+    step-00000100/COMMITTED     JSON {step, file, size, sha256}; written last, so its presence means complete
+
+A save writes ``.step-N.tmp-<pid>/state.pt``, fsyncs the file and the temp dir, renames the temp dir to
+``step-N`` (fsyncing the parent), writes ``COMMITTED`` through its own temp file + rename + fsync, and only
+then deletes older checkpoints beyond ``keep`` and any leftovers of interrupted saves. A crash at any point
+leaves either the previous committed checkpoints untouched or a new one that is complete.
+
+Loading uses ``torch.load(weights_only=True)`` after checking the marker's size and SHA-256; a directory
+without a marker, with a wrong checksum or that fails to load is skipped with a :class:`CheckpointWarning`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["CheckpointError", "CheckpointWarning", "Checkpointer"]
+
+MARKER = "COMMITTED"
+STATE_FILE = "state.pt"
+_NAME = re.compile(r"^step-(\d+)$")
+# Test hook: seconds to sleep inside a save (after the state file is written, and again after the rename),
+# so that a test can kill the process while a checkpoint is half written.
+DELAY_ENV = "DRIVETRAIN_TEST_CHECKPOINT_DELAY_S"
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint directory was skipped (uncommitted, corrupt or unreadable)."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that was asked for explicitly cannot be used."""
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class Checkpointer:
+    """Saves and finds checkpoints in ``root``; only one process (rank 0) may call :meth:`save`.
+
+    Args:
+        root: the checkpoints folder (created on first save).
+        keep: committed checkpoints to keep.
+    """
+
+    def __init__(self, root: str | Path, keep: int = 5) -> None:
+        if keep < 1:
+            raise ValueError(f"keep: must be ≥ 1, got {keep}")
+        self.root = Path(root)
+        self.keep = keep
+        self._delay = float(os.environ.get(DELAY_ENV, "0") or 0)
+
+    @staticmethod
+    def name(step: int) -> str:
+        return f"step-{step:08d}"
+
+    def save(self, step: int, state: dict[str, Any]) -> Path:
+        """Write ``state`` as the checkpoint of ``step`` atomically, then prune; return its directory."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self.root / self.name(step)
+        tmp = self.root / f".{final.name}.tmp-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        state_path = tmp / STATE_FILE
+        with open(state_path, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        self._sleep()
+        if final.exists():  # an uncommitted or superseded attempt at the same step
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(self.root)
+        self._sleep()
+        marker = {"step": step, "file": STATE_FILE, "size": (final / STATE_FILE).stat().st_size}
+        marker["sha256"] = _sha256(final / STATE_FILE)
+        marker_tmp = final / f"{MARKER}.tmp"
+        with open(marker_tmp, "w") as f:
+            json.dump(marker, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(marker_tmp, final / MARKER)
+        _fsync_dir(final)
+        self.prune()
+        return final
+
+    def _sleep(self) -> None:
+        if self._delay > 0:
+            time.sleep(self._delay)
+
+    def committed(self) -> list[tuple[int, Path]]:
+        """Committed checkpoints (marker present), oldest first."""
+        found = []
+        if self.root.is_dir():
+            for path in self.root.iterdir():
+                m = _NAME.match(path.name)
+                if m and (path / MARKER).is_file():
+                    found.append((int(m.group(1)), path))
+        return sorted(found)
+
+    def prune(self) -> None:
+        """Delete committed checkpoints beyond the ``keep`` newest, and leftovers of interrupted saves."""
+        for _, path in self.committed()[: -self.keep]:
+            shutil.rmtree(path, ignore_errors=True)
+        for path in self.root.iterdir():
+            is_tmp = path.name.startswith(".step-") and ".tmp-" in path.name
+            uncommitted = _NAME.match(path.name) is not None and not (path / MARKER).is_file()
+            if path.is_dir() and (is_tmp or uncommitted):
+                shutil.rmtree(path, ignore_errors=True)
+
+    def load(self, path: str | Path) -> dict[str, Any]:
+        """Load one checkpoint directory (marker and checksum verified); raises CheckpointError."""
+        path = Path(path)
+        marker_path = path / MARKER
+        if not marker_path.is_file():
+            raise CheckpointError(f"{path}: no {MARKER} marker (the save did not finish)")
+        try:
+            marker = json.loads(marker_path.read_text())
+            state_path = path / marker["file"]
+            size = state_path.stat().st_size
+        except (OSError, ValueError, KeyError) as err:
+            raise CheckpointError(f"{path}: unreadable {MARKER} marker or state file ({err})") from None
+        if size != marker["size"] or _sha256(state_path) != marker["sha256"]:
+            raise CheckpointError(f"{state_path}: size or SHA-256 differs from the {MARKER} marker (corrupt)")
+        try:
+            return torch.load(state_path, map_location="cpu", weights_only=True)
+        except Exception as err:  # torch raises several types for a bad archive
+            raise CheckpointError(f"{state_path}: cannot be loaded ({type(err).__name__}: {err})") from None
+
+    def load_latest(self) -> tuple[Path, dict[str, Any]] | None:
+        """The newest checkpoint that loads, skipping bad ones with a warning; None if there is none."""
+        candidates = []
+        if self.root.is_dir():
+            for path in self.root.iterdir():
+                m = _NAME.match(path.name)
+                if m and path.is_dir():
+                    candidates.append((int(m.group(1)), path))
+        for _, path in sorted(candidates, reverse=True):
+            try:
+                return path, self.load(path)
+            except CheckpointError as err:
+                warnings.warn(f"skipping checkpoint: {err}", CheckpointWarning, stacklevel=2)
+        return None

@@ -1,0 +1,396 @@
+"""Typed training configuration: frozen dataclasses, YAML files and ``a.b=value`` overrides.
+
+A run is described by one :class:`TrainConfig`. ``load_config(path, overrides)`` reads a YAML file, applies
+command-line overrides (``optim.lr=3e-4``, ``speed.activation_checkpointing=[backbone]``; values are parsed as
+YAML), and builds the dataclasses, checking every key and type. Unknown keys, wrong types, bad override
+syntax and out-of-range values raise :class:`ConfigError` naming the key (and the file).
+
+Example:
+    >>> cfg = load_config("configs/smoke.yaml", ["train.steps=20", "precision.mode=bf16"])
+    >>> cfg.optim.lr
+    0.001
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+__all__ = [
+    "CheckpointConfig",
+    "ConfigError",
+    "DataConfig",
+    "DistributedConfig",
+    "LogConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "ParamGroupConfig",
+    "PrecisionConfig",
+    "RunConfig",
+    "ScheduleConfig",
+    "SpeedConfig",
+    "TrainConfig",
+    "TrainStepsConfig",
+    "apply_overrides",
+    "config_diff",
+    "config_to_dict",
+    "from_dict",
+    "load_config",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration file, key, value or override is wrong; the message names it."""
+
+
+def _check(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {message}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    out_dir: str = "runs/smoke"  # run directory: config.yaml, metrics.jsonl, checkpoints/, tensorboard/
+    seed: int = 0  # seeds model init (same on all ranks) and per-rank RNG (seed + rank)
+    deterministic: bool = False  # torch.use_deterministic_algorithms(True) (bit-exact resume on CPU needs it)
+    threads: int | None = None  # torch.set_num_threads per process; None keeps torch's default
+
+    def __post_init__(self) -> None:
+        _check(bool(self.out_dir), "run.out_dir", "must not be empty")
+        _check(self.threads is None or self.threads >= 1, "run.threads", f"must be ≥ 1, got {self.threads}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "smoke"  # "smoke" (built-in) or "package.module:function" returning an nn.Module
+    args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the builder
+    loss_weights: dict[str, float] = field(default_factory=dict)  # weight per loss term; absent terms weigh 1
+
+    def __post_init__(self) -> None:
+        for name, weight in self.loss_weights.items():
+            _check(
+                isinstance(weight, int | float) and not isinstance(weight, bool),
+                f"model.loss_weights.{name}",
+                f"expected a number, got {weight!r}",
+            )
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    name: str = "smoke"  # "smoke" (generated tensors) or "package.module:function" returning a Dataset
+    args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the builder
+    batch_size: int = 8  # samples per micro-batch per rank
+    shuffle: bool = True  # reshuffle every epoch (permutation drawn from seed and epoch only)
+    num_workers: int = 0  # DataLoader worker processes
+    pin_memory: bool = False  # page-locked host batches (CUDA only)
+    persistent_workers: bool = False  # keep workers alive between epochs (needs num_workers > 0)
+    prefetch_factor: int | None = None  # batches loaded ahead per worker (needs num_workers > 0)
+
+    def __post_init__(self) -> None:
+        _check(self.batch_size >= 1, "data.batch_size", f"must be ≥ 1, got {self.batch_size}")
+        _check(self.num_workers >= 0, "data.num_workers", f"must be ≥ 0, got {self.num_workers}")
+        _check(
+            self.num_workers > 0 or not self.persistent_workers,
+            "data.persistent_workers",
+            "needs data.num_workers > 0",
+        )
+        _check(
+            self.prefetch_factor is None or (self.num_workers > 0 and self.prefetch_factor >= 1),
+            "data.prefetch_factor",
+            "needs data.num_workers > 0 and a value ≥ 1",
+        )
+
+
+@dataclass(frozen=True)
+class TrainStepsConfig:
+    steps: int = 100  # optimizer iterations (a skipped fp16 step counts as an iteration, not as an update)
+    accumulation: int = 1  # micro-batches per optimizer step
+    device: str = "auto"  # auto (cuda:LOCAL_RANK if available, else cpu), cpu or cuda
+
+    def __post_init__(self) -> None:
+        _check(self.steps >= 1, "train.steps", f"must be ≥ 1, got {self.steps}")
+        _check(self.accumulation >= 1, "train.accumulation", f"must be ≥ 1, got {self.accumulation}")
+        _check(self.device in ("auto", "cpu", "cuda"), "train.device", f"auto, cpu or cuda, got {self.device!r}")
+
+
+@dataclass(frozen=True)
+class ParamGroupConfig:
+    modules: list[str]  # parameters whose name starts with one of these module paths ("backbone")
+    lr_mult: float = 1.0  # learning rate = optim.lr × lr_mult × schedule
+    weight_decay: float | None = None  # None keeps optim.weight_decay
+
+    def __post_init__(self) -> None:
+        _check(bool(self.modules), "optim.groups[].modules", "must name at least one module")
+        _check(self.lr_mult >= 0, "optim.groups[].lr_mult", f"must be ≥ 0, got {self.lr_mult}")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 1e-3  # peak learning rate of AdamW
+    weight_decay: float = 0.01  # decoupled weight decay
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam β1, β2
+    eps: float = 1e-8  # Adam ε
+    clip_norm: float | None = None  # max global gradient norm; None = no clipping
+    groups: list[ParamGroupConfig] = field(default_factory=list)  # extra groups; the rest use lr_mult 1
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, "optim.lr", f"must be > 0, got {self.lr}")
+        _check(self.weight_decay >= 0, "optim.weight_decay", f"must be ≥ 0, got {self.weight_decay}")
+        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas", "two values in [0, 1)")
+        _check(self.eps > 0, "optim.eps", f"must be > 0, got {self.eps}")
+        _check(self.clip_norm is None or self.clip_norm > 0, "optim.clip_norm", "must be > 0 or null")
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    kind: Literal["warmup_cosine", "onecycle", "warmup_constant"] = "warmup_cosine"
+    warmup_steps: int = 0  # linear warm-up from 0 (warmup_cosine, warmup_constant)
+    min_lr_ratio: float = 0.0  # cosine floor as a fraction of the peak lr
+    total_steps: int | None = None  # schedule length; None = train.steps
+    pct_start: float = 0.3  # onecycle: fraction of steps spent rising
+    div_factor: float = 25.0  # onecycle: initial lr = lr / div_factor
+    final_div_factor: float = 1e4  # onecycle: final lr = initial lr / final_div_factor
+
+    def __post_init__(self) -> None:
+        _check(self.warmup_steps >= 0, "schedule.warmup_steps", f"must be ≥ 0, got {self.warmup_steps}")
+        _check(0 <= self.min_lr_ratio <= 1, "schedule.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
+        _check(self.total_steps is None or self.total_steps >= 1, "schedule.total_steps", "must be ≥ 1 or null")
+        _check(0 < self.pct_start < 1, "schedule.pct_start", f"must be in (0, 1), got {self.pct_start}")
+        _check(self.div_factor > 0 and self.final_div_factor > 0, "schedule.div_factor", "factors must be > 0")
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    mode: Literal["fp32", "bf16", "fp16"] = "fp32"  # autocast dtype of the forward; losses stay fp32
+    init_scale: float = 65536.0  # fp16: initial loss scale (the published V100 setup used 2**32)
+    growth_interval: int = 1000  # fp16: finite steps in a row before the scale grows
+    growth_factor: float = 2.0  # fp16: scale × this after growth_interval finite steps
+    backoff_factor: float = 0.5  # fp16: scale × this on overflow (once hysteresis is used up)
+    hysteresis: int = 2  # fp16: overflows tolerated before the scale backs off
+    min_scale: float = 1.0  # fp16: the scale never drops below this
+    nonfinite: Literal["skip", "stop"] = "skip"  # non-finite loss: skip the step and count it, or stop
+
+    def __post_init__(self) -> None:
+        _check(self.init_scale > 0, "precision.init_scale", f"must be > 0, got {self.init_scale}")
+        _check(self.growth_interval >= 1, "precision.growth_interval", "must be ≥ 1")
+        _check(self.growth_factor >= 1, "precision.growth_factor", "must be ≥ 1")
+        _check(0 < self.backoff_factor < 1, "precision.backoff_factor", "must be in (0, 1)")
+        _check(self.hysteresis >= 1, "precision.hysteresis", f"must be ≥ 1, got {self.hysteresis}")
+        _check(0 < self.min_scale <= self.init_scale, "precision.min_scale", "must be in (0, init_scale]")
+
+
+@dataclass(frozen=True)
+class SpeedConfig:
+    activation_checkpointing: list[str] = field(default_factory=list)  # module paths recomputed in backward
+    channels_last: Literal["none", "2d", "3d"] = "none"  # memory format of model and 4-D/5-D float inputs
+    cudnn_benchmark: bool = False  # torch.backends.cudnn.benchmark
+    tf32: bool = False  # TF32 matmuls and convolutions on Ampere+ GPUs
+    compile: list[str] = field(default_factory=list)  # module paths to torch.compile ("" = the whole model)
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    strategy: Literal["none", "ddp", "fsdp"] = "none"  # with torchrun; "none" = one process
+    backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl on CUDA, gloo on CPU
+    static_graph: bool = False  # DDP static_graph (same used parameters every step)
+    find_unused_parameters: bool = False  # DDP find_unused_parameters
+    fsdp_modules: list[str] = field(default_factory=list)  # FSDP2 units (module paths); [] = direct children
+    fsdp_cpu_offload: bool = False  # FSDP2 CPUOffloadPolicy: parameters, gradients, optimizer state on CPU
+    fsdp_reshard_after_forward: bool = True  # FSDP2: free gathered parameters after forward (ZeRO-3)
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 100  # optimizer iterations between checkpoints (one is always written at the end)
+    keep: int = 5  # committed checkpoints kept; older ones are deleted after a new one commits
+
+    def __post_init__(self) -> None:
+        _check(self.every >= 1, "checkpoint.every", f"must be ≥ 1, got {self.every}")
+        _check(self.keep >= 1, "checkpoint.keep", f"must be ≥ 1, got {self.keep}")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    every: int = 10  # iterations between metric flushes (the one host read of losses and counters)
+    tensorboard: bool = True  # write TensorBoard scalars under <out_dir>/tensorboard
+    progress: bool = True  # console progress bar with ETA (rank 0)
+
+    def __post_init__(self) -> None:
+        _check(self.every >= 1, "log.every", f"must be ≥ 1, got {self.every}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainStepsConfig = field(default_factory=TrainStepsConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    speed: SpeedConfig = field(default_factory=SpeedConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+
+# Keys that may differ between a checkpoint's config and the resuming run's (they do not change what is learned).
+RESUME_MUTABLE = (
+    "run.out_dir",
+    "run.threads",
+    "train.steps",
+    "train.device",
+    "data.num_workers",
+    "data.pin_memory",
+    "data.persistent_workers",
+    "data.prefetch_factor",
+    "checkpoint.",
+    "log.",
+    "speed.cudnn_benchmark",
+    "speed.compile",
+)
+
+
+# ---------------------------------------------------------------------- dict → dataclass
+def from_dict(cls: type, data: Any, key: str = "") -> Any:
+    """Build dataclass ``cls`` from plain data, checking keys and types; errors name the dotted key."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{key or '<root>'}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for name in data:
+        if name not in names:
+            raise ConfigError(f"{_join(key, str(name))}: unknown key; known keys: {', '.join(sorted(names))}")
+    kwargs = {name: _coerce(hints[name], value, _join(key, name)) for name, value in data.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as err:  # a required field is missing
+        raise ConfigError(f"{key or '<root>'}: {err}") from None
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(inner[0], value, key)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: expected one of {', '.join(map(repr, args))}, got {value!r}")
+        return value
+    if origin is list:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
+        return [_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__} {value!r}")
+        return dict(value)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, key)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {type(value).__name__} {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {type(value).__name__} {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key}: expected a number, got {type(value).__name__} {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {type(value).__name__} {value!r}")
+        return value
+    raise ConfigError(f"{key}: unsupported field type {tp}")
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+# ---------------------------------------------------------------------- files and overrides
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of ``data`` with ``a.b=value`` overrides applied (values parsed as YAML)."""
+    out = _deepcopy(data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"override {item!r}: expected KEY=VALUE with a dotted key, e.g. optim.lr=3e-4")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override {item!r}: value is not valid YAML ({err})") from None
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {part} is not a section")
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    """Read a YAML config (or start from the defaults when ``path`` is None), apply overrides, validate."""
+    data: Any = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"{path}: config file not found")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    data = apply_overrides(data, list(overrides))
+    try:
+        return from_dict(TrainConfig, data)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}" if path is not None else str(err)) from None
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """Plain nested dict of a config (what ``config.yaml`` and checkpoints store)."""
+    return dataclasses.asdict(cfg)
+
+
+def config_diff(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ, as ``key: saved → current`` (keys in RESUME_MUTABLE are ignored)."""
+    out: list[str] = []
+    for name in sorted(set(saved) | set(current)):
+        key = _join(prefix, name)
+        if any(key == m or (m.endswith(".") and key.startswith(m)) for m in RESUME_MUTABLE):
+            continue
+        a, b = saved.get(name, "<absent>"), current.get(name, "<absent>")
+        if isinstance(a, dict) and isinstance(b, dict) and not key.endswith(".args"):
+            out += config_diff(a, b, key)
+        elif a != b:
+            out.append(f"{key}: {a!r} → {b!r}")
+    return out
+
+
+def _deepcopy(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _deepcopy(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_deepcopy(v) for v in data]
+    return data

@@ -1,0 +1,337 @@
+"""The training loop: any model following the protocol, from one :class:`TrainConfig`.
+
+One optimizer iteration: for each of ``train.accumulation`` micro-batches fetch → forward (autocast) →
+loss (fp32) → scaled backward (gradient all-reduce only on the last); then unscale → clip → the one host
+read (skip on non-finite gradients, preemption flag) → step → loss-scale update → zero_grad → record.
+The learning rate is a pure function of the number of applied updates, so a skipped step moves neither
+the optimizer's step counter nor the schedule.
+
+A checkpoint (every ``checkpoint.every`` iterations, at the end, and on SIGTERM/SIGINT) holds model,
+optimizer, loss scaler, train state, sampler position, every rank's RNG states, the config and versions.
+Resuming restores all of it (RNG last, after the data pipeline is built) and continues bit-for-bit.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+import drivetrain
+from drivetrain.engine.build import apply_speed, build_dataset, build_model, build_optimizer, to_device
+from drivetrain.engine.checkpoint import Checkpointer, CheckpointError
+from drivetrain.engine.config import ConfigError, TrainConfig, config_diff, config_to_dict
+from drivetrain.engine.distributed import DistContext, full_state, grad_sync, load_full_state, setup, teardown
+from drivetrain.engine.distributed import wrap_model as wrap
+from drivetrain.engine.metrics import MetricsLogger, peak_memory_mb
+from drivetrain.engine.precision import LossScaler, autocast, fp32_outputs, unscale_clip_
+from drivetrain.engine.rng import capture_rng, restore_rng, seed_all
+from drivetrain.engine.sampler import BatchStream, ResumableSampler
+from drivetrain.engine.schedule import lr_factor
+
+__all__ = ["NonFiniteLossError", "TrainState", "Trainer"]
+
+CHECKPOINT_FORMAT = 1
+# Test hook: seconds to sleep after every optimizer iteration, so a test can signal or kill mid-run.
+STEP_DELAY_ENV = "DRIVETRAIN_TEST_STEP_DELAY_S"
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss was NaN/inf and ``precision.nonfinite`` is ``stop``; the message names the batch."""
+
+
+@dataclass
+class TrainState:
+    """Loop counters: ``iteration`` (optimizer iterations done, skipped ones included), ``step`` (updates
+    applied; drives the schedule), ``skipped`` (iterations whose update was skipped for non-finite
+    gradients), ``nonfinite_losses`` (iterations with a non-finite loss)."""
+
+    iteration: int = 0
+    step: int = 0
+    skipped: int = 0
+    nonfinite_losses: int = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return dict(vars(self))
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        for key in vars(self):
+            setattr(self, key, int(state[key]))
+
+
+class Trainer:
+    """Builds everything a run needs from ``cfg`` and trains with :meth:`fit`.
+
+    Args:
+        cfg: the run's configuration.
+        resume: None (fresh run), ``"auto"`` (newest committed checkpoint of the run, if any) or the path
+            of a checkpoint directory.
+    """
+
+    def __init__(self, cfg: TrainConfig, resume: str | None = None) -> None:
+        self.cfg = cfg
+        self.out_dir = Path(cfg.run.out_dir)
+        if cfg.run.threads is not None:
+            torch.set_num_threads(cfg.run.threads)
+        if cfg.run.deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True)
+        self.ctx: DistContext = setup(cfg)
+        self.device = self.ctx.device
+        self.checkpointer = Checkpointer(self.out_dir / "checkpoints", keep=cfg.checkpoint.keep)
+        if resume is None and self.checkpointer.committed():
+            raise ConfigError(
+                f"run.out_dir: {self.out_dir} already holds checkpoints; pass --resume auto to continue "
+                "that run or choose another run.out_dir"
+            )
+
+        seed_all(cfg.run.seed)  # model initialisation is identical on every rank
+        self.model = apply_speed(build_model(cfg.model), cfg.speed)
+        self.wrapped = wrap(self.model, cfg, self.ctx)
+        self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        self.scaler = LossScaler(cfg.precision, self.device)
+        dataset = build_dataset(cfg.data)
+        sampler = ResumableSampler(len(dataset), self.ctx.world_size, self.ctx.rank, cfg.run.seed, cfg.data.shuffle)
+        self.data = BatchStream(dataset, cfg.data, sampler, seed=cfg.run.seed + self.ctx.rank)
+        self.state = TrainState()
+        seed_all(cfg.run.seed + self.ctx.rank)  # dropout and augmentation draws differ per rank
+
+        self.resumed_from: Path | None = None
+        if resume is not None:
+            self._resume(resume)  # restores the RNG states last
+        if self.ctx.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            (self.out_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+        self.ctx.barrier()
+        self._stop_signal: str | None = None
+        self._first_iteration = True
+        self._step_delay = float(os.environ.get(STEP_DELAY_ENV, "0") or 0)
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> TrainState:
+        """Train until ``train.steps`` iterations are done or a stop signal arrives; returns the state."""
+        cfg = self.cfg
+        log = MetricsLogger(
+            self.out_dir,
+            enabled=self.ctx.is_main,
+            total=cfg.train.steps,
+            start=self.state.iteration,
+            tensorboard=cfg.log.tensorboard,
+            progress=cfg.log.progress,
+            reduce_mean=self.ctx.all_reduce_mean,
+        )
+        if self.resumed_from is not None:
+            log.message(f"resumed from {self.resumed_from} at step {self.state.iteration}")
+        saved_at = self.state.iteration if self.resumed_from is not None else -1
+        try:
+            with self._signals():
+                while self.state.iteration < cfg.train.steps:
+                    stop = self._iteration(log)
+                    if self._step_delay:
+                        time.sleep(self._step_delay)
+                    done = self.state.iteration
+                    if done % cfg.log.every == 0:
+                        log.flush()
+                    if stop or done % cfg.checkpoint.every == 0 or done == cfg.train.steps:
+                        log.flush()
+                        path = self.save()
+                        saved_at = done
+                    if stop:
+                        log.message(
+                            f"drivetrain train: received {stop}; stopped after step {done} with checkpoint {path}; "
+                            "continue with --resume auto"
+                        )
+                        break
+            if saved_at != self.state.iteration:  # e.g. resumed a finished run with the same steps
+                log.flush()
+                self.save()
+        finally:
+            log.close()
+        return self.state
+
+    def _iteration(self, log: MetricsLogger) -> str | None:
+        """One optimizer iteration; returns the name of a received stop signal (agreed across ranks)."""
+        cfg, accum = self.cfg, self.cfg.train.accumulation
+        t_start = time.perf_counter()
+        data_wait = 0.0
+        loss_sum = torch.zeros((), device=self.device)
+        term_sums: dict[str, torch.Tensor] = {}
+        loss_bad = torch.zeros(accum, dtype=torch.bool, device=self.device)
+        batch_indices = []
+        for micro in range(accum):
+            t0 = time.perf_counter()
+            batch, indices = self.data.next()
+            batch = to_device(batch, self.device, cfg.speed.channels_last)
+            data_wait += time.perf_counter() - t0
+            batch_indices.append(indices)
+            # DDP static_graph records the graph on its first iteration and fails inside no_sync() there
+            # (reducer assert); reducing every micro-batch of that one iteration gives the same gradients.
+            first_static = self._first_iteration and self.cfg.distributed.static_graph
+            with grad_sync(self.wrapped, self.ctx, enabled=micro == accum - 1 or first_static):
+                with autocast(cfg.precision.mode, self.device):
+                    outputs = self.wrapped(batch)
+                terms = self.model.loss(fp32_outputs(outputs), batch)  # losses in fp32, outside autocast
+                loss = sum(t.float() * cfg.model.loss_weights.get(k, 1.0) for k, t in terms.items())
+                self.scaler.scale_loss(loss / accum).backward()
+            loss_sum += loss.detach()
+            for name, term in terms.items():
+                term_sums[name] = term_sums.get(name, 0) + term.detach().float()
+            loss_bad[micro] = ~torch.isfinite(loss.detach())
+
+        grad_norm, grads_bad = unscale_clip_(self.params, self.scaler, cfg.optim.clip_norm)
+        any_bad = loss_bad.any().to(torch.int64)
+        if self.ctx.initialized:  # every rank takes the same decisions
+            stop_flag = torch.tensor(int(self._stop_signal is not None), device=self.device)
+            any_bad, stop_flag = self.ctx.all_reduce_max(torch.stack([any_bad, stop_flag]))
+        else:
+            stop_flag = any_bad.new_zeros(())
+        first_bad = loss_bad.to(torch.int64).argmax()
+        skip, any_loss_bad, stop, bad_micro = torch.stack(  # sync: skipping the step is a host decision
+            [grads_bad.to(torch.int64), any_bad, stop_flag, first_bad]
+        ).tolist()
+        stop = stop or self._stop_signal is not None
+        if any_loss_bad and cfg.precision.nonfinite == "stop":
+            local_bad = bool(loss_bad[bad_micro])  # sync: error path only, the run stops here
+            self._raise_nonfinite(local_bad, bad_micro, batch_indices)
+
+        lr = self._set_lr(self.state.step)
+        scale = self.scaler.scale.clone()
+        if not (skip or any_loss_bad):
+            self.optimizer.step()
+            self.state.step += 1
+        else:
+            self.state.skipped += 1
+            self.state.nonfinite_losses += int(any_loss_bad)
+        self.scaler.update(grads_bad & ~loss_bad.any())  # a bad loss is not an fp16 overflow
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state.iteration += 1
+        self._first_iteration = False
+
+        elapsed = time.perf_counter() - t_start
+        samples = accum * cfg.data.batch_size * self.ctx.world_size
+        device_values = {"loss": loss_sum / accum, "grad_norm": grad_norm, "loss_scale": scale}
+        device_values.update({f"loss/{k}": v / accum for k, v in term_sums.items()})
+        host_values = {
+            "step": self.state.iteration,
+            "opt_step": self.state.step,
+            "lr": lr,
+            "skipped_steps": self.state.skipped,
+            "nonfinite_losses": self.state.nonfinite_losses,
+            "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
+            "step_time_s": elapsed,
+            "data_wait_s": data_wait,
+            "peak_memory_mb": peak_memory_mb(self.device),
+        }
+        log.record(device_values, host_values)
+        if stop:
+            return self._stop_signal or "a stop signal (on another rank)"
+        return None
+
+    def _set_lr(self, step: int) -> float:
+        """Set every group's lr for update ``step``; returns the base lr (lr_mult 1)."""
+        base = self.cfg.optim.lr * lr_factor(self.cfg.schedule, step, self.cfg.train.steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = base * group["lr_mult"]
+        return base
+
+    def _raise_nonfinite(self, local: bool, micro: int, batch_indices: list[torch.Tensor]) -> None:
+        where = (
+            f"micro-batch {micro} on rank {self.ctx.rank}, epoch {self.data.sampler.epoch}, "
+            f"dataset indices {batch_indices[micro].tolist()}"
+            if local
+            else f"a micro-batch on another rank than {self.ctx.rank}"
+        )
+        raise NonFiniteLossError(
+            f"non-finite loss at step {self.state.iteration + 1}: {where} "
+            "(precision.nonfinite=stop; set it to skip to skip and count such steps)"
+        )
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self) -> Path:
+        """Checkpoint the run now (collective: every rank calls it; rank 0 writes); returns its path."""
+        model_sd, optim_sd = full_state(self.model, self.optimizer, self.ctx)
+        rng = self.ctx.gather_to_main(capture_rng())
+        path = self.checkpointer.root / Checkpointer.name(self.state.iteration)
+        if self.ctx.is_main:
+            state = {
+                "format": CHECKPOINT_FORMAT,
+                "model": model_sd,
+                "optimizer": optim_sd,
+                "scaler": self.scaler.state_dict(),
+                "train": self.state.state_dict(),
+                "schedule": {"step": self.state.step, "kind": self.cfg.schedule.kind},
+                "data": self.data.state_dict(),
+                "rng": rng,
+                "world_size": self.ctx.world_size,
+                "config": config_to_dict(self.cfg),
+                "versions": {
+                    "drivetrain": drivetrain.__version__,
+                    "torch": str(torch.__version__),
+                    "python": platform.python_version(),
+                },
+            }
+            path = self.checkpointer.save(self.state.iteration, state)
+        self.ctx.barrier()
+        return path
+
+    def _resume(self, resume: str) -> None:
+        if resume == "auto":
+            found = self.checkpointer.load_latest()
+            if found is None:
+                return
+            path, ckpt = found
+        else:
+            path = Path(resume)
+            try:
+                ckpt = self.checkpointer.load(path)
+            except CheckpointError as err:
+                raise ConfigError(f"--resume: {err}") from None
+        diff = config_diff(ckpt["config"], config_to_dict(self.cfg))
+        if diff:
+            raise ConfigError(
+                f"--resume: the config differs from the one checkpoint {path} was written with:\n  " + "\n  ".join(diff)
+            )
+        if ckpt["world_size"] != self.ctx.world_size:
+            raise ConfigError(
+                f"--resume: checkpoint {path} was written by {ckpt['world_size']} ranks, this run has "
+                f"{self.ctx.world_size}; per-rank RNG and data positions need the same number"
+            )
+        load_full_state(self.model, self.optimizer, ckpt["model"], ckpt["optimizer"], self.ctx)
+        self.scaler.load_state_dict(ckpt["scaler"])
+        self.state.load_state_dict(ckpt["train"])
+        self.data.load_state_dict(ckpt["data"])
+        restore_rng(ckpt["rng"][self.ctx.rank])  # last: nothing after this may draw from the global RNGs
+        self.resumed_from = path
+
+    # ------------------------------------------------------------------ signals
+    @contextmanager
+    def _signals(self) -> Iterator[None]:
+        """SIGTERM/SIGINT set a flag; the loop finishes the step, checkpoints and returns."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum: int, frame: Any) -> None:
+            self._stop_signal = signal.Signals(signum).name
+
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+    def close(self) -> None:
+        """Leave the process group (if any)."""
+        teardown(self.ctx)

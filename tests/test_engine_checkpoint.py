@@ -1,0 +1,146 @@
+"""Atomic checkpoints, keep-k pruning, skipping of partial/corrupt ones; RNG states; the resumable sampler;
+the dynamic loss scaler; schedules."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from drivetrain.engine import Checkpointer, CheckpointError, CheckpointWarning, LossScaler, ResumableSampler, lr_factor
+from drivetrain.engine.checkpoint import MARKER
+from drivetrain.engine.config import PrecisionConfig, ScheduleConfig
+from drivetrain.engine.rng import capture_rng, restore_rng
+from drivetrain.engine.sampler import BatchStream
+from drivetrain.engine.schedule import one_cycle
+from engine_helpers import SMOKE, overrides
+
+
+def state(step: int) -> dict:
+    return {"step": step, "weights": torch.full((3,), float(step))}
+
+
+def test_keep_k_prunes_only_after_commit(tmp_path: Path) -> None:
+    ck = Checkpointer(tmp_path, keep=2)
+    for step in (1, 2, 3, 4):
+        ck.save(step, state(step))
+    assert [s for s, _ in ck.committed()] == [3, 4]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000003", "step-00000004"]
+    assert all((p / MARKER).is_file() for _, p in ck.committed())
+
+
+def test_partial_and_corrupt_checkpoints_are_skipped_with_a_warning(tmp_path: Path) -> None:
+    ck = Checkpointer(tmp_path, keep=5)
+    for step in (1, 2, 3):
+        ck.save(step, state(step))
+    (tmp_path / "step-00000003" / MARKER).unlink()  # killed between rename and marker
+    truncated = tmp_path / "step-00000002" / "state.pt"
+    truncated.write_bytes(truncated.read_bytes()[:100])
+    with pytest.warns(CheckpointWarning) as caught:
+        path, loaded = ck.load_latest()
+    messages = " ".join(str(w.message) for w in caught)
+    assert "no COMMITTED marker" in messages and "SHA-256 differs" in messages
+    assert path.name == "step-00000001" and torch.equal(loaded["weights"], state(1)["weights"])
+    with pytest.raises(CheckpointError, match="SHA-256 differs"):
+        ck.load(tmp_path / "step-00000002")
+
+
+def test_leftovers_of_interrupted_saves_are_removed_by_the_next_save(tmp_path: Path) -> None:
+    ck = Checkpointer(tmp_path, keep=5)
+    (tmp_path / ".step-00000009.tmp-123").mkdir(parents=True)
+    (tmp_path / "step-00000008").mkdir()  # renamed but never committed
+    ck.save(1, state(1))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000001"]
+
+
+def test_checkpoint_loads_with_weights_only_and_a_marker_checksum(tmp_path: Path) -> None:
+    ck = Checkpointer(tmp_path)
+    path = ck.save(7, {"rng": capture_rng(), "nested": {"list": [1, 2.5, "x", None]}})
+    loaded = ck.load(path)
+    assert loaded["nested"] == {"list": [1, 2.5, "x", None]}
+    assert isinstance(loaded["rng"]["torch"], torch.Tensor)
+
+
+def test_rng_states_round_trip() -> None:
+    saved = capture_rng()
+    before = (random.random(), np.random.rand(), np.random.randn(), torch.rand(3))
+    restore_rng(saved)
+    after = (random.random(), np.random.rand(), np.random.randn(), torch.rand(3))
+    assert before[:3] == after[:3] and torch.equal(before[3], after[3])
+
+
+def test_sampler_shards_are_disjoint_and_cover_the_epoch() -> None:
+    shards = [ResumableSampler(10, 3, r, seed=1).epoch_indices(0) for r in range(3)]
+    flat = torch.cat(shards)
+    assert len(flat) == 9 and len(set(flat.tolist())) == 9
+    assert not torch.equal(ResumableSampler(10, seed=1).epoch_indices(0), ResumableSampler(10, seed=1).epoch_indices(1))
+
+
+def test_batch_stream_resumes_at_the_next_unseen_batch_across_epochs(tmp_path: Path) -> None:
+    from drivetrain.engine import load_config
+    from drivetrain.engine.smoke import SmokeDataset
+
+    cfg = load_config(SMOKE, overrides(tmp_path, "data.batch_size=4")).data
+    dataset = SmokeDataset(num_samples=10)
+    full = BatchStream(dataset, cfg, ResumableSampler(10, seed=3))
+    expected = [full.next()[1] for _ in range(7)]  # 2 batches per epoch: crosses three epoch boundaries
+    first = BatchStream(dataset, cfg, ResumableSampler(10, seed=3))
+    got = [first.next()[1] for _ in range(3)]
+    resumed = BatchStream(dataset, cfg, ResumableSampler(10, seed=3))
+    resumed.load_state_dict(first.state_dict())
+    got += [resumed.next()[1] for _ in range(4)]
+    assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
+    with pytest.raises(ValueError, match="written with 1 data-parallel ranks, this run has 2"):
+        ResumableSampler(10, 2, 0).load_state_dict(ResumableSampler(10).state_dict())
+
+
+def test_batch_holds_the_samples_the_stream_names(tmp_path: Path) -> None:
+    from drivetrain.engine import load_config
+    from drivetrain.engine.smoke import SmokeDataset
+
+    cfg = load_config(SMOKE, overrides(tmp_path, "data.batch_size=4")).data
+    dataset = SmokeDataset(num_samples=12)
+    batch, indices = BatchStream(dataset, cfg, ResumableSampler(12, seed=5)).next()
+    assert torch.equal(batch["image"], torch.stack([dataset[i]["image"] for i in indices.tolist()]))
+
+
+def scaler(**kw: float) -> LossScaler:
+    return LossScaler(PrecisionConfig(mode="fp16", **kw), torch.device("cpu"))
+
+
+def test_loss_scaler_hysteresis_backoff_growth_and_floor() -> None:
+    s = scaler(init_scale=16.0, hysteresis=2, growth_interval=3, min_scale=4.0)
+    inf, ok = torch.tensor(True), torch.tensor(False)
+    s.update(inf)
+    assert s.scale.item() == 16.0  # first overflow uses up hysteresis
+    s.update(inf)
+    assert s.scale.item() == 8.0
+    s.update(inf)
+    assert s.scale.item() == 4.0
+    s.update(inf)
+    assert s.scale.item() == 4.0  # never below min_scale
+    for _ in range(3):
+        s.update(ok)
+    assert s.scale.item() == 8.0 and s.hysteresis_left.item() == 2  # growth refills hysteresis
+    restored = scaler(init_scale=16.0)
+    restored.load_state_dict(s.state_dict())
+    assert restored.state_dict().keys() == s.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(restored.state_dict().values(), s.state_dict().values(), strict=True))
+
+
+def test_schedules_are_pure_functions_matching_torch_onecycle() -> None:
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=1.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1.0, total_steps=50, cycle_momentum=False)
+    for step in range(50):
+        assert one_cycle(step, 50, 0.3, 25.0, 1e4) == pytest.approx(opt.param_groups[0]["lr"], rel=1e-9)
+        opt.step()
+        sched.step()
+    cos = ScheduleConfig(kind="warmup_cosine", warmup_steps=5, min_lr_ratio=0.1)
+    assert lr_factor(cos, 5, 100) == 1.0 and lr_factor(cos, 100, 100) == pytest.approx(0.1)
+    assert lr_factor(cos, 0, 100) < lr_factor(cos, 4, 100) < 1.0
+    const = ScheduleConfig(kind="warmup_constant", warmup_steps=3)
+    assert [lr_factor(const, s, 10) for s in (0, 3, 9)] == [0.25, 1.0, 1.0]

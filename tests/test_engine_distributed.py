@@ -1,0 +1,78 @@
+"""Two processes on the gloo backend (torchrun): DDP, DDP static graph, FSDP2 and FSDP2 with CPU offload each
+match one process with the double batch; a DDP run stopped and resumed matches an uninterrupted one exactly."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from drivetrain.engine import ConfigError, Trainer, load_config
+from engine_helpers import NO_BATCH_COUPLING, ROOT, SMOKE, assert_same_weights, cli_env, final_state, losses, overrides
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("dist")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           str(ROOT / "tests" / "engine_dist_worker.py"), str(root)]  # fmt: skip
+    proc = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return root
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One process, the double batch per micro-batch."""
+    out = tmp_path_factory.mktemp("single")
+    extra = ["train.steps=10", "train.accumulation=2", "data.batch_size=16", *NO_BATCH_COUPLING]
+    Trainer(load_config(SMOKE, overrides(out, *extra))).fit()
+    return out
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_static", "fsdp", "fsdp_offload"])
+def test_two_ranks_match_one_process_with_double_batch(runs: Path, single: Path, strategy: str) -> None:
+    torch.testing.assert_close(losses(runs / strategy), losses(single), atol=1e-5, rtol=0)
+    assert_same_weights(final_state(runs / strategy)["model"], final_state(single)["model"], atol=1e-5)
+    assert final_state(runs / strategy)["world_size"] == 2
+    assert len(final_state(runs / strategy)["rng"]) == 2  # one RNG state per rank
+
+
+def test_ddp_resume_is_exact(runs: Path) -> None:
+    assert losses(runs / "ddp_resumed") == losses(runs / "ddp_full")
+    assert_same_weights(final_state(runs / "ddp_resumed")["model"], final_state(runs / "ddp_full")["model"])
+    rng = final_state(runs / "ddp_full")["rng"]
+    assert not torch.equal(rng[0]["torch"], rng[1]["torch"])  # ranks draw different dropout masks
+
+
+def test_resume_under_another_strategy_is_refused(runs: Path) -> None:
+    cfg = load_config(SMOKE, overrides(runs / "ddp_full", "train.steps=12", "checkpoint.every=3"))
+    with pytest.raises(ConfigError, match=r"distributed\.strategy: 'ddp' → 'none'"):
+        Trainer(cfg, resume="auto")  # the checkpoint's config says ddp; this one says none
+
+
+def test_data_parallel_strategy_without_torchrun_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="needs a torchrun launch"):
+        Trainer(load_config(SMOKE, overrides(tmp_path, "distributed.strategy=ddp")))
+
+
+def test_cli_runs_under_torchrun(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           "-m", "drivetrain.cli.main", "train", "--config", str(SMOKE),
+           *overrides(tmp_path, "train.steps=3", "distributed.strategy=ddp")]  # fmt: skip
+    proc = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.count("3/3 steps") == 1  # only rank 0 reports
+    assert len(losses(tmp_path)) == 3
