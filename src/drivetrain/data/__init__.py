@@ -1,0 +1,1 @@
+"""nuScenes-format data: synthetic generator, frame index, dataset, sequence sampler, collate, evaluation."""
