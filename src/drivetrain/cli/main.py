@@ -6,7 +6,8 @@ import argparse
 import sys
 
 import drivetrain
-from drivetrain.cli import bench
+from drivetrain.cli import bench, data
+from drivetrain.cli import eval as eval_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"drivetrain {drivetrain.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     bench.add_parser(sub)
+    data.add_parser(sub)
+    eval_cli.add_parser(sub)
     return parser
 
 

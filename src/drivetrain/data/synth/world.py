@@ -144,8 +144,12 @@ def make_layout(rng: np.random.Generator, duration: float, reach: float) -> Scen
         y = side * 9.5
         _, hi = span(0.0)
         x = float(rng.uniform(-12.0, 4.0))
+        first: str | None = "traffic_cone" if side > 0 else "barrier"  # near the ego start on every scene
         while x <= hi:
-            kind = str(rng.choice(["traffic_cone", "barrier", "bicycle", "motorcycle"], p=[0.45, 0.35, 0.1, 0.1]))
+            kind = first or str(
+                rng.choice(["traffic_cone", "barrier", "bicycle", "motorcycle"], p=[0.45, 0.35, 0.1, 0.1])
+            )
+            first = None
             count = int(rng.integers(2, 5)) if kind in ("traffic_cone", "barrier") else 1
             for _ in range(count):
                 size = _size(rng, kind)
