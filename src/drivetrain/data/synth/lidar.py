@@ -2,7 +2,7 @@
 
 Rays leave the sensor at ``rings`` elevations (−30° … +10°) × ``azimuths`` directions; each returns the
 nearest hit among the ground plane (z = 0 in the ego frame) and the boxes (slab test), within the range.
-Box hits are moved 2 cm past the surface, into the box, so the devkit's ``points_in_box`` counts them;
+Box hits are moved 2 cm towards the box centre (inside a convex box from any surface point), so the devkit's ``points_in_box`` counts them;
 the count per box of the key-frame sweep is the annotation's ``num_lidar_pts``. Points are written as
 nuScenes does: float32 ``(x, y, z, intensity, ring)`` in the lidar frame.
 """
@@ -92,9 +92,11 @@ def cast(
         t_best[idx[ok]] = t_near[ok]
         hit[idx[ok]] = m
     keep = np.isfinite(t_best) & (t_best <= max_range)
-    t = t_best[keep] + np.where(hit[keep] >= 0, _INSIDE, 0.0)
-    xyz = dirs[keep] * t[:, None]  # (P, 3)
+    xyz = dirs[keep] * t_best[keep, None]  # (P, 3)
     hit = hit[keep]
+    on_box = hit >= 0
+    towards_centre = boxes_lidar[hit[on_box], :3] - xyz[on_box]  # (P_box, 3)
+    xyz[on_box] += _INSIDE * towards_centre / np.linalg.norm(towards_centre, axis=1, keepdims=True)
     intensity = np.where(hit >= 0, 20.0 + 8.0 * labels[np.maximum(hit, 0)], 5.0) + rng.uniform(0, 3, len(hit))
     points = np.concatenate([xyz, intensity[:, None], ring[keep, None]], axis=1).astype(np.float32)
     return points, hit
