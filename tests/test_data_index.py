@@ -49,7 +49,9 @@ def test_velocities_are_devkit_velocities_rotated_into_the_lidar_frame_and_nan_b
     arr = synth_index.arrays
     ego_inv = np.linalg.inv(arr["ego_pose"])
     for f in range(len(synth_index)):
-        anns = [nusc.get("sample_annotation", t) for t in nusc.get("sample", synth_index.meta["sample_tokens"][f])["anns"]]
+        anns = [
+            nusc.get("sample_annotation", t) for t in nusc.get("sample", synth_index.meta["sample_tokens"][f])["anns"]
+        ]
         for ann, box in zip(anns, arr["boxes"][synth_index.boxes_of(f)], strict=True):
             v = nusc.box_velocity(ann["token"])
             if np.isnan(v).any():

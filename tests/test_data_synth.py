@@ -31,7 +31,9 @@ def test_annotation_chains_give_the_devkit_the_true_velocity(nusc):
     for ann in moving[:50]:
         v = nusc.box_velocity(ann["token"])
         nxt = nusc.get("sample_annotation", ann["next"])
-        dt = (nusc.get("sample", nxt["sample_token"])["timestamp"] - nusc.get("sample", ann["sample_token"])["timestamp"]) / 1e6
+        dt = (
+            nusc.get("sample", nxt["sample_token"])["timestamp"] - nusc.get("sample", ann["sample_token"])["timestamp"]
+        ) / 1e6
         forward = (np.array(nxt["translation"]) - np.array(ann["translation"])) / dt
         np.testing.assert_allclose(v, forward, atol=1e-6)  # linear motion: centred = forward difference
 
@@ -50,11 +52,24 @@ def test_num_lidar_pts_equals_devkit_points_in_box_count(nusc, synth_root):
 
 
 def _digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_generation_is_deterministic_for_a_seed(tmp_path):
-    config = SynthConfig(scenes=("scene-0103",), samples_per_scene=2, sweeps_per_sample=1, image_width=96, image_height=54, focal=76.0, lidar_rings=8, lidar_azimuths=90)
+    config = SynthConfig(
+        scenes=("scene-0103",),
+        samples_per_scene=2,
+        sweeps_per_sample=1,
+        image_width=96,
+        image_height=54,
+        focal=76.0,
+        lidar_rings=8,
+        lidar_azimuths=90,
+    )
     generate(tmp_path / "a", config, progress=False)
     generate(tmp_path / "b", config, progress=False)
     generate(tmp_path / "c", config.with_overrides(seed=1), progress=False)
@@ -87,7 +102,9 @@ def test_projected_centre_lands_on_its_cuboid_when_alone(seed):
         u, v = int(uv[m, 0]), int(uv[m, 1])
         if depth[m] <= 0.1 or not (0 <= u < 320 and 0 <= v < 180):
             continue
-        shot = render(rig, 0, corners_in_camera(boxes[m : m + 1], rig.cam2ego[0]), np.array([m % 10]), bg, np.array([0, -1.0, 0]))
+        shot = render(
+            rig, 0, corners_in_camera(boxes[m : m + 1], rig.cam2ego[0]), np.array([m % 10]), bg, np.array([0, -1.0, 0])
+        )
         assert shot.instance[v, u] == 0
         assert (shot.image[v, u] != np.clip(bg[v, u], 0, 255).astype(np.uint8)).any()
         checked += 1
@@ -133,5 +150,7 @@ def test_camera_calibration_is_a_proper_rotation_with_nuscenes_axes(nusc):
 def test_box_corners_of_annotations_sit_on_the_ground(nusc):
     for ann in nusc.sample_annotation[:100]:
         w, length, h = ann["size"]
-        corners = box_corners(np.array([[*ann["translation"], length, w, h, Quaternion(ann["rotation"]).yaw_pitch_roll[0]]]))
+        corners = box_corners(
+            np.array([[*ann["translation"], length, w, h, Quaternion(ann["rotation"]).yaw_pitch_roll[0]]])
+        )
         assert corners[0, :, 2].min() == pytest.approx(0.0, abs=1e-9)

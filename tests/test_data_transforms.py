@@ -46,7 +46,9 @@ def test_yaw_quaternion_and_yaw_from_matrix_round_trip(yaw):
 
 def test_box_corners_match_devkit_box_corners():
     rng = np.random.default_rng(4)
-    boxes = np.concatenate([rng.normal(size=(20, 3)) * 10, rng.uniform(0.3, 10, (20, 3)), rng.uniform(-3, 3, (20, 1))], 1)
+    boxes = np.concatenate(
+        [rng.normal(size=(20, 3)) * 10, rng.uniform(0.3, 10, (20, 3)), rng.uniform(-3, 3, (20, 1))], 1
+    )
     ours = box_corners(boxes)  # (M, 8, 3)
     for box, corners in zip(boxes, ours, strict=True):
         dev = Box(box[:3], [box[4], box[3], box[5]], Quaternion(axis=[0, 0, 1], angle=box[6])).corners().T  # (8, 3)

@@ -2,7 +2,8 @@
 
 Rays leave the sensor at ``rings`` elevations (−30° … +10°) × ``azimuths`` directions; each returns the
 nearest hit among the ground plane (z = 0 in the ego frame) and the boxes (slab test), within the range.
-Box hits are moved 2 cm towards the box centre (inside a convex box from any surface point), so the devkit's ``points_in_box`` counts them;
+Box hits are moved 2 cm towards the box centre (inside a convex box from any
+surface point), so the devkit's ``points_in_box`` counts them;
 the count per box of the key-frame sweep is the annotation's ``num_lidar_pts``. Points are written as
 nuScenes does: float32 ``(x, y, z, intensity, ring)`` in the lidar frame.
 """
