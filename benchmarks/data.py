@@ -79,9 +79,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         raise SystemExit("bench data: the loader runs on the CPU; use --device cpu")
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.data_dir or Path(tmp)
-        result = BenchResult(
-            "data", device_name("cpu"), {"batch": args.batch, "cameras": 6, "repeat": args.repeat, "workers": list(WORKERS)}
-        )
+        config = {"batch": args.batch, "cameras": 6, "repeat": args.repeat, "workers": list(WORKERS)}
+        result = BenchResult("data", device_name("cpu"), config)
         throughput: dict[str, dict[str, float]] = {}
         for size, label in (("tiny", "tiny 320×180"), ("full", "full 1600×900")):
             index = make_dataset(folder, size, args.seed)
