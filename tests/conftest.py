@@ -283,3 +283,43 @@ def _restore_torch_globals() -> Iterator[None]:
     yield
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(deterministic)
+
+
+# ---------------------------------------------------------------------------------------------------- data
+# A small synthetic nuScenes-format dataset, generated once per session: 2 mini_train + the 2 mini_val
+# scenes × 3 key frames, 160×90 images, a 16-beam lidar with one sweep per key frame.
+SYNTH_TEST_CONFIG = dict(
+    scenes=("scene-0061", "scene-0553", "scene-0103", "scene-0916"),
+    samples_per_scene=3,
+    sweeps_per_sample=1,
+    image_width=160,
+    image_height=90,
+    focal=1266.0 * 0.1,
+    lidar_rings=16,
+    lidar_azimuths=360,
+)
+
+
+@pytest.fixture(scope="session")
+def synth_root(tmp_path_factory: pytest.TempPathFactory):
+    from drivetrain.data.synth import SynthConfig, generate
+
+    root = tmp_path_factory.mktemp("synth")
+    generate(root, SynthConfig(**SYNTH_TEST_CONFIG), progress=False)
+    return root
+
+
+@pytest.fixture(scope="session")
+def synth_index(synth_root):
+    from drivetrain.data.index import build_index, save_index
+
+    index = build_index(synth_root, progress=False)
+    save_index(index, synth_root / "drivetrain_index.npz")
+    return index
+
+
+@pytest.fixture(scope="session")
+def nusc(synth_root):
+    from nuscenes import NuScenes
+
+    return NuScenes(version="v1.0-mini", dataroot=str(synth_root), verbose=False)

@@ -6,7 +6,8 @@ import argparse
 import sys
 
 import drivetrain
-from drivetrain.cli import bench, train
+from drivetrain.cli import bench, data, train
+from drivetrain.cli import eval as eval_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,6 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     bench.add_parser(sub)
     train.add_parser(sub)
+    data.add_parser(sub)
+    eval_cli.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,117 @@
+"""Data loader throughput (frames/s) and CPU use: FrameDataset + SequenceSampler + collate, 0 vs 2 workers.
+
+Generates two synthetic nuScenes-format datasets into a temporary folder (or ``--data-dir``): the ``tiny``
+image size (320×180) and the ``full`` one (1600×900, nuScenes'), indexes them with the devkit, then loads
+batches of B samples × 6 cameras (JPEG decode, 2D ground truth, collate into a ``Batch``) with a
+``DataLoader`` in the main process (``workers=0``, the baseline) and with 2 worker processes. Each variant
+runs one untimed warm-up pass, then ``--repeat`` timed passes over the sampler's epoch; the process tree's
+CPU use is sampled with ``ResourceMonitor``. Rows give milliseconds per frame (median over passes).
+
+Run: ``drivetrain bench data [--repeat N] [--batch B] [--save]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from drivetrain.data import FrameDataset, SequenceSampler, collate
+from drivetrain.data.index import build_index, save_index
+from drivetrain.data.synth import PRESETS, generate
+from drivetrain.profile import BenchResult, ResourceMonitor, Row, add_bench_arguments, device_name, emit
+
+DESCRIPTION = __doc__.splitlines()[0]
+WORKERS = (0, 2)
+
+
+def make_dataset(folder: Path, size: str, seed: int) -> Path:
+    """Generate (if absent) and index one synthetic dataset; return its index path."""
+    tiny = PRESETS["tiny"]
+    if size == "tiny":
+        config = tiny.with_overrides(seed=seed)
+    else:  # nuScenes image size; fewer frames and a light lidar keep generation to seconds
+        config = tiny.with_overrides(
+            scenes=tiny.scenes[:2], samples_per_scene=6, image_width=1600, image_height=900, focal=1266.0, seed=seed
+        )
+    root = folder / f"synth-{size}"
+    index = root / "drivetrain_index.npz"
+    if not index.exists():
+        generate(root, config, progress=False)
+        save_index(build_index(root, progress=False), index)
+    return index
+
+
+def measure(index: Path, workers: int, batch: int, repeat: int) -> tuple[list[float], dict[str, float], int]:
+    """ms per frame of each timed pass, resource usage over the timed passes, frames per pass."""
+    dataset = FrameDataset(index)
+    sampler = SequenceSampler(dataset.scene_lengths(), batch, seed=0)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_sampler=sampler, collate_fn=collate, num_workers=workers, persistent_workers=workers > 0
+    )
+    frames = 0
+    for b in loader:  # warm-up pass (starts the workers)
+        frames += b.batch_size
+    per_frame = []
+    with ResourceMonitor("cpu") as monitor:
+        for _ in range(repeat):
+            start, n = time.perf_counter(), 0
+            for b in loader:
+                n += b.batch_size
+            per_frame.append((time.perf_counter() - start) * 1e3 / n)
+    assert monitor.result is not None
+    usage = monitor.result.as_dict()
+    usage["frames_per_s"] = 1e3 / statistics.median(per_frame)
+    return per_frame, usage, frames
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    add_bench_arguments(parser, repeat=3, warmup=1)
+    parser.add_argument("--batch", type=int, default=2, help="samples per batch B (default: 2)")
+    parser.add_argument("--data-dir", type=Path, default=None, help="keep the generated datasets here (default: temp)")
+    args = parser.parse_args(argv)
+    if args.device != "cpu":
+        raise SystemExit("bench data: the loader runs on the CPU; use --device cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.data_dir or Path(tmp)
+        config = {"batch": args.batch, "cameras": 6, "repeat": args.repeat, "workers": list(WORKERS)}
+        result = BenchResult("data", device_name("cpu"), config)
+        throughput: dict[str, dict[str, float]] = {}
+        for size, label in (("tiny", "tiny 320×180"), ("full", "full 1600×900")):
+            index = make_dataset(folder, size, args.seed)
+            medians = {}
+            for workers in WORKERS:
+                per_frame, usage, frames = measure(index, workers, args.batch, args.repeat)
+                medians[f"workers={workers}"] = statistics.median(per_frame)
+                throughput[f"{label}, workers={workers}"] = {
+                    "frames_per_s": round(usage["frames_per_s"], 2),
+                    "cpu_cores": round(usage["cpu_cores"], 2),
+                    "peak_rss_mb": round(usage["peak_rss_mb"], 1),
+                    "frames_per_pass": frames,
+                }
+            result.add(
+                Row(
+                    name=f"{label}: ms per frame (6 images)",
+                    reference_ms=medians["workers=0"],
+                    batched_ms=medians["workers=2"],
+                    variants=medians,
+                    baseline="workers=0",
+                )
+            )
+    result.extra["throughput"] = throughput
+    result.notes.append(
+        "reference = DataLoader without workers (decode and collate in the main process), batched = 2 worker "
+        "processes; ms per frame, median over timed passes after one warm-up pass; cpu_cores = CPU time of the "
+        "process tree / wall time over the timed passes."
+    )
+    emit(result, args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,140 @@
+"""``Batch``: a collated list of samples, with ground truth as ``RaggedBatch`` and one ``to(device)``.
+
+Field names are what drivetrain's losses read (``gt_boxes``, ``gt_labels``, ``gt_boxes_2d``,
+``gt_labels_2d``, ``centers_2d``, ``depths_2d``, ``image_size``), so a ``Batch`` is passed to them as the
+``targets`` directly. Glossary: ``B`` samples, ``N`` cameras, ``G`` max GT boxes (3D: per sample; 2D: per
+image), ``P`` max points.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from drivetrain.data.dataset import Sample, Skipped
+from drivetrain.data.errors import DataError
+from drivetrain.ragged import RaggedBatch
+
+__all__ = ["Batch", "collate"]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A batch of key frames (all tensors on one device; boxes in each sample's lidar frame)."""
+
+    images: torch.Tensor | None  # (B, N, 3, H, W) uint8 RGB, None when images are not loaded
+    intrinsics: torch.Tensor  # (B, N, 3, 3) float32
+    lidar2img: torch.Tensor  # (B, N, 4, 4) float32: K_4x4 @ lidar2cam
+    cam2ego: torch.Tensor  # (B, N, 4, 4) float32: camera → ego frame of the key frame
+    lidar2ego: torch.Tensor  # (B, 4, 4) float32
+    ego_pose: torch.Tensor  # (B, 4, 4) float32: lidar → global (StreamPETR's ego_pose)
+    ego_pose_inv: torch.Tensor  # (B, 4, 4) float32: global → lidar
+    timestamps: torch.Tensor  # (B,) float64 seconds
+    prev_exists: torch.Tensor  # (B,) bool: the previous step of this batch slot was the previous frame
+    gt_boxes: RaggedBatch  # (B, G, 9) float32 (x, y, z_centre, dx, dy, dz, yaw, vx, vy)
+    gt_labels: RaggedBatch  # (B, G) int64
+    gt_boxes_2d: RaggedBatch  # (B, N, G, 4) float32 pixel xyxy
+    gt_labels_2d: RaggedBatch  # (B, N, G) int64
+    centers_2d: RaggedBatch  # (B, N, G, 2) float32 pixels: projected 3D box centres
+    depths_2d: RaggedBatch  # (B, N, G) float32 metres
+    gt_index_2d: RaggedBatch  # (B, N, G) int64: the 3D box (row of gt_boxes) each 2D box comes from
+    points: RaggedBatch | None  # (B, P, 5) float32 (x, y, z, intensity, Δt)
+    image_size: tuple[int, int]  # (W, H)
+    sample_tokens: tuple[str, ...]
+    frame_index: torch.Tensor  # (B,) int64 rows of the frame index
+    skipped: tuple[str, ...] = ()  # tokens of samples dropped as unreadable (on_error="skip")
+    sampler_state: dict[str, int] | None = None  # load into the sampler to resume right after this batch
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.sample_tokens)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """A copy with every tensor on ``device`` (non_blocking copies from pinned memory are async)."""
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> Batch:
+        """Page-locked copy (``DataLoader(pin_memory=True)`` calls this); a no-op without CUDA."""
+        if not torch.cuda.is_available():
+            return self
+        return self._map(lambda t: t.pin_memory())
+
+    def _map(self, fn: Any) -> Batch:
+        changes = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor | RaggedBatch):
+                changes[f.name] = _ragged_map(value, fn) if isinstance(value, RaggedBatch) else fn(value)
+        return dataclasses.replace(self, **changes)
+
+
+def _ragged_map(rb: RaggedBatch, fn: Any) -> RaggedBatch:
+    moved = fn(rb.tensor)
+    if (
+        isinstance(moved, torch.Tensor)
+        and moved.device == rb.tensor.device
+        and moved.data_ptr() != rb.tensor.data_ptr()
+    ):
+        return RaggedBatch._make(moved, rb.sizes, rb.ragged_dim)  # pinned copy, same device
+    return rb.to(moved.device, non_blocking=True) if moved.device != rb.tensor.device else rb
+
+
+def collate(samples: Sequence[Sample | Skipped]) -> Batch:
+    """Stack samples into a :class:`Batch` (images copied once, into ``(B, N, 3, H, W)``)."""
+    skipped = tuple(s.token for s in samples if isinstance(s, Skipped))
+    kept = [s for s in samples if isinstance(s, Sample)]
+    if not kept:
+        reasons = "; ".join(s.reason for s in samples if isinstance(s, Skipped))
+        raise DataError(f"every sample of the batch was unreadable: {reasons}")
+    first = kept[0]
+    for s in kept[1:]:
+        if s.image_size != first.image_size or len(s.intrinsics) != len(first.intrinsics):
+            raise DataError(
+                f"frame {s.index}: image size {s.image_size} or camera count differs from frame {first.index}"
+            )
+    images = None
+    if first.images is not None:
+        n, h, w, _ = first.images.shape
+        images = torch.empty((len(kept), n, 3, h, w), dtype=torch.uint8)  # (B, N, 3, H, W)
+        for b, s in enumerate(kept):
+            images[b].copy_(torch.from_numpy(s.images).permute(0, 3, 1, 2))
+    ego_pose = np.stack([s.ego_pose for s in kept])  # (B, 4, 4) float64
+    ego_inv = np.linalg.inv(ego_pose)
+    positions = [s.position for s in kept] + [s.position for s in samples if isinstance(s, Skipped)]
+    epoch, step = max(positions)
+
+    def stack(name: str) -> torch.Tensor:
+        return torch.from_numpy(np.stack([getattr(s, name) for s in kept]))
+
+    per_cam = [[b2d for b2d in s.boxes_2d] for s in kept]
+    return Batch(
+        images=images,
+        intrinsics=stack("intrinsics"),
+        lidar2img=stack("lidar2img"),
+        cam2ego=stack("cam2ego"),
+        lidar2ego=stack("lidar2ego"),
+        ego_pose=torch.from_numpy(ego_pose.astype(np.float32)),
+        ego_pose_inv=torch.from_numpy(ego_inv.astype(np.float32)),
+        timestamps=torch.tensor([s.timestamp for s in kept], dtype=torch.float64),
+        prev_exists=torch.tensor([s.prev_exists for s in kept], dtype=torch.bool),
+        gt_boxes=RaggedBatch.from_list([s.gt_boxes for s in kept]),
+        gt_labels=RaggedBatch.from_list([s.gt_labels for s in kept]),
+        gt_boxes_2d=RaggedBatch.from_list([[c.boxes for c in cams] for cams in per_cam]),
+        gt_labels_2d=RaggedBatch.from_list(
+            [[s.gt_labels[c.index] for c in cams] for s, cams in zip(kept, per_cam, strict=True)]
+        ),
+        centers_2d=RaggedBatch.from_list([[c.centers for c in cams] for cams in per_cam]),
+        depths_2d=RaggedBatch.from_list([[c.depths for c in cams] for cams in per_cam]),
+        gt_index_2d=RaggedBatch.from_list([[c.index for c in cams] for cams in per_cam]),
+        points=RaggedBatch.from_list([s.points for s in kept]) if first.points is not None else None,
+        image_size=first.image_size,
+        sample_tokens=tuple(s.token for s in kept),
+        frame_index=torch.tensor([s.index for s in kept], dtype=torch.int64),
+        skipped=skipped,
+        sampler_state=None if epoch < 0 else {"epoch": epoch, "step": step + 1},
+    )

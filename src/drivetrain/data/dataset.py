@@ -1,0 +1,230 @@
+"""``FrameDataset``: map-style dataset of key frames from a frame index; decodes images and lidar.
+
+``dataset[i]`` (or ``dataset[FrameKey]`` from :class:`~drivetrain.data.sampler.SequenceSampler`) returns a
+:class:`Sample` of NumPy arrays: the frame's camera images (uint8 ``(N, H, W, 3)``, decoded with
+libjpeg-turbo through simplejpeg), camera matrices, ego pose, 3D ground truth in the lidar frame, the
+per-camera 2D ground truth, and optionally the lidar points with sweeps. ``collate`` turns a list of
+samples into a :class:`~drivetrain.data.collate.Batch`.
+
+Bad input: a missing or undecodable image, a missing or truncated lidar file, or images whose size
+differs from the index raise :class:`DataError` naming the file. With ``on_error="skip"`` the sample is
+replaced by a :class:`Skipped` marker and a warning; ``collate`` drops it and lists it in
+``Batch.skipped`` (so the count reaches the training loop even from loader worker processes).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import simplejpeg
+
+from drivetrain.data.errors import DataError
+from drivetrain.data.index import FrameIndex, load_index
+from drivetrain.data.project import Boxes2D, lidar2img, project_boxes
+
+__all__ = ["DatasetConfig", "FrameDataset", "FrameKey", "Sample", "Skipped", "read_image", "read_points"]
+
+
+class FrameKey(NamedTuple):
+    """What a sequence sampler yields: the frame, whether the previous step of its batch slot was the
+    previous frame of the same scene, and the sampler position (epoch, step) of the batch."""
+
+    index: int
+    prev_exists: bool
+    epoch: int = -1
+    step: int = -1
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    """What ``FrameDataset`` loads."""
+
+    load_images: bool = True  # decode the camera images
+    load_points: bool = False  # read the key-frame lidar points (x, y, z, intensity, Δt)
+    num_sweeps: int = 0  # previous lidar sweeps merged into the points (Δt > 0), at most what the index has
+    filter_empty: bool = True  # drop GT boxes without lidar points (mmdetection3d's use_valid_flag)
+    min_depth: float = 0.1  # 2D GT: box centre at least this far in front of the camera
+    min_size: float = 2.0  # 2D GT: clipped box at least this many pixels wide and high
+    on_error: str = "raise"  # "raise" or "skip" (warn; collate drops and counts the sample)
+
+    def __post_init__(self) -> None:
+        if self.on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error: expected 'raise' or 'skip', got {self.on_error!r}")
+        if self.num_sweeps < 0:
+            raise ValueError(f"num_sweeps: must be ≥ 0, got {self.num_sweeps}")
+        if self.num_sweeps and not self.load_points:
+            raise ValueError("num_sweeps: needs load_points=True")
+
+
+@dataclass
+class Sample:
+    """One key frame. ``N`` cameras, ``M`` GT boxes, ``P`` points; boxes in the lidar frame."""
+
+    index: int
+    token: str
+    scene_id: int
+    frame_in_scene: int
+    prev_exists: bool
+    timestamp: float  # seconds
+    images: np.ndarray | None  # (N, H, W, 3) uint8 RGB
+    intrinsics: np.ndarray  # (N, 3, 3) float32
+    lidar2img: np.ndarray  # (N, 4, 4) float32
+    cam2ego: np.ndarray  # (N, 4, 4) float32: camera → ego frame of the key frame (lidar2ego @ cam2lidar)
+    lidar2ego: np.ndarray  # (4, 4) float32
+    ego_pose: np.ndarray  # (4, 4) float64: lidar → global
+    gt_boxes: np.ndarray  # (M, 9) float32 (x, y, z_centre, dx, dy, dz, yaw, vx, vy)
+    gt_labels: np.ndarray  # (M,) int64
+    boxes_2d: list[Boxes2D]  # per camera
+    image_size: tuple[int, int]  # (W, H)
+    points: np.ndarray | None  # (P, 5) float32 (x, y, z, intensity, Δt)
+    position: tuple[int, int] = (-1, -1)  # sampler (epoch, step) of the batch, (−1, −1) without one
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """Stands in for a sample that could not be read (``on_error="skip"``)."""
+
+    index: int
+    token: str
+    reason: str
+    position: tuple[int, int] = (-1, -1)
+
+
+def read_image(path: Path, size: tuple[int, int] | None = None) -> np.ndarray:
+    """Decode a JPEG to ``(H, W, 3)`` uint8 RGB; :class:`DataError` if missing, corrupt or of the wrong size."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise DataError(f"cannot read image ({err.strerror or err})", path) from None
+    try:
+        image = simplejpeg.decode_jpeg(data, colorspace="RGB")
+    except ValueError as err:
+        raise DataError(f"corrupt or non-JPEG image ({err})", path) from None
+    if size is not None and (image.shape[1], image.shape[0]) != tuple(size):
+        raise DataError(f"image is {image.shape[1]}×{image.shape[0]}, the index says {size[0]}×{size[1]}", path)
+    return image
+
+
+def read_points(path: Path, dims: int = 5) -> np.ndarray:
+    """Read a nuScenes ``.pcd.bin`` (float32 × ``dims`` per point) → ``(P, dims)``; DataError if bad."""
+    try:
+        raw = np.fromfile(path, dtype=np.float32)
+    except OSError as err:
+        raise DataError(f"cannot read lidar file ({err.strerror or err})", path) from None
+    if raw.size % dims:
+        raise DataError(f"corrupt lidar file: {raw.size} floats is not a multiple of {dims}", path)
+    points = raw.reshape(-1, dims)
+    if not np.isfinite(points[:, :3]).all():
+        raise DataError("corrupt lidar file: non-finite coordinates", path)
+    return points
+
+
+class FrameDataset:
+    """Key frames of a frame index (an :class:`FrameIndex` or the path of a saved one).
+
+    Args:
+        index: the index, or its ``.npz`` path.
+        config: what to load.
+        root: dataset root (default: the root stored in the index).
+    """
+
+    def __init__(
+        self, index: FrameIndex | str | Path, config: DatasetConfig | None = None, root: str | Path | None = None
+    ) -> None:
+        self.index = index if isinstance(index, FrameIndex) else load_index(index, root)
+        self.root = Path(root if root is not None else self.index.meta["root"])
+        self.config = config or DatasetConfig()
+        arr = self.index.arrays
+        self._lidar2img = lidar2img(arr["intrinsics"], arr["cam2lidar"]).astype(np.float32)  # (F, N, 4, 4)
+        self._cam2ego = (arr["lidar2ego"][:, None] @ arr["cam2lidar"]).astype(np.float32)  # (F, N, 4, 4)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def scene_lengths(self) -> list[int]:
+        return self.index.scene_lengths()
+
+    def __getitem__(self, key: int | FrameKey | tuple[int, bool]) -> Sample | Skipped:
+        if isinstance(key, tuple):
+            key = FrameKey(*key)
+            frame, prev_exists, position = int(key.index), bool(key.prev_exists), (key.epoch, key.step)
+        else:
+            frame = int(key)
+            prev_exists, position = bool(self.index.arrays["frame_in_scene"][frame] > 0), (-1, -1)
+        if not 0 <= frame < len(self):
+            raise IndexError(f"frame {frame} out of range for {len(self)} frames")
+        try:
+            return self._load(frame, prev_exists, position)
+        except DataError as err:
+            if self.config.on_error == "raise":
+                raise
+            warnings.warn(f"skipping frame {frame}: {err}", RuntimeWarning, stacklevel=2)
+            return Skipped(frame, self.index.meta["sample_tokens"][frame], str(err), position)
+
+    def _load(self, frame: int, prev_exists: bool, position: tuple[int, int]) -> Sample:
+        arr, meta, cfg = self.index.arrays, self.index.meta, self.config
+        sizes = arr["image_size"][frame]  # (N, 2)
+        if not (sizes == sizes[0]).all():
+            raise DataError(
+                f"frame {frame}: cameras differ in image size {sizes.tolist()}; a batch needs one size", self.root
+            )
+        image_size = (int(sizes[0, 0]), int(sizes[0, 1]))
+        images = None
+        if cfg.load_images:
+            images = np.stack([read_image(self.root / f, image_size) for f in meta["image_files"][frame]])
+        sl = self.index.boxes_of(frame)
+        boxes, labels = arr["boxes"][sl], arr["labels"][sl]
+        if cfg.filter_empty:
+            keep = arr["num_lidar_pts"][sl] > 0
+            boxes, labels = boxes[keep], labels[keep]
+        if not np.isfinite(boxes).all():
+            raise DataError(f"frame {frame}: non-finite ground-truth box values", self.root)
+        boxes_2d = [
+            project_boxes(
+                boxes,
+                arr["intrinsics"][frame, c],
+                arr["cam2lidar"][frame, c],
+                image_size,
+                min_depth=cfg.min_depth,
+                min_size=cfg.min_size,
+            )
+            for c in range(self.index.num_cameras)
+        ]
+        points = self._points(frame) if cfg.load_points else None
+        return Sample(
+            index=frame,
+            token=meta["sample_tokens"][frame],
+            scene_id=int(arr["scene_id"][frame]),
+            frame_in_scene=int(arr["frame_in_scene"][frame]),
+            prev_exists=prev_exists,
+            timestamp=float(arr["timestamp"][frame]),
+            images=images,
+            intrinsics=arr["intrinsics"][frame].astype(np.float32),
+            lidar2img=self._lidar2img[frame],
+            cam2ego=self._cam2ego[frame],
+            lidar2ego=arr["lidar2ego"][frame].astype(np.float32),
+            ego_pose=arr["ego_pose"][frame],
+            gt_boxes=np.ascontiguousarray(boxes),
+            gt_labels=np.ascontiguousarray(labels),
+            boxes_2d=boxes_2d,
+            image_size=image_size,
+            points=points,
+            position=position,
+        )
+
+    def _points(self, frame: int) -> np.ndarray:
+        arr, meta = self.index.arrays, self.index.meta
+        key = read_points(self.root / meta["lidar_files"][frame])
+        parts = [np.concatenate([key[:, :4], np.zeros((len(key), 1), np.float32)], 1)]
+        sl = self.index.sweeps_of(frame)
+        for s in range(sl.start, min(sl.stop, sl.start + self.config.num_sweeps)):
+            pts = read_points(self.root / meta["sweep_files"][s])
+            mat = arr["sweep2lidar"][s]
+            xyz = pts[:, :3] @ mat[:3, :3].T.astype(np.float32) + mat[:3, 3].astype(np.float32)
+            dt = np.full((len(pts), 1), arr["sweep_dt"][s], np.float32)
+            parts.append(np.concatenate([xyz, pts[:, 3:4], dt], 1))
+        return np.concatenate(parts, 0)  # (P, 5)

@@ -1,0 +1,148 @@
+"""Predictions in the nuScenes submission format and the devkit's official detection metrics.
+
+``boxes_to_submission`` turns lidar-frame boxes ``(x, y, z_centre, dx, dy, dz, yaw, vx, vy)`` of one frame
+into the submission's global-frame records (translation, size as width-length-height, w-x-y-z rotation,
+velocity, detection name, score, attribute). ``ground_truth_submission`` does it for the index's ground
+truth: evaluated, it must score mAP ≈ 1, which checks every transform between the tables, the index and
+back. ``evaluate`` runs ``nuscenes.eval.detection.evaluate.DetectionEval`` (needs the ``nuscenes`` extra).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from drivetrain.data.errors import DataError
+from drivetrain.data.index import FrameIndex, check_root
+from drivetrain.data.nuscenes_format import ATTRIBUTES, CLASSES
+from drivetrain.data.transforms import matrix_to_quaternion
+
+__all__ = ["boxes_to_submission", "evaluate", "ground_truth_submission", "write_submission"]
+
+# The attribute reported for a class when a prediction has none (the most common one in nuScenes).
+DEFAULT_ATTRIBUTE = {
+    "car": "vehicle.parked",
+    "truck": "vehicle.parked",
+    "construction_vehicle": "vehicle.parked",
+    "bus": "vehicle.moving",
+    "trailer": "vehicle.parked",
+    "barrier": "",
+    "motorcycle": "cycle.without_rider",
+    "bicycle": "cycle.without_rider",
+    "pedestrian": "pedestrian.moving",
+    "traffic_cone": "",
+}
+
+
+def boxes_to_submission(
+    sample_token: str,
+    boxes: np.ndarray,
+    labels: np.ndarray,
+    scores: np.ndarray,
+    ego_pose: np.ndarray,
+    attributes: np.ndarray | None = None,
+) -> list[dict[str, Any]]:
+    """Submission records of one frame.
+
+    Args:
+        boxes: ``(K, 9)`` lidar frame ``(x, y, z_centre, dx, dy, dz, yaw, vx, vy)``.
+        labels: ``(K,)`` indices into ``CLASSES``; scores: ``(K,)``.
+        ego_pose: ``(4, 4)`` lidar → global of the frame.
+        attributes: ``(K,)`` indices into ``ATTRIBUTES`` (−1 or absent: the class default).
+    """
+    boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 9)
+    rot, trans = np.asarray(ego_pose[:3, :3], np.float64), np.asarray(ego_pose[:3, 3], np.float64)
+    out = []
+    for k, box in enumerate(boxes):
+        name = CLASSES[int(labels[k])]
+        c, s = np.cos(box[6]), np.sin(box[6])
+        box_rot = rot @ np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
+        velocity = rot @ np.array([box[7], box[8], 0.0])
+        attr = DEFAULT_ATTRIBUTE[name]
+        if attributes is not None and attributes[k] >= 0 and DEFAULT_ATTRIBUTE[name]:
+            attr = ATTRIBUTES[int(attributes[k])]
+        out.append(
+            {
+                "sample_token": sample_token,
+                "translation": (rot @ box[:3] + trans).tolist(),
+                "size": [float(box[4]), float(box[3]), float(box[5])],
+                "rotation": matrix_to_quaternion(box_rot).tolist(),
+                "velocity": velocity[:2].tolist(),
+                "detection_name": name,
+                "detection_score": float(scores[k]),
+                "attribute_name": attr,
+            }
+        )
+    return out
+
+
+def ground_truth_submission(index: FrameIndex, scenes: list[str] | None = None, min_points: int = 1) -> dict[str, Any]:
+    """The index's ground truth as a submission (score 1), for frames of ``scenes`` (default: all).
+
+    Boxes with fewer than ``min_points`` lidar points are left out, as the evaluation drops such GT.
+    """
+    arr, meta = index.arrays, index.meta
+    wanted = None if scenes is None else set(scenes)
+    results: dict[str, list[dict[str, Any]]] = {}
+    for f in range(len(index)):
+        if wanted is not None and meta["scenes"][arr["scene_id"][f]] not in wanted:
+            continue
+        sl = index.boxes_of(f)
+        keep = arr["num_lidar_pts"][sl] >= min_points
+        boxes, labels, attrs = arr["boxes"][sl][keep], arr["labels"][sl][keep], arr["attribute"][sl][keep]
+        token = meta["sample_tokens"][f]
+        results[token] = boxes_to_submission(token, boxes, labels, np.ones(len(boxes)), arr["ego_pose"][f], attrs)
+    return {"meta": _meta(), "results": results}
+
+
+def _meta() -> dict[str, bool]:
+    return {"use_camera": True, "use_lidar": False, "use_radar": False, "use_map": False, "use_external": False}
+
+
+def write_submission(submission: dict[str, Any], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(submission))
+    return path
+
+
+def evaluate(
+    predictions: str | Path,
+    root: str | Path,
+    *,
+    version: str = "v1.0-mini",
+    split: str = "mini_val",
+    out_dir: str | Path | None = None,
+    config: str = "detection_cvpr_2019",
+    verbose: bool = False,
+) -> dict[str, Any]:
+    """Official nuScenes detection metrics of a submission file; returns the devkit's metrics summary
+    (``mean_ap``, ``nd_score``, ``tp_errors``, ``mean_dist_aps``, ...) and writes it to ``out_dir``."""
+    predictions = Path(predictions)
+    if not predictions.is_file():
+        raise DataError("predictions file does not exist", predictions)
+    try:
+        submission = json.loads(predictions.read_text())
+    except json.JSONDecodeError as err:
+        raise DataError(f"predictions are not valid JSON ({err})", predictions) from None
+    if not isinstance(submission, dict) or "results" not in submission or "meta" not in submission:
+        raise DataError(
+            'predictions must be a nuScenes submission: {"meta": {...}, "results": {token: [...]}}', predictions
+        )
+    root = check_root(root, version)
+    try:
+        from nuscenes import NuScenes
+        from nuscenes.eval.common.config import config_factory
+        from nuscenes.eval.detection.evaluate import DetectionEval
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError("evaluation needs the nuScenes devkit: pip install 'drivetrain[nuscenes]'") from err
+    nusc = NuScenes(version=version, dataroot=str(root), verbose=verbose)
+    out = Path(out_dir) if out_dir is not None else predictions.parent / f"{predictions.stem}_eval"
+    try:
+        evaluator = DetectionEval(nusc, config_factory(config), str(predictions), split, str(out), verbose=verbose)
+    except AssertionError as err:
+        raise DataError(f"the devkit rejected the predictions: {err}", predictions) from None
+    return evaluator.main(plot_examples=0, render_curves=False)

@@ -1,0 +1,302 @@
+"""Frame index of a nuScenes-format root: everything a loader needs per key frame, without pickle.
+
+``build_index`` reads the tables with the nuScenes devkit (``pip install 'drivetrain[nuscenes]'``) and
+computes, per key frame (sample), in StreamPETR's conventions:
+
+- ``ego_pose`` ``(4, 4)``: lidar → global (ego pose of the lidar sweep × lidar calibration);
+- per camera ``intrinsics`` ``(3, 3)``, ``cam2lidar`` ``(4, 4)`` (through the global frame, so the ego
+  motion between camera and lidar timestamps is included), image size and file;
+- ground-truth boxes in the lidar frame ``(x, y, z, dx, dy, dz, yaw, vx, vy)`` (``z`` = box centre,
+  ``dx`` = length), detection label (index into ``CLASSES``), ``num_lidar_pts``, visibility level,
+  attribute and instance; velocities from the devkit's ``box_velocity``, NaN (single annotation) → 0;
+- lidar sweeps (``prev`` chain): file, sweep-lidar → key-lidar transform and time offset.
+
+Saved as one ``.npz`` (numeric arrays, plus the strings as a JSON document stored as bytes), loaded with
+``allow_pickle=False``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from drivetrain.data.errors import DataError
+from drivetrain.data.nuscenes_format import ATTRIBUTES, CAMERAS, CATEGORY_TO_CLASS, CLASSES, LIDAR, TABLES
+from drivetrain.data.transforms import invert, transform, yaw_from_matrix
+
+__all__ = ["FrameIndex", "build_index", "check_root", "load_index", "save_index"]
+
+FORMAT = "drivetrain-frame-index/1"
+ARRAYS = (
+    "timestamp",  # (F,) float64 seconds
+    "scene_id",  # (F,) int64
+    "frame_in_scene",  # (F,) int64
+    "ego_pose",  # (F, 4, 4) float64 lidar → global
+    "lidar2ego",  # (F, 4, 4) float64
+    "intrinsics",  # (F, N, 3, 3) float64
+    "cam2lidar",  # (F, N, 4, 4) float64
+    "image_size",  # (F, N, 2) int64 (W, H)
+    "box_offset",  # (F + 1,) int64: boxes of frame f are [box_offset[f], box_offset[f + 1])
+    "boxes",  # (M, 9) float32 lidar frame
+    "labels",  # (M,) int64
+    "num_lidar_pts",  # (M,) int64
+    "visibility",  # (M,) int64, 1..4 (0 = unknown)
+    "attribute",  # (M,) int64 index into ATTRIBUTES, −1 = none
+    "instance",  # (M,) int64 index into meta["instances"]
+    "sweep_offset",  # (F + 1,) int64
+    "sweep2lidar",  # (S, 4, 4) float64 sweep lidar → key-frame lidar
+    "sweep_dt",  # (S,) float64 seconds, key-frame time − sweep time
+)
+
+
+@dataclass(frozen=True)
+class FrameIndex:
+    """Arrays (see ``ARRAYS``) and string metadata of every key frame, in scene order."""
+
+    arrays: dict[str, np.ndarray]
+    meta: dict[str, Any]  # root, version, classes, cameras, scenes, sample_tokens, image_files, lidar_files, ...
+
+    def __len__(self) -> int:
+        return len(self.arrays["timestamp"])
+
+    @property
+    def num_cameras(self) -> int:
+        return len(self.meta["cameras"])
+
+    def boxes_of(self, frame: int) -> slice:
+        off = self.arrays["box_offset"]
+        return slice(int(off[frame]), int(off[frame + 1]))
+
+    def sweeps_of(self, frame: int) -> slice:
+        off = self.arrays["sweep_offset"]
+        return slice(int(off[frame]), int(off[frame + 1]))
+
+    def scene_lengths(self) -> list[int]:
+        """Frames per scene, scenes in index order."""
+        return np.bincount(self.arrays["scene_id"], minlength=len(self.meta["scenes"])).tolist()
+
+
+def check_root(root: str | Path, version: str) -> Path:
+    """Raise :class:`DataError` unless ``root/version`` holds every nuScenes table as valid JSON."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError("dataset root does not exist or is not a folder", root)
+    tables = root / version
+    if not tables.is_dir():
+        found = sorted(p.name for p in root.iterdir() if p.is_dir() and (p / "sample.json").exists())
+        raise DataError(
+            f"not a nuScenes-format root: no table folder {version!r}"
+            + (f" (table folders found: {found}; pass --version)" if found else " (no nuScenes tables found at all)"),
+            root,
+        )
+    for name in TABLES:
+        path = tables / f"{name}.json"
+        if not path.is_file():
+            raise DataError(f"missing nuScenes table {name!r}", path)
+        try:
+            with path.open() as f:
+                json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise DataError(f"table is not valid JSON ({err})", path) from None
+    return root
+
+
+def build_index(
+    root: str | Path,
+    version: str = "v1.0-mini",
+    *,
+    cameras: tuple[str, ...] = CAMERAS,
+    max_sweeps: int = 9,
+    check_files: bool = True,
+    progress: bool = True,
+) -> FrameIndex:
+    """Index every key frame of ``root/version`` (see the module docstring)."""
+    root = check_root(root, version)
+    try:
+        from nuscenes import NuScenes
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError("indexing needs the nuScenes devkit: pip install 'drivetrain[nuscenes]'") from err
+    try:
+        nusc = NuScenes(version=version, dataroot=str(root), verbose=False)
+    except (KeyError, AssertionError) as err:
+        raise DataError(f"the devkit could not load the tables: {type(err).__name__}: {err}", root / version) from None
+    label_of = {c: i for i, c in enumerate(CLASSES)}
+    attr_of = {a["token"]: ATTRIBUTES.index(a["name"]) for a in nusc.attribute if a["name"] in ATTRIBUTES}
+    cols: dict[str, list[Any]] = {k: [] for k in ARRAYS if k not in ("box_offset", "sweep_offset")}
+    box_counts, sweep_counts = [], []
+    meta: dict[str, Any] = {
+        "format": FORMAT,
+        "root": str(root.resolve()),
+        "version": version,
+        "classes": list(CLASSES),
+        "attributes": list(ATTRIBUTES),
+        "cameras": list(cameras),
+        "scenes": [],
+        "scene_tokens": [],
+        "sample_tokens": [],
+        "image_files": [],
+        "lidar_files": [],
+        "sweep_files": [],
+        "instances": [],
+    }
+    instance_id: dict[str, int] = {}
+    scenes = sorted(nusc.scene, key=lambda s: s["name"])
+    bar = tqdm(total=sum(s["nbr_samples"] for s in scenes), desc="index", unit="frame", disable=not progress)
+    for scene_id, scene in enumerate(scenes):
+        meta["scenes"].append(scene["name"])
+        meta["scene_tokens"].append(scene["token"])
+        sample_token, frame = scene["first_sample_token"], 0
+        while sample_token:
+            sample = nusc.get("sample", sample_token)
+            missing = [c for c in (*cameras, LIDAR) if c not in sample["data"]]
+            if missing:
+                raise DataError(
+                    f"sample {sample_token} has no key-frame data for {missing}", root / version / "sample_data.json"
+                )
+            lidar_sd = nusc.get("sample_data", sample["data"][LIDAR])
+            l2e = _calib(nusc, lidar_sd)
+            lidar2global = _pose(nusc, lidar_sd) @ l2e
+            global2lidar = invert(lidar2global)
+            cols["timestamp"].append(lidar_sd["timestamp"] / 1e6)
+            cols["scene_id"].append(scene_id)
+            cols["frame_in_scene"].append(frame)
+            cols["ego_pose"].append(lidar2global)
+            cols["lidar2ego"].append(l2e)
+            intr, c2l, size, files = [], [], [], []
+            for cam in cameras:
+                sd = nusc.get("sample_data", sample["data"][cam])
+                cs = nusc.get("calibrated_sensor", sd["calibrated_sensor_token"])
+                intr.append(np.array(cs["camera_intrinsic"], dtype=np.float64).reshape(3, 3))
+                c2l.append(global2lidar @ _pose(nusc, sd) @ _calib(nusc, sd))
+                size.append((sd["width"], sd["height"]))
+                files.append(sd["filename"])
+            cols["intrinsics"].append(np.stack(intr))
+            cols["cam2lidar"].append(np.stack(c2l))
+            cols["image_size"].append(np.array(size, dtype=np.int64))
+            meta["image_files"].append(files)
+            meta["lidar_files"].append(lidar_sd["filename"])
+            meta["sample_tokens"].append(sample_token)
+            n_boxes = 0
+            for ann_token in sample["anns"]:
+                ann = nusc.get("sample_annotation", ann_token)
+                name = CATEGORY_TO_CLASS.get(ann["category_name"])
+                if name is None:
+                    continue
+                rot = global2lidar[:3, :3] @ transform(ann["rotation"], [0, 0, 0])[:3, :3]
+                centre = global2lidar[:3, :3] @ np.asarray(ann["translation"]) + global2lidar[:3, 3]
+                velocity = np.nan_to_num(nusc.box_velocity(ann_token), nan=0.0)
+                velocity = global2lidar[:3, :3] @ velocity
+                w, length, h = ann["size"]
+                cols["boxes"].append([*centre, length, w, h, yaw_from_matrix(rot), velocity[0], velocity[1]])
+                cols["labels"].append(label_of[name])
+                cols["num_lidar_pts"].append(ann["num_lidar_pts"])
+                cols["visibility"].append(int(ann["visibility_token"] or 0))
+                attrs = ann["attribute_tokens"]
+                cols["attribute"].append(attr_of.get(attrs[0], -1) if attrs else -1)
+                inst = instance_id.setdefault(ann["instance_token"], len(instance_id))
+                cols["instance"].append(inst)
+                n_boxes += 1
+            box_counts.append(n_boxes)
+            sweeps, sd = 0, lidar_sd
+            while sweeps < max_sweeps and sd["prev"]:
+                sd = nusc.get("sample_data", sd["prev"])
+                cols["sweep2lidar"].append(global2lidar @ _pose(nusc, sd) @ _calib(nusc, sd))
+                cols["sweep_dt"].append((lidar_sd["timestamp"] - sd["timestamp"]) / 1e6)
+                meta["sweep_files"].append(sd["filename"])
+                sweeps += 1
+            sweep_counts.append(sweeps)
+            sample_token, frame = sample["next"], frame + 1
+            bar.update(1)
+    bar.close()
+    meta["instances"] = list(instance_id)
+    arrays = _assemble(cols, box_counts, sweep_counts, len(cameras))
+    index = FrameIndex(arrays, meta)
+    if check_files:
+        _check_files(index)
+    return index
+
+
+def _calib(nusc: Any, sd: dict[str, Any]) -> np.ndarray:
+    cs = nusc.get("calibrated_sensor", sd["calibrated_sensor_token"])
+    return transform(cs["rotation"], cs["translation"])
+
+
+def _pose(nusc: Any, sd: dict[str, Any]) -> np.ndarray:
+    pose = nusc.get("ego_pose", sd["ego_pose_token"])
+    return transform(pose["rotation"], pose["translation"])
+
+
+def _assemble(
+    cols: dict[str, list[Any]], box_counts: list[int], sweep_counts: list[int], num_cams: int
+) -> dict[str, np.ndarray]:
+    def stack(key: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        return np.asarray(cols[key], dtype=dtype).reshape(-1, *shape) if cols[key] else np.zeros((0, *shape), dtype)
+
+    arrays = {
+        "timestamp": stack("timestamp", (), np.float64),
+        "scene_id": stack("scene_id", (), np.int64),
+        "frame_in_scene": stack("frame_in_scene", (), np.int64),
+        "ego_pose": stack("ego_pose", (4, 4), np.float64),
+        "lidar2ego": stack("lidar2ego", (4, 4), np.float64),
+        "intrinsics": stack("intrinsics", (num_cams, 3, 3), np.float64),
+        "cam2lidar": stack("cam2lidar", (num_cams, 4, 4), np.float64),
+        "image_size": stack("image_size", (num_cams, 2), np.int64),
+        "box_offset": np.concatenate([[0], np.cumsum(box_counts, dtype=np.int64)]).astype(np.int64),
+        "boxes": stack("boxes", (9,), np.float32),
+        "labels": stack("labels", (), np.int64),
+        "num_lidar_pts": stack("num_lidar_pts", (), np.int64),
+        "visibility": stack("visibility", (), np.int64),
+        "attribute": stack("attribute", (), np.int64),
+        "instance": stack("instance", (), np.int64),
+        "sweep_offset": np.concatenate([[0], np.cumsum(sweep_counts, dtype=np.int64)]).astype(np.int64),
+        "sweep2lidar": stack("sweep2lidar", (4, 4), np.float64),
+        "sweep_dt": stack("sweep_dt", (), np.float64),
+    }
+    return arrays
+
+
+def _check_files(index: FrameIndex) -> None:
+    root = Path(index.meta["root"])
+    for rel in (
+        [f for files in index.meta["image_files"] for f in files]
+        + index.meta["lidar_files"]
+        + index.meta["sweep_files"]
+    ):
+        if not (root / rel).is_file():
+            raise DataError("file listed in sample_data.json is missing", root / rel)
+
+
+def save_index(index: FrameIndex, path: str | Path) -> Path:
+    """Write ``index`` to ``path`` (``.npz``; no pickled objects)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = np.frombuffer(json.dumps(index.meta).encode(), dtype=np.uint8)
+    with path.open("wb") as f:
+        np.savez(f, meta_json=meta, **index.arrays)
+    return path
+
+
+def load_index(path: str | Path, root: str | Path | None = None) -> FrameIndex:
+    """Read an index written by :func:`save_index`; ``root`` overrides the dataset root stored in it."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError("index file does not exist (create it with `drivetrain data index`)", path)
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            data = {k: npz[k] for k in npz.files}
+    except (ValueError, OSError, EOFError) as err:
+        raise DataError(f"not a readable .npz index ({err})", path) from None
+    missing = [k for k in ("meta_json", *ARRAYS) if k not in data]
+    if missing:
+        raise DataError(f"index lacks arrays {missing}; rebuild it with `drivetrain data index`", path)
+    meta = json.loads(data.pop("meta_json").tobytes().decode())
+    if meta.get("format") != FORMAT:
+        raise DataError(f"index format {meta.get('format')!r}, expected {FORMAT!r}; rebuild it", path)
+    if root is not None:
+        meta["root"] = str(Path(root).resolve())
+    return FrameIndex(data, meta)

@@ -1,0 +1,339 @@
+"""Write a synthetic dataset in the nuScenes format: tables, camera JPEGs, lidar sweeps, a map mask.
+
+The result loads with ``nuscenes.NuScenes(version='v1.0-mini', dataroot=root)`` and evaluates with the
+devkit's ``DetectionEval`` on the ``mini_train`` / ``mini_val`` splits (scene names are the mini split's).
+Every record the devkit reads is filled consistently: one ego pose per sample_data (key frames and
+sweeps), calibrated sensors with w-x-y-z quaternions and camera intrinsics, instances with annotation
+chains (so ``box_velocity`` recovers the velocity), ``num_lidar_pts`` from the simulated key-frame sweep,
+attributes by class and motion, visibility from the rendered images. Scenes are independent (one RNG
+per scene from the seed), so the output is identical for a seed, with any number of worker processes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import struct
+import zlib
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import simplejpeg
+from tqdm import tqdm
+
+from drivetrain.data.nuscenes_format import ATTRIBUTES, CAMERAS, CATEGORIES, LIDAR, VISIBILITY_LEVELS, token
+from drivetrain.data.synth import lidar as lidar_sim
+from drivetrain.data.synth.config import SynthConfig
+from drivetrain.data.synth.render import background, corners_in_camera, make_rig, render
+from drivetrain.data.synth.world import CATEGORY, SceneLayout, make_layout
+from drivetrain.data.transforms import invert, matrix_to_quaternion, transform, yaw_quaternion
+
+__all__ = ["VERSION", "generate"]
+
+VERSION = "v1.0-mini"
+KEY_INTERVAL_US = 500_000
+SWEEP_INTERVAL_US = 50_000
+SUN_GLOBAL = np.array([0.35, 0.55, 0.76]) / np.linalg.norm([0.35, 0.55, 0.76])
+
+
+def generate(root: str | Path, config: SynthConfig, *, workers: int = 1, progress: bool = True) -> dict[str, int]:
+    """Generate ``config`` into ``root`` (created; existing tables are overwritten). Returns record counts."""
+    root = Path(root)
+    (root / VERSION).mkdir(parents=True, exist_ok=True)
+    tables: dict[str, list[dict[str, Any]]] = {
+        name: []
+        for name in (
+            "instance",
+            "calibrated_sensor",
+            "ego_pose",
+            "log",
+            "scene",
+            "sample",
+            "sample_data",
+            "sample_annotation",
+        )
+    }
+    tables.update(_static_tables(config))
+    jobs = [(root, config, i) for i in range(len(config.scenes))]
+    bar = tqdm(total=len(jobs) * config.samples_per_scene, desc="synth", unit="frame", disable=not progress)
+    results: Iterator[dict[str, list[dict[str, Any]]]]
+    if workers > 1:
+        pool = ProcessPoolExecutor(max_workers=workers)
+        results = pool.map(_scene_star, jobs)
+    else:
+        pool = None
+        results = (_scene(*job, bar=bar) for job in jobs)
+    try:
+        for part in results:
+            for name, rows in part.items():
+                tables[name].extend(rows)
+            if pool is not None:
+                bar.update(config.samples_per_scene)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+        bar.close()
+    tables["map"] = [
+        {
+            "token": token(config.seed, "map"),
+            "log_tokens": [row["token"] for row in tables["log"]],
+            "category": "semantic_prior",
+            "filename": f"maps/{token(config.seed, 'map')}.png",
+        }
+    ]
+    _write_png(root / tables["map"][0]["filename"], np.full((8, 8), 255, dtype=np.uint8))
+    for name, rows in tables.items():
+        (root / VERSION / f"{name}.json").write_text(json.dumps(rows, indent=0))
+    (root / "drivetrain_synth.json").write_text(json.dumps({"version": VERSION, **asdict(config)}, indent=2))
+    return {name: len(rows) for name, rows in tables.items()}
+
+
+def _static_tables(config: SynthConfig) -> dict[str, list[dict[str, Any]]]:
+    seed = config.seed
+    sensors = [{"token": token(seed, "sensor", c), "channel": c, "modality": "camera"} for c in CAMERAS]
+    sensors.append({"token": token(seed, "sensor", LIDAR), "channel": LIDAR, "modality": "lidar"})
+    return {
+        "category": [
+            {"token": token(seed, "category", c), "name": c, "description": f"synthetic {c}", "index": i}
+            for i, c in enumerate(CATEGORIES)
+        ],
+        "attribute": [{"token": token(seed, "attribute", a), "name": a, "description": a} for a in ATTRIBUTES],
+        "visibility": [
+            {"token": t, "level": level, "description": f"visibility of the whole object is {level[1:]}%"}
+            for t, level in VISIBILITY_LEVELS.items()
+        ],
+        "sensor": sensors,
+    }
+
+
+def _scene_star(job: tuple[Path, SynthConfig, int]) -> dict[str, list[dict[str, Any]]]:
+    return _scene(*job, bar=None)
+
+
+def _scene(root: Path, config: SynthConfig, index: int, bar: Any) -> dict[str, list[dict[str, Any]]]:
+    """All records of one scene; writes its images and lidar files."""
+    seed, name = config.seed, config.scenes[index]
+    rng = np.random.default_rng([seed, index])
+    duration = (config.samples_per_scene - 1) * KEY_INTERVAL_US / 1e6
+    layout = make_layout(rng, duration, config.annotation_range)
+    rig = make_rig(config.image_width, config.image_height, config.focal)
+    backgrounds = [background(rig, c) for c in range(len(CAMERAS))]
+    l2e = lidar_sim.lidar2ego()
+    t0 = 1_533_000_000_000_000 + index * 3_600_000_000
+    log_token, scene_token = token(seed, name, "log"), token(seed, name, "scene")
+    out: dict[str, list[dict[str, Any]]] = {
+        k: [] for k in ("instance", "calibrated_sensor", "ego_pose", "sample", "sample_data", "sample_annotation")
+    }
+    out["log"] = [
+        {
+            "token": log_token,
+            "logfile": f"synthetic-{name}",
+            "vehicle": "synthetic",
+            "date_captured": "2018-08-01",
+            "location": "singapore-onenorth",
+        }
+    ]
+    calib = {}
+    for c, cam in enumerate(CAMERAS):
+        calib[cam] = token(seed, name, "calib", cam)
+        out["calibrated_sensor"].append(
+            {
+                "token": calib[cam],
+                "sensor_token": token(seed, "sensor", cam),
+                "translation": rig.cam2ego[c][:3, 3].tolist(),
+                "rotation": matrix_to_quaternion(rig.cam2ego[c][:3, :3]).tolist(),
+                "camera_intrinsic": rig.intrinsics[c].tolist(),
+            }
+        )
+    calib[LIDAR] = token(seed, name, "calib", LIDAR)
+    out["calibrated_sensor"].append(
+        {
+            "token": calib[LIDAR],
+            "sensor_token": token(seed, "sensor", LIDAR),
+            "translation": l2e[:3, 3].tolist(),
+            "rotation": matrix_to_quaternion(l2e[:3, :3]).tolist(),
+            "camera_intrinsic": [],
+        }
+    )
+    sample_tokens = [token(seed, name, "sample", j) for j in range(config.samples_per_scene)]
+    channel_chain: dict[str, list[dict[str, Any]]] = {c: [] for c in (*CAMERAS, LIDAR)}
+    ann_by_object: dict[int, list[dict[str, Any]]] = {}
+
+    def add_sample_data(
+        channel: str, ts: int, key: bool, sample_tok: str, filename: str, size: tuple[int, int]
+    ) -> None:
+        sd_token = token(seed, name, "sd", channel, ts)
+        ego = _ego_pose(layout, (ts - t0) / 1e6)
+        out["ego_pose"].append(
+            {
+                "token": sd_token,
+                "timestamp": ts,
+                "rotation": matrix_to_quaternion(ego[:3, :3]).tolist(),
+                "translation": ego[:3, 3].tolist(),
+            }
+        )
+        row = {
+            "token": sd_token,
+            "sample_token": sample_tok,
+            "ego_pose_token": sd_token,
+            "calibrated_sensor_token": calib[channel],
+            "timestamp": ts,
+            "fileformat": "jpg" if channel != LIDAR else "pcd",
+            "is_key_frame": key,
+            "height": size[1],
+            "width": size[0],
+            "filename": filename,
+            "prev": "",
+            "next": "",
+        }
+        channel_chain[channel].append(row)
+
+    for j, sample_tok in enumerate(sample_tokens):
+        ts = t0 + j * KEY_INTERVAL_US
+        t = j * KEY_INTERVAL_US / 1e6
+        ego = _ego_pose(layout, t)
+        boxes_g = layout.boxes(t)  # (M, 9) global
+        near = np.flatnonzero(np.linalg.norm(boxes_g[:, :2] - ego[:2, 3], axis=1) <= config.annotation_range)
+        labels = np.array([layout.objects[i].label for i in near], dtype=np.int64)
+        # sweeps before the key frame, then the key frame itself
+        for k in range(config.sweeps_per_sample, -1, -1):
+            ts_k = ts - k * SWEEP_INTERVAL_US
+            key = k == 0
+            folder = "samples" if key else "sweeps"
+            filename = f"{folder}/{LIDAR}/{name}__{LIDAR}__{ts_k}.pcd.bin"
+            points, hit = _sweep(layout, (ts_k - t0) / 1e6, config, l2e, rng)
+            (root / filename).parent.mkdir(parents=True, exist_ok=True)
+            points.tofile(root / filename)
+            if key:
+                lidar_hits = hit
+            add_sample_data(LIDAR, ts_k, key, sample_tok, filename, (0, 0))
+        # cameras (exposed at the key-frame time)
+        ego_inv = invert(ego)
+        boxes_e = _boxes_to_frame(boxes_g[near], ego_inv)
+        covered = np.zeros(len(near), dtype=np.int64)
+        visible = np.zeros(len(near), dtype=np.int64)
+        for c, cam in enumerate(CAMERAS):
+            corners = corners_in_camera(boxes_e, rig.cam2ego[c])
+            sun_cam = invert(rig.cam2ego[c])[:3, :3] @ (ego_inv[:3, :3] @ SUN_GLOBAL)
+            shot = render(rig, c, corners, labels, backgrounds[c], sun_cam)
+            covered += shot.covered
+            visible += np.bincount(shot.instance[shot.instance >= 0], minlength=len(near))
+            filename = f"samples/{cam}/{name}__{cam}__{ts}.jpg"
+            (root / filename).parent.mkdir(parents=True, exist_ok=True)
+            (root / filename).write_bytes(
+                simplejpeg.encode_jpeg(shot.image, quality=config.jpeg_quality, colorspace="RGB")
+            )
+            add_sample_data(cam, ts, True, sample_tok, filename, (rig.width, rig.height))
+        num_pts = np.bincount(lidar_hits[lidar_hits >= 0], minlength=len(layout.objects))
+        local_of = {int(obj): n for n, obj in enumerate(near)}
+        for obj in near:
+            o, n = layout.objects[obj], local_of[int(obj)]
+            box = boxes_g[obj]
+            frac = visible[n] / covered[n] if covered[n] > 0 else 0.0
+            ann = {
+                "token": token(seed, name, "ann", obj, j),
+                "sample_token": sample_tok,
+                "instance_token": token(seed, name, "instance", obj),
+                "visibility_token": "1" if frac < 0.4 else "2" if frac < 0.6 else "3" if frac < 0.8 else "4",
+                "attribute_tokens": [token(seed, "attribute", o.attribute)] if o.attribute else [],
+                "translation": box[:3].tolist(),
+                "size": [box[4], box[3], box[5]],  # nuScenes: width, length, height
+                "rotation": yaw_quaternion(box[6]).tolist(),
+                "prev": "",
+                "next": "",
+                "num_lidar_pts": int(num_pts[obj]),
+                "num_radar_pts": 0,
+            }
+            ann_by_object.setdefault(int(obj), []).append(ann)
+        out["sample"].append(
+            {
+                "token": sample_tok,
+                "timestamp": ts,
+                "prev": sample_tokens[j - 1] if j else "",
+                "next": sample_tokens[j + 1] if j + 1 < len(sample_tokens) else "",
+                "scene_token": scene_token,
+            }
+        )
+        if bar is not None:
+            bar.update(1)
+    for rows in (*channel_chain.values(), *ann_by_object.values()):
+        _link(rows)
+    for rows in channel_chain.values():
+        out["sample_data"].extend(rows)
+    for obj, rows in sorted(ann_by_object.items()):
+        out["sample_annotation"].extend(rows)
+        out["instance"].append(
+            {
+                "token": token(seed, name, "instance", obj),
+                "category_token": token(seed, "category", CATEGORY[layout.objects[obj].name]),
+                "nbr_annotations": len(rows),
+                "first_annotation_token": rows[0]["token"],
+                "last_annotation_token": rows[-1]["token"],
+            }
+        )
+    out["scene"] = [
+        {
+            "token": scene_token,
+            "log_token": log_token,
+            "nbr_samples": len(sample_tokens),
+            "first_sample_token": sample_tokens[0],
+            "last_sample_token": sample_tokens[-1],
+            "name": name,
+            "description": f"synthetic straight road, ego at {layout.ego_speed:.1f} m/s, {len(ann_by_object)} objects",
+        }
+    ]
+    return out
+
+
+def _ego_pose(layout: SceneLayout, t: float) -> np.ndarray:
+    """``(4, 4)`` ego → global at scene time ``t``."""
+    xy = layout.ego_xy(t)
+    return transform(yaw_quaternion(layout.heading), [xy[0], xy[1], 0.0])
+
+
+def _boxes_to_frame(boxes: np.ndarray, to_frame: np.ndarray) -> np.ndarray:
+    """``(M, 9)`` boxes → the frame of the ``(4, 4)`` transform ``to_frame`` (rotations about z only here)."""
+    out = boxes.copy()
+    out[:, :3] = boxes[:, :3] @ to_frame[:3, :3].T + to_frame[:3, 3]
+    dyaw = np.arctan2(to_frame[1, 0], to_frame[0, 0])
+    out[:, 6] = (boxes[:, 6] + dyaw + np.pi) % (2 * np.pi) - np.pi
+    out[:, 7:9] = boxes[:, 7:9] @ to_frame[:2, :2].T
+    return out
+
+
+def _sweep(
+    layout: SceneLayout, t: float, config: SynthConfig, l2e: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Ray-cast one lidar sweep at scene time ``t``: points ``(P, 5)`` and the object each hit (−1 ground)."""
+    ego = _ego_pose(layout, t)
+    boxes_g = layout.boxes(t)
+    labels = np.array([o.label for o in layout.objects], dtype=np.int64)
+    boxes_l = _boxes_to_frame(boxes_g, invert(ego @ l2e))
+    return lidar_sim.cast(
+        boxes_l, labels, -l2e[2, 3], config.lidar_rings, config.lidar_azimuths, config.lidar_range, rng
+    )
+
+
+def _link(rows: list[dict[str, Any]]) -> None:
+    """Fill ``prev``/``next`` of records in time order."""
+    rows.sort(key=lambda r: r.get("timestamp", 0))
+    for a, b in itertools.pairwise(rows):
+        a["next"], b["prev"] = b["token"], a["token"]
+
+
+def _write_png(path: Path, gray: np.ndarray) -> None:
+    """A minimal 8-bit greyscale PNG (the devkit's map mask only needs the file to exist and decode)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    h, w = gray.shape
+    raw = b"".join(b"\x00" + gray[r].tobytes() for r in range(h))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
+    png += chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+    path.write_bytes(png)

@@ -1,0 +1,102 @@
+"""SequenceSampler: slots walk scenes in order, seeded shuffles, sharding, exact mid-epoch resume."""
+
+import itertools
+
+import pytest
+
+from drivetrain.data import SequenceSampler
+
+LENGTHS = [5, 3, 7, 4, 6, 2, 5, 8]
+STARTS = [sum(LENGTHS[:i]) for i in range(len(LENGTHS))]
+
+
+def scene_of(frame: int) -> tuple[int, int]:
+    scene = max(i for i, s in enumerate(STARTS) if s <= frame)
+    return scene, frame - STARTS[scene]
+
+
+def epoch(sampler) -> list[list]:
+    return list(iter(sampler))
+
+
+def test_each_slot_walks_consecutive_frames_and_prev_exists_marks_continuations():
+    batches = epoch(SequenceSampler(LENGTHS, 3, seed=0))
+    assert batches
+    for slot in range(3):
+        keys = [b[slot] for b in batches]
+        for prev, key in itertools.pairwise(keys):
+            ps, pf = scene_of(prev.index)
+            s, f = scene_of(key.index)
+            assert key.prev_exists == (s == ps and f == pf + 1)
+            assert (s == ps and f == pf + 1) or f == 0  # a new scene starts at its first frame
+        assert scene_of(keys[0].index)[1] == 0 and not keys[0].prev_exists
+
+
+def test_no_frame_is_visited_twice_in_an_epoch():
+    frames = [k.index for b in epoch(SequenceSampler(LENGTHS, 2, seed=1)) for k in b]
+    assert len(frames) == len(set(frames))
+
+
+def test_scene_order_is_shuffled_by_seed_and_epoch():
+    first = [k.index for k in epoch(SequenceSampler(LENGTHS, 2, seed=5))[0]]
+    assert first == [k.index for k in epoch(SequenceSampler(LENGTHS, 2, seed=5))[0]]
+    orders = {tuple(k.index for b in epoch(SequenceSampler(LENGTHS, 2, seed=s)) for k in b) for s in range(6)}
+    assert len(orders) > 1
+    sampler = SequenceSampler(LENGTHS, 2, seed=5)
+    e0, e1 = epoch(sampler), epoch(sampler)
+    assert [k.epoch for k in e1[0]] == [1, 1] and e0 != e1
+
+
+def test_ranks_get_disjoint_scenes_and_the_same_number_of_steps():
+    shards = [epoch(SequenceSampler(LENGTHS, 2, seed=2, rank=r, world_size=2)) for r in range(2)]
+    assert len(shards[0]) == len(shards[1]) > 0
+    scenes = [{scene_of(k.index)[0] for b in shard for k in b} for shard in shards]
+    assert not scenes[0] & scenes[1]
+
+
+@pytest.mark.parametrize("stop", [0, 1, 3])
+def test_resume_mid_epoch_continues_exactly_without_replaying(stop):
+    reference = SequenceSampler(LENGTHS, 2, seed=7)
+    full = epoch(reference) + epoch(reference)
+    sampler = SequenceSampler(LENGTHS, 2, seed=7)
+    it = iter(sampler)
+    for _ in range(stop):
+        next(it)
+    state = sampler.state_dict()
+    resumed = SequenceSampler(LENGTHS, 2, seed=7)
+    resumed.load_state_dict(state)
+    rest = epoch(resumed) + epoch(resumed)
+    assert rest == full[stop:]
+
+
+def test_batch_position_resumes_right_after_that_batch_despite_prefetch():
+    sampler = SequenceSampler(LENGTHS, 2, seed=9)
+    batches = epoch(sampler)
+    key = batches[1][0]  # the loader may have drawn more; the batch's own position is what counts
+    resumed = SequenceSampler(LENGTHS, 2, seed=9)
+    resumed.load_state_dict({"epoch": key.epoch, "step": key.step + 1})
+    assert epoch(resumed) == batches[2:]
+
+
+def test_resume_at_the_end_of_an_epoch_starts_the_next():
+    sampler = SequenceSampler(LENGTHS, 2, seed=1)
+    steps = len(sampler)
+    sampler.load_state_dict({"epoch": 0, "step": steps})
+    assert sampler.state_dict()["epoch"] == 1 and sampler.state_dict()["step"] == 0
+
+
+def test_load_state_dict_rejects_a_state_of_another_configuration():
+    state = SequenceSampler(LENGTHS, 2, seed=1).state_dict()
+    with pytest.raises(ValueError, match="batch_size"):
+        SequenceSampler(LENGTHS, 3, seed=1).load_state_dict(state)
+    with pytest.raises(ValueError, match="seed"):
+        SequenceSampler(LENGTHS, 2, seed=2).load_state_dict(state)
+
+
+def test_bad_arguments_are_rejected():
+    with pytest.raises(ValueError, match="cannot fill"):
+        SequenceSampler([3, 3], 2, world_size=2)
+    with pytest.raises(ValueError, match="rank"):
+        SequenceSampler(LENGTHS, 2, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="at least one frame"):
+        SequenceSampler([3, 0, 2], 1)
