@@ -29,6 +29,23 @@ def test_index_has_every_key_frame_in_scene_order(synth_index, nusc):
             assert arr["timestamp"][f] == pytest.approx(arr["timestamp"][f - 1] + 0.5)
 
 
+def test_camera_transforms_and_times_match_the_devkit_records(synth_index, nusc):
+    arr, meta = synth_index.arrays, synth_index.meta
+    for f in (0, 5, 11):
+        sample = nusc.get("sample", meta["sample_tokens"][f])
+        assert meta["prev_tokens"][f] == sample["prev"] and meta["next_tokens"][f] == sample["next"]
+        global2lidar = np.linalg.inv(arr["ego_pose"][f])
+        for n, cam in enumerate(meta["cameras"]):
+            sd = nusc.get("sample_data", sample["data"][cam])
+            assert arr["cam_timestamp"][f, n] == pytest.approx(sd["timestamp"] / 1e6)
+            cs = nusc.get("calibrated_sensor", sd["calibrated_sensor_token"])
+            np.testing.assert_allclose(arr["cam2ego"][f, n, :3, 3], cs["translation"], atol=1e-9)
+            pose = nusc.get("ego_pose", sd["ego_pose_token"])
+            np.testing.assert_allclose(arr["cam_ego_pose"][f, n, :3, 3], pose["translation"], atol=1e-9)
+            composed = global2lidar @ arr["cam_ego_pose"][f, n] @ arr["cam2ego"][f, n]
+            np.testing.assert_allclose(arr["cam2lidar"][f, n], composed, atol=1e-9)
+
+
 def test_boxes_equal_devkit_boxes_in_the_lidar_frame(synth_index, nusc):
     arr = synth_index.arrays
     for f in (0, 4, 10):

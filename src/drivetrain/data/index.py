@@ -5,7 +5,8 @@ computes, per key frame (sample), in StreamPETR's conventions:
 
 - ``ego_pose`` ``(4, 4)``: lidar → global (ego pose of the lidar sweep × lidar calibration);
 - per camera ``intrinsics`` ``(3, 3)``, ``cam2lidar`` ``(4, 4)`` (through the global frame, so the ego
-  motion between camera and lidar timestamps is included), image size and file;
+  motion between camera and lidar timestamps is included), the raw ``cam2ego`` and ``cam_ego_pose``
+  (ego → global at the camera's timestamp) it is made of, the camera timestamp, image size and file;
 - ground-truth boxes in the lidar frame ``(x, y, z, dx, dy, dz, yaw, vx, vy)`` (``z`` = box centre,
   ``dx`` = length), detection label (index into ``CLASSES``), ``num_lidar_pts``, visibility level,
   attribute and instance; velocities from the devkit's ``box_velocity``, NaN (single annotation) → 0;
@@ -31,7 +32,7 @@ from drivetrain.data.transforms import invert, transform, yaw_from_matrix
 
 __all__ = ["FrameIndex", "build_index", "check_root", "load_index", "save_index"]
 
-FORMAT = "drivetrain-frame-index/1"
+FORMAT = "drivetrain-frame-index/2"
 ARRAYS = (
     "timestamp",  # (F,) float64 seconds
     "scene_id",  # (F,) int64
@@ -40,6 +41,9 @@ ARRAYS = (
     "lidar2ego",  # (F, 4, 4) float64
     "intrinsics",  # (F, N, 3, 3) float64
     "cam2lidar",  # (F, N, 4, 4) float64
+    "cam2ego",  # (F, N, 4, 4) float64 camera → ego (calibration)
+    "cam_ego_pose",  # (F, N, 4, 4) float64 ego → global at the camera's timestamp
+    "cam_timestamp",  # (F, N) float64 seconds
     "image_size",  # (F, N, 2) int64 (W, H)
     "box_offset",  # (F + 1,) int64: boxes of frame f are [box_offset[f], box_offset[f + 1])
     "boxes",  # (M, 9) float32 lidar frame
@@ -139,6 +143,8 @@ def build_index(
         "scenes": [],
         "scene_tokens": [],
         "sample_tokens": [],
+        "prev_tokens": [],  # the sample before each key frame in its scene ("" at a scene start)
+        "next_tokens": [],
         "image_files": [],
         "lidar_files": [],
         "sweep_files": [],
@@ -167,20 +173,28 @@ def build_index(
             cols["frame_in_scene"].append(frame)
             cols["ego_pose"].append(lidar2global)
             cols["lidar2ego"].append(l2e)
-            intr, c2l, size, files = [], [], [], []
+            intr, c2l, c2e, cam_pose, cam_time, size, files = [], [], [], [], [], [], []
             for cam in cameras:
                 sd = nusc.get("sample_data", sample["data"][cam])
                 cs = nusc.get("calibrated_sensor", sd["calibrated_sensor_token"])
                 intr.append(np.array(cs["camera_intrinsic"], dtype=np.float64).reshape(3, 3))
-                c2l.append(global2lidar @ _pose(nusc, sd) @ _calib(nusc, sd))
+                c2e.append(_calib(nusc, sd))
+                cam_pose.append(_pose(nusc, sd))
+                c2l.append(global2lidar @ cam_pose[-1] @ c2e[-1])
+                cam_time.append(sd["timestamp"] / 1e6)
                 size.append((sd["width"], sd["height"]))
                 files.append(sd["filename"])
             cols["intrinsics"].append(np.stack(intr))
             cols["cam2lidar"].append(np.stack(c2l))
+            cols["cam2ego"].append(np.stack(c2e))
+            cols["cam_ego_pose"].append(np.stack(cam_pose))
+            cols["cam_timestamp"].append(np.array(cam_time, dtype=np.float64))
             cols["image_size"].append(np.array(size, dtype=np.int64))
             meta["image_files"].append(files)
             meta["lidar_files"].append(lidar_sd["filename"])
             meta["sample_tokens"].append(sample_token)
+            meta["prev_tokens"].append(sample["prev"])
+            meta["next_tokens"].append(sample["next"])
             n_boxes = 0
             for ann_token in sample["anns"]:
                 ann = nusc.get("sample_annotation", ann_token)
@@ -245,6 +259,9 @@ def _assemble(
         "lidar2ego": stack("lidar2ego", (4, 4), np.float64),
         "intrinsics": stack("intrinsics", (num_cams, 3, 3), np.float64),
         "cam2lidar": stack("cam2lidar", (num_cams, 4, 4), np.float64),
+        "cam2ego": stack("cam2ego", (num_cams, 4, 4), np.float64),
+        "cam_ego_pose": stack("cam_ego_pose", (num_cams, 4, 4), np.float64),
+        "cam_timestamp": stack("cam_timestamp", (num_cams,), np.float64),
         "image_size": stack("image_size", (num_cams, 2), np.int64),
         "box_offset": np.concatenate([[0], np.cumsum(box_counts, dtype=np.int64)]).astype(np.int64),
         "boxes": stack("boxes", (9,), np.float32),
