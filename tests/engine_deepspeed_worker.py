@@ -31,6 +31,8 @@ SCENARIOS = {
         "distributed.deepspeed_offload_params=true",
     ],
 }
+# A NaN loss weight makes every loss non-finite: each step must be skipped and counted.
+NONFINITE = ["train.steps=2", *DS, "distributed.deepspeed_offload_optimizer=true", "model.loss_weights.box=.nan"]
 # Resume with dropout and the streaming memory on: per-rank RNG, buffers and ZeRO state must round-trip.
 RESUME = ["train.steps=12", "checkpoint.every=3", *DS, "distributed.deepspeed_offload_optimizer=true"]
 
@@ -38,6 +40,8 @@ RESUME = ["train.steps=12", "checkpoint.every=3", *DS, "distributed.deepspeed_of
 def run(root: Path, name: str) -> None:
     if name in SCENARIOS:
         Trainer(load_config(SMOKE, overrides(root / name, *SCENARIOS[name]))).fit()
+    elif name == "nonfinite":
+        Trainer(load_config(SMOKE, overrides(root / name, *NONFINITE))).fit()
     elif name == "resume":
         Trainer(load_config(SMOKE, overrides(root / "resume_full", *RESUME))).fit()
         Trainer(load_config(SMOKE, overrides(root / "resume_stopped", *RESUME, "train.steps=5"))).fit()
@@ -45,7 +49,7 @@ def run(root: Path, name: str) -> None:
         assert trainer.state.iteration == 5, trainer.state
         trainer.fit()
     else:
-        raise SystemExit(f"unknown scenario {name!r}; known: {', '.join([*SCENARIOS, 'resume'])}")
+        raise SystemExit(f"unknown scenario {name!r}; known: {', '.join([*SCENARIOS, 'nonfinite', 'resume'])}")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ DeepSpeed wraps the engine's own model and optimizer (``deepspeed.initialize(mod
   is turned into NaN gradients (:meth:`DeepSpeedRun.backward`) so that the same check skips that step.
   ``precision.mode`` bf16/fp16 map to DeepSpeed's ``bf16`` / ``fp16`` sections (fp16: its dynamic loss
   scale from ``init_scale``, ``growth_interval``, ``hysteresis``, ``min_scale``); fp32 uses neither.
+- **Buffers** are broadcast from rank 0 before every training forward, as under DDP.
 - **Checkpoints** stay the engine's own format: :meth:`DeepSpeedRun.full_state` gathers the fp32 master
   weights and AdamW moments of every parameter (``deepspeed.utils.safe_get_full_*``, collective) into
   the state dicts a 1-process run writes; :meth:`DeepSpeedRun.load_full_state` scatters them back.
@@ -96,6 +97,17 @@ def deepspeed_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
     return out
 
 
+def _broadcast_buffers(module: nn.Module, args: Any) -> None:
+    """Give every rank rank 0's buffers before a training forward, as DDP does (``broadcast_buffers``).
+
+    DeepSpeed broadcasts buffers only once, at initialisation; a buffer updated in forward (running
+    statistics, a streaming memory) would then drift apart per rank while checkpoints hold rank 0's.
+    """
+    if module.training:
+        for buffer in module.buffers():
+            torch.distributed.broadcast(buffer, src=0)
+
+
 class DeepSpeedRun:
     """A model and the engine's AdamW under ``deepspeed.initialize``; the trainer's DeepSpeed hooks.
 
@@ -126,6 +138,7 @@ class DeepSpeedRun:
         self.model, self.device = model, device
         self.basic_optimizer = optimizer  # param_groups now hold flat fp32 partitions; lr is still set here
         self._create_adamw_state()
+        model.register_forward_pre_hook(_broadcast_buffers)
 
     # ------------------------------------------------------------------ the step
     def backward(self, loss: torch.Tensor) -> None:
