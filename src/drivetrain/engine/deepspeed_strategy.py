@@ -155,8 +155,8 @@ class DeepSpeedRun:
             inf when the step was skipped), the loss scale the micro-batches used and whether the update
             was applied (False when DeepSpeed found non-finite gradients).
         """
-        scale = float(getattr(self.optimizer, "loss_scale", 1.0))
-        self.engine.step()
+        scale = float(getattr(self.optimizer, "loss_scale", 1.0))  # sync: fp16 only, a tensor DeepSpeed keeps
+        self.engine.step()  # sync: DeepSpeed reads the gradients' finiteness on the host to skip a step
         norm = self.engine.get_global_grad_norm()
         norm = torch.as_tensor(float("nan") if norm is None else norm).detach().to(self.device, torch.float32)
         return norm, torch.tensor(scale, device=self.device), self.engine.was_step_applied()
