@@ -14,6 +14,8 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -196,13 +198,33 @@ class SpeedConfig:
 
 @dataclass(frozen=True)
 class DistributedConfig:
-    strategy: Literal["none", "ddp", "fsdp"] = "none"  # with torchrun; "none" = one process
+    strategy: Literal["none", "ddp", "fsdp", "deepspeed"] = "none"  # with torchrun; "none" = one process
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl on CUDA, gloo on CPU
     static_graph: bool = False  # DDP static_graph (same used parameters every step)
     find_unused_parameters: bool = False  # DDP find_unused_parameters
     fsdp_modules: list[str] = field(default_factory=list)  # FSDP2 units (module paths); [] = direct children
     fsdp_cpu_offload: bool = False  # FSDP2 CPUOffloadPolicy: parameters, gradients, optimizer state on CPU
     fsdp_reshard_after_forward: bool = True  # FSDP2: free gathered parameters after forward (ZeRO-3)
+    deepspeed_zero_stage: int = 2  # DeepSpeed ZeRO: 1 shards optimizer state, 2 + gradients, 3 + parameters
+    deepspeed_offload_optimizer: bool = False  # DeepSpeed ZeRO-Offload: optimizer state and step on the CPU
+    deepspeed_offload_params: bool = False  # DeepSpeed ZeRO-3 only: parameters live on the CPU between uses
+
+    def __post_init__(self) -> None:
+        _check(
+            self.deepspeed_zero_stage in (1, 2, 3),
+            "distributed.deepspeed_zero_stage",
+            f"must be 1, 2 or 3, got {self.deepspeed_zero_stage}",
+        )
+        _check(
+            not self.deepspeed_offload_params or self.deepspeed_zero_stage == 3,
+            "distributed.deepspeed_offload_params",
+            f"needs distributed.deepspeed_zero_stage=3, got {self.deepspeed_zero_stage}",
+        )
+        _check(
+            self.strategy != "deepspeed" or module_available("deepspeed"),
+            "distributed.strategy",
+            "'deepspeed' needs the deepspeed package, which is not installed: pip install 'drivetrain[deepspeed]'",
+        )
 
 
 @dataclass(frozen=True)
@@ -238,6 +260,25 @@ class TrainConfig:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
+
+    def __post_init__(self) -> None:
+        if self.distributed.strategy == "deepspeed" and self.precision.mode == "fp16":
+            p = self.precision  # DeepSpeed's loss scaler: powers of two, ×2 growth, ×0.5 back-off
+            _check(
+                p.init_scale >= 1 and math.log2(p.init_scale).is_integer(),
+                "precision.init_scale",
+                f"must be a power of two ≥ 1 with distributed.strategy=deepspeed, got {p.init_scale}",
+            )
+            _check(
+                p.growth_factor == 2.0 and p.backoff_factor == 0.5,
+                "precision.growth_factor",
+                "DeepSpeed's fp16 loss scaler needs growth_factor=2 and backoff_factor=0.5",
+            )
+
+
+def module_available(name: str) -> bool:
+    """Whether ``name`` can be imported (found without importing it)."""
+    return importlib.util.find_spec(name) is not None
 
 
 # Keys that may differ between a checkpoint's config and the resuming run's (they do not change what is learned).

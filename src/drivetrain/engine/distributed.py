@@ -10,6 +10,9 @@ Launch with ``torchrun`` (it sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MA
   and optimizer state live on the CPU; the optimizer step runs there): the torch-native ZeRO-Offload.
   Gradient reduction is disabled on non-final micro-batches with ``set_requires_gradient_sync(False)``.
 
+- ``deepspeed``: the model is moved to the device here; :mod:`drivetrain.engine.deepspeed_strategy` wraps
+  it together with the optimizer. Only the last micro-batch is the accumulation boundary.
+
 Checkpoints hold full (unsharded) state dicts gathered to rank 0, so a run can resume under any strategy
 with the same number of ranks.
 """
@@ -79,7 +82,8 @@ def setup(cfg: TrainConfig) -> DistContext:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if strategy == "none" and world > 1:
         raise ConfigError(
-            f"distributed.strategy: launched with WORLD_SIZE={world} but the strategy is 'none'; set ddp or fsdp"
+            f"distributed.strategy: launched with WORLD_SIZE={world} but the strategy is 'none'; "
+            "set ddp, fsdp or deepspeed"
         )
     if strategy != "none" and "RANK" not in os.environ:
         raise ConfigError(
@@ -165,6 +169,9 @@ def grad_sync(wrapped: nn.Module, ctx: DistContext, enabled: bool) -> Iterator[N
             yield
     elif ctx.strategy == "fsdp":
         wrapped.set_requires_gradient_sync(enabled)
+        yield
+    elif ctx.strategy == "deepspeed":  # ``wrapped`` is the DeepSpeed engine
+        wrapped.set_gradient_accumulation_boundary(enabled)
         yield
     else:
         yield

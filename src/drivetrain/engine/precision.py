@@ -53,11 +53,12 @@ class LossScaler:
     Args:
         cfg: the precision config.
         device: where the scale and counters live.
+        enabled: scale fp16 losses (default); False when another component (DeepSpeed) scales them.
     """
 
-    def __init__(self, cfg: PrecisionConfig, device: torch.device) -> None:
+    def __init__(self, cfg: PrecisionConfig, device: torch.device, enabled: bool = True) -> None:
         self.cfg = cfg
-        self.enabled = cfg.mode == "fp16"
+        self.enabled = enabled and cfg.mode == "fp16"
         self.scale = torch.tensor(cfg.init_scale if self.enabled else 1.0, dtype=torch.float32, device=device)
         self.growth_tracker = torch.zeros((), dtype=torch.int64, device=device)
         self.hysteresis_left = torch.full((), cfg.hysteresis, dtype=torch.int64, device=device)

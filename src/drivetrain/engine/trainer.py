@@ -31,6 +31,7 @@ import drivetrain
 from drivetrain.engine.build import apply_speed, build_dataset, build_model, build_optimizer, to_device
 from drivetrain.engine.checkpoint import Checkpointer, CheckpointError
 from drivetrain.engine.config import ConfigError, TrainConfig, config_diff, config_to_dict
+from drivetrain.engine.deepspeed_strategy import DeepSpeedRun
 from drivetrain.engine.distributed import DistContext, full_state, grad_sync, load_full_state, setup, teardown
 from drivetrain.engine.distributed import wrap_model as wrap
 from drivetrain.engine.metrics import MetricsLogger, peak_memory_mb
@@ -99,8 +100,12 @@ class Trainer:
         self.model = apply_speed(build_model(cfg.model), cfg.speed)
         self.wrapped = wrap(self.model, cfg, self.ctx)
         self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.deepspeed: DeepSpeedRun | None = None
+        if self.ctx.strategy == "deepspeed":  # wraps model and optimizer together; it scales fp16 losses itself
+            self.deepspeed = DeepSpeedRun(self.model, self.optimizer, cfg, self.device, self.ctx.world_size)
+            self.wrapped = self.deepspeed.engine
         self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        self.scaler = LossScaler(cfg.precision, self.device)
+        self.scaler = LossScaler(cfg.precision, self.device, enabled=self.deepspeed is None)
         dataset = build_dataset(cfg.data)
         sampler = ResumableSampler(len(dataset), self.ctx.world_size, self.ctx.rank, cfg.run.seed, cfg.data.shuffle)
         self.data = BatchStream(dataset, cfg.data, sampler, seed=cfg.run.seed + self.ctx.rank)
@@ -183,13 +188,16 @@ class Trainer:
                     outputs = self.wrapped(batch)
                 terms = self.model.loss(fp32_outputs(outputs), batch)  # losses in fp32, outside autocast
                 loss = sum(t.float() * cfg.model.loss_weights.get(k, 1.0) for k, t in terms.items())
-                self.scaler.scale_loss(loss / accum).backward()
+                self._backward(loss / accum)
             loss_sum += loss.detach()
             for name, term in terms.items():
                 term_sums[name] = term_sums.get(name, 0) + term.detach().float()
             loss_bad[micro] = ~torch.isfinite(loss.detach())
 
-        grad_norm, grads_bad = unscale_clip_(self.params, self.scaler, cfg.optim.clip_norm)
+        if self.deepspeed is None:
+            grad_norm, grads_bad = unscale_clip_(self.params, self.scaler, cfg.optim.clip_norm)
+        else:  # DeepSpeed clips and checks the gradients inside its step
+            grads_bad = torch.zeros((), dtype=torch.bool, device=self.device)
         any_bad = loss_bad.any().to(torch.int64)
         if self.ctx.initialized:  # every rank takes the same decisions
             stop_flag = torch.tensor(int(self._stop_signal is not None), device=self.device)
@@ -206,15 +214,20 @@ class Trainer:
             self._raise_nonfinite(local_bad, bad_micro, batch_indices)
 
         lr = self._set_lr(self.state.step)
-        scale = self.scaler.scale.clone()
-        if not (skip or any_loss_bad):
-            self.optimizer.step()
+        if self.deepspeed is not None:  # it skips on non-finite gradients (a bad loss made them NaN) and zeroes
+            grad_norm, scale, applied = self.deepspeed.step()
+        else:
+            scale = self.scaler.scale.clone()
+            applied = not (skip or any_loss_bad)
+            if applied:
+                self.optimizer.step()
+            self.scaler.update(grads_bad & ~loss_bad.any())  # a bad loss is not an fp16 overflow
+            self.optimizer.zero_grad(set_to_none=True)
+        if applied:
             self.state.step += 1
         else:
             self.state.skipped += 1
             self.state.nonfinite_losses += int(any_loss_bad)
-        self.scaler.update(grads_bad & ~loss_bad.any())  # a bad loss is not an fp16 overflow
-        self.optimizer.zero_grad(set_to_none=True)
         self.state.iteration += 1
         self._first_iteration = False
 
@@ -238,6 +251,12 @@ class Trainer:
             return self._stop_signal or "a stop signal (on another rank)"
         return None
 
+    def _backward(self, loss: torch.Tensor) -> None:
+        if self.deepspeed is not None:
+            self.deepspeed.backward(loss)
+        else:
+            self.scaler.scale_loss(loss).backward()
+
     def _set_lr(self, step: int) -> float:
         """Set every group's lr for update ``step``; returns the base lr (lr_mult 1)."""
         base = self.cfg.optim.lr * lr_factor(self.cfg.schedule, step, self.cfg.train.steps)
@@ -260,7 +279,10 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> Path:
         """Checkpoint the run now (collective: every rank calls it; rank 0 writes); returns its path."""
-        model_sd, optim_sd = full_state(self.model, self.optimizer, self.ctx)
+        if self.deepspeed is not None:
+            model_sd, optim_sd = self.deepspeed.full_state()
+        else:
+            model_sd, optim_sd = full_state(self.model, self.optimizer, self.ctx)
         rng = self.ctx.gather_to_main(capture_rng())
         path = self.checkpointer.root / Checkpointer.name(self.state.iteration)
         if self.ctx.is_main:
@@ -307,7 +329,10 @@ class Trainer:
                 f"--resume: checkpoint {path} was written by {ckpt['world_size']} ranks, this run has "
                 f"{self.ctx.world_size}; per-rank RNG and data positions need the same number"
             )
-        load_full_state(self.model, self.optimizer, ckpt["model"], ckpt["optimizer"], self.ctx)
+        if self.deepspeed is not None:
+            self.deepspeed.load_full_state(ckpt["model"], ckpt["optimizer"])
+        else:
+            load_full_state(self.model, self.optimizer, ckpt["model"], ckpt["optimizer"], self.ctx)
         self.scaler.load_state_dict(ckpt["scaler"])
         self.state.load_state_dict(ckpt["train"])
         self.data.load_state_dict(ckpt["data"])
