@@ -9,6 +9,7 @@ from drivetrain.engine.config import ConfigError, TrainConfig, load_config
 from drivetrain.engine.precision import LossScaler
 from drivetrain.engine.sampler import BatchStream, ResumableSampler
 from drivetrain.engine.schedule import lr_factor
+from drivetrain.engine.stream import SamplerBatches, brings_own_batching
 from drivetrain.engine.trainer import NonFiniteLossError, Trainer, TrainState
 
 __all__ = [
@@ -20,9 +21,11 @@ __all__ = [
     "LossScaler",
     "NonFiniteLossError",
     "ResumableSampler",
+    "SamplerBatches",
     "TrainConfig",
     "TrainState",
     "Trainer",
+    "brings_own_batching",
     "load_config",
     "lr_factor",
 ]

@@ -145,6 +145,8 @@ def to_device(batch: Any, device: torch.device, channels_last: str = "none") -> 
         return out
     if isinstance(batch, dict):
         return {k: to_device(v, device, channels_last) for k, v in batch.items()}
+    if callable(getattr(batch, "to", None)):  # batch objects that move themselves (data.Batch, RaggedBatch)
+        return batch.to(device)
     if isinstance(batch, list | tuple):
         return type(batch)(to_device(v, device, channels_last) for v in batch)
     return batch

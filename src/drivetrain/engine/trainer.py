@@ -39,6 +39,7 @@ from drivetrain.engine.precision import LossScaler, autocast, fp32_outputs, unsc
 from drivetrain.engine.rng import capture_rng, restore_rng, seed_all
 from drivetrain.engine.sampler import BatchStream, ResumableSampler
 from drivetrain.engine.schedule import lr_factor
+from drivetrain.engine.stream import SamplerBatches, brings_own_batching
 
 __all__ = ["NonFiniteLossError", "TrainState", "Trainer"]
 
@@ -107,8 +108,13 @@ class Trainer:
         self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.scaler = LossScaler(cfg.precision, self.device, enabled=self.deepspeed is None)
         dataset = build_dataset(cfg.data)
-        sampler = ResumableSampler(len(dataset), self.ctx.world_size, self.ctx.rank, cfg.run.seed, cfg.data.shuffle)
-        self.data = BatchStream(dataset, cfg.data, sampler, seed=cfg.run.seed + self.ctx.rank)
+        self.data: BatchStream | SamplerBatches
+        if brings_own_batching(dataset):  # e.g. scene-sequence batches for streaming models
+            rank, world = self.ctx.rank, self.ctx.world_size
+            self.data = SamplerBatches(dataset, cfg.data, seed=cfg.run.seed, rank=rank, world_size=world)
+        else:
+            sampler = ResumableSampler(len(dataset), self.ctx.world_size, self.ctx.rank, cfg.run.seed, cfg.data.shuffle)
+            self.data = BatchStream(dataset, cfg.data, sampler, seed=cfg.run.seed + self.ctx.rank)
         self.state = TrainState()
         seed_all(cfg.run.seed + self.ctx.rank)  # dropout and augmentation draws differ per rank
 

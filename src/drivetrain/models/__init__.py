@@ -1,0 +1,5 @@
+"""Reference detectors that follow the engine protocol (``forward(batch)``, ``loss(outputs, batch)``)."""
+
+from drivetrain.models.focal2d import FocalDetector2D
+
+__all__ = ["FocalDetector2D"]

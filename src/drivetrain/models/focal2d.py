@@ -1,0 +1,94 @@
+"""A small camera detector made of StreamPETR's 2D focal head: the data → model → batched loss → trainer loop.
+
+Each camera image goes through a few stride-2 conv stages to stride 16; per feature cell the head predicts
+class logits, a box as distances (left, top, right, bottom) from the cell centre, the projected 3D centre
+as an offset from the cell centre, and a centerness logit — the outputs :class:`FocalHeadLoss` takes. It is
+the smallest model that learns from the synthetic nuScenes-format data, so ``drivetrain train`` runs the
+whole loop on it in minutes on a CPU; the 3D heads come with the StreamPETR model.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from drivetrain.losses import FocalHeadLoss
+
+__all__ = ["FocalDetector2D"]
+
+# ImageNet statistics in 0..255 RGB, as StreamPETR normalises its images.
+MEAN = (123.675, 116.28, 103.53)
+STD = (58.395, 57.12, 57.375)
+
+
+def _stage(c_in: int, c_out: int, stride: int) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False), nn.GroupNorm(8, c_out), nn.ReLU(inplace=True)
+    )
+
+
+class FocalDetector2D(nn.Module):
+    """Per-camera 2D detector trained with the focal-head loss.
+
+    Args:
+        num_classes: ``C``.
+        width: channels of the first stage (later stages double it once).
+        stride: feature stride, a power of two (16, as StreamPETR's focal head).
+        impl: ``batched`` or ``reference`` loss path.
+    """
+
+    def __init__(self, num_classes: int = 10, width: int = 32, stride: int = 16, impl: str = "batched") -> None:
+        super().__init__()
+        if stride < 2 or stride & (stride - 1):
+            raise ValueError(f"stride: must be a power of two ≥ 2, got {stride}")
+        stages, channels = [], 3
+        for i in range(int(math.log2(stride))):
+            out = width if i < 2 else 2 * width
+            stages.append(_stage(channels, out, 2))
+            channels = out
+        self.backbone = nn.Sequential(*stages)
+        self.neck = _stage(channels, channels, 1)
+        self.cls = nn.Conv2d(channels, num_classes, 1)
+        self.box = nn.Conv2d(channels, 4, 1)
+        self.centre = nn.Conv2d(channels, 2, 1)
+        self.centerness = nn.Conv2d(channels, 1, 1)
+        nn.init.constant_(self.cls.bias, -math.log(99.0))  # prior 0.01, as the published heads
+        self.stride, self.impl = stride, impl
+        self.criterion = FocalHeadLoss(num_classes=num_classes, stride=stride)
+        self.register_buffer("mean", torch.tensor(MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(STD).view(1, 3, 1, 1), persistent=False)
+
+    def forward(self, batch: Any) -> dict[str, torch.Tensor]:
+        """``batch.images`` uint8 ``(B, N, 3, H, W)`` → the focal-head outputs (see FocalHeadLoss)."""
+        images = batch.images
+        b, n, _, h, w = images.shape
+        x = (images.reshape(b * n, 3, h, w).float() - self.mean) / self.std  # (B*N, 3, H, W)
+        feats = self.neck(self.backbone(x))  # (B*N, F, Hf, Wf)
+        hf, wf = feats.shape[-2:]
+        ys = (torch.arange(hf, device=x.device) * self.stride + self.stride / 2) / h  # (Hf,)
+        xs = (torch.arange(wf, device=x.device) * self.stride + self.stride / 2) / w  # (Wf,)
+        cell = torch.stack(torch.broadcast_tensors(xs.view(1, wf), ys.view(hf, 1)), dim=-1)  # (Hf, Wf, 2)
+        cell = cell.reshape(1, hf * wf, 2)  # (1, Q, 2) normalised (x, y)
+
+        def tokens(t: torch.Tensor) -> torch.Tensor:
+            return t.flatten(2).transpose(1, 2)  # (B*N, Q, ·)
+
+        ltrb = tokens(self.box(feats)).sigmoid()  # (B*N, Q, 4) distances in image fractions
+        low = (cell - ltrb[..., :2]).clamp(0, 1)  # (B*N, Q, 2)
+        high = (cell + ltrb[..., 2:]).clamp(0, 1)  # (B*N, Q, 2)
+        boxes = torch.cat([(low + high) / 2, high - low], dim=-1)  # (B*N, Q, 4) cxcywh
+        centres = (torch.logit(cell, eps=1e-4) + tokens(self.centre(feats))).sigmoid()  # (B*N, Q, 2)
+        q = hf * wf
+        return {
+            "cls_logits": tokens(self.cls(feats)).reshape(b, n, q, -1),  # (B, N, Q, C)
+            "boxes": boxes.reshape(b, n, q, 4),
+            "centres": centres.reshape(b, n, q, 2),
+            "centerness": self.centerness(feats).reshape(b, n, hf, wf),
+        }
+
+    def loss(self, outputs: dict[str, torch.Tensor], batch: Any) -> dict[str, torch.Tensor]:
+        """Unweighted focal-head terms; the run config's ``model.loss_weights`` holds the published weights."""
+        return self.criterion(outputs, batch, impl=self.impl)
