@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +77,25 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120)
     return subprocess.run(
         train_cmd(*args), env=env or cli_env(), capture_output=True, text=True, timeout=timeout, check=False
     )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(*args: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
+    """``python -m torch.distributed.run --nproc_per_node 2 ARGS`` on a free port; ``env`` extends cli_env."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           *args]  # fmt: skip
+    return subprocess.run(cmd, env=cli_env(**env), capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def train_single_double_batch(out: Path) -> Path:
+    """One process with the double batch per micro-batch: what two data-parallel ranks must match."""
+    from drivetrain.engine import Trainer, load_config
+
+    extra = ["train.steps=10", "train.accumulation=2", "data.batch_size=16", *NO_BATCH_COUPLING]
+    Trainer(load_config(SMOKE, overrides(out, *extra))).fit()
+    return out

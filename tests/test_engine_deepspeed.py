@@ -6,7 +6,6 @@ steps; config errors name their key. Skipped when deepspeed is not installed (CI
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,17 +15,16 @@ from drivetrain.engine import ConfigError, Trainer, load_config
 from drivetrain.engine.config import module_available
 from drivetrain.engine.deepspeed_strategy import deepspeed_config
 from engine_helpers import (
-    NO_BATCH_COUPLING,
     ROOT,
     SMOKE,
     assert_same_weights,
-    cli_env,
     final_state,
     losses,
     metrics,
     overrides,
+    train_single_double_batch,
 )
-from test_engine_distributed import free_port
+from engine_helpers import torchrun as launch
 
 pytestmark = pytest.mark.skipif(
     not module_available("deepspeed"), reason="deepspeed is not installed (pip install 'drivetrain[deepspeed]')"
@@ -39,9 +37,7 @@ STAGES = ["zero1", "zero2_offload", "zero3", "zero3_offload"]
 
 
 def torchrun(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           *args]  # fmt: skip
-    return subprocess.run(cmd, env=cli_env(DS_ACCELERATOR="cpu"), capture_output=True, text=True, timeout=timeout)
+    return launch(*args, timeout=timeout, DS_ACCELERATOR="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +51,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def single(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One process, the double batch per micro-batch (as in test_engine_distributed.py)."""
-    out = tmp_path_factory.mktemp("single")
-    extra = ["train.steps=10", "train.accumulation=2", "data.batch_size=16", *NO_BATCH_COUPLING]
-    Trainer(load_config(SMOKE, overrides(out, *extra))).fit()
-    return out
+    return train_single_double_batch(tmp_path_factory.mktemp("single"))
 
 
 @pytest.mark.slow

@@ -3,32 +3,30 @@ match one process with the double batch; a DDP run stopped and resumed matches a
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from drivetrain.engine import ConfigError, Trainer, load_config
-from engine_helpers import NO_BATCH_COUPLING, ROOT, SMOKE, assert_same_weights, cli_env, final_state, losses, overrides
+from engine_helpers import (
+    ROOT,
+    SMOKE,
+    assert_same_weights,
+    final_state,
+    losses,
+    overrides,
+    torchrun,
+    train_single_double_batch,
+)
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("dist")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           str(ROOT / "tests" / "engine_dist_worker.py"), str(root)]  # fmt: skip
-    proc = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=300, check=False)
+    proc = torchrun(str(ROOT / "tests" / "engine_dist_worker.py"), str(root), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return root
 
@@ -36,10 +34,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def single(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One process, the double batch per micro-batch."""
-    out = tmp_path_factory.mktemp("single")
-    extra = ["train.steps=10", "train.accumulation=2", "data.batch_size=16", *NO_BATCH_COUPLING]
-    Trainer(load_config(SMOKE, overrides(out, *extra))).fit()
-    return out
+    return train_single_double_batch(tmp_path_factory.mktemp("single"))
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_static", "fsdp", "fsdp_offload"])
@@ -69,10 +64,8 @@ def test_data_parallel_strategy_without_torchrun_is_an_error(tmp_path: Path) -> 
 
 
 def test_cli_runs_under_torchrun(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           "-m", "drivetrain.cli.main", "train", "--config", str(SMOKE),
-           *overrides(tmp_path, "train.steps=3", "distributed.strategy=ddp")]  # fmt: skip
-    proc = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=120, check=False)
+    args = overrides(tmp_path, "train.steps=3", "distributed.strategy=ddp")
+    proc = torchrun("-m", "drivetrain.cli.main", "train", "--config", str(SMOKE), *args, timeout=120)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.count("3/3 steps") == 1  # only rank 0 reports
     assert len(losses(tmp_path)) == 3

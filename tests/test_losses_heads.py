@@ -170,6 +170,15 @@ def test_losses_compute_in_fp32_for_half_inputs(dtype, gen):
 
 
 # ---------------------------------------------------------------------- no host sync
+def head_case(head: str, backend: str, gen: torch.Generator) -> tuple:
+    """Inputs and loss module of one head, with 0-GT, few-GT and more-GT samples (or images)."""
+    if head == "streampetr":
+        outputs, targets = streampetr_case([0, 4, 9], layers=2, queries=30, groups=2, gen=gen)
+        return outputs, targets, StreamPETRLoss(assigner=HungarianAssigner3D(backend=backend))
+    outputs, targets = focal_case([[0, 3], [5, 1]], gen)
+    return outputs, targets, FocalHeadLoss(assigner=HungarianAssigner2D(backend=backend))
+
+
 @contextmanager
 def sync_allowed(originals: dict):
     """Temporarily restore the real Tensor methods inside a ``no_host_sync`` block."""
@@ -185,12 +194,7 @@ def sync_allowed(originals: dict):
 
 @pytest.mark.parametrize("head", ["streampetr", "focal_head"])
 def test_batched_loss_syncs_only_inside_the_one_solver_call(head, gen, monkeypatch):
-    if head == "streampetr":
-        outputs, targets = streampetr_case([0, 4, 9], layers=2, queries=30, groups=2, gen=gen)
-        loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
-    else:
-        outputs, targets = focal_case([[0, 3], [5, 1]], gen)
-        loss = FocalHeadLoss(assigner=HungarianAssigner2D(backend="scipy"))
+    outputs, targets, loss = head_case(head, "scipy", gen)
     originals = {name: getattr(torch.Tensor, name) for name in SYNC_METHODS}
     real_solve, calls = assigners_module.solve, []
 
@@ -255,12 +259,7 @@ def test_bad_loss_inputs_name_the_field(gen):
 def test_batched_loss_on_cuda_syncs_only_inside_the_solver(head, gen, monkeypatch):
     from drivetrain.match import gpu_solver_available
 
-    if head == "streampetr":
-        outputs, targets = streampetr_case([0, 4, 9], layers=2, queries=30, groups=2, gen=gen)
-        loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="auto"))
-    else:
-        outputs, targets = focal_case([[0, 3], [5, 1]], gen)
-        loss = FocalHeadLoss(assigner=HungarianAssigner2D(backend="auto"))
+    outputs, targets, loss = head_case(head, "auto", gen)
     loss = loss.cuda()
     outputs = {
         k: v.cuda().requires_grad_() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in outputs.items()
