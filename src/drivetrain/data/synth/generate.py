@@ -25,7 +25,7 @@ import numpy as np
 import simplejpeg
 from tqdm import tqdm
 
-from drivetrain.data.nuscenes_format import ATTRIBUTES, CAMERAS, CATEGORIES, LIDAR, VISIBILITY_LEVELS, token
+from drivetrain.data.nuscenes_format import ATTRIBUTES, CAMERAS, CATEGORIES, LIDAR, TABLES, VISIBILITY_LEVELS, token
 from drivetrain.data.synth import lidar as lidar_sim
 from drivetrain.data.synth.config import SynthConfig
 from drivetrain.data.synth.render import background, corners_in_camera, make_rig, render
@@ -44,20 +44,8 @@ def generate(root: str | Path, config: SynthConfig, *, workers: int = 1, progres
     """Generate ``config`` into ``root`` (created; existing tables are overwritten). Returns record counts."""
     root = Path(root)
     (root / VERSION).mkdir(parents=True, exist_ok=True)
-    tables: dict[str, list[dict[str, Any]]] = {
-        name: []
-        for name in (
-            "instance",
-            "calibrated_sensor",
-            "ego_pose",
-            "log",
-            "scene",
-            "sample",
-            "sample_data",
-            "sample_annotation",
-        )
-    }
-    tables.update(_static_tables(config))
+    tables: dict[str, list[dict[str, Any]]] = {name: [] for name in TABLES}
+    tables.update(_static_tables(config))  # the per-scene ones are filled below, "map" last
     jobs = [(root, config, i) for i in range(len(config.scenes))]
     bar = tqdm(total=len(jobs) * config.samples_per_scene, desc="synth", unit="frame", disable=not progress)
     results: Iterator[dict[str, list[dict[str, Any]]]]
