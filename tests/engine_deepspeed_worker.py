@@ -16,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from drivetrain.engine import Trainer, load_config
 from engine_helpers import NO_BATCH_COUPLING, SMOKE, overrides
 
-# Per rank batch 8 × 2 micro-batches (the test's single process uses batch 16 × 2), as engine_dist_worker.py.
+# Per rank batch 8 × 2 micro-batches (the test's single process uses batch 16 × 2), as engine_dist_worker.py,
+# but in float32: DeepSpeed casts the model to float32 (no float64 training).
 PARALLEL = ["train.steps=10", "train.accumulation=2", "data.batch_size=8", *NO_BATCH_COUPLING]
 DS = ["distributed.strategy=deepspeed"]
 SCENARIOS = {

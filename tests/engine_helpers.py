@@ -29,6 +29,22 @@ FAST = [
 # Data-parallel equivalence needs per-sample independence: no dropout, no batch-statistics memory.
 NO_BATCH_COUPLING = ["model.args.dropout=0.0", "model.args.memory=false"]
 
+# Runs that must compute the same function in another order (two ranks vs one process with the double batch,
+# k micro-batches vs one k-times batch, another kernel) are compared in float64. In float32 their rounding
+# differences are amplified past any fixed bound: AdamW divides by √v, and a perturbation of one ulp can flip
+# the argmax of the model's max-pool or a ReLU, changing a gradient by O(1) — DDP static graph (which reduces
+# the first iteration's micro-batches in another order) drifted by 2.2e-5 in 10 steps on one CPU and 4e-8 on
+# another. In float64 the same mechanisms start from eps64 = 2.2e-16: reductions of n ≤ 4096 terms differ by
+# ≤ n·eps64 ≈ 1e-12 relative, and even a flip amplified as in float32 (≈ 200 ulp) stays near 1e-13.
+FLOAT64 = ["model.args.dtype=float64", "data.args.dtype=float64"]
+# Weights after a float64 equivalence run: 1e-9 leaves four orders of magnitude above that rounding, while a
+# real difference is far larger (a 1e-4 relative change of one loss weight moves weights by 4e-6 and grad norms
+# by 7e-5 relative in the 10-step runs; a missing or doubled reduction by ≥ 1e-2).
+F64_ATOL = 1e-9
+# Losses and grad norms are logged in float32: two float64 values that agree to ~1e-13 round to float32 values
+# at most one ulp (2⁻²³ relative) apart; 2⁻²² adds the float64 difference itself.
+LOGGED_RTOL = 2.0**-22
+
 
 def overrides(out_dir: Path, *extra: str) -> list[str]:
     return [*FAST, f"run.out_dir={out_dir}", *extra]
@@ -40,6 +56,19 @@ def metrics(out_dir: Path) -> list[dict]:
 
 def losses(out_dir: Path) -> list[float]:
     return [m["loss"] for m in metrics(out_dir)]
+
+
+def grad_norms(out_dir: Path) -> list[float]:
+    return [m["grad_norm"] for m in metrics(out_dir)]
+
+
+def assert_same_training(run: Path, reference: Path) -> None:
+    """Two float64 equivalence runs (``FLOAT64``) agree in per-step losses and grad norms and in final weights."""
+    torch.testing.assert_close(losses(run), losses(reference), rtol=LOGGED_RTOL, atol=0)
+    torch.testing.assert_close(grad_norms(run), grad_norms(reference), rtol=LOGGED_RTOL, atol=0)
+    model = final_state(run)["model"]
+    assert model["backbone.0.weight"].dtype == torch.float64, "not a float64 run"
+    assert_same_weights(model, final_state(reference)["model"], atol=F64_ATOL)
 
 
 def final_state(out_dir: Path) -> dict:
@@ -92,10 +121,11 @@ def torchrun(*args: str, timeout: float = 600, **env: str) -> subprocess.Complet
     return subprocess.run(cmd, env=cli_env(**env), capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def train_single_double_batch(out: Path) -> Path:
+def train_single_double_batch(out: Path, float64: bool = True) -> Path:
     """One process with the double batch per micro-batch: what two data-parallel ranks must match."""
     from drivetrain.engine import Trainer, load_config
 
     extra = ["train.steps=10", "train.accumulation=2", "data.batch_size=16", *NO_BATCH_COUPLING]
+    extra += FLOAT64 if float64 else []
     Trainer(load_config(SMOKE, overrides(out, *extra))).fit()
     return out

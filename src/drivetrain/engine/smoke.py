@@ -9,6 +9,10 @@ compile), GroupNorm, dropout (so RNG state matters) and optionally a streaming m
 every training forward plus a frame counter kept through ``get_extra_state``), so checkpoints must carry
 non-parameter state.
 
+Both take ``dtype`` ("float32" or "float64"): the equivalence tests train in float64, where two runs that do
+the same arithmetic in another order (data-parallel ranks vs one process, accumulation vs one batch) agree
+to rounding that AdamW cannot amplify past the tests' bounds (see tests/engine_helpers.py).
+
 Per-sample data comes from a generator seeded by ``(seed, index)`` only: any sample can be produced in any
 order, in any worker, after any resume.
 """
@@ -24,21 +28,39 @@ from torch.utils.data import Dataset
 
 __all__ = ["SmokeDataset", "SmokeModel"]
 
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
 
 class SmokeDataset(Dataset):
-    """Generated samples ``{"image": float32 (C, [S,] H, W), "label": int64 (), "target": float32 (4,)}``.
+    """Generated samples ``{"image": (C, [S,] H, W), "label": int64 (), "target": (4,)}``, floats in ``dtype``.
 
     Args:
         num_samples: dataset length.
         channels, size: image channels and spatial size (H = W = S = size).
         dims: 2 for images, 3 for volumes.
         seed: data seed.
+        dtype: "float32" or "float64"; the values are drawn in float32 either way, so both hold the same data.
     """
 
-    def __init__(self, num_samples: int = 256, channels: int = 3, size: int = 16, dims: int = 2, seed: int = 0):
+    def __init__(
+        self,
+        num_samples: int = 256,
+        channels: int = 3,
+        size: int = 16,
+        dims: int = 2,
+        seed: int = 0,
+        dtype: str = "float32",
+    ):
         if num_samples < 1 or channels < 2 or size < 4 or dims not in (2, 3):
             raise ValueError("SmokeDataset: need num_samples ≥ 1, channels ≥ 2, size ≥ 4, dims in (2, 3)")
         self.num_samples, self.channels, self.size, self.dims, self.seed = num_samples, channels, size, dims, seed
+        self.dtype = _dtype(dtype)
 
     def __len__(self) -> int:
         return self.num_samples
@@ -56,7 +78,7 @@ class SmokeDataset(Dataset):
         dist2 = sum((ax - c) ** 2 for ax, c in zip(axes, center.tolist(), strict=True))
         image[label] += torch.exp(-dist2 / (2 * extent**2)) * 4.0
         target = torch.cat([center[:2], extent.view(1), image[label].mean().view(1)])
-        return {"image": image, "label": torch.tensor(label), "target": target.float()}
+        return {"image": image.to(self.dtype), "label": torch.tensor(label), "target": target.to(self.dtype)}
 
 
 class SmokeModel(nn.Module):
@@ -69,6 +91,7 @@ class SmokeModel(nn.Module):
         dims: 2 (Conv2d) or 3 (Conv3d).
         dropout: dropout before the head.
         memory: keep a streaming memory of pooled features (a buffer and a frame counter) fed to the head.
+        dtype: "float32" or "float64" parameters and buffers (initialised in float32, then cast).
     """
 
     def __init__(
@@ -79,8 +102,10 @@ class SmokeModel(nn.Module):
         dims: int = 2,
         dropout: float = 0.1,
         memory: bool = True,
+        dtype: str = "float32",
     ) -> None:
         super().__init__()
+        param_dtype = _dtype(dtype)
         if dims not in (2, 3):
             raise ValueError(f"dims: must be 2 or 3, got {dims}")
         conv = nn.Conv2d if dims == 2 else nn.Conv3d
@@ -96,13 +121,14 @@ class SmokeModel(nn.Module):
         self.num_classes = channels
         self.register_buffer("memory", torch.zeros(width))
         self.frames_seen = 0
+        self.to(param_dtype)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         feats = self.backbone(batch["image"]).flatten(2).amax(-1)  # (B, width): max-pooled
         memory = self.memory.expand_as(feats) if self.use_memory else torch.zeros_like(feats)
         if self.training and self.use_memory:
             with torch.no_grad():  # streaming state: what a temporal model carries between frames
-                self.memory.mul_(0.9).add_(feats.detach().float().mean(0), alpha=0.1)
+                self.memory.mul_(0.9).add_(feats.detach().to(self.memory.dtype).mean(0), alpha=0.1)
             self.frames_seen += feats.shape[0]
         out = self.head(self.dropout(torch.cat([feats, memory.to(feats.dtype)], dim=1)))  # (B, C + 4)
         logits, boxes = out.split([self.num_classes, 4], dim=1)
