@@ -23,7 +23,7 @@ import torch
 from drivetrain.data import FrameDataset, SequenceSampler, collate
 from drivetrain.data.index import build_index, save_index
 from drivetrain.data.synth import PRESETS, generate
-from drivetrain.profile import BenchResult, ResourceMonitor, Row, add_bench_arguments, device_name, emit
+from drivetrain.profile import BenchResult, ResourceMonitor, Row, add_bench_arguments, device_name, emit, setup_bench
 
 DESCRIPTION = __doc__.splitlines()[0]
 WORKERS = (0, 2)
@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = parser.parse_args(argv)
     if args.device != "cpu":
         raise SystemExit("bench data: the loader runs on the CPU; use --device cpu")
+    setup_bench(args)  # the allocator setting; forked loader workers inherit it
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.data_dir or Path(tmp)
         config = {"batch": args.batch, "cameras": 6, "repeat": args.repeat, "workers": list(WORKERS)}

@@ -31,8 +31,8 @@ from drivetrain.profile import (
     compare,
     device_name,
     emit,
-    resolve_device,
     rows_from_profilers,
+    setup_bench,
     synchronize,
 )
 from drivetrain.ragged import RaggedBatch
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "--backend", default="auto", choices=("auto", "scipy", "gpu"), help="solver of the batched path"
     )
     args = parser.parse_args(argv)
-    device = resolve_device(args.device)
+    device = setup_bench(args)
     gen = torch.Generator().manual_seed(args.seed)
     sp_data = streampetr_inputs(args, gen, device)
     fh_data = focal_head_inputs(args, gen, device)

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from drivetrain.profile import BenchResult, ResourceMonitor, Row, add_bench_arguments, device_name, emit, resolve_device
+from drivetrain.profile import BenchResult, ResourceMonitor, Row, add_bench_arguments, device_name, emit, setup_bench
 
 DESCRIPTION = __doc__.splitlines()[0]
 
@@ -82,9 +82,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = parser.parse_args(argv)
     steps = args.warmup + args.repeat
     if args.child is not None:
+        setup_bench(args)  # the variant runs here: the same allocator setting as the parent asked for
         print(json.dumps(child(args.child, args.device, steps, args.warmup, args.seed)))
         return 0
-    device = resolve_device(args.device)
+    device = setup_bench(args)
     names = [v.strip() for v in args.variants.split(",")]
     unknown = [v for v in names if v not in VARIANTS]
     if unknown or "fp32" not in names:
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     measured: dict[str, dict[str, float]] = {}
     for name in names:
         cmd = [sys.executable, __file__, "--child", name, "--device", args.device, "--repeat", str(args.repeat),
-               "--warmup", str(args.warmup), "--seed", str(args.seed)]  # fmt: skip
+               "--warmup", str(args.warmup), "--seed", str(args.seed), "--malloc", args.malloc]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise SystemExit(f"variant {name!r} failed:\n{proc.stderr[-3000:]}")

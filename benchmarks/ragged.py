@@ -25,7 +25,7 @@ from drivetrain.profile import (
     compare,
     device_name,
     emit,
-    resolve_device,
+    setup_bench,
 )
 from drivetrain.profile.timer import Stats
 
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--queries", type=int, default=900, help="predictions Q per sample (default: 900)")
     parser.add_argument("--max-gt", type=int, default=60, help="targets per sample drawn from 0..N (default: 60)")
     args = parser.parse_args(argv)
-    device = resolve_device(args.device)
+    device = setup_bench(args)
     torch.manual_seed(args.seed)
     data = make_data(args.layers, args.batch, args.queries, 10, args.max_gt, args.seed, device)
     config = {

@@ -7,7 +7,14 @@
 - :func:`compare`, :func:`add_bench_arguments`, :func:`emit`: the plumbing shared by ``drivetrain bench``.
 """
 
-from drivetrain.profile.bench import add_bench_arguments, compare, emit, resolve_device, rows_from_profilers
+from drivetrain.profile.bench import (
+    add_bench_arguments,
+    compare,
+    emit,
+    resolve_device,
+    rows_from_profilers,
+    setup_bench,
+)
 from drivetrain.profile.report import BenchResult, Row, device_name, device_slug, environment
 from drivetrain.profile.resources import ResourceMonitor, ResourceUsage
 from drivetrain.profile.timer import Profiler, Stats, active, region, synchronize, time_call
@@ -29,6 +36,7 @@ __all__ = [
     "region",
     "resolve_device",
     "rows_from_profilers",
+    "setup_bench",
     "synchronize",
     "time_call",
 ]

@@ -14,10 +14,11 @@ from typing import Any
 
 import torch
 
+from drivetrain.profile.allocator import retain_freed_memory
 from drivetrain.profile.report import BenchResult, Row, device_slug
 from drivetrain.profile.timer import Profiler, synchronize
 
-__all__ = ["add_bench_arguments", "compare", "emit", "resolve_device", "rows_from_profilers"]
+__all__ = ["add_bench_arguments", "compare", "emit", "resolve_device", "rows_from_profilers", "setup_bench"]
 
 RESULTS_DIR = Path("benchmarks") / "results"
 
@@ -36,6 +37,23 @@ def add_bench_arguments(parser: argparse.ArgumentParser, *, repeat: int = 20, wa
         help=f"write both to {RESULTS_DIR}/<benchmark>-<device>.{{json,md}} (the committed results)",
     )
     parser.add_argument("--nvtx", action="store_true", help="emit NVTX ranges per region (CUDA only)")
+    parser.add_argument(
+        "--malloc",
+        choices=["retain", "default"],
+        default="retain",
+        help="host allocator: 'retain' keeps freed memory in the process (glibc mallopt), so both paths reuse "
+        "warm pages as in a long training run instead of timing page faults; 'default' leaves glibc as it is "
+        "(default: retain; see drivetrain.profile.allocator)",
+    )
+
+
+def setup_bench(args: argparse.Namespace) -> torch.device:
+    """Apply the process settings the options ask for (``--malloc``) and resolve ``--device``."""
+    device = resolve_device(args.device)
+    if getattr(args, "malloc", "default") == "retain" and not retain_freed_memory():
+        print("note: --malloc retain needs glibc's mallopt, which this system lacks; the allocator is unchanged")
+        args.malloc = "default"
+    return device
 
 
 def resolve_device(name: str) -> torch.device:
@@ -86,6 +104,8 @@ def rows_from_profilers(reference: Profiler, batched: Profiler) -> list[Row]:
 
 def emit(result: BenchResult, args: argparse.Namespace) -> list[Path]:
     """Print the table and write the files the options ask for; return the paths written."""
+    if hasattr(args, "malloc"):
+        result.config.setdefault("malloc", args.malloc)
     print(result.render_table())
     json_path, md_path = args.json, args.md
     if args.save:
