@@ -13,7 +13,7 @@ import torch
 
 from drivetrain.ragged._checks import check_batch_shape, check_same_device
 from drivetrain.ragged.batch import RaggedBatch, _normalize_ragged_dim, movedim
-from drivetrain.ragged.ops import empty_source_result, take_rows
+from drivetrain.ragged.ops import empty_source_result
 
 __all__ = ["indices_from_mask", "select"]
 
@@ -78,41 +78,43 @@ def select(
         raise ValueError(f"mask: length {m.shape[-1]} differs from length {n} of data dim {dim}")
     src = movedim(tensor, dim, nb)  # (*batch, N, *rest)
     rest = src.shape[nb + 1 :]
-    order, counts, new_mask = _compaction(m, trim)  # (*batch, K), (*batch,), (*batch, K)
-    num_rows, r, k = math.prod(m.shape[:-1]), math.prod(rest), order.shape[-1]
+    dest, counts, k = _destinations(m, trim)  # (M*N,), (*batch,)
+    num_rows, r = math.prod(m.shape[:-1]), math.prod(rest)
     out_shape = (*m.shape[:-1], k, *rest)
     if n == 0 or num_rows == 0:
         out = empty_source_result(src, out_shape, fill)  # (*batch, K, *rest)
     else:
-        base = torch.arange(0, num_rows * n, n, device=m.device).view(*m.shape[:-1], 1)  # (*batch, 1)
-        rows = (order + base).view(-1)  # (M*K,)
-        out = take_rows(src.reshape(num_rows * n, r), rows, (~new_mask).view(-1), fill).view(out_shape)
-    return RaggedBatch._make(movedim(out, nb, dim), counts, dim, new_mask)
+        # One pass that writes each selected row to its slot; the others land on a dump row. Reading the slots'
+        # sources instead (a gather) needs the order of the selection as another (*batch, N) buffer and a
+        # separate pass for the fill: more large temporaries, whose first touch costs page faults on the CPU.
+        out = src.new_full((num_rows * k + 1, r), fill)  # (M*K + 1, R): the last row takes the unselected
+        out.index_copy_(0, dest, src.reshape(num_rows * n, r))
+        out = out[: num_rows * k].view(out_shape)  # (*batch, K, *rest)
+    return RaggedBatch._make(movedim(out, nb, dim), counts, dim)
 
 
-def _compaction(m: torch.Tensor, trim: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Source position of every output slot, per-sample counts and the output mask.
+def _destinations(m: torch.Tensor, trim: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Output row of every entry in the flat ``(M*K + 1, ·)`` layout: selected entries go to the front of
+    their sample's ``K`` slots, in order; the others to the dump row ``M*K``.
 
     Args:
         m: bool ``(*batch, N)``.
 
     Returns:
-        ``order`` int64 ``(*batch, K)`` (positions of the True entries first, in order; the rest are
-        the False positions), ``counts`` int64 ``(*batch,)``, ``mask`` bool ``(*batch, K)``; ``K = N``, or
-        the largest count when ``trim`` (one sync).
+        ``dest`` int64 ``(M*N,)``, ``counts`` int64 ``(*batch,)``, and ``K``: ``N``, or the largest count
+        when ``trim`` (one sync).
     """
-    n = m.shape[-1]
+    n, num_rows = m.shape[-1], math.prod(m.shape[:-1])
     taken = m.cumsum(-1)  # (*batch, N): selected entries up to and including each position
-    counts = taken[..., -1] if n > 0 else taken.new_zeros(m.shape[:-1])  # (*batch,)
-    positions = torch.arange(n, device=m.device)  # (N,)
-    # Destination of each entry: selected ones to the front in order, the others behind them.
-    dest = torch.where(m, taken - 1, counts.unsqueeze(-1) + positions - taken)  # (*batch, N)
-    order = torch.empty_like(dest).scatter_(-1, dest, positions.expand(m.shape))  # (*batch, N)
+    counts = taken[..., -1].clone() if n > 0 else taken.new_zeros(m.shape[:-1])  # (*batch,)
+    k = n
     if trim:
-        length = int(counts.max().item()) if counts.numel() > 0 else 0  # sync: trimmed length is data-dependent
-        order = order[..., :length]  # (*batch, K)
-    new_mask = positions[: order.shape[-1]] < counts.unsqueeze(-1)  # (*batch, K)
-    return order, counts, new_mask
+        k = int(counts.max().item()) if counts.numel() > 0 else 0  # sync: trimmed length is data-dependent
+    if k == 0 or num_rows == 0:
+        return taken.new_full((num_rows * n,), num_rows * k), counts, k  # (M*N,): nothing is selected
+    start = torch.arange(-1, num_rows * k - 1, k, device=m.device).view(*m.shape[:-1], 1)  # (*batch, 1)
+    dest = torch.where(m, taken.add_(start), num_rows * k)  # (*batch, N)
+    return dest.view(-1), counts, k  # (M*N,)
 
 
 def indices_from_mask(mask: RaggedBatch | torch.Tensor, *, trim: bool = True) -> RaggedBatch:
@@ -125,5 +127,9 @@ def indices_from_mask(mask: RaggedBatch | torch.Tensor, *, trim: bool = True) ->
         [tensor([0, 2]), tensor([], dtype=torch.int64)]
     """
     m = _mask_tensor(mask)  # (*batch, N)
-    order, counts, new_mask = _compaction(m, trim)  # (*batch, K)
-    return RaggedBatch._make(order.masked_fill(~new_mask, 0), counts, m.dim() - 1, new_mask)
+    dest, counts, k = _destinations(m, trim)  # (M*N,), (*batch,)
+    num_rows, n = math.prod(m.shape[:-1]), m.shape[-1]
+    positions = torch.arange(n, device=m.device).expand(m.shape).reshape(-1)  # (M*N,)
+    out = positions.new_zeros(num_rows * k + 1)  # (M*K + 1,): padding 0, the last entry takes the unselected
+    out.index_copy_(0, dest, positions)
+    return RaggedBatch._make(out[: num_rows * k].view(*m.shape[:-1], k), counts, m.dim() - 1)
