@@ -13,7 +13,7 @@ import torch
 
 from drivetrain.ragged._checks import check_batch_shape, check_same_device
 from drivetrain.ragged.batch import RaggedBatch, _normalize_ragged_dim, movedim
-from drivetrain.ragged.ops import empty_source_result
+from drivetrain.ragged.ops import empty_source_result, full_rows
 
 __all__ = ["indices_from_mask", "select"]
 
@@ -87,7 +87,7 @@ def select(
         # One pass that writes each selected row to its slot; the others land on a dump row. Reading the slots'
         # sources instead (a gather) needs the order of the selection as another (*batch, N) buffer and a
         # separate pass for the fill: more large temporaries, whose first touch costs page faults on the CPU.
-        out = src.new_full((num_rows * k + 1, r), fill)  # (M*K + 1, R): the last row takes the unselected
+        out = full_rows(src, num_rows * k + 1, r, fill)  # (M*K + 1, R): the last row takes the unselected
         out.index_copy_(0, dest, src.reshape(num_rows * n, r))
         out = out[: num_rows * k].view(out_shape)  # (*batch, K, *rest)
     return RaggedBatch._make(movedim(out, nb, dim), counts, dim)
