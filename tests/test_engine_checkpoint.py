@@ -144,3 +144,26 @@ def test_schedules_are_pure_functions_matching_torch_onecycle() -> None:
     assert lr_factor(cos, 0, 100) < lr_factor(cos, 4, 100) < 1.0
     const = ScheduleConfig(kind="warmup_constant", warmup_steps=3)
     assert [lr_factor(const, s, 10) for s in (0, 3, 9)] == [0.25, 1.0, 1.0]
+
+
+def test_pruning_counts_only_checkpoints_up_to_the_one_just_saved(tmp_path: Path) -> None:
+    ck = Checkpointer(tmp_path, keep=2)
+    for step in (110, 120):  # newer checkpoints of another continuation (e.g. corrupt, not yet set aside)
+        ck.save(step, state(step))
+    for step in (10, 20, 30):
+        ck.save(step, state(step))
+    assert [s for s, _ in ck.committed()] == [20, 30, 110, 120]  # the new ones are kept, the newer left alone
+
+
+def test_set_aside_moves_a_checkpoint_out_of_pruning_and_resume(tmp_path: Path) -> None:
+    ck = Checkpointer(tmp_path, keep=1)
+    ck.save(1, state(1))
+    ck.save(2, state(2))
+    moved = ck.set_aside(tmp_path / "step-00000002", "corrupt")
+    assert moved == tmp_path / "corrupt" / "step-00000002" and (moved / MARKER).is_file()
+    ck.save(3, state(3))
+    ck.save(2, state(2))
+    again = ck.set_aside(tmp_path / "step-00000002", "corrupt")  # a second one of that name is kept too
+    assert again.name == "step-00000002.1" and moved.is_dir()
+    assert [s for s, _ in ck.committed()] == [3]
+    assert ck.load_latest()[0].name == "step-00000003"

@@ -12,6 +12,10 @@ leaves either the previous committed checkpoints untouched or a new one that is 
 
 Loading uses ``torch.load(weights_only=True)`` after checking the marker's size and SHA-256; a directory
 without a marker, with a wrong checksum or that fails to load is skipped with a :class:`CheckpointWarning`.
+Committed checkpoints that fail to load are never deleted: :meth:`Checkpointer.set_aside` moves them to
+``checkpoints/corrupt/`` (and checkpoints of an abandoned continuation to ``checkpoints/superseded/``), where
+pruning does not see them. Pruning after a save counts only checkpoints up to the one just written, so a
+newer, bad checkpoint can never push good ones out.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import torch
 __all__ = ["CheckpointError", "CheckpointWarning", "Checkpointer"]
 
 MARKER = "COMMITTED"
+CORRUPT = "corrupt"  # committed checkpoints that failed to load, moved aside
+SUPERSEDED = "superseded"  # checkpoints newer than the one a run resumed from, moved aside
 STATE_FILE = "state.pt"
 _NAME = re.compile(r"^step-(\d+)$")
 # Test hook: seconds to sleep inside a save (after the state file is written, and again after the rename),
@@ -76,6 +82,8 @@ class Checkpointer:
         self.root = Path(root)
         self.keep = keep
         self._delay = float(os.environ.get(DELAY_ENV, "0") or 0)
+        # Committed checkpoints the last load_latest() skipped: (path, reason).
+        self.skipped: list[tuple[Path, str]] = []
 
     @staticmethod
     def name(step: int) -> str:
@@ -110,7 +118,7 @@ class Checkpointer:
             os.fsync(f.fileno())
         os.replace(marker_tmp, final / MARKER)
         _fsync_dir(final)
-        self.prune()
+        self.prune(newest=step)
         return final
 
     def _sleep(self) -> None:
@@ -127,9 +135,14 @@ class Checkpointer:
                     found.append((int(m.group(1)), path))
         return sorted(found)
 
-    def prune(self) -> None:
-        """Delete committed checkpoints beyond the ``keep`` newest, and leftovers of interrupted saves."""
-        for _, path in self.committed()[: -self.keep]:
+    def prune(self, newest: int | None = None) -> None:
+        """Delete committed checkpoints beyond the ``keep`` newest, and leftovers of interrupted saves.
+
+        Args:
+            newest: count only checkpoints up to this step (the one just saved); newer ones are left alone.
+        """
+        counted = [(step, path) for step, path in self.committed() if newest is None or step <= newest]
+        for _, path in counted[: -self.keep]:
             shutil.rmtree(path, ignore_errors=True)
         for path in self.root.iterdir():
             is_tmp = path.name.startswith(".step-") and ".tmp-" in path.name
@@ -157,7 +170,11 @@ class Checkpointer:
             raise CheckpointError(f"{state_path}: cannot be loaded ({type(err).__name__}: {err})") from None
 
     def load_latest(self) -> tuple[Path, dict[str, Any]] | None:
-        """The newest checkpoint that loads, skipping bad ones with a warning; None if there is none."""
+        """The newest checkpoint that loads, skipping bad ones with a warning; None if there is none.
+
+        Committed checkpoints that were skipped are listed in :attr:`skipped` (for :meth:`set_aside`).
+        """
+        self.skipped = []
         candidates = []
         if self.root.is_dir():
             for path in self.root.iterdir():
@@ -169,4 +186,19 @@ class Checkpointer:
                 return path, self.load(path)
             except CheckpointError as err:
                 warnings.warn(f"skipping checkpoint: {err}", CheckpointWarning, stacklevel=2)
+                if (path / MARKER).is_file():
+                    self.skipped.append((path, str(err)))
         return None
+
+    def set_aside(self, path: Path, folder: str) -> Path:
+        """Move checkpoint ``path`` into ``root/folder/`` (out of pruning's and resume's sight); returns where."""
+        target_dir = self.root / folder
+        target_dir.mkdir(parents=True, exist_ok=True)
+        target = target_dir / path.name
+        n = 1
+        while target.exists():
+            target = target_dir / f"{path.name}.{n}"
+            n += 1
+        os.replace(path, target)
+        _fsync_dir(self.root)
+        return target

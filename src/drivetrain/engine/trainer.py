@@ -18,6 +18,7 @@ import platform
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ import yaml
 
 import drivetrain
 from drivetrain.engine.build import apply_speed, build_dataset, build_model, build_optimizer, to_device
-from drivetrain.engine.checkpoint import Checkpointer, CheckpointError
+from drivetrain.engine.checkpoint import CORRUPT, SUPERSEDED, Checkpointer, CheckpointError, CheckpointWarning
 from drivetrain.engine.config import ConfigError, TrainConfig, config_diff, config_to_dict
 from drivetrain.engine.deepspeed_strategy import DeepSpeedRun
 from drivetrain.engine.distributed import DistContext, full_state, grad_sync, load_full_state, setup, teardown
@@ -119,11 +120,14 @@ class Trainer:
         seed_all(cfg.run.seed + self.ctx.rank)  # dropout and augmentation draws differ per rank
 
         self.resumed_from: Path | None = None
+        self._resume_note: str | None = None
         if resume is not None:
             self._resume(resume)  # restores the RNG states last
+        self.ctx.barrier()  # every rank has read its checkpoint before rank 0 moves any aside
         if self.ctx.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             (self.out_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+            self._set_aside_unusable()
         self.ctx.barrier()
         self._stop_signal: str | None = None
         self._first_iteration = True
@@ -144,6 +148,8 @@ class Trainer:
         )
         if self.resumed_from is not None:
             log.message(f"resumed from {self.resumed_from} at step {self.state.iteration}")
+        elif self._resume_note is not None:
+            log.message(self._resume_note)
         saved_at = self.state.iteration if self.resumed_from is not None else -1
         try:
             with self._signals():
@@ -317,6 +323,11 @@ class Trainer:
         if resume == "auto":
             found = self.checkpointer.load_latest()
             if found is None:
+                if self.checkpointer.skipped:
+                    self._resume_note = (
+                        f"no usable checkpoint in {self.checkpointer.root} ({len(self.checkpointer.skipped)} "
+                        f"corrupt, moved to {self.checkpointer.root / CORRUPT}); starting from step 0"
+                    )
                 return
             path, ckpt = found
         else:
@@ -344,6 +355,32 @@ class Trainer:
         self.data.load_state_dict(ckpt["data"])
         restore_rng(ckpt["rng"][self.ctx.rank])  # last: nothing after this may draw from the global RNGs
         self.resumed_from = path
+
+    def _set_aside_unusable(self) -> None:
+        """Rank 0, after a resume: move corrupt checkpoints and those of an abandoned continuation aside.
+
+        Corrupt ones (committed, but failing to load) go to ``checkpoints/corrupt/``; committed ones newer
+        than the step resumed from (``--resume DIR`` of an older checkpoint, or a start from 0 when none
+        loads) to ``checkpoints/superseded/``, so that a later ``--resume auto`` cannot pick them up over this
+        run's progress. Nothing is deleted.
+        """
+        for path, reason in self.checkpointer.skipped:
+            if path.is_dir():
+                target = self.checkpointer.set_aside(path, CORRUPT)
+                warnings.warn(
+                    f"moved corrupt checkpoint {path} to {target} ({reason})", CheckpointWarning, stacklevel=2
+                )
+        if self.resumed_from is None and self._resume_note is None:
+            return
+        for step, path in self.checkpointer.committed():
+            if step > self.state.iteration:
+                target = self.checkpointer.set_aside(path, SUPERSEDED)
+                warnings.warn(
+                    f"moved checkpoint {path} to {target}: it is newer than step {self.state.iteration}, which "
+                    "this run continues from",
+                    CheckpointWarning,
+                    stacklevel=2,
+                )
 
     # ------------------------------------------------------------------ signals
     @contextmanager

@@ -1,0 +1,63 @@
+"""Resume never loses good work: corrupt checkpoints are moved aside (not counted by pruning), a start from
+step 0 says so, and checkpoints of an abandoned continuation are moved aside rather than resumed later."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from drivetrain.engine import Checkpointer, CheckpointWarning, Trainer, load_config
+from engine_helpers import SMOKE, losses, overrides
+
+RUN = ["checkpoint.every=2", "checkpoint.keep=2"]
+
+
+def corrupt(path: Path) -> None:
+    data = bytearray((path / "state.pt").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (path / "state.pt").write_bytes(bytes(data))
+
+
+def names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
+def test_corrupt_newest_checkpoints_are_moved_aside_and_new_ones_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    Trainer(load_config(SMOKE, overrides(tmp_path, *RUN, "train.steps=12"))).fit()
+    ckpt = tmp_path / "checkpoints"
+    assert names(ckpt) == ["step-00000010", "step-00000012"]
+    for name in names(ckpt):  # both kept checkpoints go bad: nothing usable is left
+        corrupt(ckpt / name)
+
+    with pytest.warns(CheckpointWarning, match="moved corrupt checkpoint"):
+        trainer = Trainer(load_config(SMOKE, overrides(tmp_path, *RUN, "train.steps=6")), resume="auto")
+    assert trainer.state.iteration == 0
+    trainer.fit()
+    assert "no usable checkpoint" in capsys.readouterr().err
+    assert "starting from step 0" in trainer._resume_note
+    assert names(ckpt / "corrupt") == ["step-00000010", "step-00000012"]  # kept for the user, not deleted
+    assert [s for s, _ in Checkpointer(ckpt).committed()] == [4, 6]  # new checkpoints survive pruning
+    assert len(losses(tmp_path)) == 6  # metrics of the abandoned run dropped only down to the step resumed
+
+    # A later resume continues from the new checkpoints, not from 0 again.
+    trainer = Trainer(load_config(SMOKE, overrides(tmp_path, *RUN, "train.steps=8")), resume="auto")
+    assert trainer.state.iteration == 6
+
+
+def test_resume_from_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path: Path) -> None:
+    Trainer(load_config(SMOKE, overrides(tmp_path, *RUN, "checkpoint.keep=3", "train.steps=6"))).fit()
+    ckpt = tmp_path / "checkpoints"
+    with pytest.warns(CheckpointWarning, match="newer than step 2"):
+        trainer = Trainer(
+            load_config(SMOKE, overrides(tmp_path, *RUN, "checkpoint.keep=3", "train.steps=6")),
+            resume=str(ckpt / "step-00000002"),
+        )
+    assert names(ckpt / "superseded") == ["step-00000004", "step-00000006"]
+    trainer.fit()
+    resumed = Trainer(
+        load_config(SMOKE, overrides(tmp_path, *RUN, "checkpoint.keep=3", "train.steps=6")), resume="auto"
+    )
+    assert resumed.resumed_from == ckpt / "step-00000006"  # this continuation's own checkpoint
