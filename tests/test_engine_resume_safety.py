@@ -1,14 +1,19 @@
 """Resume never loses good work: corrupt checkpoints are moved aside (not counted by pruning), a start from
-step 0 says so, and checkpoints of an abandoned continuation are moved aside rather than resumed later."""
+step 0 says so, and checkpoints of an abandoned continuation are moved aside rather than resumed later. One
+training process per run directory; a run directory that cannot be written is a one-line error."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from drivetrain.engine import Checkpointer, CheckpointWarning, Trainer, load_config
-from engine_helpers import SMOKE, losses, overrides
+from drivetrain.engine.trainer import STEP_DELAY_ENV
+from engine_helpers import SMOKE, cli_env, losses, overrides, run_cli, train_cmd
 
 RUN = ["checkpoint.every=2", "checkpoint.keep=2"]
 
@@ -61,3 +66,42 @@ def test_resume_from_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path: Pat
         load_config(SMOKE, overrides(tmp_path, *RUN, "checkpoint.keep=3", "train.steps=6")), resume="auto"
     )
     assert resumed.resumed_from == ckpt / "step-00000006"  # this continuation's own checkpoint
+
+
+def test_a_second_training_process_on_the_same_run_directory_is_refused(tmp_path: Path) -> None:
+    args = overrides(tmp_path, "train.steps=200")
+    first = subprocess.Popen(
+        train_cmd(*args), env=cli_env(**{STEP_DELAY_ENV: "0.05"}), stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "metrics.jsonl").exists():
+            assert first.poll() is None, first.stderr.read()
+            assert time.monotonic() < deadline, "the first run did not start"
+            time.sleep(0.05)
+        second = run_cli(*args, "--resume", "auto")
+        assert second.returncode == 2
+        assert f"is in use by another training process (pid {first.pid} on " in second.stderr
+        assert "Traceback" not in second.stderr
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=60)
+    assert first.returncode == 0
+    after = run_cli(*overrides(tmp_path, "train.steps=3"), "--resume", "auto")  # the lock died with its holder
+    assert after.returncode == 0, after.stderr
+
+
+def test_a_run_directory_that_cannot_be_created_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    proc = run_cli(*overrides(tmp_path / "file" / "run", "train.steps=1"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"drivetrain train: config error: run.out_dir: cannot create {tmp_path / 'file' / 'run'} (Not a directory)"
+    ]
+
+
+def test_the_same_process_may_build_a_second_trainer_for_its_run(tmp_path: Path) -> None:
+    first = Trainer(load_config(SMOKE, overrides(tmp_path, "train.steps=2")))
+    second = Trainer(load_config(SMOKE, overrides(tmp_path, "train.steps=2")))  # e.g. a notebook cell re-run
+    second.fit()
+    first.close()

@@ -38,6 +38,7 @@ from drivetrain.engine.distributed import wrap_model as wrap
 from drivetrain.engine.metrics import MetricsLogger, peak_memory_mb
 from drivetrain.engine.precision import LossScaler, autocast, fp32_outputs, unscale_clip_
 from drivetrain.engine.rng import capture_rng, restore_rng, seed_all
+from drivetrain.engine.rundir import RunDirLock
 from drivetrain.engine.sampler import BatchStream, ResumableSampler
 from drivetrain.engine.schedule import lr_factor
 from drivetrain.engine.stream import SamplerBatches, brings_own_batching
@@ -91,6 +92,17 @@ class Trainer:
             torch.use_deterministic_algorithms(True)
         self.ctx: DistContext = setup(cfg)
         self.device = self.ctx.device
+        self._lock = RunDirLock(self.out_dir) if self.ctx.is_main else None
+        if self._lock is not None:
+            self._lock.acquire()  # one training process per run directory
+        try:
+            self._build(resume)
+        except BaseException:
+            self._release()
+            raise
+
+    def _build(self, resume: str | None) -> None:
+        cfg = self.cfg
         self.checkpointer = Checkpointer(self.out_dir / "checkpoints", keep=cfg.checkpoint.keep)
         if resume is None and self.checkpointer.committed():
             raise ConfigError(
@@ -137,6 +149,8 @@ class Trainer:
     def fit(self) -> TrainState:
         """Train until ``train.steps`` iterations are done or a stop signal arrives; returns the state."""
         cfg = self.cfg
+        if self._lock is not None:
+            self._lock.acquire()
         log = MetricsLogger(
             self.out_dir,
             enabled=self.ctx.is_main,
@@ -175,7 +189,12 @@ class Trainer:
                 self.save()
         finally:
             log.close()
+            self._release()
         return self.state
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
 
     def _iteration(self, log: MetricsLogger) -> str | None:
         """One optimizer iteration; returns the name of a received stop signal (agreed across ranks)."""
@@ -401,5 +420,6 @@ class Trainer:
                 signal.signal(s, h)
 
     def close(self) -> None:
-        """Leave the process group (if any)."""
+        """Release the run directory and leave the process group (if any)."""
+        self._release()
         teardown(self.ctx)
