@@ -1,6 +1,7 @@
 """The frame index against the nuScenes devkit: boxes, calibration, velocities, storage, bad roots."""
 
 import json
+import os
 import shutil
 
 import numpy as np
@@ -98,6 +99,7 @@ def test_index_round_trips_through_npz_without_pickle(synth_index, tmp_path):
     with np.load(path, allow_pickle=False) as npz:
         assert all(npz[k].dtype != object for k in npz.files)
     back = load_index(path)
+    assert back.meta.pop("root_from_index") == os.path.relpath(synth_index.meta["root"], tmp_path.resolve())
     assert back.meta == synth_index.meta
     for key, value in synth_index.arrays.items():
         np.testing.assert_array_equal(back.arrays[key], value)

@@ -84,15 +84,29 @@ def test_trainer_runs_on_synthetic_frames_and_resumes_exactly(synth_index, synth
     assert final_state(tmp_path / "resumed")["data"] == {"epoch": 1, "step": 2}
 
 
-def test_synthetic_builder_reuses_a_finished_dataset(synth_index, synth_root, monkeypatch):
+def test_synthetic_builder_reuses_a_finished_dataset_with_the_same_settings(tmp_path, monkeypatch):
     import drivetrain.data.synth as synth_module
+    from drivetrain.data.training import synthetic
+
+    small = {"scenes": 4, "frames_per_scene": 2, "image_size": (160, 90)}
+    first = synthetic(root=str(tmp_path), **small)
+    assert len(first) == 2 * 2  # the mini_train scenes of the four (the two mini_val ones are held out)
+    assert len(synthetic(root=str(tmp_path), **small, split="mini_val")) == 2 * 2
 
     def fail(*args, **kwargs):
         raise AssertionError("the dataset was generated again")
 
     monkeypatch.setattr(synth_module, "generate", fail)
-    from drivetrain.data.training import synthetic
-
-    assert len(synthetic(root=str(synth_root))) == len(synth_index)
+    (tmp_path / ".generate.lock").unlink()
+    tmp_path.chmod(0o555)  # a read-only dataset is reused without writing anything
+    try:
+        assert len(synthetic(root=str(tmp_path), **small)) == len(first)
+        assert not (tmp_path / ".generate.lock").exists()
+    finally:
+        tmp_path.chmod(0o755)
+    with pytest.raises(ValueError, match=r"other settings \(seed: the data has 0, asked for 7"):
+        synthetic(root=str(tmp_path), **small, seed=7)
+    with pytest.raises(ValueError, match="samples_per_scene: the data has 2, asked for 8"):
+        synthetic(root=str(tmp_path), scenes=4, image_size=(160, 90))
     with pytest.raises(ValueError, match="size"):
-        synthetic(root=str(synth_root), size="huge")
+        synthetic(root=str(tmp_path), size="huge")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import time
 from pathlib import Path
 
@@ -58,6 +59,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--image-size", default=None, metavar="WxH", help="image size, e.g. 800x450 (focal scales with W)"
     )
     synth.add_argument("--workers", type=int, default=1, help="processes, one scene each at a time (default: 1)")
+    synth.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the synthetic dataset already in --out (its tables, samples/, sweeps/, maps/, index and "
+        "settings are deleted first); without it a non-empty --out is refused",
+    )
     synth.add_argument("--quiet", action="store_true", help="no progress bar")
     synth.set_defaults(run=_synth)
 
@@ -84,27 +91,47 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Load one batch (B frames, one per slot of the sequence sampler) and print every field's shape.",
     )
     inspect.add_argument("--index", type=Path, required=True, help="index file from `drivetrain data index`")
+    inspect.add_argument(
+        "--root", type=Path, default=None, help="dataset root (default: the one the index names, relative to it)"
+    )
+    inspect.add_argument("--split", default=None, help="only the scenes of this split, e.g. mini_train (default: all)")
     inspect.add_argument("--batch-size", type=int, default=2, help="B (default: 2)")
     inspect.add_argument("--points", action="store_true", help="also load lidar points")
     inspect.set_defaults(run=_inspect)
 
 
+# What `data synth` writes into its folder (and `--overwrite` deletes first).
+SYNTH_OUTPUTS = ("v1.0-mini", "samples", "sweeps", "maps", "drivetrain_synth.json", "drivetrain_index.npz")
+
+
 def _synth(args: argparse.Namespace) -> int:
     from drivetrain.data.synth import PRESETS, generate
 
-    config = PRESETS[args.preset].with_overrides(seed=args.seed)
-    if args.scenes is not None:
-        config = config.with_overrides(scenes=config.scenes[: args.scenes])
-    if args.samples is not None:
-        config = config.with_overrides(samples_per_scene=args.samples)
-    if args.image_size is not None:
-        try:
-            width, height = (int(v) for v in args.image_size.lower().split("x"))
-        except ValueError:
-            raise SystemExit(f"--image-size: expected WxH such as 800x450, got {args.image_size!r}") from None
-        config = config.with_overrides(image_width=width, image_height=height, focal=1266.0 * width / 1600)
+    for name, value in (("--scenes", args.scenes), ("--frames-per-scene", args.samples), ("--workers", args.workers)):
+        if value is not None and value < 1:
+            raise SystemExit(f"data synth: {name}: must be ≥ 1, got {value}")
+    try:
+        config = PRESETS[args.preset].with_overrides(seed=args.seed)
+        if args.scenes is not None:
+            config = config.with_overrides(scenes=config.scenes[: args.scenes])
+        if args.samples is not None:
+            config = config.with_overrides(samples_per_scene=args.samples)
+        if args.image_size is not None:
+            try:
+                width, height = (int(v) for v in args.image_size.lower().split("x"))
+            except ValueError:
+                raise SystemExit(
+                    f"data synth: --image-size: expected WxH such as 800x450, got {args.image_size!r}"
+                ) from None
+            config = config.with_overrides(image_width=width, image_height=height, focal=1266.0 * width / 1600)
+    except ValueError as err:
+        raise SystemExit(f"data synth: {err}") from None
+    _clear_for_synth(args.root, args.overwrite)
     start = time.perf_counter()
-    counts = generate(args.root, config, workers=args.workers, progress=not args.quiet)
+    try:
+        counts = generate(args.root, config, workers=args.workers, progress=not args.quiet)
+    except OSError as err:
+        raise SystemExit(f"data synth: cannot write {err.filename or args.root} ({err.strerror})") from None
     print(
         f"wrote {counts['sample']} key frames of {counts['scene']} scenes, {counts['sample_annotation']} annotations "
         f"to {args.root} in {time.perf_counter() - start:.1f} s"
@@ -112,11 +139,36 @@ def _synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _clear_for_synth(root: Path, overwrite: bool) -> None:
+    """Refuse a non-empty output folder, or with ``overwrite`` delete the synthetic dataset in it."""
+    if root.exists() and not root.is_dir():
+        raise SystemExit(f"data synth: --out {root} exists and is not a folder")
+    if not root.is_dir() or not any(root.iterdir()):
+        return
+    if not overwrite:
+        raise SystemExit(
+            f"data synth: --out {root} is not empty; pass --overwrite to replace the dataset there, or choose an "
+            "empty folder (files of an earlier, larger dataset would otherwise remain beside the new one)"
+        )
+    if not (root / "drivetrain_synth.json").is_file():
+        raise SystemExit(
+            f"data synth: --out {root} holds no synthetic dataset (no drivetrain_synth.json); not touching it"
+        )
+    for name in SYNTH_OUTPUTS:
+        path = root / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
 def _index(args: argparse.Namespace) -> int:
     from drivetrain.data.errors import DataError
     from drivetrain.data.index import build_index, save_index
 
     out = args.out or args.root / "drivetrain_index.npz"
+    if args.max_sweeps < 0:
+        raise SystemExit(f"data index: --max-sweeps: must be ≥ 0, got {args.max_sweeps}")
     try:
         index = build_index(
             args.root,
@@ -127,7 +179,10 @@ def _index(args: argparse.Namespace) -> int:
         )
     except DataError as err:
         raise SystemExit(f"data index: {err}") from None
-    save_index(index, out)
+    try:
+        save_index(index, out)
+    except OSError as err:
+        raise SystemExit(f"data index: cannot write {out} ({err.strerror})") from None
     print(
         f"indexed {len(index)} frames of {len(index.meta['scenes'])} scenes, {len(index.arrays['boxes'])} boxes → {out}"
     )
@@ -141,12 +196,14 @@ def _inspect(args: argparse.Namespace) -> int:
     from drivetrain.data.errors import DataError
     from drivetrain.ragged import RaggedBatch
 
+    if args.batch_size < 1:
+        raise SystemExit(f"data inspect: --batch-size: must be ≥ 1, got {args.batch_size}")
     try:
-        dataset = FrameDataset(args.index, DatasetConfig(load_points=args.points))
+        dataset = FrameDataset(args.index, DatasetConfig(load_points=args.points), args.root, args.split)
+        sampler = SequenceSampler(dataset.scene_lengths(), args.batch_size)
+        batch = collate([dataset[key] for key in next(iter(sampler))])
     except DataError as err:
         raise SystemExit(f"data inspect: {err}") from None
-    sampler = SequenceSampler(dataset.scene_lengths(), args.batch_size)
-    batch = collate([dataset[key] for key in next(iter(sampler))])
     for name, value in vars(batch).items():
         if isinstance(value, RaggedBatch):
             print(f"{name:<14} RaggedBatch {tuple(value.shape)} {value.dtype}, sizes {value.sizes.tolist()}")

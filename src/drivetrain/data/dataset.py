@@ -129,13 +129,21 @@ class FrameDataset:
     Args:
         index: the index, or its ``.npz`` path.
         config: what to load.
-        root: dataset root (default: the root stored in the index).
+        root: dataset root (default: the root the index names, relative to the index file).
+        split: keep only the scenes of this devkit split (``mini_train``, ``mini_val``, ``train``, ``val``,
+            ...); None keeps every indexed scene.
     """
 
     def __init__(
-        self, index: FrameIndex | str | Path, config: DatasetConfig | None = None, root: str | Path | None = None
+        self,
+        index: FrameIndex | str | Path,
+        config: DatasetConfig | None = None,
+        root: str | Path | None = None,
+        split: str | None = None,
     ) -> None:
         self.index = index if isinstance(index, FrameIndex) else load_index(index, root)
+        if split is not None:
+            self.index = self.index.split(split)
         self.root = Path(root if root is not None else self.index.meta["root"])
         self.config = config or DatasetConfig()
         arr = self.index.arrays

@@ -14,11 +14,23 @@ computes, per key frame (sample), in StreamPETR's conventions:
 
 Saved as one ``.npz`` (numeric arrays, plus the strings as a JSON document stored as bytes), loaded with
 ``allow_pickle=False``.
+
+The index also records what it was built from, so that it cannot silently describe other data:
+
+- the dataset root *relative to the index file* (an index inside its root follows a copied or moved
+  dataset; the absolute root is kept for information only);
+- the size and SHA-256 of every table it read: loading refuses an index whose tables changed since
+  (:class:`DataError` "stale index"), when the tables are present beside the data;
+- the devkit's scene splits (``mini_train``, ``mini_val``, ``train``, ``val``, ...) restricted to the
+  indexed scenes, so training and evaluation can take disjoint scenes without the devkit
+  (:meth:`FrameIndex.split`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,9 +42,9 @@ from drivetrain.data.errors import DataError
 from drivetrain.data.nuscenes_format import ATTRIBUTES, CAMERAS, CATEGORY_TO_CLASS, CLASSES, LIDAR, TABLES
 from drivetrain.data.transforms import invert, transform, yaw_from_matrix
 
-__all__ = ["FrameIndex", "build_index", "check_root", "load_index", "save_index"]
+__all__ = ["FrameIndex", "build_index", "check_root", "load_index", "save_index", "table_fingerprint"]
 
-FORMAT = "drivetrain-frame-index/2"
+FORMAT = "drivetrain-frame-index/3"
 ARRAYS = (
     "timestamp",  # (F,) float64 seconds
     "scene_id",  # (F,) int64
@@ -84,6 +96,67 @@ class FrameIndex:
         """Frames per scene, scenes in index order."""
         return np.bincount(self.arrays["scene_id"], minlength=len(self.meta["scenes"])).tolist()
 
+    def split(self, name: str) -> FrameIndex:
+        """The frames of the scenes of devkit split ``name`` (e.g. ``mini_train``); DataError if unknown/empty."""
+        splits = self.meta.get("splits", {})
+        if name not in splits:
+            raise DataError(f"unknown split {name!r}; this index has {sorted(splits)}", self.meta.get("root", "index"))
+        if not splits[name]:
+            raise DataError(f"split {name!r} holds none of this index's scenes", self.meta.get("root", "index"))
+        return self.subset(splits[name])
+
+    def subset(self, scenes: list[str]) -> FrameIndex:
+        """The frames of the named scenes (in index order), with scene ids, offsets and metadata renumbered."""
+        unknown = sorted(set(scenes) - set(self.meta["scenes"]))
+        if unknown:
+            raise ValueError(f"scenes: not in this index: {unknown}")
+        keep_scene = np.isin(np.asarray(self.meta["scenes"]), list(scenes))
+        frames = np.flatnonzero(keep_scene[self.arrays["scene_id"]])  # (F',)
+        arr = self.arrays
+        new_id = np.cumsum(keep_scene) - 1  # old scene id → new one
+        per_frame = set(ARRAYS) - {"box_offset", "sweep_offset", *_BOX_ARRAYS, *_SWEEP_ARRAYS}
+        out = {k: arr[k][frames] for k in per_frame}
+        out["scene_id"] = new_id[arr["scene_id"][frames]]
+        for per, offset in (("boxes", "box_offset"), ("sweeps", "sweep_offset")):
+            spans = [np.arange(arr[offset][f], arr[offset][f + 1]) for f in frames]
+            rows = np.concatenate(spans) if spans else np.zeros(0, np.int64)
+            counts = [len(span) for span in spans]
+            out[offset] = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+            keys = _BOX_ARRAYS if per == "boxes" else _SWEEP_ARRAYS
+            out.update({k: arr[k][rows] for k in keys})
+        meta = dict(self.meta)
+        for key in _FRAME_META:
+            meta[key] = [self.meta[key][f] for f in frames]
+        meta["sweep_files"] = [self.meta["sweep_files"][s] for s in _rows(arr["sweep_offset"], frames)]
+        meta["scenes"] = [n for n, k in zip(self.meta["scenes"], keep_scene, strict=True) if k]
+        meta["scene_tokens"] = [t for t, k in zip(self.meta["scene_tokens"], keep_scene, strict=True) if k]
+        meta["splits"] = {n: [s for s in names if s in meta["scenes"]] for n, names in self.meta["splits"].items()}
+        return FrameIndex(out, meta)
+
+
+# Arrays indexed by box and by sweep, and metadata lists indexed by frame (for FrameIndex.subset).
+_BOX_ARRAYS = ("boxes", "labels", "num_lidar_pts", "visibility", "attribute", "instance")
+_SWEEP_ARRAYS = ("sweep2lidar", "sweep_dt")
+_FRAME_META = ("sample_tokens", "prev_tokens", "next_tokens", "image_files", "lidar_files")
+
+
+def _rows(offset: np.ndarray, frames: np.ndarray) -> list[int]:
+    return [r for f in frames for r in range(int(offset[f]), int(offset[f + 1]))]
+
+
+def table_fingerprint(root: str | Path, version: str) -> dict[str, list[int | str]]:
+    """``{table: [size in bytes, SHA-256]}`` of the tables under ``root/version`` that exist."""
+    out: dict[str, list[int | str]] = {}
+    for name in TABLES:
+        path = Path(root) / version / f"{name}.json"
+        if path.is_file():
+            digest = hashlib.sha256()
+            with path.open("rb") as f:
+                for chunk in iter(lambda f=f: f.read(1 << 20), b""):
+                    digest.update(chunk)
+            out[name] = [path.stat().st_size, digest.hexdigest()]
+    return out
+
 
 def check_root(root: str | Path, version: str) -> Path:
     """Raise :class:`DataError` unless ``root/version`` holds every nuScenes table as valid JSON."""
@@ -120,6 +193,8 @@ def build_index(
     progress: bool = True,
 ) -> FrameIndex:
     """Index every key frame of ``root/version`` (see the module docstring)."""
+    if max_sweeps < 0:
+        raise ValueError(f"max_sweeps: must be ≥ 0, got {max_sweeps}")
     root = check_root(root, version)
     try:
         from nuscenes import NuScenes
@@ -149,6 +224,8 @@ def build_index(
         "lidar_files": [],
         "sweep_files": [],
         "instances": [],
+        "tables": table_fingerprint(root, version),
+        "splits": _devkit_splits(),
     }
     instance_id: dict[str, int] = {}
     scenes = sorted(nusc.scene, key=lambda s: s["name"])
@@ -228,11 +305,19 @@ def build_index(
             bar.update(1)
     bar.close()
     meta["instances"] = list(instance_id)
+    meta["splits"] = {name: [s for s in scenes if s in meta["scenes"]] for name, scenes in meta["splits"].items()}
     arrays = _assemble(cols, box_counts, sweep_counts, len(cameras))
     index = FrameIndex(arrays, meta)
     if check_files:
         _check_files(index)
     return index
+
+
+def _devkit_splits() -> dict[str, list[str]]:
+    """The devkit's scene splits (nuScenes trainval/test/mini), by split name."""
+    from nuscenes.utils.splits import create_splits_scenes
+
+    return {name: list(scenes) for name, scenes in create_splits_scenes(verbose=False).items()}
 
 
 def _calib(nusc: Any, sd: dict[str, Any]) -> np.ndarray:
@@ -289,17 +374,28 @@ def _check_files(index: FrameIndex) -> None:
 
 
 def save_index(index: FrameIndex, path: str | Path) -> Path:
-    """Write ``index`` to ``path`` (``.npz``; no pickled objects)."""
+    """Write ``index`` to ``path`` (``.npz``; no pickled objects), recording the root relative to it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    meta = np.frombuffer(json.dumps(index.meta).encode(), dtype=np.uint8)
+    meta = dict(index.meta, root_from_index=os.path.relpath(index.meta["root"], path.parent.resolve()))
+    meta = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     with path.open("wb") as f:
         np.savez(f, meta_json=meta, **index.arrays)
     return path
 
 
 def load_index(path: str | Path, root: str | Path | None = None) -> FrameIndex:
-    """Read an index written by :func:`save_index`; ``root`` overrides the dataset root stored in it."""
+    """Read an index written by :func:`save_index`.
+
+    Args:
+        path: the ``.npz`` file.
+        root: dataset root; default: where the index says, relative to the index file (so a copied or moved
+            dataset with its index inside reads its own files).
+
+    Raises:
+        DataError: naming the file when it is missing, unreadable, of another format, or stale (the root's
+            tables differ from those the index was built from).
+    """
     path = Path(path)
     if not path.is_file():
         raise DataError("index file does not exist (create it with `drivetrain data index`)", path)
@@ -316,4 +412,23 @@ def load_index(path: str | Path, root: str | Path | None = None) -> FrameIndex:
         raise DataError(f"index format {meta.get('format')!r}, expected {FORMAT!r}; rebuild it", path)
     if root is not None:
         meta["root"] = str(Path(root).resolve())
+    else:
+        meta["root"] = str((path.parent / meta["root_from_index"]).resolve())
+    _check_fresh(meta, path)
     return FrameIndex(data, meta)
+
+
+def _check_fresh(meta: dict[str, Any], path: Path) -> None:
+    """DataError if the tables under the root differ from those the index was built from."""
+    built = meta.get("tables", {})
+    tables = Path(meta["root"]) / meta["version"]
+    if not tables.is_dir():  # only the data files were copied: nothing to compare with
+        return
+    now = table_fingerprint(meta["root"], meta["version"])
+    changed = sorted(name for name in built if now.get(name) != built[name])
+    if changed:
+        raise DataError(
+            f"stale index: the tables {changed} under {tables} changed since it was built "
+            f"(regenerated data?); rebuild it with `drivetrain data index --root {meta['root']}`",
+            path,
+        )

@@ -6,22 +6,30 @@ Builders for a run config's ``data.name``:
 
 - ``drivetrain.data.training:frames`` — an existing frame index (``data.args.index``);
 - ``drivetrain.data.training:synthetic`` — the synthetic dataset under ``data.args.root``, generated and
-  indexed on first use (deterministic for the seed), then reused.
+  indexed on first use (deterministic for the seed), then reused — only if its recorded generator settings
+  (``drivetrain_synth.json``) are the ones asked for; otherwise an error names the differing settings.
+
+Both take ``split`` (a devkit scene split such as ``mini_train`` / ``mini_val``): training configs name the
+train split so that evaluation on the val split sees scenes the model has not trained on.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
+from dataclasses import asdict
 from pathlib import Path
 
 from drivetrain.data.collate import Batch, collate
 from drivetrain.data.dataset import DatasetConfig, FrameDataset, FrameKey, Sample, Skipped
+from drivetrain.data.errors import DataError
 from drivetrain.data.sampler import SequenceSampler
 
 __all__ = ["StreamingFrames", "frames", "synthetic"]
 
 INDEX_FILE = "drivetrain_index.npz"
+SYNTH_FILE = "drivetrain_synth.json"
 
 
 class StreamingFrames:
@@ -51,13 +59,14 @@ class StreamingFrames:
 def frames(
     index: str,
     root: str | None = None,
+    split: str | None = None,
     load_points: bool = False,
     num_sweeps: int = 0,
     on_error: str = "raise",
 ) -> StreamingFrames:
-    """Training frames of the index file ``index`` (see :class:`DatasetConfig` for the options)."""
+    """Training frames of the index file ``index``, optionally one split's scenes (see :class:`DatasetConfig`)."""
     config = DatasetConfig(load_points=load_points, num_sweeps=num_sweeps, on_error=on_error)
-    return StreamingFrames(FrameDataset(index, config, root))
+    return StreamingFrames(FrameDataset(index, config, root, split))
 
 
 def synthetic(
@@ -67,36 +76,70 @@ def synthetic(
     frames_per_scene: int | None = None,
     image_size: tuple[int, int] | None = None,
     seed: int = 0,
+    split: str | None = "mini_train",
     on_error: str = "raise",
 ) -> StreamingFrames:
     """The synthetic nuScenes-format dataset at ``root``: generated and indexed unless already there.
 
     Args:
-        root: dataset folder; its ``drivetrain_index.npz`` marks a finished dataset and is reused as is.
+        root: dataset folder. A finished dataset there (its ``drivetrain_index.npz``) is reused when its
+            ``drivetrain_synth.json`` records the settings asked for; other settings are a ValueError naming
+            them (use another root, or delete the folder to regenerate). Nothing is written when the dataset
+            is reused, so it may live on a read-only mount.
         size: preset, ``tiny`` or ``full``; scenes / frames_per_scene / image_size (W, H) override it.
-        seed: generator seed (only used when generating).
+        seed: generator seed.
+        split: devkit split of the scenes to train on (default ``mini_train``; ``mini_val`` is held out for
+            evaluation); None for every scene.
     """
-    from drivetrain.data.index import build_index, save_index
-    from drivetrain.data.synth import PRESETS, generate
+    from drivetrain.data.synth import PRESETS
 
     if size not in PRESETS:
         raise ValueError(f"size: expected one of {sorted(PRESETS)}, got {size!r}")
+    config = PRESETS[size].with_overrides(seed=seed)
+    if scenes is not None:
+        config = config.with_overrides(scenes=config.scenes[:scenes])
+    if frames_per_scene is not None:
+        config = config.with_overrides(samples_per_scene=frames_per_scene)
+    if image_size is not None:
+        width, height = (int(v) for v in image_size)
+        config = config.with_overrides(image_width=width, image_height=height, focal=1266.0 * width / 1600)
     path = Path(root)
+    if not (path / INDEX_FILE).is_file():
+        _generate_once(path, config)
+    _check_settings(path, config)
+    return StreamingFrames(FrameDataset(path / INDEX_FILE, DatasetConfig(on_error=on_error), split=split))
+
+
+def _generate_once(path: Path, config: object) -> None:
+    """Generate and index ``config`` into ``path`` (ranks of one node take a lock: one of them does it)."""
+    from drivetrain.data.index import build_index, save_index
+    from drivetrain.data.synth import generate
+
     path.mkdir(parents=True, exist_ok=True)
-    with open(path / ".generate.lock", "w") as lock:  # ranks of one node generate it once
+    with open(path / ".generate.lock", "w") as lock:
         with contextlib.suppress(OSError):
             fcntl.flock(lock, fcntl.LOCK_EX)
         if not (path / INDEX_FILE).is_file():
-            config = PRESETS[size].with_overrides(seed=seed)
-            if scenes is not None:
-                config = config.with_overrides(scenes=config.scenes[:scenes])
-            if frames_per_scene is not None:
-                config = config.with_overrides(samples_per_scene=frames_per_scene)
-            if image_size is not None:
-                width, height = (int(v) for v in image_size)
-                config = config.with_overrides(image_width=width, image_height=height, focal=1266.0 * width / 1600)
             generate(path, config, progress=True)
             tmp = path / f".{INDEX_FILE}.tmp.npz"
             save_index(build_index(path, progress=False), tmp)
             tmp.replace(path / INDEX_FILE)  # the index appears only once the dataset is complete
-    return StreamingFrames(FrameDataset(path / INDEX_FILE, DatasetConfig(on_error=on_error)))
+
+
+def _check_settings(path: Path, config: object) -> None:
+    """ValueError naming the settings in which the dataset at ``path`` differs from ``config``."""
+    recorded_file = path / SYNTH_FILE
+    try:
+        recorded = json.loads(recorded_file.read_text())
+    except (OSError, ValueError) as err:
+        raise DataError(f"not a synthetic dataset or its settings are unreadable ({err})", recorded_file) from None
+    wanted = json.loads(json.dumps(asdict(config)))  # tuples → lists, as recorded
+    differ = [
+        f"{k}: the data has {recorded.get(k)!r}, asked for {v!r}" for k, v in wanted.items() if recorded.get(k) != v
+    ]
+    if differ:
+        raise ValueError(
+            f"root: {path} holds a synthetic dataset generated with other settings ("
+            + "; ".join(differ)
+            + "); choose another data.args.root, or delete the folder to regenerate it"
+        )
