@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -115,10 +116,22 @@ def free_port() -> int:
 
 
 def torchrun(*args: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
-    """``python -m torch.distributed.run --nproc_per_node 2 ARGS`` on a free port; ``env`` extends cli_env."""
+    """``python -m torch.distributed.run --nproc_per_node 2 ARGS`` on a free port; ``env`` extends cli_env.
+
+    On a timeout the launcher and its ranks (one process group) are killed and the error shows their output.
+    """
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            *args]  # fmt: skip
-    return subprocess.run(cmd, env=cli_env(**env), capture_output=True, text=True, timeout=timeout, check=False)
+    proc = subprocess.Popen(
+        cmd, env=cli_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"torchrun timed out after {timeout} s: {cmd}\n{out[-3000:]}\n{err[-6000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def train_single_double_batch(out: Path, float64: bool = True) -> Path:
