@@ -3,6 +3,7 @@ batched loss under the trainer, with exact resume of the sequence sampler."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,21 @@ def test_synthetic_builder_reuses_a_finished_dataset_with_the_same_settings(tmp_
         synthetic(root=str(tmp_path), scenes=4, image_size=(160, 90))
     with pytest.raises(ValueError, match="size"):
         synthetic(root=str(tmp_path), size="huge")
+
+
+def test_synthetic_builder_reindexes_an_index_of_an_older_format(tmp_path):
+    import numpy as np
+
+    from drivetrain.data.training import synthetic
+
+    small = {"scenes": 4, "frames_per_scene": 2, "image_size": (160, 90)}
+    synthetic(root=str(tmp_path), **small)
+    index = tmp_path / "drivetrain_index.npz"
+    with np.load(index, allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    meta = json.loads(arrays["meta_json"].tobytes().decode())
+    meta["format"] = "drivetrain-frame-index/2"  # written by an older drivetrain
+    arrays["meta_json"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    np.savez(index, **arrays)
+    with pytest.warns(RuntimeWarning, match="re-indexing the synthetic dataset"):
+        assert len(synthetic(root=str(tmp_path), **small)) == 4

@@ -18,12 +18,15 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import warnings
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
 from drivetrain.data.collate import Batch, collate
 from drivetrain.data.dataset import DatasetConfig, FrameDataset, FrameKey, Sample, Skipped
 from drivetrain.data.errors import DataError
+from drivetrain.data.index import load_index
 from drivetrain.data.sampler import SequenceSampler
 
 __all__ = ["StreamingFrames", "frames", "synthetic"]
@@ -107,23 +110,43 @@ def synthetic(
     if not (path / INDEX_FILE).is_file():
         _generate_once(path, config)
     _check_settings(path, config)
-    return StreamingFrames(FrameDataset(path / INDEX_FILE, DatasetConfig(on_error=on_error), split=split))
+    try:
+        index = load_index(path / INDEX_FILE)
+    except DataError as err:  # an index of an older drivetrain, or stale: the data itself is what was asked for
+        warnings.warn(f"re-indexing the synthetic dataset at {path}: {err}", RuntimeWarning, stacklevel=2)
+        with _node_lock(path):
+            _write_index(path)
+        index = load_index(path / INDEX_FILE)
+    return StreamingFrames(FrameDataset(index, DatasetConfig(on_error=on_error), split=split))
 
 
 def _generate_once(path: Path, config: object) -> None:
     """Generate and index ``config`` into ``path`` (ranks of one node take a lock: one of them does it)."""
-    from drivetrain.data.index import build_index, save_index
     from drivetrain.data.synth import generate
 
     path.mkdir(parents=True, exist_ok=True)
+    with _node_lock(path):
+        if not (path / INDEX_FILE).is_file():
+            generate(path, config, progress=True)
+            _write_index(path)
+
+
+def _write_index(path: Path) -> None:
+    """(Re)build the index of the dataset at ``path``; it appears only once complete (hold the node lock)."""
+    from drivetrain.data.index import build_index, save_index
+
+    tmp = path / f".{INDEX_FILE}.tmp.npz"
+    save_index(build_index(path, progress=False), tmp)
+    tmp.replace(path / INDEX_FILE)
+
+
+@contextlib.contextmanager
+def _node_lock(path: Path) -> Iterator[None]:
+    """Ranks of one node take this lock around writing the dataset: one of them does it, the others wait."""
     with open(path / ".generate.lock", "w") as lock:
         with contextlib.suppress(OSError):
             fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (path / INDEX_FILE).is_file():
-            generate(path, config, progress=True)
-            tmp = path / f".{INDEX_FILE}.tmp.npz"
-            save_index(build_index(path, progress=False), tmp)
-            tmp.replace(path / INDEX_FILE)  # the index appears only once the dataset is complete
+        yield
 
 
 def _check_settings(path: Path, config: object) -> None:
