@@ -10,6 +10,7 @@ this same command.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 EPILOG = """\
@@ -65,4 +66,11 @@ def run(args: argparse.Namespace) -> int:
             f"drivetrain train: {state.iteration}/{cfg.train.steps} steps ({state.step} updates, "
             f"{state.skipped} skipped) in {cfg.run.out_dir}"
         )
+    if trainer.ctx.initialized:
+        # Everything is written and every rank passed the last barrier. Leave without the interpreter's
+        # teardown, whose destructors of torch.distributed objects can deadlock on the GIL (see
+        # drivetrain.engine.distributed.teardown).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -112,7 +113,18 @@ def setup(cfg: TrainConfig) -> DistContext:
 
 
 def teardown(ctx: DistContext) -> None:
+    """Leave the process group once every rank is done.
+
+    gloo's worker threads can hold the last reference to a finished collective whose tensors are Python
+    objects; freeing them takes the GIL. Destroying the group joins those threads from the main thread, which
+    holds the GIL: a deadlock (seen at exit of a DDP run on a loaded 2-core machine, rank 1 stuck in
+    ``~ProcessGroupGloo`` → ``thread::join`` while its worker waited in ``gil_scoped_acquire``). A barrier and
+    a short sleep, which releases the GIL, let the workers finish first. Callers drop their DDP wrappers
+    (whose reducers hold the group) before this, so the group dies here and not at a later garbage collection.
+    """
     if ctx.initialized and dist.is_initialized():
+        dist.barrier()
+        time.sleep(0.05)
         dist.destroy_process_group()
 
 

@@ -420,6 +420,7 @@ class Trainer:
                 signal.signal(s, h)
 
     def close(self) -> None:
-        """Release the run directory and leave the process group (if any)."""
+        """Release the run directory and leave the process group (if any); the trainer cannot train after it."""
         self._release()
+        self.wrapped = self.model  # drop the DDP wrapper (its reducer holds the process group) before teardown
         teardown(self.ctx)
