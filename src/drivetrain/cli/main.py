@@ -29,8 +29,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    # `train` takes KEY=VALUE overrides anywhere (also after --resume auto); argparse collects positionals
+    # only up to the first option, so the later ones arrive here.
+    overrides = [a for a in extra if "=" in a and not a.startswith("-")]
+    if overrides and hasattr(args, "overrides"):
+        args.overrides = [*args.overrides, *overrides]
+        extra = [a for a in extra if a not in overrides]
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    _one_line_warnings()
     return args.run(args)
+
+
+def _one_line_warnings() -> None:
+    """Warnings print as ``drivetrain: CATEGORY: message`` without echoing a line of our source code."""
+    import warnings
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"drivetrain: {category.__name__}: {message}", file=file or sys.stderr)
+
+    warnings.showwarning = show
 
 
 if __name__ == "__main__":

@@ -397,9 +397,15 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
         if not path.is_file():
             raise ConfigError(f"{path}: config file not found")
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path}: not a text file (a YAML config is UTF-8 text)") from None
+        except OSError as err:
+            raise ConfigError(f"{path}: cannot read the config ({err.strerror})") from None
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        if data is None or data == {}:
+            raise ConfigError(f"{path}: the config is empty; start from one in configs/ (e.g. configs/smoke.yaml)")
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     data = apply_overrides(data, list(overrides))

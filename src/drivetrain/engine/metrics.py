@@ -97,8 +97,13 @@ class MetricsLogger:
         self._t_last = time.perf_counter()
 
     def record(self, device_values: dict[str, torch.Tensor], host_values: dict[str, float]) -> None:
-        """Keep one iteration's metrics; device values are 0-dim float tensors, read at flush."""
+        """Keep one iteration's metrics; device values are 0-dim float tensors, read at flush.
+
+        The progress bar advances here, every step (no device read); its loss and lr show the last flush.
+        """
         self._pending.append((device_values, host_values))
+        if self._bar is not None:
+            self._bar.update(1)
 
     def flush(self) -> None:
         """Read the buffered device values (one transfer), average across ranks, write records."""
@@ -114,9 +119,8 @@ class MetricsLogger:
                 record.update({k: v for k, v in host.items() if k != "step"})
                 self._write(record)
             self._file.flush()
-            if self._bar is not None:
-                self._bar.update(len(values))
-                self._bar.set_postfix(loss=f"{self.last['loss']:.4f}", lr=f"{self.last['lr']:.2e}", refresh=False)
+            if self._bar is not None:  # the values just read, shown now (not at the next update)
+                self._bar.set_postfix(loss=f"{self.last['loss']:.4f}", lr=f"{self.last['lr']:.2e}", refresh=True)
         self._pending.clear()
 
     def _write(self, record: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ Resuming restores all of it (RNG last, after the data pipeline is built) and con
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import signal
@@ -360,6 +361,7 @@ class Trainer:
             raise ConfigError(
                 f"--resume: the config differs from the one checkpoint {path} was written with:\n  " + "\n  ".join(diff)
             )
+        self._warn_schedule_change(ckpt["config"]["train"]["steps"], ckpt["train"]["step"])
         if ckpt["world_size"] != self.ctx.world_size:
             raise ConfigError(
                 f"--resume: checkpoint {path} was written by {ckpt['world_size']} ranks, this run has "
@@ -374,6 +376,22 @@ class Trainer:
         self.data.load_state_dict(ckpt["data"])
         restore_rng(ckpt["rng"][self.ctx.rank])  # last: nothing after this may draw from the global RNGs
         self.resumed_from = path
+
+    def _warn_schedule_change(self, saved_steps: int, step: int) -> None:
+        """Warn when a resume with another ``train.steps`` reshapes the schedule (its length follows it)."""
+        sched, lr = self.cfg.schedule, self.cfg.optim.lr
+        if saved_steps == self.cfg.train.steps or sched.total_steps is not None or sched.kind == "warmup_constant":
+            return
+        before, after = lr * lr_factor(sched, step, saved_steps), lr * lr_factor(sched, step, self.cfg.train.steps)
+        if not math.isclose(before, after, rel_tol=1e-6):
+            warnings.warn(
+                f"train.steps changed from {saved_steps} to {self.cfg.train.steps}: the {sched.kind} schedule "
+                f"stretches with it, so the lr at step {step} jumps from {before:.3g} to {after:.3g}; pass "
+                f"schedule.total_steps={saved_steps} to keep the old schedule (the lr then stays at its final "
+                "value past that step)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def _set_aside_unusable(self) -> None:
         """Rank 0, after a resume: move corrupt checkpoints and those of an abandoned continuation aside.

@@ -1,0 +1,84 @@
+"""User mistakes get one clear line, and friction is gone: overrides anywhere on the train command line, no
+empty or binary configs, a config cannot run arbitrary callables, schedule changes on resume are announced,
+warnings print without source lines, the progress bar moves every step. (Issue 9 items 9-11.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from drivetrain.cli.main import main
+from drivetrain.engine import ConfigError, Trainer, load_config
+from drivetrain.engine.metrics import MetricsLogger
+from engine_helpers import SMOKE, cli_env, losses, overrides, run_cli
+
+
+def test_overrides_may_follow_resume(tmp_path: Path) -> None:
+    argv = ["train", "--config", str(SMOKE), "--resume", "auto", *overrides(tmp_path, "train.steps=2")]
+    assert main(argv) == 0
+    assert len(losses(tmp_path)) == 2
+    with pytest.raises(SystemExit):
+        main(["train", "--config", str(SMOKE), "--bogus", *overrides(tmp_path)])
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "the config is empty"),
+        (b"# only a comment\n", "the config is empty"),
+        (b"\xff\xfe\x00\x01", "not a text file"),
+    ],
+)
+def test_empty_and_binary_configs_are_refused(tmp_path: Path, content: bytes, message: str) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+    cmd = [sys.executable, "-m", "drivetrain.cli.main", "train", "--config", str(path)]
+    proc = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"drivetrain train: config error: {path}: {message}" + proc.stderr.strip().split(message, 1)[1]
+    ]
+
+
+@pytest.mark.parametrize("name", ["os:system", "subprocess:run", "builtins:print", "drivetrain.engine:load_config"])
+def test_a_config_cannot_name_an_arbitrary_callable(tmp_path: Path, name: str, monkeypatch) -> None:
+    called = []
+    monkeypatch.setattr("os.system", lambda *a, **k: called.append(a))
+    with pytest.raises(ConfigError, match="refused before calling it"):
+        Trainer(load_config(SMOKE, overrides(tmp_path, f"model.name={name}")))
+    assert not called
+
+
+def test_changing_train_steps_on_resume_warns_about_the_lr_jump(tmp_path: Path) -> None:
+    run = ["checkpoint.every=3", "schedule.total_steps=null"]  # the schedule follows train.steps
+    Trainer(load_config(SMOKE, overrides(tmp_path, "train.steps=12", *run))).fit()  # past the 10 warm-up steps
+    with pytest.warns(RuntimeWarning, match=r"train.steps changed from 12 to 60.*schedule.total_steps=12"):
+        Trainer(load_config(SMOKE, overrides(tmp_path, "train.steps=60", *run)), resume="auto")
+
+
+def test_warnings_print_one_line_without_source(tmp_path: Path) -> None:
+    assert run_cli(*overrides(tmp_path, "train.steps=4", "checkpoint.every=2")).returncode == 0
+    newest = tmp_path / "checkpoints" / "step-00000004" / "state.pt"
+    newest.write_bytes(newest.read_bytes()[:-10])
+    proc = run_cli(*overrides(tmp_path, "train.steps=4", "checkpoint.every=2"), "--resume", "auto")
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "CheckpointWarning" in line]
+    assert lines and all(line.startswith("drivetrain: CheckpointWarning: ") for line in lines)
+    assert "load_latest()" not in proc.stderr  # no echoed source line
+
+
+def test_the_progress_bar_moves_every_step(tmp_path: Path) -> None:
+    log = MetricsLogger(tmp_path, enabled=True, total=10, start=0, tensorboard=False, progress=True,
+                        reduce_mean=lambda t: t)  # fmt: skip
+    for step in (1, 2, 3):
+        log.record({"loss": torch.tensor(float(step))}, {"step": step, "lr": 0.1})
+    assert log._bar.n == 3  # before any flush (device read)
+    log.flush()
+    assert log._bar.postfix == "loss=3.0000, lr=1.00e-01"  # the values just read
+    log.close()
