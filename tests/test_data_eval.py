@@ -44,5 +44,5 @@ def test_bad_predictions_files_are_named(synth_root, tmp_path):
         evaluate(bad, synth_root)
     partial = tmp_path / "partial.json"
     partial.write_text(json.dumps({"meta": {}, "results": {}}))
-    with pytest.raises(DataError, match="rejected"):
+    with pytest.raises(DataError, match=r"sample\(s\) of split 'mini_val' have no entry \(e.g. \['"):
         evaluate(partial, synth_root, out_dir=tmp_path / "eval")

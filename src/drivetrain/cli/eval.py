@@ -29,8 +29,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--config", default="detection_cvpr_2019", help="devkit detection config")
     parser.add_argument("--out", type=Path, default=None, help="metrics folder (default: next to the predictions)")
     parser.add_argument(
-        "--ground-truth-from", type=Path, default=None, metavar="INDEX", help="write GT as predictions first"
+        "--ground-truth-from",
+        type=Path,
+        default=None,
+        metavar="INDEX",
+        help="write GT as predictions first (to --predictions, which must not exist unless --overwrite)",
     )
+    parser.add_argument("--overwrite", action="store_true", help="let --ground-truth-from replace --predictions")
     parser.set_defaults(run=run)
 
 
@@ -45,9 +50,16 @@ def run(args: argparse.Namespace) -> int:
 
             scenes = create_splits_scenes().get(args.split)
             if scenes is None:
-                raise SystemExit(f"--split: unknown devkit split {args.split!r}")
+                raise SystemExit(f"eval: --split: unknown devkit split {args.split!r}")
+            if args.predictions.exists() and not args.overwrite:
+                raise SystemExit(
+                    f"eval: {args.predictions} exists; --ground-truth-from would replace it (pass --overwrite)"
+                )
             index = load_index(args.ground_truth_from, args.root)
-            write_submission(ground_truth_submission(index, scenes), args.predictions)
+            try:
+                write_submission(ground_truth_submission(index, scenes), args.predictions)
+            except OSError as err:
+                raise SystemExit(f"eval: cannot write {args.predictions} ({err.strerror})") from None
         metrics = evaluate(
             args.predictions, args.root, version=args.version, split=args.split, out_dir=args.out, config=args.config
         )

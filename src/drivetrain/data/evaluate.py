@@ -20,7 +20,7 @@ from drivetrain.data.index import FrameIndex, check_root
 from drivetrain.data.nuscenes_format import ATTRIBUTES, CLASSES
 from drivetrain.data.transforms import matrix_to_quaternion
 
-__all__ = ["boxes_to_submission", "evaluate", "ground_truth_submission", "write_submission"]
+__all__ = ["boxes_to_submission", "check_submission", "evaluate", "ground_truth_submission", "write_submission"]
 
 # The attribute reported for a class when a prediction has none (the most common one in nuScenes).
 DEFAULT_ATTRIBUTE = {
@@ -102,6 +102,58 @@ def _meta() -> dict[str, bool]:
     return {"use_camera": True, "use_lidar": False, "use_radar": False, "use_map": False, "use_external": False}
 
 
+# Fields of a submission box: (length, element check) — the devkit's DetectionBox, checked before it runs.
+_VECTORS = {"translation": 3, "size": 3, "rotation": 4, "velocity": 2}
+
+
+def check_submission(submission: Any, path: Path) -> int:
+    """Validate a submission's structure and values; returns the number of boxes.
+
+    Raises:
+        DataError: naming the file and the first offending entry (``results[TOKEN][i].FIELD``): a missing or
+            non-numeric field, a non-finite value, a size that is not positive, an unknown class or attribute,
+            a missing score, or a box whose ``sample_token`` differs from the key it is listed under.
+    """
+    if not isinstance(submission, dict) or not isinstance(submission.get("results"), dict) or "meta" not in submission:
+        raise DataError('predictions must be a nuScenes submission: {"meta": {...}, "results": {token: [...]}}', path)
+    attributes = {"", *ATTRIBUTES}
+    count = 0
+    for token, boxes in submission["results"].items():
+        if not isinstance(boxes, list):
+            raise DataError(f"results[{token!r}]: must be a list of boxes, got {type(boxes).__name__}", path)
+        for i, box in enumerate(boxes):
+            where = f"results[{token!r}][{i}]"
+            if not isinstance(box, dict):
+                raise DataError(f"{where}: must be an object, got {type(box).__name__}", path)
+            if box.get("sample_token") != token:
+                raise DataError(
+                    f"{where}.sample_token: {box.get('sample_token')!r} differs from its key {token!r}", path
+                )
+            for field, length in _VECTORS.items():
+                value = box.get(field)
+                if not isinstance(value, list) or len(value) != length or not all(_is_number(v) for v in value):
+                    raise DataError(f"{where}.{field}: must be a list of {length} numbers, got {value!r}", path)
+                if not np.isfinite(value).all():
+                    raise DataError(f"{where}.{field}: non-finite value {value!r}", path)
+            if min(box["size"]) <= 0:
+                raise DataError(f"{where}.size: must be positive, got {box['size']!r}", path)
+            if box.get("detection_name") not in CLASSES:
+                raise DataError(f"{where}.detection_name: {box.get('detection_name')!r} is not one of {CLASSES}", path)
+            score = box.get("detection_score")
+            if not _is_number(score) or not np.isfinite(score):
+                raise DataError(f"{where}.detection_score: must be a finite number, got {score!r}", path)
+            if box.get("attribute_name", "") not in attributes:
+                raise DataError(
+                    f"{where}.attribute_name: {box.get('attribute_name')!r} is not a nuScenes attribute", path
+                )
+            count += 1
+    return count
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def write_submission(submission: dict[str, Any], path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -126,23 +178,64 @@ def evaluate(
         raise DataError("predictions file does not exist", predictions)
     try:
         submission = json.loads(predictions.read_text())
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise DataError(f"predictions are not valid JSON ({err})", predictions) from None
-    if not isinstance(submission, dict) or "results" not in submission or "meta" not in submission:
-        raise DataError(
-            'predictions must be a nuScenes submission: {"meta": {...}, "results": {token: [...]}}', predictions
-        )
+    num_boxes = check_submission(submission, predictions)
     root = check_root(root, version)
     try:
         from nuscenes import NuScenes
         from nuscenes.eval.common.config import config_factory
         from nuscenes.eval.detection.evaluate import DetectionEval
+        from nuscenes.utils.splits import create_splits_scenes
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise ImportError("evaluation needs the nuScenes devkit: pip install 'drivetrain[nuscenes]'") from err
+    splits = create_splits_scenes()
+    if split not in splits:
+        raise DataError(f"unknown split {split!r}; the devkit has {sorted(splits)}", "--split")
+    try:
+        eval_config = config_factory(config)
+    except (AssertionError, FileNotFoundError, ValueError):
+        raise DataError(f"unknown devkit detection config {config!r} (e.g. detection_cvpr_2019)", "--config") from None
     nusc = NuScenes(version=version, dataroot=str(root), verbose=verbose)
+    _check_tokens(nusc, splits[split], submission["results"], split, predictions)
     out = Path(out_dir) if out_dir is not None else predictions.parent / f"{predictions.stem}_eval"
     try:
-        evaluator = DetectionEval(nusc, config_factory(config), str(predictions), split, str(out), verbose=verbose)
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise DataError(f"cannot create the metrics folder ({err.strerror})", out) from None
+    if num_boxes == 0:
+        return _no_detections(eval_config, out)
+    try:
+        evaluator = DetectionEval(nusc, eval_config, str(predictions), split, str(out), verbose=verbose)
     except AssertionError as err:
         raise DataError(f"the devkit rejected the predictions: {err}", predictions) from None
     return evaluator.main(plot_examples=0, render_curves=False)
+
+
+def _check_tokens(nusc: Any, scenes: list[str], results: dict[str, Any], split: str, path: Path) -> None:
+    """DataError naming the sample tokens the split has and the predictions lack, or the other way round."""
+    wanted = set(scenes)
+    in_split = {s["token"] for s in nusc.sample if nusc.get("scene", s["scene_token"])["name"] in wanted}
+    missing, extra = sorted(in_split - set(results)), sorted(set(results) - in_split)
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} sample(s) of split {split!r} have no entry (e.g. {missing[:3]})")
+        if extra:
+            parts.append(f"{len(extra)} entr(y/ies) are not samples of split {split!r} (e.g. {extra[:3]})")
+        raise DataError("; ".join(parts) + "; list every sample of the split, with [] where nothing is detected", path)
+
+
+def _no_detections(eval_config: Any, out: Path) -> dict[str, Any]:
+    """The metrics of a submission without a single box (the devkit cannot evaluate one): every AP is 0 and
+    every true-positive error is 1, so mAP and NDS are 0."""
+    errors = {"trans_err": 1.0, "scale_err": 1.0, "orient_err": 1.0, "vel_err": 1.0, "attr_err": 1.0}
+    summary = {
+        "mean_ap": 0.0,
+        "nd_score": 0.0,
+        "tp_errors": errors,
+        "mean_dist_aps": dict.fromkeys(eval_config.class_names, 0.0),
+        "note": "no detections at all: scored 0 without running the devkit",
+    }
+    (out / "metrics_summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
