@@ -46,7 +46,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from drivetrain.engine import ConfigError, NonFiniteLossError, Trainer, load_config
+    from drivetrain.engine import (
+        CheckpointError,
+        ConfigError,
+        NonFiniteLossError,
+        Trainer,
+        TrainingDataError,
+        load_config,
+    )
 
     try:
         cfg = load_config(args.config, args.overrides)
@@ -54,10 +61,19 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"drivetrain train: config error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("drivetrain train: interrupted while starting; no step was run", file=sys.stderr)
+        return 130
     try:
         state = trainer.fit()
     except NonFiniteLossError as err:
         print(f"drivetrain train: {err}", file=sys.stderr)
+        return 1
+    except TrainingDataError as err:
+        print(f"drivetrain train: data error: {err}", file=sys.stderr)
+        return 1
+    except CheckpointError as err:
+        print(f"drivetrain train: checkpoint error: {err}", file=sys.stderr)
         return 1
     finally:
         trainer.close()

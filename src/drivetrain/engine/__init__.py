@@ -10,7 +10,7 @@ from drivetrain.engine.precision import LossScaler
 from drivetrain.engine.sampler import BatchStream, ResumableSampler
 from drivetrain.engine.schedule import lr_factor
 from drivetrain.engine.stream import SamplerBatches, brings_own_batching
-from drivetrain.engine.trainer import NonFiniteLossError, Trainer, TrainState
+from drivetrain.engine.trainer import NonFiniteLossError, Trainer, TrainingDataError, TrainState
 
 __all__ = [
     "BatchStream",
@@ -25,6 +25,7 @@ __all__ = [
     "TrainConfig",
     "TrainState",
     "Trainer",
+    "TrainingDataError",
     "brings_own_batching",
     "load_config",
     "lr_factor",

@@ -98,10 +98,14 @@ class Checkpointer:
             shutil.rmtree(tmp)
         tmp.mkdir()
         state_path = tmp / STATE_FILE
-        with open(state_path, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(state_path, "wb") as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+        except (OSError, RuntimeError) as err:  # torch reports a full disk as "unexpected pos N vs M"
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(self._write_failure(err)) from None
         _fsync_dir(tmp)
         self._sleep()
         if final.exists():  # an uncommitted or superseded attempt at the same step
@@ -120,6 +124,14 @@ class Checkpointer:
         _fsync_dir(final)
         self.prune(newest=step)
         return final
+
+    def _write_failure(self, err: BaseException) -> str:
+        free = shutil.disk_usage(self.root).free
+        reason = "the disk is full" if free < (64 << 20) or getattr(err, "errno", None) == 28 else str(err)
+        return (
+            f"cannot write a checkpoint in {self.root} ({reason}; {free / 2**20:.0f} MiB free); the older "
+            "checkpoints are kept — free space, then --resume auto"
+        )
 
     def _sleep(self) -> None:
         if self._delay > 0:

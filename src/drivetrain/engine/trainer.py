@@ -30,8 +30,9 @@ import torch
 import yaml
 
 import drivetrain
+from drivetrain.data.errors import DataError
 from drivetrain.engine.build import apply_speed, build_dataset, build_model, build_optimizer, to_device
-from drivetrain.engine.checkpoint import CORRUPT, SUPERSEDED, Checkpointer, CheckpointError, CheckpointWarning
+from drivetrain.engine.checkpoint import CORRUPT, MARKER, SUPERSEDED, Checkpointer, CheckpointError, CheckpointWarning
 from drivetrain.engine.config import ConfigError, TrainConfig, config_diff, config_to_dict
 from drivetrain.engine.deepspeed_strategy import DeepSpeedRun
 from drivetrain.engine.distributed import DistContext, full_state, grad_sync, load_full_state, setup, teardown
@@ -72,6 +73,15 @@ class TrainState:
     def load_state_dict(self, state: dict[str, int]) -> None:
         for key in vars(self):
             setattr(self, key, int(state[key]))
+
+
+class TrainingDataError(RuntimeError):
+    """Training stopped on unreadable data; ``checkpoint`` holds the progress made (None under torchrun)."""
+
+    def __init__(self, message: str, checkpoint: Path | None) -> None:
+        self.message, self.checkpoint = message, checkpoint
+        kept = f"; saved checkpoint {checkpoint} (fix the data, then --resume auto)" if checkpoint else ""
+        super().__init__(f"{message}; set data.args.on_error=skip to skip unreadable frames (warned and counted){kept}")
 
 
 class Trainer:
@@ -169,7 +179,11 @@ class Trainer:
         try:
             with self._signals():
                 while self.state.iteration < cfg.train.steps:
-                    stop = self._iteration(log)
+                    data_state = self.data.state_dict()  # where this iteration starts reading
+                    try:
+                        stop = self._iteration(log)
+                    except DataError as err:
+                        raise self._data_failure(err, data_state) from None
                     if self._step_delay:
                         time.sleep(self._step_delay)
                     done = self.state.iteration
@@ -309,8 +323,27 @@ class Trainer:
         )
 
     # ------------------------------------------------------------------ checkpoints
-    def save(self) -> Path:
-        """Checkpoint the run now (collective: every rank calls it; rank 0 writes); returns its path."""
+    def _data_failure(self, err: DataError, data_state: dict[str, Any]) -> TrainingDataError:
+        """A sample could not be read: keep the progress of the completed steps, then name the file.
+
+        One process saves a checkpoint of the last completed step with the data position at the start of the
+        failed iteration (so a resume after fixing the data continues exactly); under torchrun the other
+        ranks cannot join a save, so the run stops with its last periodic checkpoint.
+        """
+        path = None
+        if not self.ctx.initialized:
+            done = self.checkpointer.root / Checkpointer.name(self.state.iteration)
+            path = done if (done / MARKER).is_file() else self.save(data_state=data_state)
+        # From a loader worker the message carries the worker's traceback; its last line is the error itself.
+        message = (str(err).strip().splitlines() or [type(err).__name__])[-1].split("DataError: ", 1)[-1]
+        return TrainingDataError(message, path)
+
+    def save(self, data_state: dict[str, Any] | None = None) -> Path:
+        """Checkpoint the run now (collective: every rank calls it; rank 0 writes); returns its path.
+
+        Args:
+            data_state: the data position to record (default: after the last batch read).
+        """
         if self.deepspeed is not None:
             model_sd, optim_sd = self.deepspeed.full_state()
         else:
@@ -325,7 +358,7 @@ class Trainer:
                 "scaler": self.scaler.state_dict(),
                 "train": self.state.state_dict(),
                 "schedule": {"step": self.state.step, "kind": self.cfg.schedule.kind},
-                "data": self.data.state_dict(),
+                "data": self.data.state_dict() if data_state is None else data_state,
                 "rng": rng,
                 "world_size": self.ctx.world_size,
                 "config": config_to_dict(self.cfg),
