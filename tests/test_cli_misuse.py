@@ -82,3 +82,25 @@ def test_the_progress_bar_moves_every_step(tmp_path: Path) -> None:
     log.flush()
     assert log._bar.postfix == "loss=3.0000, lr=1.00e-01"  # the values just read
     log.close()
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.args.width=abc", "model.args.width: expected int, got 'abc'"),
+        ("model.args.memory=3", "model.args.memory: expected bool, got 3"),
+        ("model.args.depth=-1", "need depth ≥ 1"),
+    ],
+)
+def test_bad_model_arguments_name_the_argument(tmp_path: Path, override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Trainer(load_config(SMOKE, overrides(tmp_path, override)))
+    assert not (tmp_path / ".drivetrain.lock").exists()  # nothing written for a config that does not build
+
+
+def test_resume_names_a_missing_path_and_a_run_directory(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"--resume: .*nope does not exist"):
+        Trainer(load_config(SMOKE, overrides(tmp_path / "a")), resume=str(tmp_path / "nope"))
+    Trainer(load_config(SMOKE, overrides(tmp_path / "run", "train.steps=2"))).fit()
+    with pytest.raises(ConfigError, match=r"is a run directory; pass --resume auto"):
+        Trainer(load_config(SMOKE, overrides(tmp_path / "b")), resume=str(tmp_path / "run"))

@@ -97,3 +97,24 @@ def test_bad_cli_numbers_are_one_line_errors(argv, message, tmp_path):
     with pytest.raises(SystemExit) as err:
         main(argv)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_truncated_or_text_index_is_named(copied):
+    index = copied / "drivetrain_index.npz"
+    data = index.read_bytes()
+    index.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DataError, match=r"not a readable \.npz index"):
+        load_index(index)
+    index.write_text("not an index\n")
+    with pytest.raises(DataError, match=r"not a readable .npz index") as err:
+        load_index(index)
+    assert "pickled" not in str(err.value)
+
+
+def test_a_table_of_the_wrong_shape_is_named(copied):
+    (copied / "v1.0-mini" / "sample.json").write_text(json.dumps({"token": "x"}))
+    with pytest.raises(SystemExit, match=r"sample.json: a table must be a JSON list of records, got a dict"):
+        main(["data", "index", "--root", str(copied), "--quiet"])
+    (copied / "v1.0-mini" / "sample.json").write_text(json.dumps([{"no_token": 1}]))
+    with pytest.raises(SystemExit, match=r"sample.json: record 0 is not an object with a string 'token'"):
+        main(["data", "index", "--root", str(copied), "--quiet"])

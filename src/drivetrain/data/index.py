@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -177,9 +178,14 @@ def check_root(root: str | Path, version: str) -> Path:
             raise DataError(f"missing nuScenes table {name!r}", path)
         try:
             with path.open() as f:
-                json.load(f)
+                rows = json.load(f)
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise DataError(f"table is not valid JSON ({err})", path) from None
+        if not isinstance(rows, list):
+            raise DataError(f"a table must be a JSON list of records, got a {type(rows).__name__}", path)
+        for i, row in enumerate(rows):
+            if not isinstance(row, dict) or not isinstance(row.get("token"), str):
+                raise DataError(f"record {i} is not an object with a string 'token'", path)
     return root
 
 
@@ -400,10 +406,22 @@ def load_index(path: str | Path, root: str | Path | None = None) -> FrameIndex:
     if not path.is_file():
         raise DataError("index file does not exist (create it with `drivetrain data index`)", path)
     try:
-        with np.load(path, allow_pickle=False) as npz:
+        loaded = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile):  # numpy reads a non-zip as a (pickled) .npy
+        raise DataError(
+            "not a readable .npz index (truncated, or not a zip archive of arrays); rebuild it with "
+            "`drivetrain data index`",
+            path,
+        ) from None
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise DataError("not a .npz index (a single .npy array); rebuild it with `drivetrain data index`", path)
+    try:
+        with loaded as npz:
             data = {k: npz[k] for k in npz.files}
-    except (ValueError, OSError, EOFError) as err:
-        raise DataError(f"not a readable .npz index ({err})", path) from None
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
+        raise DataError(
+            f"truncated or corrupt .npz index ({err}); rebuild it with `drivetrain data index`", path
+        ) from None
     missing = [k for k in ("meta_json", *ARRAYS) if k not in data]
     if missing:
         raise DataError(f"index lacks arrays {missing}; rebuild it with `drivetrain data index`", path)

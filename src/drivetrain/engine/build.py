@@ -80,10 +80,33 @@ def _call(section: str, name: str, args: dict[str, Any]) -> Any:
         for key in args:
             if key not in params:
                 raise ConfigError(f"{section}.args.{key}: unknown argument of {name}; known: {', '.join(params)}")
+    _check_arg_types(section, fn, args)
     try:
         return fn(**args)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{section}.args: {name}: {err}") from None
+
+
+_SCALARS = (bool, int, float, str)
+
+
+def _check_arg_types(section: str, fn: Any, args: dict[str, Any]) -> None:
+    """ConfigError for an argument whose value does not fit a plain scalar annotation (``width: int`` = "abc")."""
+    try:
+        hints = typing.get_type_hints(fn.__init__ if inspect.isclass(fn) else fn)
+    except (NameError, TypeError, AttributeError):
+        return  # unresolvable annotations: the builder checks its own arguments
+    for key, value in args.items():
+        allowed = [t for t in typing.get_args(hints.get(key)) or (hints.get(key),) if t is not None]
+        if not allowed or not all(t in (*_SCALARS, type(None)) for t in allowed):
+            continue  # not annotated with plain scalars (lists, tuples, ...): left to the builder
+        ok = any(
+            value is None if t is type(None) else isinstance(value, t) and not (t is int and isinstance(value, bool))
+            for t in allowed
+        ) or (float in allowed and isinstance(value, int) and not isinstance(value, bool))
+        if not ok:
+            names = " or ".join("null" if t is type(None) else t.__name__ for t in allowed)
+            raise ConfigError(f"{section}.args.{key}: expected {names}, got {value!r}")
 
 
 def build_model(cfg: ModelConfig) -> nn.Module:

@@ -108,6 +108,11 @@ class SmokeModel(nn.Module):
         param_dtype = _dtype(dtype)
         if dims not in (2, 3):
             raise ValueError(f"dims: must be 2 or 3, got {dims}")
+        if depth < 1 or channels < 2 or width < 4 or width % 4:
+            raise ValueError(
+                f"need depth ≥ 1, channels ≥ 2 and a width divisible by 4 (GroupNorm of 4 groups), got "
+                f"depth={depth}, channels={channels}, width={width}"
+            )
         conv = nn.Conv2d if dims == 2 else nn.Conv3d
         blocks: list[nn.Module] = []
         c_in = channels

@@ -103,9 +103,7 @@ class Trainer:
             torch.use_deterministic_algorithms(True)
         self.ctx: DistContext = setup(cfg)
         self.device = self.ctx.device
-        self._lock = RunDirLock(self.out_dir) if self.ctx.is_main else None
-        if self._lock is not None:
-            self._lock.acquire()  # one training process per run directory
+        self._lock: RunDirLock | None = None
         try:
             self._build(resume)
         except BaseException:
@@ -142,6 +140,9 @@ class Trainer:
         self.state = TrainState()
         seed_all(cfg.run.seed + self.ctx.rank)  # dropout and augmentation draws differ per rank
 
+        if self.ctx.is_main:  # one training process per run directory, from before anything is written
+            self._lock = RunDirLock(self.out_dir)
+            self._lock.acquire()
         self.resumed_from: Path | None = None
         self._resume_note: str | None = None
         if resume is not None:
@@ -385,6 +386,13 @@ class Trainer:
             path, ckpt = found
         else:
             path = Path(resume)
+            if not path.exists():
+                raise ConfigError(f"--resume: {path} does not exist (pass auto, or a checkpoint directory)")
+            if (path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file():
+                raise ConfigError(
+                    f"--resume: {path} is a run directory; pass --resume auto with run.out_dir={path}, or one of "
+                    f"its checkpoints ({path / 'checkpoints' / 'step-N'})"
+                )
             try:
                 ckpt = self.checkpointer.load(path)
             except CheckpointError as err:
