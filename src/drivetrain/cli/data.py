@@ -23,7 +23,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "synth",
         help="write a synthetic nuScenes-format dataset (v1.0-mini scene names)",
         description="Write a synthetic dataset in the nuScenes format: shaded class-coloured cuboids seen by six "
-        "cameras, a ray-cast 32-beam lidar with sweeps, all tables the devkit reads. Scenes carry the v1.0-mini "
+        "cameras, a ray-cast lidar (32 beams; 16 in the tiny preset) with sweeps, all tables the devkit reads. "
+        "Scenes carry the v1.0-mini "
         "names, so the devkit's mini_train/mini_val splits apply. Deterministic for a seed.",
         epilog="examples:\n  drivetrain data synth --out data/synth-tiny --size tiny\n"
         "  drivetrain data synth --out data/synth-full --size full --workers 2\n"

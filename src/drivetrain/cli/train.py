@@ -21,7 +21,8 @@ examples:
   torchrun --nproc_per_node 2 -m drivetrain.cli.main train --config configs/smoke.yaml distributed.strategy=ddp
 
 the run directory (run.out_dir) holds config.yaml (resolved), metrics.jsonl (one JSON object per step),
-checkpoints/step-N/ (atomic, the newest checkpoint.keep kept) and tensorboard/.
+checkpoints/step-00000040/ (atomic, the newest checkpoint.keep kept; corrupt ones moved to
+checkpoints/corrupt/) and tensorboard/.
 """
 
 
