@@ -118,3 +118,11 @@ def test_a_table_of_the_wrong_shape_is_named(copied):
     (copied / "v1.0-mini" / "sample.json").write_text(json.dumps([{"no_token": 1}]))
     with pytest.raises(SystemExit, match=r"sample.json: record 0 is not an object with a string 'token'"):
         main(["data", "index", "--root", str(copied), "--quiet"])
+
+
+def test_outputs_that_cannot_be_written_are_one_line(copied, tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(SystemExit, match=r"data index: cannot write .*file/x\.npz"):
+        main(["data", "index", "--root", str(copied), "--out", str(tmp_path / "file" / "x.npz"), "--quiet"])
+    with pytest.raises(SystemExit, match=r"data synth: cannot write"):
+        main(["data", "synth", "--out", str(tmp_path / "file" / "data"), *SMALL])
