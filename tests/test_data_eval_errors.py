@@ -32,8 +32,19 @@ def first_box(submission):
         (lambda box: box.pop("velocity"), r"\]\[0\]\.velocity: must be a list of 2 numbers, got None"),
         (lambda box: box.__setitem__("detection_name", "dragon"), r"\.detection_name: 'dragon' is not one of"),
         (lambda box: box.__setitem__("size", [1.0, 0.0, 1.0]), r"\.size: must be positive"),
+        (lambda box: box.pop("attribute_name"), r"\.attribute_name: None is not a nuScenes attribute"),
+        (lambda box: box.__setitem__("num_pts", "x"), r"\.num_pts: must be an integer"),
     ],
-    ids=["inf-size", "no-score", "token-mismatch", "no-velocity", "unknown-class", "zero-size"],
+    ids=[
+        "inf-size",
+        "no-score",
+        "token-mismatch",
+        "no-velocity",
+        "unknown-class",
+        "zero-size",
+        "no-attribute",
+        "bad-num-pts",
+    ],
 )
 def test_every_box_is_checked_before_the_devkit(synth_root, gt, tmp_path, change, message):
     bad = copy.deepcopy(gt)

@@ -142,12 +142,25 @@ def check_submission(submission: Any, path: Path) -> int:
             score = box.get("detection_score")
             if not _is_number(score) or not np.isfinite(score):
                 raise DataError(f"{where}.detection_score: must be a finite number, got {score!r}", path)
-            if box.get("attribute_name", "") not in attributes:
+            if "ego_translation" in box and not _numbers(box["ego_translation"], 3):
+                raise DataError(f"{where}.ego_translation: must be a list of 3 finite numbers", path)
+            if "num_pts" in box and not (_is_number(box["num_pts"]) and float(box["num_pts"]).is_integer()):
+                raise DataError(f"{where}.num_pts: must be an integer, got {box['num_pts']!r}", path)
+            if box.get("attribute_name") not in attributes:  # required by the devkit, "" for none
                 raise DataError(
                     f"{where}.attribute_name: {box.get('attribute_name')!r} is not a nuScenes attribute", path
                 )
             count += 1
     return count
+
+
+def _numbers(value: Any, length: int) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) == length
+        and all(_is_number(v) for v in value)
+        and bool(np.isfinite(value).all())
+    )
 
 
 def _is_number(value: Any) -> bool:

@@ -40,6 +40,7 @@ import numpy as np
 from tqdm import tqdm
 
 from drivetrain.data.errors import DataError
+from drivetrain.data.index_check import check_index
 from drivetrain.data.nuscenes_format import ATTRIBUTES, CAMERAS, CATEGORY_TO_CLASS, CLASSES, LIDAR, TABLES
 from drivetrain.data.transforms import invert, transform, yaw_from_matrix
 
@@ -198,18 +199,34 @@ def build_index(
     check_files: bool = True,
     progress: bool = True,
 ) -> FrameIndex:
-    """Index every key frame of ``root/version`` (see the module docstring)."""
+    """Index every key frame of ``root/version`` (see the module docstring).
+
+    Raises:
+        DataError: naming the table folder when the tables are inconsistent (a dangling token, a missing or
+            mistyped field): the devkit's own errors on such tables are reported this way, not as tracebacks.
+    """
     if max_sweeps < 0:
         raise ValueError(f"max_sweeps: must be ≥ 0, got {max_sweeps}")
     root = check_root(root, version)
     try:
+        return _build_index(root, version, cameras, max_sweeps, check_files, progress)
+    except DataError:
+        raise
+    except (KeyError, AssertionError, TypeError, ValueError, IndexError, AttributeError) as err:
+        # The devkit and the walk below index the tables by token and field without checking them.
+        raise DataError(
+            f"inconsistent nuScenes tables ({type(err).__name__}: {err}); regenerate or repair them", root / version
+        ) from None
+
+
+def _build_index(
+    root: Path, version: str, cameras: tuple[str, ...], max_sweeps: int, check_files: bool, progress: bool
+) -> FrameIndex:
+    try:
         from nuscenes import NuScenes
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise ImportError("indexing needs the nuScenes devkit: pip install 'drivetrain[nuscenes]'") from err
-    try:
-        nusc = NuScenes(version=version, dataroot=str(root), verbose=False)
-    except (KeyError, AssertionError) as err:
-        raise DataError(f"the devkit could not load the tables: {type(err).__name__}: {err}", root / version) from None
+    nusc = NuScenes(version=version, dataroot=str(root), verbose=False)
     label_of = {c: i for i, c in enumerate(CLASSES)}
     attr_of = {a["token"]: ATTRIBUTES.index(a["name"]) for a in nusc.attribute if a["name"] in ATTRIBUTES}
     cols: dict[str, list[Any]] = {k: [] for k in ARRAYS if k not in ("box_offset", "sweep_offset")}
@@ -425,9 +442,16 @@ def load_index(path: str | Path, root: str | Path | None = None) -> FrameIndex:
     missing = [k for k in ("meta_json", *ARRAYS) if k not in data]
     if missing:
         raise DataError(f"index lacks arrays {missing}; rebuild it with `drivetrain data index`", path)
-    meta = json.loads(data.pop("meta_json").tobytes().decode())
-    if meta.get("format") != FORMAT:
-        raise DataError(f"index format {meta.get('format')!r}, expected {FORMAT!r}; rebuild it", path)
+    try:
+        meta = json.loads(data.pop("meta_json").tobytes().decode())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise DataError(f"index metadata is not valid JSON ({err}); rebuild the index", path) from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise DataError(f"index format {found!r}, expected {FORMAT!r}; rebuild it", path)
+    check_index(data, meta, path)
+    if not isinstance(meta.get("root_from_index"), str) or not isinstance(meta.get("tables", {}), dict):
+        raise DataError("index metadata lacks its root or table fingerprints; rebuild the index", path)
     if root is not None:
         meta["root"] = str(Path(root).resolve())
     else:

@@ -170,10 +170,18 @@ class Checkpointer:
             raise CheckpointError(f"{path}: no {MARKER} marker (the save did not finish)")
         try:
             marker = json.loads(marker_path.read_text())
-            state_path = path / marker["file"]
+        except (OSError, ValueError) as err:  # ValueError includes undecodable bytes
+            raise CheckpointError(f"{path}: unreadable {MARKER} marker ({err})") from None
+        fields = {"file": str, "size": int, "sha256": str}
+        if not isinstance(marker, dict) or not all(isinstance(marker.get(k), t) for k, t in fields.items()):
+            raise CheckpointError(f"{path}: malformed {MARKER} marker (needs file, size and sha256)")
+        if Path(marker["file"]).name != marker["file"] or marker["file"] in ("", ".", ".."):
+            raise CheckpointError(f"{path}: the {MARKER} marker names a file outside the checkpoint")
+        state_path = path / marker["file"]
+        try:
             size = state_path.stat().st_size
-        except (OSError, ValueError, KeyError) as err:
-            raise CheckpointError(f"{path}: unreadable {MARKER} marker or state file ({err})") from None
+        except OSError as err:
+            raise CheckpointError(f"{path}: unreadable state file ({err.strerror})") from None
         if size != marker["size"] or _sha256(state_path) != marker["sha256"]:
             raise CheckpointError(f"{state_path}: size or SHA-256 differs from the {MARKER} marker (corrupt)")
         try:
