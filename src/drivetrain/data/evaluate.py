@@ -137,7 +137,7 @@ def check_submission(submission: Any, path: Path) -> int:
                     raise DataError(f"{where}.{field}: non-finite value {value!r}", path)
             if min(box["size"]) <= 0:
                 raise DataError(f"{where}.size: must be positive, got {box['size']!r}", path)
-            if box.get("detection_name") not in CLASSES:
+            if not isinstance(box.get("detection_name"), str) or box["detection_name"] not in CLASSES:
                 raise DataError(f"{where}.detection_name: {box.get('detection_name')!r} is not one of {CLASSES}", path)
             score = box.get("detection_score")
             if not _is_number(score) or not np.isfinite(score):
@@ -146,7 +146,8 @@ def check_submission(submission: Any, path: Path) -> int:
                 raise DataError(f"{where}.ego_translation: must be a list of 3 finite numbers", path)
             if "num_pts" in box and not (_is_number(box["num_pts"]) and float(box["num_pts"]).is_integer()):
                 raise DataError(f"{where}.num_pts: must be an integer, got {box['num_pts']!r}", path)
-            if box.get("attribute_name") not in attributes:  # required by the devkit, "" for none
+            attribute = box.get("attribute_name")
+            if not isinstance(attribute, str) or attribute not in attributes:  # required by the devkit, "" = none
                 raise DataError(
                     f"{where}.attribute_name: {box.get('attribute_name')!r} is not a nuScenes attribute", path
                 )

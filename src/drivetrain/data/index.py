@@ -330,6 +330,11 @@ def _build_index(
     meta["instances"] = list(instance_id)
     meta["splits"] = {name: [s for s in scenes if s in meta["scenes"]] for name, scenes in meta["splits"].items()}
     arrays = _assemble(cols, box_counts, sweep_counts, len(cameras))
+    # Tables with null or NaN poses, calibrations or sizes yield non-finite matrices or boxes: refuse them here
+    # rather than write an index that projects every box to nowhere.
+    check_index(arrays, meta, root / version)
+    if not np.isfinite(arrays["boxes"]).all():
+        raise DataError("sample_annotation holds non-finite box values (translation, size or rotation)", root / version)
     index = FrameIndex(arrays, meta)
     if check_files:
         _check_files(index)
