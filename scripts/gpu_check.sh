@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The GPU evidence in one run, on a machine with an NVIDIA GPU and its own CUDA PyTorch (any recent version;
+# no internet needed): install the wheels from scripts/gpu_wheels.sh into a private folder, then run the
+# CUDA tests and every benchmark with --device cuda, each step logged, timed and allowed to fail alone.
+#
+#   bash scripts/gpu_check.sh OUT_DIR [--wheels DIR] [--save] [--full] [--device cuda|cpu]
+#
+#   OUT_DIR     logs, JUnit XML, benchmark JSON/Markdown and summary.md are written here
+#   --wheels    folder of wheels from scripts/gpu_wheels.sh (default: .whl; skipped if absent)
+#   --save      also copy the benchmark results to benchmarks/results/<what>-cuda.{json,md} (to commit)
+#   --full      also run the whole test suite on this machine (the engine then trains on the GPU)
+#   --device    cpu runs the same steps on the CPU with few repeats: a dry run of this script
+# Exit status: 0 if every step passed. PYTHON selects the interpreter (default python3).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
+[ $# -ge 1 ] || { usage; exit 2; }
+case "$1" in -h|--help) usage; exit 0 ;; esac
+out="$1"; shift
+wheels=.whl; save=0; full=0; device=cuda
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --wheels) wheels="$2"; shift 2 ;;
+    --save) save=1; shift ;;
+    --full) full=1; shift ;;
+    --device) device="$2"; shift 2 ;;
+    *) echo "gpu_check: unknown argument $1" >&2; usage >&2; exit 2 ;;
+  esac
+done
+py="${PYTHON:-python3}"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+
+# Our dependencies go to a private folder: the machine's torch, numpy and CUDA stay as they are.
+site=/tmp/drivetrain-gpu-site
+if compgen -G "$wheels/*.whl" >/dev/null; then
+  "$py" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check --upgrade \
+    --target "$site" "$wheels"/*.whl || { echo "gpu_check: installing the wheels from $wheels failed" >&2; exit 1; }
+fi
+export PYTHONPATH="$PWD/src:$site${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 DRIVETRAIN_BENCHMARKS="$PWD/benchmarks"
+
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "host: $(uname -srm), $(nproc) CPUs"
+  nvidia-smi -L 2>/dev/null || echo "nvidia-smi: not available"
+  "$py" -c 'import sys, numpy, torch
+print("python", sys.version.split()[0], "| numpy", numpy.__version__, "| torch", torch.__version__, "| CUDA", torch.version.cuda)
+print("GPU:", torch.cuda.get_device_name() if torch.cuda.is_available() else "none visible to torch")'
+  "$py" -c 'import nuscenes.eval.detection.evaluate' 2>/dev/null && echo "nuScenes devkit: imports" \
+    || echo "nuScenes devkit: does not import here (the data tests and bench data need it)"
+} | tee "$out/environment.txt"
+
+if [ "$device" = cuda ]; then repeat_small=""; else repeat_small="--repeat 3 --warmup 1"; fi
+status=0
+printf '| step | status | seconds |\n|---|---|---:|\n' > "$out/steps.md"
+step() {  # step NAME TIMEOUT_S COMMAND...: run, log to OUT/NAME.log, record status and duration
+  local name="$1" limit="$2"; shift 2
+  local start rc
+  start=$(date +%s)
+  echo "== $name: $*"
+  timeout "$limit" "$@" > "$out/$name.log" 2>&1
+  rc=$?
+  local took=$(( $(date +%s) - start ))
+  if [ $rc -eq 0 ]; then echo "   ok (${took} s)"; else echo "   FAILED rc=$rc (${took} s), see $out/$name.log"; tail -5 "$out/$name.log"; status=1; fi
+  printf '| %s | %s | %d |\n' "$name" "$([ $rc -eq 0 ] && echo ok || echo "failed ($rc)")" "$took" >> "$out/steps.md"
+}
+
+step tests-cuda 900 "$py" -m pytest -q -p no:cacheprovider -m cuda -rs --junitxml "$out/tests-cuda.xml" tests
+for what in ragged loss precision; do
+  # shellcheck disable=SC2086  # repeat_small is a list of options
+  step "bench-$what" 900 "$py" -m drivetrain.cli.main bench "$what" --device "$device" $repeat_small \
+    --json "$out/$what-$device.json" --md "$out/$what-$device.md"
+done
+# The loader runs on the host CPU: measured here for the record, never saved over the CPU machine's results.
+step bench-data 900 "$py" -m drivetrain.cli.main bench data --device cpu --repeat 2 \
+  --json "$out/data-gpu-host.json" --md "$out/data-gpu-host.md"
+if [ $full -eq 1 ]; then
+  step tests-all 1800 "$py" -m pytest -q -p no:cacheprovider --junitxml "$out/tests-all.xml" tests
+fi
+if [ $save -eq 1 ] && [ "$device" = cuda ]; then
+  for what in ragged loss precision; do
+    for ext in json md; do
+      [ -f "$out/$what-cuda.$ext" ] && cp "$out/$what-cuda.$ext" "benchmarks/results/$what-cuda.$ext"
+    done
+  done
+fi
+
+{
+  echo "# GPU check"
+  echo
+  sed 's/^/    /' "$out/environment.txt"
+  echo
+  cat "$out/steps.md"
+} > "$out/summary.md"
+echo "gpu_check: $( [ $status -eq 0 ] && echo 'all steps passed' || echo 'some steps FAILED' ); summary: $out/summary.md"
+exit $status
