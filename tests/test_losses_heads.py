@@ -12,6 +12,7 @@ import torch
 import drivetrain.match.assigners as assigners_module
 from conftest import SYNC_METHODS, HostSyncError, no_host_sync
 from drivetrain.losses import FocalHeadLoss, StreamPETRLoss
+from drivetrain.losses.weights import base_name
 from drivetrain.match import HungarianAssigner2D, HungarianAssigner3D
 from drivetrain.ragged import RaggedBatch
 
@@ -143,9 +144,9 @@ def test_streampetr_normalisation_matches_the_published_formula(gen):
     ratio = float(terms["dn_loss_cls"].detach() / terms_plain["dn_loss_cls"].detach())
     assert ratio == pytest.approx((2 * 6 * 3.14159 / 6) / dn_factor, rel=1e-5)
     total = loss.total(terms)
-    manual = sum(loss.weight_of(k) * v for k, v in terms.items())
+    manual = sum(loss.weights[base_name(k)] * v for k, v in terms.items())
     assert torch.allclose(total, manual)
-    assert loss.weight_of("d2.loss_cls") == 2.0 and loss.weight_of("loss_bbox") == 0.25
+    assert loss.weights[base_name("d2.loss_cls")] == 2.0 and loss.weights["loss_bbox"] == 0.25
 
 
 @pytest.mark.parametrize("num_gt", [[[0, 3, 1], [6, 0, 2]], [[0, 0], [0, 0]], [[9]]])

@@ -72,7 +72,9 @@ class RunConfig:
 class ModelConfig:
     name: str = "smoke"  # "smoke" (built-in) or "package.module:function" returning an nn.Module
     args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the builder
-    loss_weights: dict[str, float] = field(default_factory=dict)  # weight per loss term; absent terms weigh 1
+    # Overrides of the model's declared loss weights, by base term (``loss_cls`` also weighs ``d3.loss_cls``);
+    # a name the model does not declare is an error.
+    loss_weights: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name, weight in self.loss_weights.items():

@@ -19,7 +19,7 @@ order, in any worker, after any resume.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -138,6 +138,9 @@ class SmokeModel(nn.Module):
         out = self.head(self.dropout(torch.cat([feats, memory.to(feats.dtype)], dim=1)))  # (B, C + 4)
         logits, boxes = out.split([self.num_classes, 4], dim=1)
         return {"logits": logits.clone(), "boxes": boxes.clone()}  # own storage, not views of one tensor
+
+    # The declared weight of each term (a run config's model.loss_weights overrides them by name).
+    loss_weights: ClassVar[dict[str, float]] = {"cls": 1.0, "box": 1.0}
 
     def loss(self, outputs: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Unweighted named terms: cross-entropy of the class, smooth-L1 of the box numbers."""

@@ -44,6 +44,7 @@ from drivetrain.engine.rundir import RunDirLock
 from drivetrain.engine.sampler import BatchStream, ResumableSampler
 from drivetrain.engine.schedule import lr_factor
 from drivetrain.engine.stream import SamplerBatches, brings_own_batching
+from drivetrain.losses.weights import base_name, resolve_weights, weighted_total
 
 __all__ = ["NonFiniteLossError", "TrainState", "Trainer"]
 
@@ -121,6 +122,13 @@ class Trainer:
 
         seed_all(cfg.run.seed)  # model initialisation is identical on every rank
         self.model = apply_speed(build_model(cfg.model), cfg.speed)
+        declared = getattr(self.model, "loss_weights", None)
+        self.loss_weights: dict[str, float] | None = None
+        if declared is not None:
+            try:
+                self.loss_weights = resolve_weights(declared, cfg.model.loss_weights)
+            except KeyError as err:
+                raise ConfigError(f"model.loss_weights.{err.args[0]}") from None
         self.wrapped = wrap(self.model, cfg, self.ctx)
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.deepspeed: DeepSpeedRun | None = None
@@ -234,7 +242,7 @@ class Trainer:
                 with autocast(cfg.precision.mode, self.device):
                     outputs = self.wrapped(batch)
                 terms = self.model.loss(fp32_outputs(outputs), batch)  # losses in fp32, outside autocast
-                loss = sum(t.float() * cfg.model.loss_weights.get(k, 1.0) for k, t in terms.items())
+                loss = weighted_total(terms, self._weights_for(terms)).float()
                 self._backward(loss / accum)
             loss_sum += loss.detach()
             for name, term in terms.items():
@@ -297,6 +305,22 @@ class Trainer:
         if stop:
             return self._stop_signal or "a stop signal (on another rank)"
         return None
+
+    def _weights_for(self, terms: dict[str, torch.Tensor]) -> dict[str, float]:
+        """The weight of every term: declared by the model and overridden by the config (checked at build).
+
+        A model that declares no ``loss_weights`` weighs its terms 1 unless the config names them; the config's
+        names are checked against the first step's terms instead.
+        """
+        if self.loss_weights is not None:
+            return self.loss_weights
+        bases = {base_name(k) for k in terms}
+        unknown = sorted(set(self.cfg.model.loss_weights) - bases)
+        if unknown:
+            raise ConfigError(
+                f"model.loss_weights.{unknown[0]}: not a loss term of this model; its terms are {sorted(bases)}"
+            )
+        return {**dict.fromkeys(bases, 1.0), **self.cfg.model.loss_weights}
 
     def _backward(self, loss: torch.Tensor) -> None:
         if self.deepspeed is not None:

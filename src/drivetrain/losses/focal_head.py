@@ -32,13 +32,24 @@ from drivetrain.geometry import (
 )
 from drivetrain.heatmap import draw_gaussians, focal_head_radius, reference_draw_gaussians
 from drivetrain.losses.functional import gaussian_focal_loss, giou_loss, l1_loss, quality_focal_loss
+from drivetrain.losses.inputs import field
 from drivetrain.losses.normalize import average_factor
-from drivetrain.losses.streampetr import field
+from drivetrain.losses.weights import resolve_weights, weighted_total
 from drivetrain.match import HungarianAssigner2D
 from drivetrain.profile import region
 from drivetrain.ragged import RaggedBatch
 
-__all__ = ["FocalHeadLoss"]
+__all__ = ["WEIGHTS", "FocalHeadLoss"]
+
+# The published weights of StreamPETR's focal head (its config's loss_cls / loss_bbox / loss_iou /
+# loss_centers2d / loss_centerness): the one place they are declared.
+WEIGHTS = {
+    "enc_loss_cls": 2.0,
+    "enc_loss_bbox": 5.0,
+    "enc_loss_iou": 2.0,
+    "centers2d_loss": 10.0,
+    "centerness_loss": 1.0,
+}
 
 
 class FocalHeadLoss(torch.nn.Module):
@@ -68,20 +79,11 @@ class FocalHeadLoss(torch.nn.Module):
         super().__init__()
         self.num_classes, self.stride, self.beta = num_classes, stride, beta
         self.assigner = assigner or HungarianAssigner2D()
-        self.weights = dict(
-            weights
-            or {
-                "enc_loss_cls": 2.0,
-                "enc_loss_bbox": 5.0,
-                "enc_loss_iou": 2.0,
-                "centers2d_loss": 10.0,
-                "centerness_loss": 1.0,
-            }
-        )
+        self.weights = resolve_weights(WEIGHTS, weights or {})
 
     def total(self, terms: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The weighted sum of the terms (weights applied here only)."""
-        return sum(self.weights[k] * v for k, v in terms.items())  # type: ignore[return-value]
+        """The weighted sum of the terms (:func:`~drivetrain.losses.weights.weighted_total`)."""
+        return weighted_total(terms, self.weights)
 
     def forward(self, outputs: Mapping[str, Any], targets: Any, impl: str = "batched") -> dict[str, torch.Tensor]:
         logits, boxes, centres = field(outputs, "cls_logits"), field(outputs, "boxes"), field(outputs, "centres")

@@ -32,25 +32,16 @@ import torch
 from drivetrain import ragged
 from drivetrain.geometry import encode_boxes_streampetr
 from drivetrain.losses.functional import class_mask, l1_loss, sigmoid_focal_loss
+from drivetrain.losses.inputs import field
 from drivetrain.losses.normalize import average_factor
+from drivetrain.losses.weights import weighted_total
 from drivetrain.match import CODE_WEIGHTS, HungarianAssigner3D
 from drivetrain.profile import region
 from drivetrain.ragged import RaggedBatch
 
-__all__ = ["StreamPETRLoss", "field"]
+__all__ = ["StreamPETRLoss"]
 
 DN_BALL_FRACTION = 3.14159 / 6  # the original's π/6 (volume of the unit ball over the cube it sits in)
-
-
-def field(container: Any, name: str) -> Any:
-    """``container[name]`` or ``container.name``, with an error naming the missing field."""
-    if isinstance(container, Mapping):
-        if name not in container:
-            raise KeyError(f"{name}: missing from the loss inputs (have {sorted(container)})")
-        return container[name]
-    if not hasattr(container, name):
-        raise KeyError(f"{name}: missing from the loss inputs ({type(container).__name__} has no such field)")
-    return getattr(container, name)
 
 
 def _layer_name(layer: int, num_layers: int, term: str) -> str:
@@ -101,13 +92,9 @@ class StreamPETRLoss(torch.nn.Module):
             "dn_loss_bbox": bbox_weight * dn_weight,
         }
 
-    def weight_of(self, name: str) -> float:
-        """Published weight of a term name such as ``d3.dn_loss_cls``."""
-        return self.weights[name.rsplit(".", 1)[-1]]
-
     def total(self, terms: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The training objective: the weighted sum of the terms (weights applied here only)."""
-        return sum((self.weight_of(k) * v for k, v in terms.items()), torch.zeros((), device=self.code_weights.device))
+        """The training objective: the weighted sum of the terms (:func:`~drivetrain.losses.weights.weighted_total`)."""
+        return weighted_total(terms, self.weights)
 
     def forward(self, outputs: Mapping[str, Any], targets: Any, impl: str = "batched") -> dict[str, torch.Tensor]:
         gt_boxes, gt_labels = field(targets, "gt_boxes"), field(targets, "gt_labels")

@@ -89,6 +89,11 @@ class FocalDetector2D(nn.Module):
             "centerness": self.centerness(feats).reshape(b, n, hf, wf),
         }
 
+    @property
+    def loss_weights(self) -> dict[str, float]:
+        """The focal head's published weights (a run config's ``model.loss_weights`` overrides them by name)."""
+        return dict(self.criterion.weights)
+
     def loss(self, outputs: dict[str, torch.Tensor], batch: Any) -> dict[str, torch.Tensor]:
-        """Unweighted focal-head terms; the run config's ``model.loss_weights`` holds the published weights."""
+        """Unweighted focal-head terms, weighted by the engine with :attr:`loss_weights`."""
         return self.criterion(outputs, batch, impl=self.impl)
