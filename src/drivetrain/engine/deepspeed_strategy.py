@@ -29,15 +29,18 @@ does that.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
 from drivetrain.engine.config import ConfigError, TrainConfig
+from drivetrain.engine.precision import LossScaler
 
 __all__ = ["DeepSpeedRun", "deepspeed_config", "import_deepspeed"]
 
@@ -109,19 +112,20 @@ def _broadcast_buffers(module: nn.Module, args: Any) -> None:
 
 
 class DeepSpeedRun:
-    """A model and the engine's AdamW under ``deepspeed.initialize``; the trainer's DeepSpeed hooks.
+    """A model and the engine's AdamW under ``deepspeed.initialize``: the engine's ``deepspeed`` strategy
+    (the interface of :class:`drivetrain.engine.strategy.Strategy`).
 
     Args:
-        model: the engine's model (on ``device``; DeepSpeed keeps it as ``engine.module``).
-        optimizer: the engine's AdamW built from ``model``'s parameters (param groups with ``lr_mult``).
+        model: the engine's model (moved to this rank's device; DeepSpeed keeps it as ``engine.module``).
         cfg: the run's config.
-        device: this rank's device.
-        world: data-parallel ranks.
+        ctx: this process's place in the process group.
+        make_optimizer: builds the engine's AdamW (param groups with ``lr_mult``) from ``model``.
     """
 
-    def __init__(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainConfig, device: torch.device, world: int
-    ) -> None:
+    def __init__(self, model: nn.Module, cfg: TrainConfig, ctx: Any, make_optimizer: Any) -> None:
+        device = ctx.device
+        model.to(device)
+        optimizer = make_optimizer(model)
         deepspeed = import_deepspeed(device)
         self._utils = deepspeed.utils
         self._gathered = deepspeed.zero.GatheredParameters
@@ -132,30 +136,44 @@ class DeepSpeedRun:
         self._group_params = [list(group["params"]) for group in optimizer.param_groups]
         names = {p: n for n, p in model.named_parameters()}
         self._param_names = [names[p] for params in self._group_params for p in params]
-        self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, optimizer=optimizer, config=deepspeed_config(cfg, world)
+        self.engine, self.ds_optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=deepspeed_config(cfg, ctx.world_size)
         )
         self.model, self.device = model, device
-        self.basic_optimizer = optimizer  # param_groups now hold flat fp32 partitions; lr is still set here
+        self.wrapped = self.engine
+        self.optimizer = optimizer  # param_groups now hold flat fp32 partitions; the trainer sets lr here
+        self.params = self._params()
+        self.scaler = LossScaler(cfg.precision, device, enabled=False)  # DeepSpeed scales fp16 losses itself
         self._create_adamw_state()
         model.register_forward_pre_hook(_broadcast_buffers)
 
     # ------------------------------------------------------------------ the step
+    @contextlib.contextmanager
+    def sync_grads(self, enabled: bool) -> Iterator[None]:
+        """Only the last micro-batch is DeepSpeed's gradient-accumulation boundary."""
+        self.engine.set_gradient_accumulation_boundary(enabled)
+        yield
+
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of ``loss`` (already divided by the accumulation); a non-finite loss gives NaN gradients,
         so DeepSpeed's finiteness check skips the step as the engine does for other strategies."""
         poison = torch.where(torch.isfinite(loss.detach()), 1.0, float("nan"))  # () float32
         self.engine.backward(loss * poison, scale_wrt_gas=False)
 
-    def step(self) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        """Clip, check and apply the update, zero the gradients.
+    def unscale_and_clip(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """DeepSpeed unscales, clips and checks the gradients inside its step: nothing to do here."""
+        return torch.full((), float("nan"), device=self.device), torch.zeros((), dtype=torch.bool, device=self.device)
+
+    def step(self, apply: bool, overflow: torch.Tensor, grad_norm: torch.Tensor) -> tuple[torch.Tensor, Any, bool]:
+        """Clip, check and apply the update, zero the gradients. DeepSpeed decides the skip itself (a non-finite
+        loss made the gradients NaN), so ``apply`` and ``overflow`` are the engine's view only.
 
         Returns:
             ``(grad_norm, loss_scale, applied)``: the global gradient norm before clipping (float32 scalar,
             inf when the step was skipped), the loss scale the micro-batches used and whether the update
             was applied (False when DeepSpeed found non-finite gradients).
         """
-        scale = float(getattr(self.optimizer, "loss_scale", 1.0))  # sync: fp16 only, a tensor DeepSpeed keeps
+        scale = float(getattr(self.ds_optimizer, "loss_scale", 1.0))  # sync: fp16 only, a tensor DeepSpeed keeps
         self.engine.step()  # sync: DeepSpeed reads the gradients' finiteness on the host to skip a step
         norm = self.engine.get_global_grad_norm()
         norm = torch.as_tensor(float("nan") if norm is None else norm).detach().to(self.device, torch.float32)
@@ -173,7 +191,7 @@ class DeepSpeedRun:
         with self._gathered(list(self.model.parameters())):  # stage 3: full values of frozen params, buffers
             current = self.model.state_dict()
             model_sd = {k: v.detach().cpu().clone() if torch.is_tensor(v) else v for k, v in current.items()}
-        steps = [s["step"] for s in self.basic_optimizer.state.values() if s["step"] > 0]
+        steps = [s["step"] for s in self.optimizer.state.values() if s["step"] > 0]
         state: dict[int, dict[str, torch.Tensor]] = {}
         for index, (name, param) in enumerate(zip(self._param_names, self._params(), strict=True)):
             model_sd[name] = self._utils.safe_get_full_fp32_param(param).detach().cpu().clone()
@@ -186,7 +204,7 @@ class DeepSpeedRun:
 
     def _current_groups(self) -> list[dict[str, Any]]:
         out = []
-        for template, group in zip(self._template, self.basic_optimizer.param_groups, strict=True):
+        for template, group in zip(self._template, self.optimizer.param_groups, strict=True):
             out.append({k: (group[k] if k != "params" else v) for k, v in template.items()})
         return out
 
@@ -194,13 +212,13 @@ class DeepSpeedRun:
         """Load full state dicts (every rank passes the complete dicts): model, fp32 masters, AdamW state."""
         with self._gathered(list(self.model.parameters()), modifier_rank=0):
             self.model.load_state_dict(model_sd)
-        for state in self.basic_optimizer.state.values():
+        for state in self.optimizer.state.values():
             state["step"].fill_(optim_sd["state"][0]["step"] if optim_sd["state"] else 0)
         for index, (name, param) in enumerate(zip(self._param_names, self._params(), strict=True)):
             self._utils.safe_set_full_fp32_param(param, model_sd[name])
             for key in _ADAMW_STATE if optim_sd["state"] else ():
                 self._utils.safe_set_full_optimizer_state(param, optim_sd["state"][index][key], key)
-        for group, saved in zip(self.basic_optimizer.param_groups, optim_sd["param_groups"], strict=True):
+        for group, saved in zip(self.optimizer.param_groups, optim_sd["param_groups"], strict=True):
             group.update({k: v for k, v in saved.items() if k != "params"})
 
     def _create_adamw_state(self) -> None:
@@ -210,14 +228,14 @@ class DeepSpeedRun:
         group, when the other groups have no state yet (DeepSpeed 0.19.8): their moments could then never be
         gathered. Creating the state up front links every group; AdamW uses existing state as it finds it.
         """
-        for group in self.basic_optimizer.param_groups:
+        for group in self.optimizer.param_groups:
             for flat in group["params"]:
-                self.basic_optimizer.state[flat] = {
+                self.optimizer.state[flat] = {
                     "step": torch.zeros((), dtype=torch.float32),
                     "exp_avg": torch.zeros_like(flat, memory_format=torch.preserve_format),
                     "exp_avg_sq": torch.zeros_like(flat, memory_format=torch.preserve_format),
                 }
-        link = getattr(self.optimizer, "_lazy_init_hp_params_optimizer_state", None)
+        link = getattr(self.ds_optimizer, "_lazy_init_hp_params_optimizer_state", None)
         if link is not None:  # ZeRO 1/2; ZeRO 3 reads optimizer.state[flat partition] directly
-            self.optimizer._hp_optimizer_states_linked = False
+            self.ds_optimizer._hp_optimizer_states_linked = False
             link()

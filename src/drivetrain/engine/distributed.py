@@ -1,39 +1,24 @@
-"""torchrun process groups, DDP and FSDP2 wrapping, gradient-sync control and full state dicts.
+"""torchrun process groups: joining one, this rank's device, the collectives the engine uses, leaving.
 
 Launch with ``torchrun`` (it sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR/PORT``); a plain
-``python`` / ``drivetrain train`` run is one process. Strategies:
-
-- ``ddp``: ``DistributedDataParallel`` (optionally ``static_graph``); non-final micro-batches of an
-  accumulation run under ``no_sync()`` (no all-reduce).
-- ``fsdp``: FSDP2 ``fully_shard`` on each unit (``distributed.fsdp_modules``, default the direct children
-  with parameters) and on the root; ``fsdp_cpu_offload`` adds ``CPUOffloadPolicy`` (parameters, gradients
-  and optimizer state live on the CPU; the optimizer step runs there): the torch-native ZeRO-Offload.
-  Gradient reduction is disabled on non-final micro-batches with ``set_requires_gradient_sync(False)``.
-
-- ``deepspeed``: the model is moved to the device here; :mod:`drivetrain.engine.deepspeed_strategy` wraps
-  it together with the optimizer. Only the last micro-batch is the accumulation boundary.
-
-Checkpoints hold full (unsharded) state dicts gathered to rank 0, so a run can resume under any strategy
-with the same number of ranks.
+``python`` / ``drivetrain train`` run is one process. How the model is wrapped, its gradients synchronised
+and its state gathered is each strategy's business: :mod:`drivetrain.engine.strategy`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from drivetrain.engine.config import ConfigError, TrainConfig
 
-__all__ = ["DistContext", "full_state", "grad_sync", "load_full_state", "setup", "teardown", "wrap_model"]
+__all__ = ["DistContext", "setup", "teardown"]
 
 
 @dataclass(frozen=True)
@@ -126,89 +111,3 @@ def teardown(ctx: DistContext) -> None:
         dist.barrier()
         time.sleep(0.05)
         dist.destroy_process_group()
-
-
-def _fsdp_units(model: nn.Module, names: list[str]) -> list[nn.Module]:
-    if names:
-        units = []
-        for name in names:
-            try:
-                units.append(model.get_submodule(name))
-            except AttributeError:
-                raise ConfigError(f"distributed.fsdp_modules: the model has no module {name!r}") from None
-        return units
-    return [m for m in model.children() if any(True for _ in m.parameters())]
-
-
-def wrap_model(model: nn.Module, cfg: TrainConfig, ctx: DistContext) -> nn.Module:
-    """Move ``model`` to the device and wrap it for the strategy; returns what to call for forward.
-
-    For FSDP the model is sharded in place (the returned module is ``model`` itself); build the optimizer
-    from ``model.parameters()`` after this call.
-    """
-    dcfg = cfg.distributed
-    if ctx.strategy == "fsdp":
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-
-        if not dcfg.fsdp_cpu_offload:
-            model.to(ctx.device)
-        offload = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda") if dcfg.fsdp_cpu_offload else OffloadPolicy()
-        mp = MixedPrecisionPolicy()
-        if cfg.precision.mode != "fp32":  # gather parameters in the compute dtype; reduce gradients in fp32
-            dtype = torch.bfloat16 if cfg.precision.mode == "bf16" else torch.float16
-            mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-        kwargs = {"mp_policy": mp, "offload_policy": offload, "reshard_after_forward": dcfg.fsdp_reshard_after_forward}
-        for unit in _fsdp_units(model, dcfg.fsdp_modules):
-            fully_shard(unit, **kwargs)
-        fully_shard(model, **kwargs)
-        return model
-    model.to(ctx.device)
-    if ctx.strategy == "ddp":
-        return nn.parallel.DistributedDataParallel(
-            model,
-            device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-            static_graph=dcfg.static_graph,
-            find_unused_parameters=dcfg.find_unused_parameters,
-        )
-    return model
-
-
-@contextlib.contextmanager
-def grad_sync(wrapped: nn.Module, ctx: DistContext, enabled: bool) -> Iterator[None]:
-    """Within this context, backward reduces gradients across ranks only if ``enabled`` (final micro-batch)."""
-    if ctx.strategy == "ddp" and not enabled:
-        with wrapped.no_sync():
-            yield
-    elif ctx.strategy == "fsdp":
-        wrapped.set_requires_gradient_sync(enabled)
-        yield
-    elif ctx.strategy == "deepspeed":  # ``wrapped`` is the DeepSpeed engine
-        wrapped.set_gradient_accumulation_boundary(enabled)
-        yield
-    else:
-        yield
-
-
-def full_state(model: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext) -> tuple[dict, dict]:
-    """Full model and optimizer state dicts on CPU (complete on rank 0; other ranks may get empty dicts)."""
-    if ctx.strategy == "fsdp":
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_state_dict(model, optimizer, options=opts)
-    model_sd = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in model.state_dict().items()}
-    return model_sd, optimizer.state_dict()
-
-
-def load_full_state(
-    model: nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict, optim_sd: dict, ctx: DistContext
-) -> None:
-    """Load full state dicts (every rank passes the complete dicts it read from the checkpoint)."""
-    if ctx.strategy == "fsdp":
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-
-        opts = StateDictOptions(full_state_dict=True)
-        set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=opts)
-        return
-    model.load_state_dict(model_sd)
-    optimizer.load_state_dict(optim_sd)

@@ -22,7 +22,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +34,14 @@ from drivetrain.data.errors import DataError
 from drivetrain.engine.build import apply_speed, build_dataset, build_model, build_optimizer, to_device
 from drivetrain.engine.checkpoint import CORRUPT, MARKER, SUPERSEDED, Checkpointer, CheckpointError, CheckpointWarning
 from drivetrain.engine.config import ConfigError, TrainConfig, config_diff, config_to_dict
-from drivetrain.engine.deepspeed_strategy import DeepSpeedRun
-from drivetrain.engine.distributed import DistContext, full_state, grad_sync, load_full_state, setup, teardown
-from drivetrain.engine.distributed import wrap_model as wrap
+from drivetrain.engine.distributed import DistContext, setup, teardown
 from drivetrain.engine.metrics import MetricsLogger, peak_memory_mb
-from drivetrain.engine.precision import LossScaler, autocast, fp32_outputs, unscale_clip_
+from drivetrain.engine.precision import autocast, fp32_outputs
 from drivetrain.engine.rng import capture_rng, restore_rng, seed_all
 from drivetrain.engine.rundir import RunDirLock
 from drivetrain.engine.sampler import BatchStream, ResumableSampler
 from drivetrain.engine.schedule import lr_factor
+from drivetrain.engine.strategy import build_strategy
 from drivetrain.engine.stream import SamplerBatches, brings_own_batching
 from drivetrain.losses.weights import base_name, resolve_weights, weighted_total
 
@@ -74,6 +73,26 @@ class TrainState:
     def load_state_dict(self, state: dict[str, int]) -> None:
         for key in vars(self):
             setattr(self, key, int(state[key]))
+
+
+@dataclass
+class MicroBatches:
+    """What the micro-batches of one iteration leave for the update and the metrics (device tensors)."""
+
+    loss_sum: torch.Tensor  # () weighted loss summed over the micro-batches
+    term_sums: dict[str, torch.Tensor]  # unweighted terms summed over the micro-batches
+    loss_bad: torch.Tensor  # (accumulation,) bool: the micro-batch's loss was not finite
+    indices: list[torch.Tensor] = field(default_factory=list)  # dataset indices of each micro-batch
+    data_wait: float = 0.0  # seconds spent waiting for batches
+
+
+@dataclass(frozen=True)
+class StepDecision:
+    """The step's host decisions, agreed across ranks."""
+
+    apply: bool  # gradients and losses are finite: apply the update
+    loss_bad: bool  # some rank had a non-finite loss
+    stop: str | None  # the stop signal received (here or on another rank)
 
 
 class TrainingDataError(RuntimeError):
@@ -129,14 +148,8 @@ class Trainer:
                 self.loss_weights = resolve_weights(declared, cfg.model.loss_weights)
             except KeyError as err:
                 raise ConfigError(f"model.loss_weights.{err.args[0]}") from None
-        self.wrapped = wrap(self.model, cfg, self.ctx)
-        self.optimizer = build_optimizer(self.model, cfg.optim)
-        self.deepspeed: DeepSpeedRun | None = None
-        if self.ctx.strategy == "deepspeed":  # wraps model and optimizer together; it scales fp16 losses itself
-            self.deepspeed = DeepSpeedRun(self.model, self.optimizer, cfg, self.device, self.ctx.world_size)
-            self.wrapped = self.deepspeed.engine
-        self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        self.scaler = LossScaler(cfg.precision, self.device, enabled=self.deepspeed is None)
+        self.strategy = build_strategy(self.model, cfg, self.ctx, lambda model: build_optimizer(model, cfg.optim))
+        self.optimizer, self.scaler = self.strategy.optimizer, self.strategy.scaler
         dataset = build_dataset(cfg.data)
         self.data: BatchStream | SamplerBatches
         if brings_own_batching(dataset):  # e.g. scene-sequence batches for streaming models
@@ -162,7 +175,6 @@ class Trainer:
             self._set_aside_unusable()
         self.ctx.barrier()
         self._stop_signal: str | None = None
-        self._first_iteration = True
         self._step_delay = float(os.environ.get(STEP_DELAY_ENV, "0") or 0)
 
     # ------------------------------------------------------------------ the loop
@@ -222,74 +234,80 @@ class Trainer:
 
     def _iteration(self, log: MetricsLogger) -> str | None:
         """One optimizer iteration; returns the name of a received stop signal (agreed across ranks)."""
-        cfg, accum = self.cfg, self.cfg.train.accumulation
         t_start = time.perf_counter()
-        data_wait = 0.0
-        loss_sum = torch.zeros((), device=self.device)
-        term_sums: dict[str, torch.Tensor] = {}
-        loss_bad = torch.zeros(accum, dtype=torch.bool, device=self.device)
-        batch_indices = []
+        micro = self._forward_backward()
+        grad_norm, grads_bad = self.strategy.unscale_and_clip()
+        decision = self._decide(grads_bad, micro)
+        lr = self._set_lr(self.state.step)
+        overflow = grads_bad & ~micro.loss_bad.any()  # a bad loss is not an fp16 overflow
+        grad_norm, scale, applied = self.strategy.step(decision.apply, overflow, grad_norm)
+        self._advance(applied, decision)
+        self._record(log, micro, grad_norm, scale, lr, time.perf_counter() - t_start)
+        return decision.stop
+
+    def _forward_backward(self) -> MicroBatches:
+        """Forward, loss and backward of each micro-batch; gradients reduced across ranks on the last one."""
+        cfg, accum = self.cfg, self.cfg.train.accumulation
+        out = MicroBatches(
+            loss_sum=torch.zeros((), device=self.device),
+            term_sums={},
+            loss_bad=torch.zeros(accum, dtype=torch.bool, device=self.device),
+        )
         for micro in range(accum):
             t0 = time.perf_counter()
             batch, indices = self.data.next()
             batch = to_device(batch, self.device, cfg.speed.channels_last)
-            data_wait += time.perf_counter() - t0
-            batch_indices.append(indices)
-            # DDP static_graph records the graph on its first iteration and fails inside no_sync() there
-            # (reducer assert); reducing every micro-batch of that one iteration gives the same gradients.
-            first_static = self._first_iteration and self.cfg.distributed.static_graph
-            with grad_sync(self.wrapped, self.ctx, enabled=micro == accum - 1 or first_static):
+            out.data_wait += time.perf_counter() - t0
+            out.indices.append(indices)
+            with self.strategy.sync_grads(enabled=micro == accum - 1):
                 with autocast(cfg.precision.mode, self.device):
-                    outputs = self.wrapped(batch)
+                    outputs = self.strategy.wrapped(batch)
                 terms = self.model.loss(fp32_outputs(outputs), batch)  # losses in fp32, outside autocast
                 loss = weighted_total(terms, self._weights_for(terms)).float()
-                self._backward(loss / accum)
-            loss_sum += loss.detach()
+                self.strategy.backward(loss / accum)
+            out.loss_sum += loss.detach()
             for name, term in terms.items():
-                term_sums[name] = term_sums.get(name, 0) + term.detach().float()
-            loss_bad[micro] = ~torch.isfinite(loss.detach())
+                out.term_sums[name] = out.term_sums.get(name, 0) + term.detach().float()
+            out.loss_bad[micro] = ~torch.isfinite(loss.detach())
+        return out
 
-        if self.deepspeed is None:
-            grad_norm, grads_bad = unscale_clip_(self.params, self.scaler, cfg.optim.clip_norm)
-        else:  # DeepSpeed clips and checks the gradients inside its step
-            grads_bad = torch.zeros((), dtype=torch.bool, device=self.device)
-        any_bad = loss_bad.any().to(torch.int64)
+    def _decide(self, grads_bad: torch.Tensor, micro: MicroBatches) -> StepDecision:
+        """Skip, non-finite loss and stop, agreed across ranks in one device read (the step's one sync)."""
+        any_bad = micro.loss_bad.any().to(torch.int64)
+        stop_flag = any_bad.new_full((), int(self._stop_signal is not None))  # a fill, not a host copy
         if self.ctx.initialized:  # every rank takes the same decisions
-            stop_flag = torch.tensor(int(self._stop_signal is not None), device=self.device)
             any_bad, stop_flag = self.ctx.all_reduce_max(torch.stack([any_bad, stop_flag]))
-        else:
-            stop_flag = any_bad.new_zeros(())
-        first_bad = loss_bad.to(torch.int64).argmax()
-        skip, any_loss_bad, stop, bad_micro = torch.stack(  # sync: skipping the step is a host decision
+        first_bad = micro.loss_bad.to(torch.int64).argmax()
+        skip, loss_bad, stop, bad_micro = torch.stack(  # sync: skipping the step is a host decision
             [grads_bad.to(torch.int64), any_bad, stop_flag, first_bad]
         ).tolist()
-        stop = stop or self._stop_signal is not None
-        if any_loss_bad and cfg.precision.nonfinite == "stop":
-            local_bad = bool(loss_bad[bad_micro])  # sync: error path only, the run stops here
-            self._raise_nonfinite(local_bad, bad_micro, batch_indices)
+        if loss_bad and self.cfg.precision.nonfinite == "stop":
+            local_bad = bool(micro.loss_bad[bad_micro])  # sync: error path only, the run stops here
+            self._raise_nonfinite(local_bad, bad_micro, micro.indices)
+        stop_name = self._stop_signal or ("a stop signal (on another rank)" if stop else None)
+        return StepDecision(apply=not (skip or loss_bad), loss_bad=bool(loss_bad), stop=stop_name)
 
-        lr = self._set_lr(self.state.step)
-        if self.deepspeed is not None:  # it skips on non-finite gradients (a bad loss made them NaN) and zeroes
-            grad_norm, scale, applied = self.deepspeed.step()
-        else:
-            scale = self.scaler.scale.clone()
-            applied = not (skip or any_loss_bad)
-            if applied:
-                self.optimizer.step()
-            self.scaler.update(grads_bad & ~loss_bad.any())  # a bad loss is not an fp16 overflow
-            self.optimizer.zero_grad(set_to_none=True)
+    def _advance(self, applied: bool, decision: StepDecision) -> None:
         if applied:
             self.state.step += 1
         else:
             self.state.skipped += 1
-            self.state.nonfinite_losses += int(any_loss_bad)
+            self.state.nonfinite_losses += int(decision.loss_bad)
         self.state.iteration += 1
-        self._first_iteration = False
 
-        elapsed = time.perf_counter() - t_start
-        samples = accum * cfg.data.batch_size * self.ctx.world_size
-        device_values = {"loss": loss_sum / accum, "grad_norm": grad_norm, "loss_scale": scale}
-        device_values.update({f"loss/{k}": v / accum for k, v in term_sums.items()})
+    def _record(
+        self,
+        log: MetricsLogger,
+        micro: MicroBatches,
+        grad_norm: torch.Tensor,
+        scale: torch.Tensor,
+        lr: float,
+        elapsed: float,
+    ) -> None:
+        accum = self.cfg.train.accumulation
+        samples = accum * self.cfg.data.batch_size * self.ctx.world_size
+        device_values = {"loss": micro.loss_sum / accum, "grad_norm": grad_norm, "loss_scale": scale}
+        device_values.update({f"loss/{k}": v / accum for k, v in micro.term_sums.items()})
         host_values = {
             "step": self.state.iteration,
             "opt_step": self.state.step,
@@ -298,13 +316,10 @@ class Trainer:
             "nonfinite_losses": self.state.nonfinite_losses,
             "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
             "step_time_s": elapsed,
-            "data_wait_s": data_wait,
+            "data_wait_s": micro.data_wait,
             "peak_memory_mb": peak_memory_mb(self.device),
         }
         log.record(device_values, host_values)
-        if stop:
-            return self._stop_signal or "a stop signal (on another rank)"
-        return None
 
     def _weights_for(self, terms: dict[str, torch.Tensor]) -> dict[str, float]:
         """The weight of every term: declared by the model and overridden by the config (checked at build).
@@ -321,12 +336,6 @@ class Trainer:
                 f"model.loss_weights.{unknown[0]}: not a loss term of this model; its terms are {sorted(bases)}"
             )
         return {**dict.fromkeys(bases, 1.0), **self.cfg.model.loss_weights}
-
-    def _backward(self, loss: torch.Tensor) -> None:
-        if self.deepspeed is not None:
-            self.deepspeed.backward(loss)
-        else:
-            self.scaler.scale_loss(loss).backward()
 
     def _set_lr(self, step: int) -> float:
         """Set every group's lr for update ``step``; returns the base lr (lr_mult 1)."""
@@ -369,10 +378,7 @@ class Trainer:
         Args:
             data_state: the data position to record (default: after the last batch read).
         """
-        if self.deepspeed is not None:
-            model_sd, optim_sd = self.deepspeed.full_state()
-        else:
-            model_sd, optim_sd = full_state(self.model, self.optimizer, self.ctx)
+        model_sd, optim_sd = self.strategy.full_state()
         rng = self.ctx.gather_to_main(capture_rng())
         path = self.checkpointer.root / Checkpointer.name(self.state.iteration)
         if self.ctx.is_main:
@@ -432,10 +438,7 @@ class Trainer:
                 f"--resume: checkpoint {path} was written by {ckpt['world_size']} ranks, this run has "
                 f"{self.ctx.world_size}; per-rank RNG and data positions need the same number"
             )
-        if self.deepspeed is not None:
-            self.deepspeed.load_full_state(ckpt["model"], ckpt["optimizer"])
-        else:
-            load_full_state(self.model, self.optimizer, ckpt["model"], ckpt["optimizer"], self.ctx)
+        self.strategy.load_full_state(ckpt["model"], ckpt["optimizer"])
         self.scaler.load_state_dict(ckpt["scaler"])
         self.state.load_state_dict(ckpt["train"])
         self.data.load_state_dict(ckpt["data"])
@@ -505,5 +508,5 @@ class Trainer:
     def close(self) -> None:
         """Release the run directory and leave the process group (if any); the trainer cannot train after it."""
         self._release()
-        self.wrapped = self.model  # drop the DDP wrapper (its reducer holds the process group) before teardown
+        self.strategy.wrapped = self.model  # drop the DDP wrapper (its reducer holds the process group) first
         teardown(self.ctx)

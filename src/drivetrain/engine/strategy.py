@@ -1,0 +1,184 @@
+"""The parallelism strategies behind one small interface, so that the training step never asks which runs.
+
+A :class:`Strategy` owns the model as the step calls it (``wrapped``), the optimizer and the loss scaler, and
+answers the step's five questions:
+
+- ``sync_grads(enabled)``: a context in which backward reduces gradients across ranks only if ``enabled``
+  (the last micro-batch of an accumulation);
+- ``backward(loss)``;
+- ``unscale_and_clip()`` → ``(grad_norm, grads_bad)`` on the device, no sync;
+- ``step(apply, overflow)`` → ``(grad_norm, loss_scale, applied)``: apply the update (or skip it), move the
+  loss scaler, zero the gradients;
+- ``full_state()`` / ``load_full_state()``: full (unsharded) model and optimizer state dicts, so a run
+  resumes under any strategy with the same number of ranks.
+
+Strategies: ``none`` (one process), ``ddp`` (``DistributedDataParallel``, optionally ``static_graph``;
+non-final micro-batches under ``no_sync()``), ``fsdp`` (FSDP2 ``fully_shard`` on each unit,
+``distributed.fsdp_modules``, default the direct children with parameters, and the root;
+``fsdp_cpu_offload`` adds ``CPUOffloadPolicy``: parameters, gradients and optimizer state on the CPU, the
+torch-native ZeRO-Offload), and ``deepspeed`` (:class:`~drivetrain.engine.deepspeed_strategy.DeepSpeedRun`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from drivetrain.engine.config import ConfigError, TrainConfig
+from drivetrain.engine.distributed import DistContext
+from drivetrain.engine.precision import LossScaler, unscale_clip_
+
+__all__ = ["Strategy", "build_strategy"]
+
+
+class Strategy:
+    """One process (``none``), and the base of the torch-native data-parallel strategies.
+
+    Args:
+        model: the engine's model.
+        cfg: the run's config.
+        ctx: this process's place in the process group.
+        make_optimizer: builds the AdamW from the model (after it is moved, sharded or wrapped).
+    """
+
+    def __init__(
+        self, model: nn.Module, cfg: TrainConfig, ctx: DistContext, make_optimizer: Callable[[nn.Module], Any]
+    ) -> None:
+        self.model, self.cfg, self.ctx = model, cfg, ctx
+        self.wrapped = self._wrap(model)
+        self.optimizer = make_optimizer(model)
+        self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        self.scaler = LossScaler(cfg.precision, ctx.device)
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        return model.to(self.ctx.device)
+
+    @contextlib.contextmanager
+    def sync_grads(self, enabled: bool) -> Iterator[None]:
+        yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.scaler.scale_loss(loss).backward()
+
+    def unscale_and_clip(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unscale and clip the gradients in place: ``(grad_norm, grads_bad)`` (see ``unscale_clip_``)."""
+        return unscale_clip_(self.params, self.scaler, self.cfg.optim.clip_norm)
+
+    def step(self, apply: bool, overflow: torch.Tensor, grad_norm: torch.Tensor) -> tuple[torch.Tensor, Any, bool]:
+        """Apply the update if ``apply``; back the fp16 loss scale off on ``overflow``; zero the gradients."""
+        scale = self.scaler.scale.clone()
+        if apply:
+            self.optimizer.step()
+        self.scaler.update(overflow)
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm, scale, apply
+
+    def full_state(self) -> tuple[dict, dict]:
+        """Full model and optimizer state dicts on CPU (complete on rank 0)."""
+        model_sd = {
+            k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in self.model.state_dict().items()
+        }
+        return model_sd, self.optimizer.state_dict()
+
+    def load_full_state(self, model_sd: dict, optim_sd: dict) -> None:
+        """Load full state dicts (every rank passes the complete dicts read from the checkpoint)."""
+        self.model.load_state_dict(model_sd)
+        self.optimizer.load_state_dict(optim_sd)
+
+
+class DDPStrategy(Strategy):
+    """``DistributedDataParallel``; non-final micro-batches run under ``no_sync()``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._first_iteration = True
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        dcfg, device = self.cfg.distributed, self.ctx.device
+        return nn.parallel.DistributedDataParallel(
+            model.to(device),
+            device_ids=[device.index] if device.type == "cuda" else None,
+            static_graph=dcfg.static_graph,
+            find_unused_parameters=dcfg.find_unused_parameters,
+        )
+
+    @contextlib.contextmanager
+    def sync_grads(self, enabled: bool) -> Iterator[None]:
+        # DDP static_graph records the graph on its first iteration and fails inside no_sync() there (reducer
+        # assert); reducing every micro-batch of that one iteration gives the same gradients (up to rounding).
+        if enabled or (self._first_iteration and self.cfg.distributed.static_graph):
+            yield
+        else:
+            with self.wrapped.no_sync():
+                yield
+
+    def step(self, apply: bool, overflow: torch.Tensor, grad_norm: torch.Tensor) -> tuple[torch.Tensor, Any, bool]:
+        self._first_iteration = False
+        return super().step(apply, overflow, grad_norm)
+
+
+class FSDPStrategy(Strategy):
+    """FSDP2 ``fully_shard`` (optionally with CPU offload); reduction off on non-final micro-batches."""
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+        dcfg = self.cfg.distributed
+        if not dcfg.fsdp_cpu_offload:
+            model.to(self.ctx.device)
+        pin = self.ctx.device.type == "cuda"
+        offload = CPUOffloadPolicy(pin_memory=pin) if dcfg.fsdp_cpu_offload else OffloadPolicy()
+        mp = MixedPrecisionPolicy()
+        if self.cfg.precision.mode != "fp32":  # gather parameters in the compute dtype; reduce gradients in fp32
+            dtype = torch.bfloat16 if self.cfg.precision.mode == "bf16" else torch.float16
+            mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        kwargs = {"mp_policy": mp, "offload_policy": offload, "reshard_after_forward": dcfg.fsdp_reshard_after_forward}
+        for unit in _fsdp_units(model, dcfg.fsdp_modules):
+            fully_shard(unit, **kwargs)
+        fully_shard(model, **kwargs)
+        return model
+
+    @contextlib.contextmanager
+    def sync_grads(self, enabled: bool) -> Iterator[None]:
+        self.wrapped.set_requires_gradient_sync(enabled)
+        yield
+
+    def full_state(self) -> tuple[dict, dict]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_state_dict(self.model, self.optimizer, options=opts)
+
+    def load_full_state(self, model_sd: dict, optim_sd: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        opts = StateDictOptions(full_state_dict=True)
+        set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=opts)
+
+
+def _fsdp_units(model: nn.Module, names: list[str]) -> list[nn.Module]:
+    if names:
+        units = []
+        for name in names:
+            try:
+                units.append(model.get_submodule(name))
+            except AttributeError:
+                raise ConfigError(f"distributed.fsdp_modules: the model has no module {name!r}") from None
+        return units
+    return [m for m in model.children() if any(True for _ in m.parameters())]
+
+
+def build_strategy(
+    model: nn.Module, cfg: TrainConfig, ctx: DistContext, make_optimizer: Callable[[nn.Module], Any]
+) -> Strategy:
+    """The strategy ``ctx.strategy`` names, with the model moved/wrapped and the optimizer built."""
+    if ctx.strategy == "deepspeed":
+        from drivetrain.engine.deepspeed_strategy import DeepSpeedRun
+
+        return DeepSpeedRun(model, cfg, ctx, make_optimizer)  # type: ignore[return-value]
+    kinds: dict[str, type[Strategy]] = {"none": Strategy, "ddp": DDPStrategy, "fsdp": FSDPStrategy}
+    return kinds[ctx.strategy](model, cfg, ctx, make_optimizer)
