@@ -12,7 +12,7 @@ from nuscenes.utils.geometry_utils import BoxVisibility, view_points
 from drivetrain.data.errors import DataError
 from drivetrain.data.index import build_index, load_index, save_index
 from drivetrain.data.nuscenes_format import CATEGORIES, CATEGORY_TO_CLASS, CLASSES, LIDAR
-from drivetrain.data.project import lidar2img
+from drivetrain.geometry.projection import lidar2img
 
 
 def test_category_map_equals_the_devkits():

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from drivetrain.data import Batch, DatasetConfig, FrameDataset, SequenceSampler, collate
-from drivetrain.data.project import project_boxes
+from drivetrain.geometry.projection import project_boxes
 from drivetrain.losses import FocalHeadLoss, StreamPETRLoss
 
 

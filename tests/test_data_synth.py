@@ -12,7 +12,7 @@ from pyquaternion import Quaternion
 from drivetrain.data.nuscenes_format import CAMERAS, LIDAR
 from drivetrain.data.synth import SynthConfig, generate
 from drivetrain.data.synth.render import background, corners_in_camera, make_rig, render
-from drivetrain.data.transforms import box_corners
+from drivetrain.geometry.rigid import box_corners
 
 
 def test_devkit_loads_the_synthetic_dataset_with_mini_split_scene_names(nusc):

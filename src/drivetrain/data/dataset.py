@@ -24,7 +24,7 @@ import simplejpeg
 
 from drivetrain.data.errors import DataError
 from drivetrain.data.index import FrameIndex, load_index
-from drivetrain.data.project import Boxes2D, lidar2img, project_boxes
+from drivetrain.geometry.projection import Boxes2D, lidar2img, project_boxes
 
 __all__ = ["DatasetConfig", "FrameDataset", "FrameKey", "Sample", "Skipped", "read_image", "read_points"]
 

@@ -18,7 +18,7 @@ import numpy as np
 from drivetrain.data.errors import DataError
 from drivetrain.data.index import FrameIndex, check_root
 from drivetrain.data.nuscenes_format import ATTRIBUTES, CLASSES
-from drivetrain.data.transforms import matrix_to_quaternion
+from drivetrain.geometry.rigid import matrix_to_quaternion
 
 __all__ = ["boxes_to_submission", "check_submission", "evaluate", "ground_truth_submission", "write_submission"]
 

@@ -42,7 +42,7 @@ from tqdm import tqdm
 from drivetrain.data.errors import DataError
 from drivetrain.data.index_check import check_index
 from drivetrain.data.nuscenes_format import ATTRIBUTES, CAMERAS, CATEGORY_TO_CLASS, CLASSES, LIDAR, TABLES
-from drivetrain.data.transforms import invert, transform, yaw_from_matrix
+from drivetrain.geometry.rigid import invert, transform, yaw_from_matrix
 
 __all__ = ["FrameIndex", "build_index", "check_root", "load_index", "save_index", "table_fingerprint"]
 

@@ -91,10 +91,6 @@ class SequenceSampler:
             yield [FrameKey(slot[step][0], slot[step][1], epoch, step) for slot in slots]
         self.epoch, self.step = epoch + 1, 0
 
-    def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` from its first batch."""
-        self.epoch, self.step = int(epoch), 0
-
     def state_dict(self) -> dict[str, Any]:
         return {
             "epoch": self.epoch,

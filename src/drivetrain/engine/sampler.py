@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from drivetrain.engine.config import DataConfig
+from drivetrain.engine.rng import mix_seed
 
 __all__ = ["BatchStream", "ResumableSampler"]
 
@@ -53,7 +54,7 @@ class ResumableSampler(Sampler[int]):
         if self._cached is not None and self._cached[0] == epoch:
             return self._cached[1]
         if self.shuffle:
-            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            gen = torch.Generator().manual_seed(mix_seed(self.seed, epoch))
             order = torch.randperm(self.size, generator=gen)
         else:
             order = torch.arange(self.size)
@@ -97,10 +98,6 @@ class BatchStream:
         self._loader: DataLoader | None = None
         self._iter: Iterator[Any] | None = None
 
-    @property
-    def batches_per_epoch(self) -> int:
-        return len(self.sampler) // self.cfg.batch_size
-
     def _make_loader(self) -> DataLoader:
         cfg = self.cfg
         extra: dict[str, Any] = {}
@@ -123,7 +120,7 @@ class BatchStream:
         if self._loader is None:
             self._loader = self._make_loader()
         # The loader draws worker base seeds from its own generator, never from the global RNG.
-        self._loader.generator.manual_seed(self.seed * 1_000_003 + self.sampler.epoch * 65_537 + self.sampler.position)
+        self._loader.generator.manual_seed(mix_seed(self.seed, self.sampler.epoch, self.sampler.position))
         self._iter = iter(self._loader)
 
     def next(self) -> tuple[Any, torch.Tensor]:

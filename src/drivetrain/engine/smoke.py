@@ -26,6 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
+from drivetrain.engine.rng import mix_seed
+
 __all__ = ["SmokeDataset", "SmokeModel"]
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -68,7 +70,7 @@ class SmokeDataset(Dataset):
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if not 0 <= index < self.num_samples:
             raise IndexError(f"index {index} outside [0, {self.num_samples})")
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        gen = torch.Generator().manual_seed(mix_seed(self.seed, index))
         shape = (self.channels, *([self.size] * self.dims))
         image = 0.5 * torch.randn(shape, generator=gen)
         label = int(torch.randint(0, self.channels, (), generator=gen))

@@ -1,4 +1,4 @@
-"""Box encodings, 2D box formats and IoU/GIoU for padded batches."""
+"""Box encodings, 2D box formats, IoU/GIoU for padded batches, rigid transforms and camera projection."""
 
 from drivetrain.geometry.boxes2d import (
     boxes_cxcywh_to_xyxy,
@@ -10,9 +10,10 @@ from drivetrain.geometry.boxes2d import (
     normalize_boxes,
     unnormalize_boxes,
 )
-from drivetrain.geometry.boxes3d import decode_boxes_streampetr, encode_boxes_streampetr
+from drivetrain.geometry.boxes3d import CODE_WEIGHTS, decode_boxes_streampetr, encode_boxes_streampetr
 
 __all__ = [
+    "CODE_WEIGHTS",
     "boxes_cxcywh_to_xyxy",
     "boxes_xyxy_to_cxcywh",
     "decode_boxes_streampetr",

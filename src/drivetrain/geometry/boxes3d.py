@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["decode_boxes_streampetr", "encode_boxes_streampetr"]
+__all__ = ["CODE_WEIGHTS", "decode_boxes_streampetr", "encode_boxes_streampetr"]
+
+
+# StreamPETR's per-dimension weights of the 10-dim box code (x, y weighted 2; the rest 1), used by its
+# matching cost and its L1 loss.
+CODE_WEIGHTS = (2.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)
 
 
 def encode_boxes_streampetr(boxes: torch.Tensor) -> torch.Tensor:

@@ -30,12 +30,12 @@ from typing import Any
 import torch
 
 from drivetrain import ragged
-from drivetrain.geometry import encode_boxes_streampetr
+from drivetrain.geometry import CODE_WEIGHTS, encode_boxes_streampetr
 from drivetrain.losses.functional import class_mask, l1_loss, sigmoid_focal_loss
 from drivetrain.losses.inputs import field
 from drivetrain.losses.normalize import average_factor
 from drivetrain.losses.weights import weighted_total
-from drivetrain.match import CODE_WEIGHTS, HungarianAssigner3D
+from drivetrain.match import HungarianAssigner3D
 from drivetrain.profile import region
 from drivetrain.ragged import RaggedBatch
 

@@ -17,15 +17,13 @@ from dataclasses import dataclass
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from drivetrain.geometry import boxes_xyxy_to_cxcywh, encode_boxes_streampetr, normalize_boxes
+from drivetrain.geometry import CODE_WEIGHTS, boxes_xyxy_to_cxcywh, encode_boxes_streampetr, normalize_boxes
 from drivetrain.match.costs import bbox3d_l1_cost, centre_l1_cost, focal_cost, giou_cost, l1_cost
 from drivetrain.match.solve import NAN_COST, NEGINF_COST, POSINF_COST, solve
 from drivetrain.profile import region
 from drivetrain.ragged import RaggedBatch
 
-__all__ = ["CODE_WEIGHTS", "HungarianAssigner2D", "HungarianAssigner3D"]
-
-CODE_WEIGHTS = (2.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)
+__all__ = ["HungarianAssigner2D", "HungarianAssigner3D"]
 
 
 def _solve_one(cost: torch.Tensor) -> torch.Tensor:

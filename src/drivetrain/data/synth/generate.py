@@ -30,7 +30,7 @@ from drivetrain.data.synth import lidar as lidar_sim
 from drivetrain.data.synth.config import SynthConfig
 from drivetrain.data.synth.render import background, corners_in_camera, make_rig, render
 from drivetrain.data.synth.world import CATEGORY, SceneLayout, make_layout
-from drivetrain.data.transforms import invert, matrix_to_quaternion, transform, yaw_quaternion
+from drivetrain.geometry.rigid import invert, matrix_to_quaternion, transform, yaw_quaternion
 
 __all__ = ["VERSION", "generate"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from drivetrain.data.transforms import box_corners
+from drivetrain.geometry.rigid import box_corners
 
 __all__ = ["LIDAR_HEIGHT", "cast", "lidar2ego"]
 

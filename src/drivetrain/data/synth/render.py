@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from drivetrain.data.nuscenes_format import CAMERAS
-from drivetrain.data.transforms import box_corners, transform
+from drivetrain.geometry.rigid import box_corners, transform
 
 __all__ = ["CLASS_COLORS", "CameraRig", "Rendered", "make_rig", "render"]
 

@@ -5,7 +5,7 @@ import pytest
 from nuscenes.utils.data_classes import Box
 from pyquaternion import Quaternion
 
-from drivetrain.data.transforms import (
+from drivetrain.geometry.rigid import (
     box_corners,
     invert,
     matrix_to_quaternion,

@@ -18,7 +18,6 @@ __all__ = [
     "matrix_to_quaternion",
     "quaternion_to_matrix",
     "transform",
-    "transform_points",
     "yaw_from_matrix",
     "yaw_quaternion",
 ]
@@ -84,11 +83,6 @@ def invert(mat: np.ndarray) -> np.ndarray:
     out[..., :3, 3] = -(rot_t @ mat[..., :3, 3:4])[..., 0]
     out[..., 3, 3] = 1.0
     return out
-
-
-def transform_points(mat: np.ndarray, points: np.ndarray) -> np.ndarray:
-    """Apply a ``(4, 4)`` transform to ``(P, 3)`` points → ``(P, 3)``."""
-    return points @ mat[:3, :3].T + mat[:3, 3]
 
 
 def box_corners(boxes: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from drivetrain.data.transforms import box_corners
+from drivetrain.geometry.rigid import box_corners
 
 __all__ = ["Boxes2D", "lidar2img", "project_boxes"]
 
