@@ -14,7 +14,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 sys.path.insert(0, str(Path(__file__).parent))
 
 from drivetrain.engine import Trainer, load_config
-from engine_helpers import NO_BATCH_COUPLING, SMOKE, overrides
+from helpers.engine import NO_BATCH_COUPLING, SMOKE, overrides
 
 # Per rank batch 8 × 2 micro-batches (the test's single process uses batch 16 × 2), as engine_dist_worker.py,
 # but in float32: DeepSpeed casts the model to float32 (no float64 training).

@@ -12,7 +12,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from drivetrain.engine import Trainer, load_config
-from engine_helpers import FLOAT64, NO_BATCH_COUPLING, SMOKE, overrides
+from helpers.engine import FLOAT64, NO_BATCH_COUPLING, SMOKE, overrides
 
 # Per rank batch 8 × 2 micro-batches (the test's single process uses batch 16 × 2), in float64.
 PARALLEL = ["train.steps=10", "train.accumulation=2", "data.batch_size=8", *NO_BATCH_COUPLING, *FLOAT64]

@@ -14,7 +14,7 @@ import torch
 from drivetrain.cli.main import main
 from drivetrain.engine import ConfigError, Trainer, load_config
 from drivetrain.engine.metrics import MetricsLogger
-from engine_helpers import SMOKE, cli_env, losses, overrides, run_cli
+from helpers.engine import SMOKE, cli_env, losses, overrides, run_cli
 
 
 def test_overrides_may_follow_resume(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from drivetrain.engine.config import PrecisionConfig, ScheduleConfig
 from drivetrain.engine.rng import capture_rng, restore_rng
 from drivetrain.engine.sampler import BatchStream
 from drivetrain.engine.schedule import one_cycle
-from engine_helpers import SMOKE, overrides
+from helpers.engine import SMOKE, overrides
 
 
 def state(step: int) -> dict:

@@ -8,7 +8,7 @@ import pytest
 
 from drivetrain.engine import ConfigError, Trainer, load_config
 from drivetrain.engine.config import TrainConfig, config_diff, config_to_dict, from_dict
-from engine_helpers import SMOKE, overrides
+from helpers.engine import SMOKE, overrides
 
 
 def test_smoke_config_loads_with_typed_values() -> None:

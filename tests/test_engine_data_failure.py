@@ -12,7 +12,7 @@ import torch
 from drivetrain.cli.main import main
 from drivetrain.data.index import load_index
 from drivetrain.engine import Checkpointer, CheckpointError
-from engine_helpers import SMOKE, losses, overrides
+from helpers.engine import SMOKE, losses, overrides
 from test_engine_streaming import CONFIG, run
 
 

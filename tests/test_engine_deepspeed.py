@@ -14,7 +14,7 @@ import torch
 from drivetrain.engine import ConfigError, Trainer, load_config
 from drivetrain.engine.config import module_available
 from drivetrain.engine.deepspeed_strategy import deepspeed_config
-from engine_helpers import (
+from helpers.engine import (
     ROOT,
     SMOKE,
     assert_same_weights,
@@ -24,7 +24,7 @@ from engine_helpers import (
     overrides,
     train_single_double_batch,
 )
-from engine_helpers import torchrun as launch
+from helpers.engine import torchrun as launch
 
 pytestmark = pytest.mark.skipif(
     not module_available("deepspeed"), reason="deepspeed is not installed (pip install 'drivetrain[deepspeed]')"
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(
 # DeepSpeed trains in float32 only (it casts the model), so rounding differences of its other summation order
 # (flat gradient buckets averaged over ranks, a micro-batch of 8 instead of 16 in each conv kernel, DeepSpeed's
 # clip coefficient divides where torch's multiplies) are amplified by AdamW past any fixed bound after a few
-# steps (see engine_helpers.FLOAT64). What is guaranteed is the first step: loss and gradient norm agree to
+# steps (see helpers.engine.FLOAT64). What is guaranteed is the first step: loss and gradient norm agree to
 # float32 rounding of the longest reduction in the step, the first conv's weight gradient over 16 samples ×
 # 16 × 16 positions = 4096 terms: ≤ 4096·eps32 ≈ 5e-4 relative. A wrong 1/world scale, a micro-batch reduced
 # twice or missed, or a wrong accumulation scale moves them by ≥ 1/3; lr, lr multipliers, step counts and

@@ -1,5 +1,5 @@
 """Two processes on the gloo backend (torchrun): DDP, DDP static graph, FSDP2 and FSDP2 with CPU offload each
-match one process with the double batch (in float64: see engine_helpers.FLOAT64); a DDP run stopped and
+match one process with the double batch (in float64: see helpers.engine.FLOAT64); a DDP run stopped and
 resumed matches an uninterrupted one exactly."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from drivetrain.engine import ConfigError, Trainer, load_config
-from engine_helpers import (
+from helpers.engine import (
     ROOT,
     SMOKE,
     assert_same_training,

@@ -27,7 +27,7 @@ import pytest
 from drivetrain.engine import Checkpointer, CheckpointError, Trainer, load_config
 from drivetrain.engine.checkpoint import DELAY_ENV, MARKER
 from drivetrain.engine.trainer import STEP_DELAY_ENV
-from engine_helpers import SMOKE, assert_same_weights, cli_env, final_state, losses, overrides, train_cmd
+from helpers.engine import SMOKE, assert_same_weights, cli_env, final_state, losses, overrides, train_cmd
 
 STEPS = 24
 RUN = [f"train.steps={STEPS}", "checkpoint.every=3", "checkpoint.keep=2", "data.num_workers=2"]

@@ -17,7 +17,7 @@ import pytest
 from drivetrain.engine import Checkpointer, CheckpointWarning, Trainer, load_config
 from drivetrain.engine.checkpoint import DELAY_ENV, MARKER
 from drivetrain.engine.trainer import STEP_DELAY_ENV
-from engine_helpers import SMOKE, assert_same_weights, cli_env, final_state, losses, overrides, run_cli, train_cmd
+from helpers.engine import SMOKE, assert_same_weights, cli_env, final_state, losses, overrides, run_cli, train_cmd
 
 STEPS = 30
 RUN = ["train.steps=30", "checkpoint.every=4", "checkpoint.keep=2"]

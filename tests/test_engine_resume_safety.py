@@ -13,7 +13,7 @@ import pytest
 
 from drivetrain.engine import Checkpointer, CheckpointWarning, Trainer, load_config
 from drivetrain.engine.trainer import STEP_DELAY_ENV
-from engine_helpers import SMOKE, cli_env, losses, overrides, run_cli, train_cmd
+from helpers.engine import SMOKE, cli_env, losses, overrides, run_cli, train_cmd
 
 RUN = ["checkpoint.every=2", "checkpoint.keep=2"]
 

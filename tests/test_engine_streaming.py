@@ -12,7 +12,7 @@ import torch
 from drivetrain.data.training import StreamingFrames, frames
 from drivetrain.engine import Trainer, brings_own_batching, load_config
 from drivetrain.models import FocalDetector2D
-from engine_helpers import assert_same_weights, final_state, losses, metrics
+from helpers.engine import assert_same_weights, final_state, losses, metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "synth_tiny.yaml"

@@ -9,7 +9,7 @@ import torch
 
 from drivetrain.engine import NonFiniteLossError, Trainer, load_config
 from drivetrain.engine.schedule import lr_factor
-from engine_helpers import (
+from helpers.engine import (
     FLOAT64,
     NO_BATCH_COUPLING,
     SMOKE,
@@ -118,7 +118,7 @@ def test_activation_checkpointing_recomputes_the_same_arithmetic(tmp_path: Path)
 
 
 def test_channels_last_trains_the_same_model(tmp_path: Path) -> None:
-    # Channels-last convolutions reduce in another order: compared in float64 (engine_helpers.FLOAT64).
+    # Channels-last convolutions reduce in another order: compared in float64 (helpers.engine.FLOAT64).
     train(tmp_path / "plain", "train.steps=4", *FLOAT64)
     train(tmp_path / "switched", "train.steps=4", "speed.channels_last=2d", *FLOAT64)
     assert_same_training(tmp_path / "switched", tmp_path / "plain")

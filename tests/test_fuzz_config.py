@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from drivetrain.engine import ConfigError, load_config
 from drivetrain.engine.config import TrainConfig, config_to_dict
-from engine_helpers import SMOKE
-from fuzz_helpers import BUDGETS, JSON_SCALARS, Tally, fuzz_settings, mutated_bytes, mutated_document
+from helpers.engine import SMOKE
+from helpers.fuzz import BUDGETS, JSON_SCALARS, Tally, fuzz_settings, mutated_bytes, mutated_document
 
 
 def dotted_keys(cls: type, prefix: str = "") -> list[str]:

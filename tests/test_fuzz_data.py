@@ -18,7 +18,7 @@ from drivetrain.data.dataset import Sample, Skipped
 from drivetrain.data.index import ARRAYS, build_index, load_index
 from drivetrain.data.index_check import check_index
 from drivetrain.data.nuscenes_format import TABLES
-from fuzz_helpers import BUDGETS, Tally, fuzz_settings, mutated_bytes, mutated_document
+from helpers.fuzz import BUDGETS, Tally, fuzz_settings, mutated_bytes, mutated_document
 
 INDEX = "drivetrain_index.npz"
 

@@ -19,8 +19,8 @@ from drivetrain.data import DataError
 from drivetrain.data.evaluate import evaluate, ground_truth_submission
 from drivetrain.engine import Checkpointer, CheckpointError, CheckpointWarning, Trainer, load_config
 from drivetrain.engine.checkpoint import MARKER, STATE_FILE
-from engine_helpers import SMOKE, overrides
-from fuzz_helpers import BUDGETS, Tally, fuzz_settings, mutated_bytes, mutated_document
+from helpers.engine import SMOKE, overrides
+from helpers.fuzz import BUDGETS, Tally, fuzz_settings, mutated_bytes, mutated_document
 
 
 @pytest.mark.parametrize("examples", BUDGETS)

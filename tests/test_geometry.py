@@ -19,6 +19,7 @@ from drivetrain.geometry import (
     normalize_boxes,
     unnormalize_boxes,
 )
+from helpers.boxes import random_boxes3d as shared_boxes3d
 
 
 @pytest.fixture
@@ -27,14 +28,8 @@ def gen() -> torch.Generator:
 
 
 def random_boxes3d(shape: tuple[int, ...], gen: torch.Generator, *, velocity: bool = True) -> torch.Tensor:
-    """Gravity-centre boxes ``(*shape, 9)`` (or 7) with positive sizes and yaw in (-3π, 3π)."""
-    u = torch.rand((*shape, 9), generator=gen, dtype=torch.float64)
-    centre = torch.stack([u[..., 0] * 100 - 50, u[..., 1] * 100 - 50, u[..., 2] * 4 - 3], dim=-1)
-    size = 0.2 + u[..., 3:6] * 5
-    yaw = (u[..., 6:7] * 2 - 1) * 3 * math.pi
-    vel = u[..., 7:9] * 20 - 10
-    parts = [centre, size, yaw] + ([vel] if velocity else [])
-    return torch.cat(parts, dim=-1)
+    """float64 boxes with yaw in ±3π, so the encoding's wrap-around is exercised."""
+    return shared_boxes3d(shape, gen, dtype=torch.float64, velocity=velocity, yaw_turns=1.5)
 
 
 def random_xyxy(shape: tuple[int, ...], gen: torch.Generator, dtype: torch.dtype = torch.float64) -> torch.Tensor:

@@ -10,26 +10,20 @@ import pytest
 import torch
 
 import drivetrain.match.assigners as assigners_module
-from conftest import SYNC_METHODS, HostSyncError, no_host_sync
 from drivetrain.losses import FocalHeadLoss, StreamPETRLoss
 from drivetrain.losses.weights import base_name
 from drivetrain.match import HungarianAssigner2D, HungarianAssigner3D
 from drivetrain.ragged import RaggedBatch
+from helpers.boxes import random_boxes3d
+from helpers.nosync import SYNC_METHODS, HostSyncError, no_host_sync
 
 C = 10
-
-
-def random_boxes(n: int, gen: torch.Generator) -> torch.Tensor:
-    centre = torch.randn(n, 3, generator=gen) * torch.tensor([15.0, 15.0, 1.0])
-    size = torch.rand(n, 3, generator=gen) * 3 + 0.5
-    yaw = torch.rand(n, 1, generator=gen) * 6.2 - 3.1
-    return torch.cat([centre, size, yaw, torch.randn(n, 2, generator=gen)], dim=-1)
 
 
 def streampetr_case(num_gt: list[int], layers: int, queries: int, groups: int, gen: torch.Generator) -> tuple:
     batch = len(num_gt)
     targets = {
-        "gt_boxes": RaggedBatch.from_list([random_boxes(n, gen) for n in num_gt]),
+        "gt_boxes": RaggedBatch.from_list([random_boxes3d(n, gen) for n in num_gt]),
         "gt_labels": RaggedBatch.from_list([torch.randint(0, C, (n,), generator=gen) for n in num_gt]),
     }
     outputs = {

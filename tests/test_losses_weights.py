@@ -12,7 +12,7 @@ from drivetrain.engine import ConfigError, Trainer, load_config
 from drivetrain.losses import FocalHeadLoss, StreamPETRLoss
 from drivetrain.losses.focal_head import WEIGHTS
 from drivetrain.losses.weights import base_name, resolve_weights, weighted_total
-from engine_helpers import SMOKE, losses, metrics, overrides
+from helpers.engine import SMOKE, losses, metrics, overrides
 
 
 def test_per_layer_terms_take_their_base_weight() -> None:

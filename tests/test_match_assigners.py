@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 from drivetrain.geometry import encode_boxes_streampetr
 from drivetrain.match import HungarianAssigner2D, HungarianAssigner3D
 from drivetrain.ragged import RaggedBatch
+from helpers.boxes import random_boxes3d
 
 NUM_CLASSES = 10
 IMAGE_SIZE = (800.0, 320.0)
@@ -22,22 +21,7 @@ def gen() -> torch.Generator:
 
 # ---------------------------------------------------------------------- 3D
 def random_gt_boxes3d(m: int, gen: torch.Generator) -> torch.Tensor:
-    """``(m, 9)`` gravity-centre boxes: positive sizes, yaw in (-π, π), velocities."""
-    u = torch.rand(m, 9, generator=gen)
-    return torch.stack(
-        [
-            u[:, 0] * 100 - 50,
-            u[:, 1] * 100 - 50,
-            u[:, 2] * 4 - 3,
-            0.5 + u[:, 3] * 4.5,
-            0.5 + u[:, 4] * 2.5,
-            0.5 + u[:, 5] * 2.5,
-            (u[:, 6] * 2 - 1) * (math.pi - 1e-3),
-            u[:, 7] * 10 - 5,
-            u[:, 8] * 10 - 5,
-        ],
-        dim=-1,
-    )
+    return random_boxes3d(m, gen)
 
 
 def predictions3d(

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (
+from drivetrain import ragged
+from drivetrain.ragged import RaggedBatch
+from helpers.ragged import (
     LAYOUTS,
     Layout,
     assert_samples_equal,
@@ -18,8 +20,6 @@ from conftest import (
     valid_samples,
     weighted_sin_loss,
 )
-from drivetrain import ragged
-from drivetrain.ragged import RaggedBatch
 
 S = 5
 

@@ -9,18 +9,16 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from conftest import (
-    SYNC_METHODS,
-    HostSyncError,
+from drivetrain import ragged
+from drivetrain.ragged import RaggedBatch
+from helpers.nosync import SYNC_METHODS, HostSyncError, no_host_sync
+from helpers.ragged import (
     Layout,
     leaf,
-    no_host_sync,
     random_index,
     random_ragged,
     random_values,
 )
-from drivetrain import ragged
-from drivetrain.ragged import RaggedBatch
 
 L, B, S, N, J, C = 2, 3, 5, 7, 4, 2
 

@@ -8,7 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import (
+from drivetrain import ragged
+from drivetrain.ragged import RaggedBatch
+from helpers.ragged import (
     ALL_DTYPES,
     FLOAT_DTYPES,
     LAYOUTS,
@@ -30,8 +32,6 @@ from conftest import (
     valid_samples,
     weighted_sin_loss,
 )
-from drivetrain import ragged
-from drivetrain.ragged import RaggedBatch
 
 N, J = 6, 4  # indexed (padded) length of the data, padded number of indices
 TWO_LAYOUTS = (LAYOUTS[1], LAYOUTS[6])  # (B, S, C) and (L, B, C, S)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import (
+from drivetrain import ragged
+from drivetrain.ragged import RaggedBatch
+from helpers.ragged import (
     ALL_DTYPES,
     FLOAT_DTYPES,
     LAYOUTS,
@@ -22,8 +24,6 @@ from conftest import (
     sample_of,
     valid_samples,
 )
-from drivetrain import ragged
-from drivetrain.ragged import RaggedBatch
 
 S = 5
 

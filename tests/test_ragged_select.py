@@ -8,7 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import (
+from drivetrain import ragged
+from drivetrain.ragged import RaggedBatch
+from helpers.ragged import (
     ALL_DTYPES,
     LAYOUTS,
     Layout,
@@ -25,8 +27,6 @@ from conftest import (
     valid_samples,
     weighted_sin_loss,
 )
-from drivetrain import ragged
-from drivetrain.ragged import RaggedBatch
 
 N = 6
 

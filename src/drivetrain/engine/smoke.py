@@ -11,7 +11,7 @@ non-parameter state.
 
 Both take ``dtype`` ("float32" or "float64"): the equivalence tests train in float64, where two runs that do
 the same arithmetic in another order (data-parallel ranks vs one process, accumulation vs one batch) agree
-to rounding that AdamW cannot amplify past the tests' bounds (see tests/engine_helpers.py).
+to rounding that AdamW cannot amplify past the tests' bounds (see tests/helpers/engine.py).
 
 Per-sample data comes from a generator seeded by ``(seed, index)`` only: any sample can be produced in any
 order, in any worker, after any resume.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "configs" / "smoke.yaml"
 
 # Small, fast and deterministic: one thread, deterministic algorithms, no TensorBoard or progress bar.
