@@ -227,109 +227,12 @@ def _build_index(
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise ImportError("indexing needs the nuScenes devkit: pip install 'drivetrain[nuscenes]'") from err
     nusc = NuScenes(version=version, dataroot=str(root), verbose=False)
-    label_of = {c: i for i, c in enumerate(CLASSES)}
-    attr_of = {a["token"]: ATTRIBUTES.index(a["name"]) for a in nusc.attribute if a["name"] in ATTRIBUTES}
-    cols: dict[str, list[Any]] = {k: [] for k in ARRAYS if k not in ("box_offset", "sweep_offset")}
-    box_counts, sweep_counts = [], []
-    meta: dict[str, Any] = {
-        "format": FORMAT,
-        "root": str(root.resolve()),
-        "version": version,
-        "classes": list(CLASSES),
-        "attributes": list(ATTRIBUTES),
-        "cameras": list(cameras),
-        "scenes": [],
-        "scene_tokens": [],
-        "sample_tokens": [],
-        "prev_tokens": [],  # the sample before each key frame in its scene ("" at a scene start)
-        "next_tokens": [],
-        "image_files": [],
-        "lidar_files": [],
-        "sweep_files": [],
-        "instances": [],
-        "tables": table_fingerprint(root, version),
-        "splits": _devkit_splits(),
-    }
-    instance_id: dict[str, int] = {}
+    walk = _IndexWalk(nusc, root, version, cameras, max_sweeps)
     scenes = sorted(nusc.scene, key=lambda s: s["name"])
-    bar = tqdm(total=sum(s["nbr_samples"] for s in scenes), desc="index", unit="frame", disable=not progress)
-    for scene_id, scene in enumerate(scenes):
-        meta["scenes"].append(scene["name"])
-        meta["scene_tokens"].append(scene["token"])
-        sample_token, frame = scene["first_sample_token"], 0
-        while sample_token:
-            sample = nusc.get("sample", sample_token)
-            missing = [c for c in (*cameras, LIDAR) if c not in sample["data"]]
-            if missing:
-                raise DataError(
-                    f"sample {sample_token} has no key-frame data for {missing}", root / version / "sample_data.json"
-                )
-            lidar_sd = nusc.get("sample_data", sample["data"][LIDAR])
-            l2e = _calib(nusc, lidar_sd)
-            lidar2global = _pose(nusc, lidar_sd) @ l2e
-            global2lidar = invert(lidar2global)
-            cols["timestamp"].append(lidar_sd["timestamp"] / 1e6)
-            cols["scene_id"].append(scene_id)
-            cols["frame_in_scene"].append(frame)
-            cols["ego_pose"].append(lidar2global)
-            cols["lidar2ego"].append(l2e)
-            intr, c2l, c2e, cam_pose, cam_time, size, files = [], [], [], [], [], [], []
-            for cam in cameras:
-                sd = nusc.get("sample_data", sample["data"][cam])
-                cs = nusc.get("calibrated_sensor", sd["calibrated_sensor_token"])
-                intr.append(np.array(cs["camera_intrinsic"], dtype=np.float64).reshape(3, 3))
-                c2e.append(_calib(nusc, sd))
-                cam_pose.append(_pose(nusc, sd))
-                c2l.append(global2lidar @ cam_pose[-1] @ c2e[-1])
-                cam_time.append(sd["timestamp"] / 1e6)
-                size.append((sd["width"], sd["height"]))
-                files.append(sd["filename"])
-            cols["intrinsics"].append(np.stack(intr))
-            cols["cam2lidar"].append(np.stack(c2l))
-            cols["cam2ego"].append(np.stack(c2e))
-            cols["cam_ego_pose"].append(np.stack(cam_pose))
-            cols["cam_timestamp"].append(np.array(cam_time, dtype=np.float64))
-            cols["image_size"].append(np.array(size, dtype=np.int64))
-            meta["image_files"].append(files)
-            meta["lidar_files"].append(lidar_sd["filename"])
-            meta["sample_tokens"].append(sample_token)
-            meta["prev_tokens"].append(sample["prev"])
-            meta["next_tokens"].append(sample["next"])
-            n_boxes = 0
-            for ann_token in sample["anns"]:
-                ann = nusc.get("sample_annotation", ann_token)
-                name = CATEGORY_TO_CLASS.get(ann["category_name"])
-                if name is None:
-                    continue
-                rot = global2lidar[:3, :3] @ transform(ann["rotation"], [0, 0, 0])[:3, :3]
-                centre = global2lidar[:3, :3] @ np.asarray(ann["translation"]) + global2lidar[:3, 3]
-                velocity = np.nan_to_num(nusc.box_velocity(ann_token), nan=0.0)
-                velocity = global2lidar[:3, :3] @ velocity
-                w, length, h = ann["size"]
-                cols["boxes"].append([*centre, length, w, h, yaw_from_matrix(rot), velocity[0], velocity[1]])
-                cols["labels"].append(label_of[name])
-                cols["num_lidar_pts"].append(ann["num_lidar_pts"])
-                cols["visibility"].append(int(ann["visibility_token"] or 0))
-                attrs = ann["attribute_tokens"]
-                cols["attribute"].append(attr_of.get(attrs[0], -1) if attrs else -1)
-                inst = instance_id.setdefault(ann["instance_token"], len(instance_id))
-                cols["instance"].append(inst)
-                n_boxes += 1
-            box_counts.append(n_boxes)
-            sweeps, sd = 0, lidar_sd
-            while sweeps < max_sweeps and sd["prev"]:
-                sd = nusc.get("sample_data", sd["prev"])
-                cols["sweep2lidar"].append(global2lidar @ _pose(nusc, sd) @ _calib(nusc, sd))
-                cols["sweep_dt"].append((lidar_sd["timestamp"] - sd["timestamp"]) / 1e6)
-                meta["sweep_files"].append(sd["filename"])
-                sweeps += 1
-            sweep_counts.append(sweeps)
-            sample_token, frame = sample["next"], frame + 1
-            bar.update(1)
-    bar.close()
-    meta["instances"] = list(instance_id)
-    meta["splits"] = {name: [s for s in scenes if s in meta["scenes"]] for name, scenes in meta["splits"].items()}
-    arrays = _assemble(cols, box_counts, sweep_counts, len(cameras))
+    with tqdm(total=sum(s["nbr_samples"] for s in scenes), desc="index", unit="frame", disable=not progress) as bar:
+        for scene_id, scene in enumerate(scenes):
+            walk.scene(scene_id, scene, bar)
+    arrays, meta = walk.finish()
     # Tables with null or NaN poses, calibrations or sizes yield non-finite matrices or boxes: refuse them here
     # rather than write an index that projects every box to nowhere.
     check_index(arrays, meta, root / version)
@@ -339,6 +242,138 @@ def _build_index(
     if check_files:
         _check_files(index)
     return index
+
+
+class _IndexWalk:
+    """Walks the devkit's tables scene by scene, key frame by key frame, collecting the index columns."""
+
+    def __init__(self, nusc: Any, root: Path, version: str, cameras: tuple[str, ...], max_sweeps: int) -> None:
+        self.nusc, self.root, self.version, self.cameras, self.max_sweeps = nusc, root, version, cameras, max_sweeps
+        self.label_of = {c: i for i, c in enumerate(CLASSES)}
+        self.attr_of = {a["token"]: ATTRIBUTES.index(a["name"]) for a in nusc.attribute if a["name"] in ATTRIBUTES}
+        self.cols: dict[str, list[Any]] = {k: [] for k in ARRAYS if k not in ("box_offset", "sweep_offset")}
+        self.box_counts: list[int] = []
+        self.sweep_counts: list[int] = []
+        self.instance_id: dict[str, int] = {}
+        self.meta: dict[str, Any] = {
+            "format": FORMAT,
+            "root": str(root.resolve()),
+            "version": version,
+            "classes": list(CLASSES),
+            "attributes": list(ATTRIBUTES),
+            "cameras": list(cameras),
+            "scenes": [],
+            "scene_tokens": [],
+            "sample_tokens": [],
+            "prev_tokens": [],  # the sample before each key frame in its scene ("" at a scene start)
+            "next_tokens": [],
+            "image_files": [],
+            "lidar_files": [],
+            "sweep_files": [],
+            "instances": [],
+            "tables": table_fingerprint(root, version),
+            "splits": _devkit_splits(),
+        }
+
+    def scene(self, scene_id: int, scene: dict[str, Any], bar: Any) -> None:
+        self.meta["scenes"].append(scene["name"])
+        self.meta["scene_tokens"].append(scene["token"])
+        sample_token, frame = scene["first_sample_token"], 0
+        while sample_token:
+            sample = self.nusc.get("sample", sample_token)
+            self._key_frame(scene_id, frame, sample)
+            sample_token, frame = sample["next"], frame + 1
+            bar.update(1)
+
+    def _key_frame(self, scene_id: int, frame: int, sample: dict[str, Any]) -> None:
+        """One row of every per-frame column, plus the frame's boxes and sweeps."""
+        nusc, cols, meta = self.nusc, self.cols, self.meta
+        missing = [c for c in (*self.cameras, LIDAR) if c not in sample["data"]]
+        if missing:
+            raise DataError(
+                f"sample {sample['token']} has no key-frame data for {missing}",
+                self.root / self.version / "sample_data.json",
+            )
+        lidar_sd = nusc.get("sample_data", sample["data"][LIDAR])
+        l2e = _calib(nusc, lidar_sd)
+        lidar2global = _pose(nusc, lidar_sd) @ l2e
+        global2lidar = invert(lidar2global)
+        cols["timestamp"].append(lidar_sd["timestamp"] / 1e6)
+        cols["scene_id"].append(scene_id)
+        cols["frame_in_scene"].append(frame)
+        cols["ego_pose"].append(lidar2global)
+        cols["lidar2ego"].append(l2e)
+        self._cameras(sample, global2lidar)
+        meta["lidar_files"].append(lidar_sd["filename"])
+        meta["sample_tokens"].append(sample["token"])
+        meta["prev_tokens"].append(sample["prev"])
+        meta["next_tokens"].append(sample["next"])
+        self.box_counts.append(self._boxes(sample, global2lidar))
+        self.sweep_counts.append(self._sweeps(lidar_sd, global2lidar))
+
+    def _cameras(self, sample: dict[str, Any], global2lidar: np.ndarray) -> None:
+        """Intrinsics, camera→lidar (through the global frame at the camera time), poses, times, sizes, files."""
+        nusc = self.nusc
+        intr, c2l, c2e, cam_pose, cam_time, size, files = [], [], [], [], [], [], []
+        for cam in self.cameras:
+            sd = nusc.get("sample_data", sample["data"][cam])
+            cs = nusc.get("calibrated_sensor", sd["calibrated_sensor_token"])
+            intr.append(np.array(cs["camera_intrinsic"], dtype=np.float64).reshape(3, 3))
+            c2e.append(_calib(nusc, sd))
+            cam_pose.append(_pose(nusc, sd))
+            c2l.append(global2lidar @ cam_pose[-1] @ c2e[-1])
+            cam_time.append(sd["timestamp"] / 1e6)
+            size.append((sd["width"], sd["height"]))
+            files.append(sd["filename"])
+        self.cols["intrinsics"].append(np.stack(intr))
+        self.cols["cam2lidar"].append(np.stack(c2l))
+        self.cols["cam2ego"].append(np.stack(c2e))
+        self.cols["cam_ego_pose"].append(np.stack(cam_pose))
+        self.cols["cam_timestamp"].append(np.array(cam_time, dtype=np.float64))
+        self.cols["image_size"].append(np.array(size, dtype=np.int64))
+        self.meta["image_files"].append(files)
+
+    def _boxes(self, sample: dict[str, Any], global2lidar: np.ndarray) -> int:
+        """The key frame's annotations of the detection classes, in the lidar frame; how many."""
+        nusc, cols = self.nusc, self.cols
+        n_boxes = 0
+        for ann_token in sample["anns"]:
+            ann = nusc.get("sample_annotation", ann_token)
+            name = CATEGORY_TO_CLASS.get(ann["category_name"])
+            if name is None:
+                continue
+            rot = global2lidar[:3, :3] @ transform(ann["rotation"], [0, 0, 0])[:3, :3]
+            centre = global2lidar[:3, :3] @ np.asarray(ann["translation"]) + global2lidar[:3, 3]
+            velocity = np.nan_to_num(nusc.box_velocity(ann_token), nan=0.0)
+            velocity = global2lidar[:3, :3] @ velocity
+            w, length, h = ann["size"]
+            cols["boxes"].append([*centre, length, w, h, yaw_from_matrix(rot), velocity[0], velocity[1]])
+            cols["labels"].append(self.label_of[name])
+            cols["num_lidar_pts"].append(ann["num_lidar_pts"])
+            cols["visibility"].append(int(ann["visibility_token"] or 0))
+            attrs = ann["attribute_tokens"]
+            cols["attribute"].append(self.attr_of.get(attrs[0], -1) if attrs else -1)
+            cols["instance"].append(self.instance_id.setdefault(ann["instance_token"], len(self.instance_id)))
+            n_boxes += 1
+        return n_boxes
+
+    def _sweeps(self, lidar_sd: dict[str, Any], global2lidar: np.ndarray) -> int:
+        """Up to ``max_sweeps`` earlier lidar sweeps: sweep→lidar transforms, Δt and files; how many."""
+        sweeps, sd = 0, lidar_sd
+        while sweeps < self.max_sweeps and sd["prev"]:
+            sd = self.nusc.get("sample_data", sd["prev"])
+            self.cols["sweep2lidar"].append(global2lidar @ _pose(self.nusc, sd) @ _calib(self.nusc, sd))
+            self.cols["sweep_dt"].append((lidar_sd["timestamp"] - sd["timestamp"]) / 1e6)
+            self.meta["sweep_files"].append(sd["filename"])
+            sweeps += 1
+        return sweeps
+
+    def finish(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The index arrays and metadata."""
+        meta = self.meta
+        meta["instances"] = list(self.instance_id)
+        meta["splits"] = {name: [s for s in scenes if s in meta["scenes"]] for name, scenes in meta["splits"].items()}
+        return _assemble(self.cols, self.box_counts, self.sweep_counts, len(self.cameras)), meta
 
 
 def _devkit_splits() -> dict[str, list[str]]:

@@ -104,59 +104,72 @@ def _scene_star(job: tuple[Path, SynthConfig, int]) -> dict[str, list[dict[str, 
 
 def _scene(root: Path, config: SynthConfig, index: int, bar: Any) -> dict[str, list[dict[str, Any]]]:
     """All records of one scene; writes its images and lidar files."""
-    seed, name = config.seed, config.scenes[index]
-    rng = np.random.default_rng([seed, index])
-    duration = (config.samples_per_scene - 1) * KEY_INTERVAL_US / 1e6
-    layout = make_layout(rng, duration, config.annotation_range)
-    rig = make_rig(config.image_width, config.image_height, config.focal)
-    backgrounds = [background(rig, c) for c in range(len(CAMERAS))]
-    l2e = lidar_sim.lidar2ego()
-    t0 = 1_533_000_000_000_000 + index * 3_600_000_000
-    log_token, scene_token = token(seed, name, "log"), token(seed, name, "scene")
-    out: dict[str, list[dict[str, Any]]] = {
-        k: [] for k in ("instance", "calibrated_sensor", "ego_pose", "sample", "sample_data", "sample_annotation")
-    }
-    out["log"] = [
-        {
-            "token": log_token,
-            "logfile": f"synthetic-{name}",
-            "vehicle": "synthetic",
-            "date_captured": "2018-08-01",
-            "location": "singapore-onenorth",
-        }
-    ]
-    calib = {}
-    for c, cam in enumerate(CAMERAS):
-        calib[cam] = token(seed, name, "calib", cam)
-        out["calibrated_sensor"].append(
-            {
-                "token": calib[cam],
-                "sensor_token": token(seed, "sensor", cam),
-                "translation": rig.cam2ego[c][:3, 3].tolist(),
-                "rotation": matrix_to_quaternion(rig.cam2ego[c][:3, :3]).tolist(),
-                "camera_intrinsic": rig.intrinsics[c].tolist(),
-            }
-        )
-    calib[LIDAR] = token(seed, name, "calib", LIDAR)
-    out["calibrated_sensor"].append(
-        {
-            "token": calib[LIDAR],
-            "sensor_token": token(seed, "sensor", LIDAR),
-            "translation": l2e[:3, 3].tolist(),
-            "rotation": matrix_to_quaternion(l2e[:3, :3]).tolist(),
-            "camera_intrinsic": [],
-        }
-    )
-    sample_tokens = [token(seed, name, "sample", j) for j in range(config.samples_per_scene)]
-    channel_chain: dict[str, list[dict[str, Any]]] = {c: [] for c in (*CAMERAS, LIDAR)}
-    ann_by_object: dict[int, list[dict[str, Any]]] = {}
+    scene = _SceneWriter(root, config, index)
+    for j in range(config.samples_per_scene):
+        scene.key_frame(j)
+        if bar is not None:
+            bar.update(1)
+    return scene.finish()
 
-    def add_sample_data(
-        channel: str, ts: int, key: bool, sample_tok: str, filename: str, size: tuple[int, int]
+
+class _SceneWriter:
+    """One scene's files and table rows, key frame by key frame (random draws in a fixed order)."""
+
+    def __init__(self, root: Path, config: SynthConfig, index: int) -> None:
+        self.root, self.config = root, config
+        self.seed, self.name = config.seed, config.scenes[index]
+        self.rng = np.random.default_rng([self.seed, index])
+        duration = (config.samples_per_scene - 1) * KEY_INTERVAL_US / 1e6
+        self.layout = make_layout(self.rng, duration, config.annotation_range)
+        self.rig = make_rig(config.image_width, config.image_height, config.focal)
+        self.backgrounds = [background(self.rig, c) for c in range(len(CAMERAS))]
+        self.l2e = lidar_sim.lidar2ego()
+        self.t0 = 1_533_000_000_000_000 + index * 3_600_000_000
+        self.log_token, self.scene_token = self.token("log"), self.token("scene")
+        self.sample_tokens = [self.token("sample", j) for j in range(config.samples_per_scene)]
+        self.out: dict[str, list[dict[str, Any]]] = {
+            k: [] for k in ("instance", "calibrated_sensor", "ego_pose", "sample", "sample_data", "sample_annotation")
+        }
+        self.out["log"] = [
+            {
+                "token": self.log_token,
+                "logfile": f"synthetic-{self.name}",
+                "vehicle": "synthetic",
+                "date_captured": "2018-08-01",
+                "location": "singapore-onenorth",
+            }
+        ]
+        self.calib = self._calibration()
+        self.channel_chain: dict[str, list[dict[str, Any]]] = {c: [] for c in (*CAMERAS, LIDAR)}
+        self.ann_by_object: dict[int, list[dict[str, Any]]] = {}
+
+    def token(self, *parts: Any) -> str:
+        return token(self.seed, self.name, *parts)
+
+    def _calibration(self) -> dict[str, str]:
+        """One calibrated_sensor row per camera and the lidar; their tokens by channel."""
+        calib = {}
+        sensors = [(cam, self.rig.cam2ego[c], self.rig.intrinsics[c].tolist()) for c, cam in enumerate(CAMERAS)]
+        for channel, to_ego, intrinsic in [*sensors, (LIDAR, self.l2e, [])]:
+            calib[channel] = self.token("calib", channel)
+            self.out["calibrated_sensor"].append(
+                {
+                    "token": calib[channel],
+                    "sensor_token": token(self.seed, "sensor", channel),
+                    "translation": to_ego[:3, 3].tolist(),
+                    "rotation": matrix_to_quaternion(to_ego[:3, :3]).tolist(),
+                    "camera_intrinsic": intrinsic,
+                }
+            )
+        return calib
+
+    def _sample_data(
+        self, channel: str, ts: int, key: bool, sample_tok: str, filename: str, size: tuple[int, int]
     ) -> None:
-        sd_token = token(seed, name, "sd", channel, ts)
-        ego = _ego_pose(layout, (ts - t0) / 1e6)
-        out["ego_pose"].append(
+        """A sample_data row of ``channel`` at ``ts`` with its ego pose (linked into a chain in ``finish``)."""
+        sd_token = self.token("sd", channel, ts)
+        ego = _ego_pose(self.layout, (ts - self.t0) / 1e6)
+        self.out["ego_pose"].append(
             {
                 "token": sd_token,
                 "timestamp": ts,
@@ -164,117 +177,136 @@ def _scene(root: Path, config: SynthConfig, index: int, bar: Any) -> dict[str, l
                 "translation": ego[:3, 3].tolist(),
             }
         )
-        row = {
-            "token": sd_token,
-            "sample_token": sample_tok,
-            "ego_pose_token": sd_token,
-            "calibrated_sensor_token": calib[channel],
-            "timestamp": ts,
-            "fileformat": "jpg" if channel != LIDAR else "pcd",
-            "is_key_frame": key,
-            "height": size[1],
-            "width": size[0],
-            "filename": filename,
-            "prev": "",
-            "next": "",
-        }
-        channel_chain[channel].append(row)
+        self.channel_chain[channel].append(
+            {
+                "token": sd_token,
+                "sample_token": sample_tok,
+                "ego_pose_token": sd_token,
+                "calibrated_sensor_token": self.calib[channel],
+                "timestamp": ts,
+                "fileformat": "jpg" if channel != LIDAR else "pcd",
+                "is_key_frame": key,
+                "height": size[1],
+                "width": size[0],
+                "filename": filename,
+                "prev": "",
+                "next": "",
+            }
+        )
 
-    for j, sample_tok in enumerate(sample_tokens):
-        ts = t0 + j * KEY_INTERVAL_US
+    def key_frame(self, j: int) -> None:
+        """Key frame ``j``: its lidar sweeps, six camera images, annotations and sample row."""
+        sample_tok, ts = self.sample_tokens[j], self.t0 + j * KEY_INTERVAL_US
         t = j * KEY_INTERVAL_US / 1e6
-        ego = _ego_pose(layout, t)
-        boxes_g = layout.boxes(t)  # (M, 9) global
-        near = np.flatnonzero(np.linalg.norm(boxes_g[:, :2] - ego[:2, 3], axis=1) <= config.annotation_range)
-        labels = np.array([layout.objects[i].label for i in near], dtype=np.int64)
-        # sweeps before the key frame, then the key frame itself
-        for k in range(config.sweeps_per_sample, -1, -1):
+        ego = _ego_pose(self.layout, t)
+        boxes_g = self.layout.boxes(t)  # (M, 9) global
+        near = np.flatnonzero(np.linalg.norm(boxes_g[:, :2] - ego[:2, 3], axis=1) <= self.config.annotation_range)
+        lidar_hits = self._lidar(ts, sample_tok)
+        covered, visible = self._cameras(ts, sample_tok, ego, boxes_g[near], near)
+        num_pts = np.bincount(lidar_hits[lidar_hits >= 0], minlength=len(self.layout.objects))
+        for n, obj in enumerate(near):
+            frac = visible[n] / covered[n] if covered[n] > 0 else 0.0
+            self._annotate(int(obj), j, boxes_g[obj], frac, int(num_pts[obj]))
+        self.out["sample"].append(
+            {
+                "token": sample_tok,
+                "timestamp": ts,
+                "prev": self.sample_tokens[j - 1] if j else "",
+                "next": self.sample_tokens[j + 1] if j + 1 < len(self.sample_tokens) else "",
+                "scene_token": self.scene_token,
+            }
+        )
+
+    def _lidar(self, ts: int, sample_tok: str) -> np.ndarray:
+        """Write the sweeps before the key frame, then the key frame's; the object hit by each key-frame point."""
+        lidar_hits = np.empty(0, dtype=np.int64)
+        for k in range(self.config.sweeps_per_sample, -1, -1):
             ts_k = ts - k * SWEEP_INTERVAL_US
-            key = k == 0
-            folder = "samples" if key else "sweeps"
-            filename = f"{folder}/{LIDAR}/{name}__{LIDAR}__{ts_k}.pcd.bin"
-            points, hit = _sweep(layout, (ts_k - t0) / 1e6, config, l2e, rng)
-            (root / filename).parent.mkdir(parents=True, exist_ok=True)
-            points.tofile(root / filename)
-            if key:
+            folder = "samples" if k == 0 else "sweeps"
+            filename = f"{folder}/{LIDAR}/{self.name}__{LIDAR}__{ts_k}.pcd.bin"
+            points, hit = _sweep(self.layout, (ts_k - self.t0) / 1e6, self.config, self.l2e, self.rng)
+            (self.root / filename).parent.mkdir(parents=True, exist_ok=True)
+            points.tofile(self.root / filename)
+            if k == 0:
                 lidar_hits = hit
-            add_sample_data(LIDAR, ts_k, key, sample_tok, filename, (0, 0))
-        # cameras (exposed at the key-frame time)
+            self._sample_data(LIDAR, ts_k, k == 0, sample_tok, filename, (0, 0))
+        return lidar_hits
+
+    def _cameras(
+        self, ts: int, sample_tok: str, ego: np.ndarray, boxes_g: np.ndarray, near: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Render and write the six images (exposed at the key-frame time); per box, pixels covered and visible."""
+        rig = self.rig
+        labels = np.array([self.layout.objects[i].label for i in near], dtype=np.int64)
         ego_inv = invert(ego)
-        boxes_e = _boxes_to_frame(boxes_g[near], ego_inv)
+        boxes_e = _boxes_to_frame(boxes_g, ego_inv)
         covered = np.zeros(len(near), dtype=np.int64)
         visible = np.zeros(len(near), dtype=np.int64)
         for c, cam in enumerate(CAMERAS):
             corners = corners_in_camera(boxes_e, rig.cam2ego[c])
             sun_cam = invert(rig.cam2ego[c])[:3, :3] @ (ego_inv[:3, :3] @ SUN_GLOBAL)
-            shot = render(rig, c, corners, labels, backgrounds[c], sun_cam)
+            shot = render(rig, c, corners, labels, self.backgrounds[c], sun_cam)
             covered += shot.covered
             visible += np.bincount(shot.instance[shot.instance >= 0], minlength=len(near))
-            filename = f"samples/{cam}/{name}__{cam}__{ts}.jpg"
-            (root / filename).parent.mkdir(parents=True, exist_ok=True)
-            (root / filename).write_bytes(
-                simplejpeg.encode_jpeg(shot.image, quality=config.jpeg_quality, colorspace="RGB")
+            filename = f"samples/{cam}/{self.name}__{cam}__{ts}.jpg"
+            (self.root / filename).parent.mkdir(parents=True, exist_ok=True)
+            (self.root / filename).write_bytes(
+                simplejpeg.encode_jpeg(shot.image, quality=self.config.jpeg_quality, colorspace="RGB")
             )
-            add_sample_data(cam, ts, True, sample_tok, filename, (rig.width, rig.height))
-        num_pts = np.bincount(lidar_hits[lidar_hits >= 0], minlength=len(layout.objects))
-        local_of = {int(obj): n for n, obj in enumerate(near)}
-        for obj in near:
-            o, n = layout.objects[obj], local_of[int(obj)]
-            box = boxes_g[obj]
-            frac = visible[n] / covered[n] if covered[n] > 0 else 0.0
-            ann = {
-                "token": token(seed, name, "ann", obj, j),
-                "sample_token": sample_tok,
-                "instance_token": token(seed, name, "instance", obj),
+            self._sample_data(cam, ts, True, sample_tok, filename, (rig.width, rig.height))
+        return covered, visible
+
+    def _annotate(self, obj: int, j: int, box: np.ndarray, visible_fraction: float, num_lidar_pts: int) -> None:
+        """The sample_annotation of object ``obj`` (global ``box``) in key frame ``j``."""
+        o, frac = self.layout.objects[obj], visible_fraction
+        self.ann_by_object.setdefault(obj, []).append(
+            {
+                "token": self.token("ann", obj, j),
+                "sample_token": self.sample_tokens[j],
+                "instance_token": self.token("instance", obj),
                 "visibility_token": "1" if frac < 0.4 else "2" if frac < 0.6 else "3" if frac < 0.8 else "4",
-                "attribute_tokens": [token(seed, "attribute", o.attribute)] if o.attribute else [],
+                "attribute_tokens": [token(self.seed, "attribute", o.attribute)] if o.attribute else [],
                 "translation": box[:3].tolist(),
                 "size": [box[4], box[3], box[5]],  # nuScenes: width, length, height
                 "rotation": yaw_quaternion(box[6]).tolist(),
                 "prev": "",
                 "next": "",
-                "num_lidar_pts": int(num_pts[obj]),
+                "num_lidar_pts": num_lidar_pts,
                 "num_radar_pts": 0,
             }
-            ann_by_object.setdefault(int(obj), []).append(ann)
-        out["sample"].append(
-            {
-                "token": sample_tok,
-                "timestamp": ts,
-                "prev": sample_tokens[j - 1] if j else "",
-                "next": sample_tokens[j + 1] if j + 1 < len(sample_tokens) else "",
-                "scene_token": scene_token,
-            }
         )
-        if bar is not None:
-            bar.update(1)
-    for rows in (*channel_chain.values(), *ann_by_object.values()):
-        _link(rows)
-    for rows in channel_chain.values():
-        out["sample_data"].extend(rows)
-    for obj, rows in sorted(ann_by_object.items()):
-        out["sample_annotation"].extend(rows)
-        out["instance"].append(
+
+    def finish(self) -> dict[str, list[dict[str, Any]]]:
+        """Link the prev/next chains and add the instance and scene rows; the scene's tables."""
+        out = self.out
+        for rows in (*self.channel_chain.values(), *self.ann_by_object.values()):
+            _link(rows)
+        for rows in self.channel_chain.values():
+            out["sample_data"].extend(rows)
+        for obj, rows in sorted(self.ann_by_object.items()):
+            out["sample_annotation"].extend(rows)
+            out["instance"].append(
+                {
+                    "token": self.token("instance", obj),
+                    "category_token": token(self.seed, "category", CATEGORY[self.layout.objects[obj].name]),
+                    "nbr_annotations": len(rows),
+                    "first_annotation_token": rows[0]["token"],
+                    "last_annotation_token": rows[-1]["token"],
+                }
+            )
+        out["scene"] = [
             {
-                "token": token(seed, name, "instance", obj),
-                "category_token": token(seed, "category", CATEGORY[layout.objects[obj].name]),
-                "nbr_annotations": len(rows),
-                "first_annotation_token": rows[0]["token"],
-                "last_annotation_token": rows[-1]["token"],
+                "token": self.scene_token,
+                "log_token": self.log_token,
+                "nbr_samples": len(self.sample_tokens),
+                "first_sample_token": self.sample_tokens[0],
+                "last_sample_token": self.sample_tokens[-1],
+                "name": self.name,
+                "description": f"synthetic straight road, ego at {self.layout.ego_speed:.1f} m/s, "
+                f"{len(self.ann_by_object)} objects",
             }
-        )
-    out["scene"] = [
-        {
-            "token": scene_token,
-            "log_token": log_token,
-            "nbr_samples": len(sample_tokens),
-            "first_sample_token": sample_tokens[0],
-            "last_sample_token": sample_tokens[-1],
-            "name": name,
-            "description": f"synthetic straight road, ego at {layout.ego_speed:.1f} m/s, {len(ann_by_object)} objects",
-        }
-    ]
-    return out
+        ]
+        return out
 
 
 def _ego_pose(layout: SceneLayout, t: float) -> np.ndarray:
