@@ -1,5 +1,5 @@
-"""Atomic checkpoints, keep-k pruning, skipping of partial/corrupt ones; RNG states; the resumable sampler;
-the dynamic loss scaler; schedules."""
+"""Atomic checkpoints, keep-k pruning, skipping of partial/corrupt ones; RNG states; the dynamic loss scaler;
+schedules."""
 
 from __future__ import annotations
 
@@ -10,13 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from drivetrain.engine import Checkpointer, CheckpointError, CheckpointWarning, LossScaler, ResumableSampler, lr_factor
+from drivetrain.engine import Checkpointer, CheckpointError, CheckpointWarning, LossScaler, lr_factor
 from drivetrain.engine.checkpoint import MARKER
 from drivetrain.engine.config import PrecisionConfig, ScheduleConfig
 from drivetrain.engine.rng import capture_rng, restore_rng
-from drivetrain.engine.sampler import BatchStream
 from drivetrain.engine.schedule import one_cycle
-from helpers.engine import SMOKE, overrides
 
 
 def state(step: int) -> dict:
@@ -70,41 +68,6 @@ def test_rng_states_round_trip() -> None:
     restore_rng(saved)
     after = (random.random(), np.random.rand(), np.random.randn(), torch.rand(3))
     assert before[:3] == after[:3] and torch.equal(before[3], after[3])
-
-
-def test_sampler_shards_are_disjoint_and_cover_the_epoch() -> None:
-    shards = [ResumableSampler(10, 3, r, seed=1).epoch_indices(0) for r in range(3)]
-    flat = torch.cat(shards)
-    assert len(flat) == 9 and len(set(flat.tolist())) == 9
-    assert not torch.equal(ResumableSampler(10, seed=1).epoch_indices(0), ResumableSampler(10, seed=1).epoch_indices(1))
-
-
-def test_batch_stream_resumes_at_the_next_unseen_batch_across_epochs(tmp_path: Path) -> None:
-    from drivetrain.engine import load_config
-    from drivetrain.engine.smoke import SmokeDataset
-
-    cfg = load_config(SMOKE, overrides(tmp_path, "data.batch_size=4")).data
-    dataset = SmokeDataset(num_samples=10)
-    full = BatchStream(dataset, cfg, ResumableSampler(10, seed=3))
-    expected = [full.next()[1] for _ in range(7)]  # 2 batches per epoch: crosses three epoch boundaries
-    first = BatchStream(dataset, cfg, ResumableSampler(10, seed=3))
-    got = [first.next()[1] for _ in range(3)]
-    resumed = BatchStream(dataset, cfg, ResumableSampler(10, seed=3))
-    resumed.load_state_dict(first.state_dict())
-    got += [resumed.next()[1] for _ in range(4)]
-    assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
-    with pytest.raises(ValueError, match="written with 1 data-parallel ranks, this run has 2"):
-        ResumableSampler(10, 2, 0).load_state_dict(ResumableSampler(10).state_dict())
-
-
-def test_batch_holds_the_samples_the_stream_names(tmp_path: Path) -> None:
-    from drivetrain.engine import load_config
-    from drivetrain.engine.smoke import SmokeDataset
-
-    cfg = load_config(SMOKE, overrides(tmp_path, "data.batch_size=4")).data
-    dataset = SmokeDataset(num_samples=12)
-    batch, indices = BatchStream(dataset, cfg, ResumableSampler(12, seed=5)).next()
-    assert torch.equal(batch["image"], torch.stack([dataset[i]["image"] for i in indices.tolist()]))
 
 
 def scaler(**kw: float) -> LossScaler:

@@ -30,7 +30,7 @@ def test_an_unreadable_image_stops_with_one_line_and_a_checkpoint_to_resume_from
     image.write_bytes(saved[: len(saved) // 3])  # truncated JPEG
     argv = ["train", "--config", str(CONFIG), f"run.out_dir={tmp_path / 'run'}", "run.threads=1",
             "run.deterministic=true", "log.progress=false", "log.tensorboard=false", "log.every=1",
-            "model.args.width=8", "data.name=drivetrain.data.training:frames",
+            "model.args.width=8", "data.name=drivetrain.data.sources:frames",
             f"data.args={{index: {data / 'drivetrain_index.npz'}}}", "schedule.total_steps=8", "train.steps=6",
             "checkpoint.every=100"]  # fmt: skip
     assert main(argv) == 1

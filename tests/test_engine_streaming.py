@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from drivetrain.data.training import StreamingFrames, frames
+from drivetrain.data.sources import StreamingFrames, frames
 from drivetrain.engine import Trainer, brings_own_batching, load_config
 from drivetrain.models import FocalDetector2D
 from helpers.engine import assert_same_weights, final_state, losses, metrics
@@ -29,7 +29,7 @@ def run(out_dir: Path, index: Path, *extra: str, resume: str | None = None) -> T
             "log.tensorboard=false",
             "log.every=1",
             "model.args.width=8",
-            "data.name=drivetrain.data.training:frames",
+            "data.name=drivetrain.data.sources:frames",
             f"data.args={{index: {index}}}",
             "schedule.total_steps=8",
             *extra,
@@ -46,7 +46,8 @@ def test_frames_bring_their_own_scene_batching(synth_index, synth_root):
     sampler = dataset.batch_sampler(2, seed=0, shuffle=True, rank=0, world_size=1)
     first = next(iter(sampler))
     batch = dataset.collate([dataset[key] for key in first])
-    assert batch.images.shape[:2] == (2, 6) and batch.sampler_state == {"epoch": 0, "step": 1}
+    assert batch.images.shape[:2] == (2, 6)
+    assert (sampler.state_dict()["epoch"], sampler.state_dict()["step"]) == (0, 1)  # the position after it
 
 
 def test_detector_outputs_fit_the_focal_head_loss(synth_index, synth_root):
@@ -82,12 +83,13 @@ def test_trainer_runs_on_synthetic_frames_and_resumes_exactly(synth_index, synth
     assert losses(tmp_path / "resumed") == reference
     assert_same_weights(final_state(tmp_path / "full")["model"], final_state(tmp_path / "resumed")["model"])
     # The data position is the sequence sampler's: 8 batches of the 6 per epoch (4 scenes × 3 frames, 2 slots).
-    assert final_state(tmp_path / "resumed")["data"] == {"epoch": 1, "step": 2}
+    data = final_state(tmp_path / "resumed")["data"]
+    assert (data["epoch"], data["step"]) == (1, 2)
 
 
 def test_synthetic_builder_reuses_a_finished_dataset_with_the_same_settings(tmp_path, monkeypatch):
     import drivetrain.data.synth as synth_module
-    from drivetrain.data.training import synthetic
+    from drivetrain.data.sources import synthetic
 
     small = {"scenes": 4, "frames_per_scene": 2, "image_size": (160, 90)}
     first = synthetic(root=str(tmp_path), **small)
@@ -116,7 +118,7 @@ def test_synthetic_builder_reuses_a_finished_dataset_with_the_same_settings(tmp_
 def test_synthetic_builder_reindexes_an_index_of_an_older_format(tmp_path):
     import numpy as np
 
-    from drivetrain.data.training import synthetic
+    from drivetrain.data.sources import synthetic
 
     small = {"scenes": 4, "frames_per_scene": 2, "image_size": (160, 90)}
     synthetic(root=str(tmp_path), **small)

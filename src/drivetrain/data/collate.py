@@ -48,7 +48,6 @@ class Batch:
     sample_tokens: tuple[str, ...]
     frame_index: torch.Tensor  # (B,) int64 rows of the frame index
     skipped: tuple[str, ...] = ()  # tokens of samples dropped as unreadable (on_error="skip")
-    sampler_state: dict[str, int] | None = None  # load into the sampler to resume right after this batch
 
     @property
     def batch_size(self) -> int:
@@ -105,8 +104,6 @@ def collate(samples: Sequence[Sample | Skipped]) -> Batch:
             images[b].copy_(torch.from_numpy(s.images).permute(0, 3, 1, 2))
     ego_pose = np.stack([s.ego_pose for s in kept])  # (B, 4, 4) float64
     ego_inv = np.linalg.inv(ego_pose)
-    positions = [s.position for s in kept] + [s.position for s in samples if isinstance(s, Skipped)]
-    epoch, step = max(positions)
 
     def stack(name: str) -> torch.Tensor:
         return torch.from_numpy(np.stack([getattr(s, name) for s in kept]))
@@ -136,5 +133,4 @@ def collate(samples: Sequence[Sample | Skipped]) -> Batch:
         sample_tokens=tuple(s.token for s in kept),
         frame_index=torch.tensor([s.index for s in kept], dtype=torch.int64),
         skipped=skipped,
-        sampler_state=None if epoch < 0 else {"epoch": epoch, "step": step + 1},
     )

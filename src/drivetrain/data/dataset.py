@@ -30,13 +30,11 @@ __all__ = ["DatasetConfig", "FrameDataset", "FrameKey", "Sample", "Skipped", "re
 
 
 class FrameKey(NamedTuple):
-    """What a sequence sampler yields: the frame, whether the previous step of its batch slot was the
-    previous frame of the same scene, and the sampler position (epoch, step) of the batch."""
+    """What a sequence sampler yields: the frame, and whether the previous step of its batch slot was the
+    previous frame of the same scene."""
 
     index: int
     prev_exists: bool
-    epoch: int = -1
-    step: int = -1
 
 
 @dataclass(frozen=True)
@@ -81,7 +79,6 @@ class Sample:
     boxes_2d: list[Boxes2D]  # per camera
     image_size: tuple[int, int]  # (W, H)
     points: np.ndarray | None  # (P, 5) float32 (x, y, z, intensity, Δt)
-    position: tuple[int, int] = (-1, -1)  # sampler (epoch, step) of the batch, (−1, −1) without one
 
 
 @dataclass(frozen=True)
@@ -91,7 +88,6 @@ class Skipped:
     index: int
     token: str
     reason: str
-    position: tuple[int, int] = (-1, -1)
 
 
 def read_image(path: Path, size: tuple[int, int] | None = None) -> np.ndarray:
@@ -157,23 +153,20 @@ class FrameDataset:
         return self.index.scene_lengths()
 
     def __getitem__(self, key: int | FrameKey | tuple[int, bool]) -> Sample | Skipped:
-        if isinstance(key, tuple):
-            key = FrameKey(*key)
-            frame, prev_exists, position = int(key.index), bool(key.prev_exists), (key.epoch, key.step)
-        else:
-            frame = int(key)
-            prev_exists, position = bool(self.index.arrays["frame_in_scene"][frame] > 0), (-1, -1)
+        frame = int(key[0]) if isinstance(key, tuple) else int(key)
         if not 0 <= frame < len(self):
             raise IndexError(f"frame {frame} out of range for {len(self)} frames")
+        in_scene = self.index.arrays["frame_in_scene"][frame] > 0
+        prev_exists = bool(key[1]) if isinstance(key, tuple) else bool(in_scene)
         try:
-            return self._load(frame, prev_exists, position)
+            return self._load(frame, prev_exists)
         except DataError as err:
             if self.config.on_error == "raise":
                 raise
             warnings.warn(f"skipping frame {frame}: {err}", RuntimeWarning, stacklevel=2)
-            return Skipped(frame, self.index.meta["sample_tokens"][frame], str(err), position)
+            return Skipped(frame, self.index.meta["sample_tokens"][frame], str(err))
 
-    def _load(self, frame: int, prev_exists: bool, position: tuple[int, int]) -> Sample:
+    def _load(self, frame: int, prev_exists: bool) -> Sample:
         arr, meta, cfg = self.index.arrays, self.index.meta, self.config
         sizes = arr["image_size"][frame]  # (N, 2)
         if not (sizes == sizes[0]).all():
@@ -221,7 +214,6 @@ class FrameDataset:
             boxes_2d=boxes_2d,
             image_size=image_size,
             points=points,
-            position=position,
         )
 
     def _points(self, frame: int) -> np.ndarray:

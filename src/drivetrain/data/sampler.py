@@ -5,11 +5,12 @@ it, so a model with a temporal memory (StreamPETR) sees each scene in order in o
 scenes are shuffled with ``(seed, epoch)``, dealt round-robin to ranks (``rank`` / ``world_size``), and on
 each rank to the slot with the fewest frames so far. An epoch has as many steps as the *shortest* slot of
 any rank (every rank takes the same number of steps; the tails of longer slots are dropped this epoch).
-It yields lists of :class:`~drivetrain.data.dataset.FrameKey` ``(index, prev_exists, epoch, step)``.
+It yields lists of :class:`~drivetrain.data.dataset.FrameKey` ``(index, prev_exists)``.
 
-Resume: ``state_dict()`` is the position of the next batch to yield; ``Batch.sampler_state`` is the position
-right after that batch, which stays exact when a ``DataLoader`` prefetches ahead. ``load_state_dict``
-continues there without replaying earlier batches.
+Resume: ``state_dict()`` is the position of the next batch to yield (read right after a batch: the position
+after it); ``load_state_dict`` continues there without replaying earlier batches. A ``DataLoader`` draws
+batches ahead of what training consumes, so the trainer records the state per batch drawn
+(:mod:`drivetrain.engine.batches`).
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ class SequenceSampler:
         while self.step < steps:
             step = self.step
             self.step += 1
-            yield [FrameKey(slot[step][0], slot[step][1], epoch, step) for slot in slots]
+            yield [FrameKey(*slot[step]) for slot in slots]
         self.epoch, self.step = epoch + 1, 0
 
     def state_dict(self) -> dict[str, Any]:

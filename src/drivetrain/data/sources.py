@@ -1,11 +1,11 @@
-"""Key frames as a training data source: the dataset, its scene-sequence sampler and collate in one object.
+"""Training data sources: the builders a run config's ``data.name`` names, and the dataset they return.
 
-:class:`StreamingFrames` follows the batching protocol of ``drivetrain.engine.stream`` (``batch_sampler``
-and ``collate``), so the trainer walks scenes in order per batch slot and resumes mid-epoch exactly.
-Builders for a run config's ``data.name``:
+:class:`StreamingFrames` is a :class:`FrameDataset` that brings its own batching (``batch_sampler`` and
+``collate``, the protocol of :mod:`drivetrain.engine.batches`), so the trainer walks scenes in order per
+batch slot and resumes mid-epoch exactly. Builders for a run config's ``data.name``:
 
-- ``drivetrain.data.training:frames`` — an existing frame index (``data.args.index``);
-- ``drivetrain.data.training:synthetic`` — the synthetic dataset under ``data.args.root``, generated and
+- ``drivetrain.data.sources:frames`` — an existing frame index (``data.args.index``);
+- ``drivetrain.data.sources:synthetic`` — the synthetic dataset under ``data.args.root``, generated and
   indexed on first use (deterministic for the seed), then reused — only if its recorded generator settings
   (``drivetrain_synth.json``) are the ones asked for; otherwise an error names the differing settings.
 

@@ -4,12 +4,11 @@ The engine knows a model only through ``forward(batch) -> outputs`` and
 ``loss(outputs, batch) -> {name: scalar tensor}``; ``Trainer(load_config(path, overrides)).fit()`` trains it.
 """
 
+from drivetrain.engine.batches import BatchStream, ShuffledBatches, brings_own_batching
 from drivetrain.engine.checkpoint import Checkpointer, CheckpointError, CheckpointWarning
 from drivetrain.engine.config import ConfigError, TrainConfig, load_config
 from drivetrain.engine.precision import LossScaler
-from drivetrain.engine.sampler import BatchStream, ResumableSampler
 from drivetrain.engine.schedule import lr_factor
-from drivetrain.engine.stream import SamplerBatches, brings_own_batching
 from drivetrain.engine.trainer import NonFiniteLossError, Trainer, TrainingDataError, TrainState
 
 __all__ = [
@@ -20,8 +19,7 @@ __all__ = [
     "ConfigError",
     "LossScaler",
     "NonFiniteLossError",
-    "ResumableSampler",
-    "SamplerBatches",
+    "ShuffledBatches",
     "TrainConfig",
     "TrainState",
     "Trainer",

@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 from drivetrain.engine.config import ConfigError, DataConfig, ModelConfig, OptimConfig, SpeedConfig
 from drivetrain.engine.smoke import SmokeDataset, SmokeModel
 
-__all__ = ["apply_speed", "build_dataset", "build_model", "build_optimizer", "to_device"]
+__all__ = ["apply_speed", "build_dataset", "build_model", "build_optimizer"]
 
 _BUILTIN: dict[str, dict[str, Callable[..., Any]]] = {
     "model": {"smoke": SmokeModel},
@@ -186,21 +186,3 @@ def apply_speed(model: nn.Module, cfg: SpeedConfig) -> nn.Module:
     torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
     torch.backends.cudnn.allow_tf32 = cfg.tf32
     return model
-
-
-def to_device(batch: Any, device: torch.device, channels_last: str = "none") -> Any:
-    """Move every tensor of a (nested) batch to ``device``; 4-D/5-D float tensors get the memory format."""
-    if isinstance(batch, torch.Tensor):
-        out = batch.to(device, non_blocking=batch.is_pinned())
-        if out.is_floating_point() and channels_last == "2d" and out.dim() == 4:
-            out = out.contiguous(memory_format=torch.channels_last)
-        elif out.is_floating_point() and channels_last == "3d" and out.dim() == 5:
-            out = out.contiguous(memory_format=torch.channels_last_3d)
-        return out
-    if isinstance(batch, dict):
-        return {k: to_device(v, device, channels_last) for k, v in batch.items()}
-    if callable(getattr(batch, "to", None)):  # batch objects that move themselves (data.Batch, RaggedBatch)
-        return batch.to(device)
-    if isinstance(batch, list | tuple):
-        return type(batch)(to_device(v, device, channels_last) for v in batch)
-    return batch

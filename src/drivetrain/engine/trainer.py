@@ -31,7 +31,8 @@ import yaml
 
 import drivetrain
 from drivetrain.data.errors import DataError
-from drivetrain.engine.build import apply_speed, build_dataset, build_model, build_optimizer, to_device
+from drivetrain.engine.batches import BatchStream
+from drivetrain.engine.build import apply_speed, build_dataset, build_model, build_optimizer
 from drivetrain.engine.checkpoint import CORRUPT, MARKER, SUPERSEDED, Checkpointer, CheckpointError, CheckpointWarning
 from drivetrain.engine.config import ConfigError, TrainConfig, config_diff, config_to_dict
 from drivetrain.engine.distributed import DistContext, setup, teardown
@@ -39,11 +40,10 @@ from drivetrain.engine.metrics import MetricsLogger, peak_memory_mb
 from drivetrain.engine.precision import autocast, fp32_outputs
 from drivetrain.engine.rng import capture_rng, restore_rng, seed_all
 from drivetrain.engine.rundir import RunDirLock
-from drivetrain.engine.sampler import BatchStream, ResumableSampler
 from drivetrain.engine.schedule import lr_factor
 from drivetrain.engine.strategy import build_strategy
-from drivetrain.engine.stream import SamplerBatches, brings_own_batching
 from drivetrain.losses.weights import base_name, resolve_weights, weighted_total
+from drivetrain.pipeline.transfer import to_device
 
 __all__ = ["NonFiniteLossError", "TrainState", "Trainer"]
 
@@ -151,13 +151,8 @@ class Trainer:
         self.strategy = build_strategy(self.model, cfg, self.ctx, lambda model: build_optimizer(model, cfg.optim))
         self.optimizer, self.scaler = self.strategy.optimizer, self.strategy.scaler
         dataset = build_dataset(cfg.data)
-        self.data: BatchStream | SamplerBatches
-        if brings_own_batching(dataset):  # e.g. scene-sequence batches for streaming models
-            rank, world = self.ctx.rank, self.ctx.world_size
-            self.data = SamplerBatches(dataset, cfg.data, seed=cfg.run.seed, rank=rank, world_size=world)
-        else:
-            sampler = ResumableSampler(len(dataset), self.ctx.world_size, self.ctx.rank, cfg.run.seed, cfg.data.shuffle)
-            self.data = BatchStream(dataset, cfg.data, sampler, seed=cfg.run.seed + self.ctx.rank)
+        rank, world_size = self.ctx.rank, self.ctx.world_size
+        self.data = BatchStream(dataset, cfg.data, seed=cfg.run.seed, rank=rank, world_size=world_size)
         self.state = TrainState()
         seed_all(cfg.run.seed + self.ctx.rank)  # dropout and augmentation draws differ per rank
 
@@ -346,7 +341,7 @@ class Trainer:
 
     def _raise_nonfinite(self, local: bool, micro: int, batch_indices: list[torch.Tensor]) -> None:
         where = (
-            f"micro-batch {micro} on rank {self.ctx.rank}, epoch {self.data.sampler.epoch}, "
+            f"micro-batch {micro} on rank {self.ctx.rank}, epoch {self.data.state_dict()['epoch']}, "
             f"dataset indices {batch_indices[micro].tolist()}"
             if local
             else f"a micro-batch on another rank than {self.ctx.rank}"

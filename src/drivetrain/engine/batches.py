@@ -1,0 +1,226 @@
+"""The trainer's batch stream: a dataset turned into endless, rank-sharded, resumable batches.
+
+Every dataset is batched by a *batch sampler* and a collate function:
+
+- a dataset that brings its own batching provides ``batch_sampler(batch_size, *, seed, shuffle, rank,
+  world_size)`` and ``collate(samples)`` — e.g. :class:`drivetrain.data.sources.StreamingFrames`, whose scene
+  sequences keep each batch slot on consecutive frames of one scene for streaming models;
+- any other map-style dataset gets :class:`ShuffledBatches` (a per-epoch permutation of the rows, sharded
+  by rank) and torch's default collate.
+
+A batch sampler yields lists of dataset keys (a row number, or an object whose ``index`` is one) for the
+rest of the current epoch and then moves itself to the next epoch; ``state_dict()`` read right after it
+yielded a batch is the position after that batch, and ``load_state_dict(state)`` continues there without
+touching the batches before it.
+
+**The resume position is the engine's.** A ``DataLoader`` draws keys from the sampler ahead of what the
+trainer consumes (its workers prefetch), so the sampler's own state runs ahead. :class:`BatchStream`
+therefore records, each time the loader draws a batch of keys, ``(keys, sampler state after them)`` in a
+FIFO; the loader hands batches out in the order their keys were drawn, so each :meth:`BatchStream.next`
+takes one record, and :meth:`BatchStream.state_dict` is the position after the last batch the trainer
+took. The dataset's records (samples, the collated batch) carry nothing of it.
+
+**One DataLoader, and which options apply.** It is built once per stream from ``DataConfig``:
+``num_workers`` and ``prefetch_factor`` as configured; ``pin_memory`` only when CUDA is available (there is
+nothing to pin for on a CPU-only machine); ``persistent_workers`` keeps the workers across epochs and across
+the restart of iteration at a restored position. Each (re)start of iteration reseeds the loader's private
+generator from ``(seed, rank, epoch, step)``, so worker seeds never come from (or consume) the global RNG;
+persistent workers, however, keep the seeds they were started with, so a dataset that draws augmentation
+from its worker's global RNG sees other draws after a resume. drivetrain's datasets draw every random
+number from a per-sample generator (``mix_seed(seed, index)``) and resume exactly either way.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from drivetrain.engine.config import DataConfig
+from drivetrain.engine.rng import mix_seed
+
+__all__ = ["BatchSampler", "BatchStream", "ShuffledBatches", "brings_own_batching"]
+
+
+class BatchSampler(Protocol):
+    """What :class:`BatchStream` needs of a batch sampler (see the module docstring)."""
+
+    def __iter__(self) -> Iterator[list[Any]]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def brings_own_batching(dataset: Dataset) -> bool:
+    """Whether ``dataset`` provides ``batch_sampler(...)`` and ``collate(...)`` (see the module docstring)."""
+    return callable(getattr(dataset, "batch_sampler", None)) and callable(getattr(dataset, "collate", None))
+
+
+class ShuffledBatches:
+    """Batches of dataset rows: a per-epoch permutation, sharded across ranks, resumable mid-epoch.
+
+    The permutation is drawn from ``(seed, epoch)`` alone (a private ``torch.Generator``, the same on every
+    rank); rank ``r`` of ``R`` takes every ``R``-th row of it, and its share is cut into batches of
+    ``batch_size``. The tails that do not divide evenly (across ranks, then into batches) are dropped, so
+    ranks stay in step and every batch is full.
+
+    Args:
+        size: dataset length.
+        batch_size: rows per batch.
+        seed: permutation seed.
+        shuffle: permute (True) or keep dataset order (False).
+        rank, world_size: this process's shard.
+    """
+
+    def __init__(
+        self, size: int, batch_size: int, *, seed: int = 0, shuffle: bool = True, rank: int = 0, world_size: int = 1
+    ) -> None:
+        if size < world_size:
+            raise ValueError(f"dataset: {size} samples cannot be split across {world_size} ranks")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank: must be in [0, {world_size}), got {rank}")
+        if size // world_size < batch_size:
+            raise ValueError(
+                f"data.batch_size: {batch_size} is larger than the {size // world_size} samples per rank per epoch"
+            )
+        self.size, self.batch_size, self.seed, self.shuffle = size, batch_size, seed, shuffle
+        self.rank, self.world_size = rank, world_size
+        self.epoch, self.step = 0, 0  # the next batch to yield
+        self._cached: tuple[int, torch.Tensor] | None = None
+
+    def __len__(self) -> int:
+        """Batches per rank per epoch."""
+        return self.size // self.world_size // self.batch_size
+
+    def epoch_indices(self, epoch: int) -> torch.Tensor:
+        """This rank's rows for ``epoch``, batch after batch: int64 ``(len(self), batch_size)``."""
+        if self._cached is not None and self._cached[0] == epoch:
+            return self._cached[1]
+        if self.shuffle:
+            order = torch.randperm(self.size, generator=torch.Generator().manual_seed(mix_seed(self.seed, epoch)))
+        else:
+            order = torch.arange(self.size)
+        share = order[: self.size // self.world_size * self.world_size][self.rank :: self.world_size]
+        rows = share[: len(self) * self.batch_size].view(len(self), self.batch_size)
+        self._cached = (epoch, rows)
+        return rows
+
+    def __iter__(self) -> Iterator[list[int]]:
+        """Yield the rest of the current epoch, then move to the next epoch."""
+        epoch, rows = self.epoch, self.epoch_indices(self.epoch)
+        while self.step < len(self):
+            step = self.step
+            self.step += 1
+            yield rows[step].tolist()
+        self.epoch, self.step = epoch + 1, 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "step": self.step, "batch_size": self.batch_size, "world_size": self.world_size}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue at ``state["epoch"]``, ``state["step"]``; the batch size and world size must match."""
+        if "position" in state and "step" not in state:  # an older checkpoint: samples consumed, not batches
+            position, world_size = state["position"], state["num_replicas"]
+            state = {"epoch": state["epoch"], "step": position // self.batch_size, "world_size": world_size}
+            state["batch_size"] = self.batch_size if position % self.batch_size == 0 else -1
+        for key in ("batch_size", "world_size"):
+            if state[key] != getattr(self, key):
+                raise ValueError(
+                    f"sampler: the checkpoint was written with {key} {state[key]}, this run has "
+                    f"{getattr(self, key)}; resume with the same data.batch_size and number of ranks"
+                )
+        if not 0 <= state["step"] <= len(self):
+            raise ValueError(f"sampler: step {state['step']} is outside [0, {len(self)}]")
+        self.epoch, self.step = int(state["epoch"]), int(state["step"])
+        if self.step == len(self):  # the state is the end of an epoch
+            self.epoch, self.step = self.epoch + 1, 0
+
+
+class _Recorded:
+    """The sampler as the DataLoader sees it: every batch of keys drawn leaves ``(keys, state after)``."""
+
+    def __init__(self, sampler: BatchSampler) -> None:
+        self.sampler = sampler
+        self.records: deque[tuple[list[Any], dict[str, Any]]] = deque()
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        for keys in self.sampler:
+            self.records.append((keys, self.sampler.state_dict()))
+            yield keys
+
+
+class BatchStream:
+    """Endless batches of ``dataset`` for one rank; knows which rows each holds and where to resume.
+
+    Args:
+        dataset: a map-style dataset, with or without its own batching (see the module docstring).
+        cfg: loader settings (batch size, shuffle, workers, pinning, prefetch).
+        seed: shuffle seed, the same on every rank; also seeds the loader's worker seeds with the rank.
+        rank, world_size: this process's shard.
+    """
+
+    def __init__(self, dataset: Dataset, cfg: DataConfig, *, seed: int = 0, rank: int = 0, world_size: int = 1) -> None:
+        self.dataset, self.cfg, self.seed, self.rank = dataset, cfg, seed, rank
+        shard = {"seed": seed, "shuffle": cfg.shuffle, "rank": rank, "world_size": world_size}
+        if brings_own_batching(dataset):
+            self.sampler: BatchSampler = dataset.batch_sampler(cfg.batch_size, **shard)
+            collate = dataset.collate
+        else:
+            self.sampler = ShuffledBatches(len(dataset), cfg.batch_size, **shard)
+            collate = None  # torch's default collate
+        self._recorded = _Recorded(self.sampler)
+        self._loader = _make_loader(dataset, self._recorded, collate, cfg)
+        self._state: dict[str, Any] = self.sampler.state_dict()
+        self._iter: Iterator[Any] | None = None
+
+    def _start(self) -> None:
+        self._recorded.records.clear()  # keys drawn by a discarded iterator were never handed out
+        self._loader.generator.manual_seed(mix_seed(self.seed, self.rank, self._state["epoch"], self._state["step"]))
+        self._iter = iter(self._loader)
+
+    def next(self) -> tuple[Any, torch.Tensor]:
+        """The next batch and the dataset rows it was drawn from (int64 ``(B,)``); rolls over epochs."""
+        for _ in range(2):
+            if self._iter is None:
+                self._start()
+            assert self._iter is not None
+            try:
+                batch = next(self._iter)
+            except StopIteration:  # the sampler finished its epoch and moved on to the next one
+                self._iter, self._state = None, self.sampler.state_dict()
+                continue
+            keys, self._state = self._recorded.records.popleft()
+            return batch, torch.tensor([int(getattr(key, "index", key)) for key in keys], dtype=torch.int64)
+        raise ValueError(f"data: an epoch of {type(self.dataset).__name__} holds no batch of {self.cfg.batch_size}")
+
+    def state_dict(self) -> dict[str, Any]:
+        """The sampler position after the last batch handed out."""
+        return dict(self._state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue right after the batch that ``state`` was taken after."""
+        self.sampler.load_state_dict(state)
+        self._state = self.sampler.state_dict()
+        self._iter = None  # restart the loader at the restored position
+
+
+def _make_loader(dataset: Dataset, batch_sampler: _Recorded, collate: Any, cfg: DataConfig) -> DataLoader:
+    """The stream's one DataLoader; the module docstring says which ``cfg`` options apply and how."""
+    workers: dict[str, Any] = {}
+    if cfg.num_workers > 0:  # DataConfig refuses persistent_workers / prefetch_factor without workers
+        workers["persistent_workers"] = cfg.persistent_workers
+        if cfg.prefetch_factor is not None:
+            workers["prefetch_factor"] = cfg.prefetch_factor
+    return DataLoader(
+        dataset,
+        batch_sampler=batch_sampler,
+        collate_fn=collate,
+        num_workers=cfg.num_workers,
+        pin_memory=cfg.pin_memory and torch.cuda.is_available(),
+        generator=torch.Generator(),
+        **workers,
+    )
