@@ -1,4 +1,4 @@
-"""Tests for drivetrain.geometry: StreamPETR box codes, 2D box formats, IoU and GIoU."""
+"""geometry/boxes3d.py and boxes2d.py: StreamPETR box codes, 2D box formats, IoU and GIoU."""
 
 from __future__ import annotations
 

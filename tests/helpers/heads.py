@@ -1,9 +1,8 @@
-"""StreamPETRLoss and FocalHeadLoss: batched == per-sample reference on every term and gradient, edge cases,
-no host sync in the batched path apart from the one solver transfer, precision and bad input."""
+"""Inputs of the two detection-head criteria (StreamPETR, focal head) and the checks both run: reference ==
+batched on every term and gradient, and no host sync outside the one solver call."""
 
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager
 
 import pytest
@@ -11,7 +10,6 @@ import torch
 
 import drivetrain.match.assigners as assigners_module
 from drivetrain.losses import FocalHeadLoss, StreamPETRLoss
-from drivetrain.losses.weights import base_name
 from drivetrain.match import HungarianAssigner2D, HungarianAssigner3D
 from drivetrain.ragged import RaggedBatch
 from helpers.boxes import random_boxes3d
@@ -104,75 +102,6 @@ def assert_paths_agree(loss: torch.nn.Module, outputs: dict, targets: dict, rel:
     return bat_terms
 
 
-@pytest.mark.parametrize("groups", [0, 3])
-@pytest.mark.parametrize("num_gt", [[0, 1, 7, 12], [5], [0, 0, 3]])
-def test_streampetr_batched_equals_reference(num_gt, groups, gen):
-    outputs, targets = streampetr_case(num_gt, layers=3, queries=40, groups=groups, gen=gen)
-    loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
-    terms = assert_paths_agree(loss, outputs, targets)
-    expected = {"loss_cls", "loss_bbox", "d0.loss_cls", "d0.loss_bbox", "d1.loss_cls", "d1.loss_bbox"}
-    if groups:
-        expected |= {"dn_loss_cls", "dn_loss_bbox", "d0.dn_loss_cls", "d0.dn_loss_bbox", "d1.dn_loss_cls"}
-    assert expected <= set(terms)
-
-
-def test_streampetr_without_ground_truth_gives_zero_box_loss_and_finite_gradients(gen):
-    outputs, targets = streampetr_case([0, 0], layers=2, queries=20, groups=2, gen=gen)
-    loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
-    for impl in ("reference", "batched"):
-        terms, grads = run(loss, outputs, targets, impl)
-        assert float(terms["loss_bbox"].detach()) == 0.0 and float(terms["dn_loss_bbox"].detach()) == 0.0
-        assert float(terms["loss_cls"].detach()) > 0  # every query is background and still trained
-        assert all(torch.isfinite(g).all() for g in grads)
-    assert_paths_agree(loss, outputs, targets)
-
-
-def test_streampetr_normalisation_matches_the_published_formula(gen):
-    outputs, targets = streampetr_case([4, 2], layers=1, queries=30, groups=2, gen=gen)
-    loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
-    terms, _ = run(loss, outputs, targets, "batched")
-    # DN classification is divided by groups·T·(3.14159/6)·0.75³ with T = 6 ground truths.
-    dn_factor = 2 * 6 * 3.14159 / 6 * 0.75**3
-    loss_plain = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"), dn_split=1.0)
-    terms_plain, _ = run(loss_plain, outputs, targets, "batched")
-    ratio = float(terms["dn_loss_cls"].detach() / terms_plain["dn_loss_cls"].detach())
-    assert ratio == pytest.approx((2 * 6 * 3.14159 / 6) / dn_factor, rel=1e-5)
-    total = loss.total(terms)
-    manual = sum(loss.weights[base_name(k)] * v for k, v in terms.items())
-    assert torch.allclose(total, manual)
-    assert loss.weights[base_name("d2.loss_cls")] == 2.0 and loss.weights["loss_bbox"] == 0.25
-
-
-@pytest.mark.parametrize("num_gt", [[[0, 3, 1], [6, 0, 2]], [[0, 0], [0, 0]], [[9]]])
-def test_focal_head_batched_equals_reference(num_gt, gen):
-    outputs, targets = focal_case(num_gt, gen)
-    loss = FocalHeadLoss(assigner=HungarianAssigner2D(backend="scipy"))
-    terms = assert_paths_agree(loss, outputs, targets)
-    assert set(terms) == set(loss.weights)
-
-
-def test_focal_head_without_ground_truth_trains_only_background(gen):
-    outputs, targets = focal_case([[0, 0]], gen)
-    terms, grads = run(FocalHeadLoss(assigner=HungarianAssigner2D(backend="scipy")), outputs, targets, "batched")
-    for key in ("enc_loss_bbox", "enc_loss_iou", "centers2d_loss"):
-        assert float(terms[key].detach()) == 0.0
-    assert float(terms["enc_loss_cls"].detach()) > 0 and float(terms["centerness_loss"].detach()) > 0
-    assert all(torch.isfinite(g).all() for g in grads)
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_losses_compute_in_fp32_for_half_inputs(dtype, gen):
-    outputs, targets = streampetr_case([3, 5], layers=2, queries=30, groups=2, gen=gen)
-    loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
-    terms, grads = run(loss, outputs, targets, "batched", dtype=dtype)
-    assert all(v.dtype == torch.float32 and torch.isfinite(v) for v in terms.values())
-    assert all(g.dtype == dtype for g in grads)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        terms = loss(outputs, targets)
-    assert all(v.dtype == torch.float32 for v in terms.values())
-
-
-# ---------------------------------------------------------------------- no host sync
 def head_case(head: str, backend: str, gen: torch.Generator) -> tuple:
     """Inputs and loss module of one head, with 0-GT, few-GT and more-GT samples (or images)."""
     if head == "streampetr":
@@ -195,8 +124,8 @@ def sync_allowed(originals: dict):
             setattr(torch.Tensor, name, value)
 
 
-@pytest.mark.parametrize("head", ["streampetr", "focal_head"])
-def test_batched_loss_syncs_only_inside_the_one_solver_call(head, gen, monkeypatch):
+def assert_syncs_only_inside_the_one_solver_call(head: str, gen: torch.Generator, monkeypatch) -> None:
+    """The batched loss and its backward read nothing on the host except inside the single solver call."""
     outputs, targets, loss = head_case(head, "scipy", gen)
     originals = {name: getattr(torch.Tensor, name) for name in SYNC_METHODS}
     real_solve, calls = assigners_module.solve, []
@@ -220,46 +149,8 @@ def test_batched_loss_syncs_only_inside_the_one_solver_call(head, gen, monkeypat
         loss(leaves, targets, impl="reference")
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_batched_streampetr_loss_on_cuda_matches_cpu(gen):
-    outputs, targets = streampetr_case([2, 7, 0], layers=2, queries=50, groups=3, gen=gen)
-    loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
-    cpu_terms, _ = run(loss, outputs, targets, "batched")
-    cuda_out = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}
-    cuda_targets = {k: v.to("cuda") for k, v in targets.items()}
-    cuda_terms, _ = run(loss.cuda(), cuda_out, cuda_targets, "batched")
-    for key, value in cpu_terms.items():
-        torch.testing.assert_close(cuda_terms[key].cpu(), value, rtol=1e-4, atol=1e-6)
-
-
-# ---------------------------------------------------------------------- bad input
-def test_bad_loss_inputs_name_the_field(gen):
-    outputs, targets = streampetr_case([2, 3], layers=2, queries=20, groups=2, gen=gen)
-    loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
-    with pytest.raises(ValueError, match="impl"):
-        loss(outputs, targets, impl="fast")
-    with pytest.raises(KeyError, match="gt_labels"):
-        loss(outputs, {"gt_boxes": targets["gt_boxes"]})
-    with pytest.raises(ValueError, match="cls_logits"):
-        loss({**outputs, "cls_logits": outputs["cls_logits"][0]}, targets)
-    with pytest.raises(ValueError, match="classes"):
-        loss({**outputs, "cls_logits": outputs["cls_logits"][..., :5]}, targets)
-    with pytest.raises(ValueError, match="dn_groups"):
-        loss({**outputs, "dn_groups": 4}, targets)
-    with pytest.raises(ValueError, match="dn_background"):
-        loss({**outputs, "dn_background": outputs["dn_background"].float()}, targets)
-    focal_out, focal_targets = focal_case([[1, 2]], gen)
-    with pytest.raises(ValueError, match="centerness"):
-        FocalHeadLoss()({**focal_out, "centerness": focal_out["centerness"][..., :3]}, focal_targets)
-    focal_loss = FocalHeadLoss(assigner=HungarianAssigner2D(backend="scipy"))
-    assert math.isfinite(float(focal_loss.total(focal_loss(focal_out, focal_targets))))
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("head", ["streampetr", "focal_head"])
-def test_batched_loss_on_cuda_syncs_only_inside_the_solver(head, gen, monkeypatch):
+def assert_cuda_syncs_only_inside_the_solver(head: str, gen: torch.Generator, monkeypatch) -> None:
+    """On CUDA (sync debug mode "error"), the batched loss syncs only inside the solver (or not at all)."""
     from drivetrain.match import gpu_solver_available
 
     outputs, targets, loss = head_case(head, "auto", gen)
