@@ -34,7 +34,8 @@ def focal_head_radius(centres: torch.Tensor, boxes_xyxy: torch.Tensor, stride: f
     """StreamPETR focal-head radius: ``max(1, ceil(min(l, t, r, b) / stride))``, int64.
 
     Args:
-        centres: ``(..., 2)`` pixel centres (projected 3D centres); boxes_xyxy: ``(..., 4)`` pixel boxes.
+        centres: ``(..., 2)`` pixel centres (projected 3D centres).
+        boxes_xyxy: ``(..., 4)`` pixel boxes.
         stride: feature stride (16).
 
     Returns:
@@ -165,25 +166,30 @@ def reference_draw_gaussians(
     """The per-box loop of the original code, over flattened images.
 
     Args:
-        heatmap: ``(I, H, W)`` or ``(I, C, H, W)``; centres: per image ``(G_i, 2)``; radii: per image
-            ``(G_i,)``; labels: per image ``(G_i,)`` (with a class dim).
+        heatmap: ``(I, H, W)`` or ``(I, C, H, W)``.
+        centres: per image ``(G_i, 2)`` feature-map coordinates.
+        radii: per image ``(G_i,)`` int radii.
+        labels: per image ``(G_i,)`` channels to draw into (with a class dim).
+        diameter_to_sigma: σ = (2r + 1) / this.
 
     Returns:
         A float32 copy of ``heatmap`` with every box drawn.
     """
-    out = heatmap.float().clone()
+    out = heatmap.float().clone()  # (I, [C,] H, W)
     height, width = out.shape[-2:]
     for i, (image_centres, image_radii) in enumerate(zip(centres, radii, strict=True)):
         for g in range(image_centres.shape[0]):
             x, y, r = int(image_centres[g, 0]), int(image_centres[g, 1]), int(image_radii[g])
-            target = out[i, int(labels[i][g])] if labels is not None else out[i]
-            offsets = torch.arange(-r, r + 1, device=out.device)
-            gaussian = _gaussian(offsets.view(1, -1), offsets.view(-1, 1), torch.tensor(r), diameter_to_sigma)
+            target = out[i, int(labels[i][g])] if labels is not None else out[i]  # (H, W)
+            offsets = torch.arange(-r, r + 1, device=out.device)  # (2r+1,)
+            gaussian = _gaussian(
+                offsets.view(1, -1), offsets.view(-1, 1), torch.tensor(r), diameter_to_sigma
+            )  # (2r+1, 2r+1)
             left, right = min(x, r), min(width - x, r + 1)
             top, bottom = min(y, r), min(height - y, r + 1)
             if not (0 <= x < width and 0 <= y < height):
                 continue
-            window = target[y - top : y + bottom, x - left : x + right]
-            patch = gaussian[r - top : r + bottom, r - left : r + right]
+            window = target[y - top : y + bottom, x - left : x + right]  # (top+bottom, left+right) view
+            patch = gaussian[r - top : r + bottom, r - left : r + right]  # (top+bottom, left+right)
             torch.maximum(window, patch, out=window)
     return out

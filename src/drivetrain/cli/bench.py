@@ -39,6 +39,11 @@ def available() -> dict[str, Path]:
 
 
 def load(path: Path) -> ModuleType:
+    """Import the benchmark script at ``path`` as a module.
+
+    Raises:
+        SystemExit: if it cannot be loaded or defines no callable ``main``.
+    """
     spec = importlib.util.spec_from_file_location(f"drivetrain_bench_{path.stem}", path)
     if spec is None or spec.loader is None:
         raise SystemExit(f"{path}: cannot be loaded as a Python module")
@@ -50,6 +55,7 @@ def load(path: Path) -> ModuleType:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register the ``bench`` subcommand on ``sub``; its epilog lists the benchmarks found."""
     scripts = available()
     lines = []
     for name, path in scripts.items():
@@ -73,6 +79,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run benchmark ``args.what`` with the options ``args.args``; return its exit code.
+
+    Raises:
+        SystemExit: if no benchmark of that name is found.
+    """
     scripts = available()
     if args.what not in scripts:
         known = ", ".join(scripts) or "none (no benchmarks/ folder found; run from a source checkout)"

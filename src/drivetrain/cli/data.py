@@ -11,6 +11,7 @@ __all__ = ["add_parser"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register the ``data`` subcommand and its ``synth``, ``index`` and ``inspect`` actions on ``sub``."""
     parser = sub.add_parser(
         "data",
         help="generate synthetic nuScenes-format data, index a nuScenes-format root, inspect a batch",

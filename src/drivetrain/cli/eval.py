@@ -10,6 +10,7 @@ __all__ = ["add_parser"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register the ``eval`` subcommand on ``sub``."""
     parser = sub.add_parser(
         "eval",
         help="nuScenes detection metrics (mAP, NDS, TP errors) of a predictions file (needs the nuscenes extra)",

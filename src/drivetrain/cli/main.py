@@ -11,6 +11,7 @@ from drivetrain.cli import eval as eval_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``drivetrain`` argument parser with the ``bench``, ``train``, ``data`` and ``eval`` subcommands."""
     parser = argparse.ArgumentParser(
         prog="drivetrain",
         description=(
@@ -29,6 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the chosen subcommand and return its exit code.
+
+    ``KEY=VALUE`` arguments that argparse leaves over go to the ``train`` overrides; any other leftover
+    argument is a usage error.
+    """
     parser = build_parser()
     args, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     # `train` takes KEY=VALUE overrides anywhere (also after --resume auto); argparse collects positionals

@@ -27,6 +27,7 @@ checkpoints/corrupt/) and tensorboard/.
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register the ``train`` subcommand on ``sub``."""
     parser = sub.add_parser(
         "train",
         help="train a model from a YAML config (mixed precision, accumulation, exact resume, DDP/FSDP)",
@@ -47,6 +48,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Train from ``args.config`` with ``args.overrides`` and ``args.resume``; return the exit code.
+
+    0 when done, 2 on a config error, 1 on a non-finite loss, data or checkpoint error, 130 when interrupted
+    before the first step. A finished run in a process group leaves with ``os._exit(0)`` instead of returning.
+    """
     from drivetrain.engine import (
         CheckpointError,
         ConfigError,

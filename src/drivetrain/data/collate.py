@@ -51,6 +51,7 @@ class Batch:
 
     @property
     def batch_size(self) -> int:
+        """Samples in the batch, B."""
         return len(self.sample_tokens)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:

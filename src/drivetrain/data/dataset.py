@@ -150,6 +150,7 @@ class FrameDataset:
         return len(self.index)
 
     def scene_lengths(self) -> list[int]:
+        """Frames per scene, scenes in index order (what a :class:`SequenceSampler` is built from)."""
         return self.index.scene_lengths()
 
     def __getitem__(self, key: int | FrameKey | tuple[int, bool]) -> Sample | Skipped:

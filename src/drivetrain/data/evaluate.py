@@ -48,10 +48,15 @@ def boxes_to_submission(
     """Submission records of one frame.
 
     Args:
+        sample_token: the frame's sample token.
         boxes: ``(K, 9)`` lidar frame ``(x, y, z_centre, dx, dy, dz, yaw, vx, vy)``.
-        labels: ``(K,)`` indices into ``CLASSES``; scores: ``(K,)``.
+        labels: ``(K,)`` indices into ``CLASSES``.
+        scores: ``(K,)`` detection scores.
         ego_pose: ``(4, 4)`` lidar → global of the frame.
         attributes: ``(K,)`` indices into ``ATTRIBUTES`` (−1 or absent: the class default).
+
+    Returns:
+        One ``sample_result`` dict per box, in the global frame, as the devkit reads them.
     """
     boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 9)
     rot, trans = np.asarray(ego_pose[:3, :3], np.float64), np.asarray(ego_pose[:3, 3], np.float64)
@@ -169,6 +174,7 @@ def _is_number(value: Any) -> bool:
 
 
 def write_submission(submission: dict[str, Any], path: str | Path) -> Path:
+    """Write ``submission`` as JSON to ``path`` (parent folders created); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(submission))

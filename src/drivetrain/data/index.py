@@ -84,13 +84,16 @@ class FrameIndex:
 
     @property
     def num_cameras(self) -> int:
+        """Cameras per frame, N."""
         return len(self.meta["cameras"])
 
     def boxes_of(self, frame: int) -> slice:
+        """Rows of the box arrays (``boxes``, ``labels``, ...) that belong to ``frame``."""
         off = self.arrays["box_offset"]
         return slice(int(off[frame]), int(off[frame + 1]))
 
     def sweeps_of(self, frame: int) -> slice:
+        """Rows of the sweep arrays (``sweep2lidar``, ``sweep_dt``) of ``frame``, most recent first."""
         off = self.arrays["sweep_offset"]
         return slice(int(off[frame]), int(off[frame + 1]))
 

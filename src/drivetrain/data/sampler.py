@@ -74,6 +74,7 @@ class SequenceSampler:
         return slots
 
     def steps_in_epoch(self, epoch: int | None = None) -> int:
+        """Batches in ``epoch`` (default: the current one): the shortest slot of any rank."""
         epoch = self.epoch if epoch is None else epoch
         return min(len(s) for r in range(self.world_size) for s in self._slots(epoch, r))
 
@@ -93,6 +94,7 @@ class SequenceSampler:
         self.epoch, self.step = epoch + 1, 0
 
     def state_dict(self) -> dict[str, Any]:
+        """The position of the next batch (epoch, step) and the settings a resumed sampler must share."""
         return {
             "epoch": self.epoch,
             "step": self.step,

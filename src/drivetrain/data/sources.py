@@ -56,6 +56,7 @@ class StreamingFrames:
         )
 
     def collate(self, samples: list[Sample | Skipped]) -> Batch:
+        """One :class:`Batch` of the samples (unreadable ones dropped and listed in ``batch.skipped``)."""
         return collate(samples)
 
 
@@ -89,10 +90,14 @@ def synthetic(
             ``drivetrain_synth.json`` records the settings asked for; other settings are a ValueError naming
             them (use another root, or delete the folder to regenerate). Nothing is written when the dataset
             is reused, so it may live on a read-only mount.
-        size: preset, ``tiny`` or ``full``; scenes / frames_per_scene / image_size (W, H) override it.
+        size: preset, ``tiny`` or ``full``.
+        scenes: only the first this many scenes of the preset.
+        frames_per_scene: key frames per scene instead of the preset's.
+        image_size: ``(W, H)`` of the camera images instead of the preset's (the focal length scales along).
         seed: generator seed.
         split: devkit split of the scenes to train on (default ``mini_train``; ``mini_val`` is held out for
             evaluation); None for every scene.
+        on_error: ``raise`` on an unreadable frame, or ``skip`` it with a warning (see :class:`DatasetConfig`).
     """
     from drivetrain.data.synth import PRESETS
 

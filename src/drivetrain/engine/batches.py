@@ -48,11 +48,17 @@ __all__ = ["BatchSampler", "BatchStream", "ShuffledBatches", "brings_own_batchin
 class BatchSampler(Protocol):
     """What :class:`BatchStream` needs of a batch sampler (see the module docstring)."""
 
-    def __iter__(self) -> Iterator[list[Any]]: ...
+    def __iter__(self) -> Iterator[list[Any]]:
+        """Lists of dataset keys for the rest of the current epoch; then the sampler is at the next epoch."""
+        ...
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, Any]:
+        """The position of the next batch to yield (int ``epoch`` and ``step``) and the sampler's settings."""
+        ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue at the position of ``state``; a ValueError when its settings are not this sampler's."""
+        ...
 
 
 def brings_own_batching(dataset: Dataset) -> bool:
@@ -119,6 +125,7 @@ class ShuffledBatches:
         self.epoch, self.step = epoch + 1, 0
 
     def state_dict(self) -> dict[str, int]:
+        """The position of the next batch (epoch, step) and the batch and world sizes it depends on."""
         return {"epoch": self.epoch, "step": self.step, "batch_size": self.batch_size, "world_size": self.world_size}
 
     def load_state_dict(self, state: dict[str, int]) -> None:

@@ -87,6 +87,7 @@ class Checkpointer:
 
     @staticmethod
     def name(step: int) -> str:
+        """Directory name of the checkpoint of ``step``, e.g. ``step-00000040``."""
         return f"step-{step:08d}"
 
     def save(self, step: int, state: dict[str, Any]) -> Path:

@@ -58,6 +58,8 @@ def _check(ok: bool, key: str, message: str) -> None:
 
 @dataclass(frozen=True)
 class RunConfig:
+    """Section ``run``: where the run writes, its seed, determinism and threads."""
+
     out_dir: str = "runs/smoke"  # run directory: config.yaml, metrics.jsonl, checkpoints/, tensorboard/
     seed: int = 0  # seeds model init (same on all ranks) and per-rank RNG (seed + rank)
     deterministic: bool = False  # torch.use_deterministic_algorithms(True) (bit-exact resume on CPU needs it)
@@ -70,6 +72,8 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """Section ``model``: the model builder, its arguments and loss-weight overrides."""
+
     name: str = "smoke"  # "smoke" (built-in) or "package.module:function" returning an nn.Module
     args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the builder
     # Overrides of the model's declared loss weights, by base term (``loss_cls`` also weighs ``d3.loss_cls``);
@@ -87,6 +91,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
+    """Section ``data``: the dataset builder and how it is batched and loaded."""
+
     name: str = "smoke"  # "smoke" (generated tensors) or "package.module:function" returning a Dataset
     args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the builder
     batch_size: int = 8  # samples per micro-batch per rank
@@ -113,6 +119,8 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class TrainStepsConfig:
+    """Section ``train``: how many optimizer iterations, micro-batches per step, device."""
+
     steps: int = 100  # optimizer iterations (a skipped fp16 step counts as an iteration, not as an update)
     accumulation: int = 1  # micro-batches per optimizer step
     device: str = "auto"  # auto (cuda:LOCAL_RANK if available, else cpu), cpu or cuda
@@ -125,6 +133,8 @@ class TrainStepsConfig:
 
 @dataclass(frozen=True)
 class ParamGroupConfig:
+    """One entry of ``optim.groups``: parameters under module paths with their own lr multiplier."""
+
     modules: list[str]  # parameters whose name starts with one of these module paths ("backbone")
     lr_mult: float = 1.0  # learning rate = optim.lr × lr_mult × schedule
     weight_decay: float | None = None  # None keeps optim.weight_decay
@@ -136,6 +146,8 @@ class ParamGroupConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
+    """Section ``optim``: AdamW hyper-parameters, parameter groups and gradient clipping."""
+
     lr: float = 1e-3  # peak learning rate of AdamW
     weight_decay: float = 0.01  # decoupled weight decay
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam β1, β2
@@ -153,6 +165,8 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class ScheduleConfig:
+    """Section ``schedule``: the learning-rate schedule over applied updates."""
+
     kind: Literal["warmup_cosine", "onecycle", "warmup_constant"] = "warmup_cosine"
     warmup_steps: int = 0  # linear warm-up from 0 (warmup_cosine, warmup_constant)
     min_lr_ratio: float = 0.0  # cosine floor as a fraction of the peak lr
@@ -171,6 +185,8 @@ class ScheduleConfig:
 
 @dataclass(frozen=True)
 class PrecisionConfig:
+    """Section ``precision``: fp32/bf16/fp16, the dynamic loss scaler, non-finite loss policy."""
+
     mode: Literal["fp32", "bf16", "fp16"] = "fp32"  # autocast dtype of the forward; losses stay fp32
     init_scale: float = 65536.0  # fp16: initial loss scale (the published V100 setup used 2**32)
     growth_interval: int = 1000  # fp16: finite steps in a row before the scale grows
@@ -191,6 +207,8 @@ class PrecisionConfig:
 
 @dataclass(frozen=True)
 class SpeedConfig:
+    """Section ``speed``: memory format, activation checkpointing, compile, cuDNN and TF32 switches."""
+
     activation_checkpointing: list[str] = field(default_factory=list)  # module paths recomputed in backward
     channels_last: Literal["none", "2d", "3d"] = "none"  # memory format of model and 4-D/5-D float inputs
     cudnn_benchmark: bool = False  # torch.backends.cudnn.benchmark
@@ -200,6 +218,8 @@ class SpeedConfig:
 
 @dataclass(frozen=True)
 class DistributedConfig:
+    """Section ``distributed``: the data-parallel strategy (DDP, FSDP2, DeepSpeed) and its options."""
+
     strategy: Literal["none", "ddp", "fsdp", "deepspeed"] = "none"  # with torchrun; "none" = one process
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl on CUDA, gloo on CPU
     static_graph: bool = False  # DDP static_graph (same used parameters every step)
@@ -231,6 +251,8 @@ class DistributedConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
+    """Section ``checkpoint``: how often to save and how many checkpoints to keep."""
+
     every: int = 100  # optimizer iterations between checkpoints (one is always written at the end)
     keep: int = 5  # committed checkpoints kept; older ones are deleted after a new one commits
 
@@ -241,6 +263,8 @@ class CheckpointConfig:
 
 @dataclass(frozen=True)
 class LogConfig:
+    """Section ``log``: metric interval, TensorBoard and the progress bar."""
+
     every: int = 10  # iterations between metric flushes (the one host read of losses and counters)
     tensorboard: bool = True  # write TensorBoard scalars under <out_dir>/tensorboard
     progress: bool = True  # console progress bar with ETA (rank 0)
@@ -251,6 +275,8 @@ class LogConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
+    """A whole run: one field per YAML section, each a frozen, validated dataclass (``load_config`` builds it)."""
+
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -34,9 +34,11 @@ class DistContext:
 
     @property
     def is_main(self) -> bool:
+        """True on rank 0."""
         return self.rank == 0
 
     def barrier(self) -> None:
+        """Wait for every rank (a no-op without a process group)."""
         if self.initialized:
             dist.barrier()
 
@@ -49,11 +51,16 @@ class DistContext:
         return out
 
     def all_reduce_max(self, t: torch.Tensor) -> torch.Tensor:
+        """Element-wise maximum of ``t`` over ranks, reduced in place and returned (``t`` as is without a group)."""
         if self.initialized:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t
 
     def all_reduce_mean(self, t: torch.Tensor) -> torch.Tensor:
+        """Element-wise mean of ``t`` over ranks (``t`` as is without a group).
+
+        ``t`` itself is overwritten with the sum over ranks; the mean is a new tensor.
+        """
         if self.initialized:
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
             t = t / self.world_size

@@ -142,6 +142,7 @@ class MetricsLogger:
             print(text, file=sys.stderr, flush=True)
 
     def close(self) -> None:
+        """Flush pending records, then close the progress bar, the TensorBoard writer and the metrics file."""
         self.flush()
         if self._bar is not None:
             self._bar.close()

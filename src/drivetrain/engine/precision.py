@@ -84,6 +84,7 @@ class LossScaler:
         self.growth_tracker.copy_(torch.where(found_inf | grow, 0, self.growth_tracker + 1))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
+        """CPU copies of the scaler state: ``scale``, ``growth_tracker`` and ``hysteresis_left``."""
         return {
             "scale": self.scale.detach().cpu().clone(),
             "growth_tracker": self.growth_tracker.detach().cpu().clone(),
@@ -91,6 +92,7 @@ class LossScaler:
         }
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy ``scale``, ``growth_tracker`` and ``hysteresis_left`` from ``state`` into the device tensors."""
         self.scale.copy_(state["scale"])
         self.growth_tracker.copy_(state["growth_tracker"])
         self.hysteresis_left.copy_(state["hysteresis_left"])

@@ -131,6 +131,17 @@ class SmokeModel(nn.Module):
         self.to(param_dtype)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Classify the brightest-pattern channel and regress the four target numbers.
+
+        In training mode with memory on, also updates the memory buffer (EMA of the batch-mean pooled
+        features) and ``frames_seen``.
+
+        Args:
+            batch: ``"image"``: ``(B, C, H, W)`` (or ``(B, C, S, H, W)`` with ``dims=3``) float.
+
+        Returns:
+            ``{"logits": (B, C), "boxes": (B, 4)}``, float in the compute dtype.
+        """
         feats = self.backbone(batch["image"]).flatten(2).amax(-1)  # (B, width): max-pooled
         memory = self.memory.expand_as(feats) if self.use_memory else torch.zeros_like(feats)
         if self.training and self.use_memory:
@@ -152,7 +163,9 @@ class SmokeModel(nn.Module):
         }
 
     def get_extra_state(self) -> dict[str, Any]:
+        """Non-parameter state for checkpoints: ``{"frames_seen": int}``."""
         return {"frames_seen": self.frames_seen}
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore ``frames_seen`` from :meth:`get_extra_state`'s dict."""
         self.frames_seen = int(state["frames_seen"])

@@ -59,9 +59,14 @@ class Strategy:
 
     @contextlib.contextmanager
     def sync_grads(self, enabled: bool) -> Iterator[None]:
+        """Context for one micro-batch's backward: reduce gradients across ranks only if ``enabled``.
+
+        One process has nothing to reduce, so here it does nothing.
+        """
         yield
 
     def backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate ``loss`` (a scalar) multiplied by the loss scale."""
         self.scaler.scale_loss(loss).backward()
 
     def unscale_and_clip(self) -> tuple[torch.Tensor, torch.Tensor]:

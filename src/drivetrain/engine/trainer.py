@@ -68,9 +68,11 @@ class TrainState:
     nonfinite_losses: int = 0
 
     def state_dict(self) -> dict[str, int]:
+        """The loop counters as a dict of ints."""
         return dict(vars(self))
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        """Set the loop counters from :meth:`state_dict`'s dict."""
         for key in vars(self):
             setattr(self, key, int(state[key]))
 

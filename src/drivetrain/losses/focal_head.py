@@ -58,14 +58,10 @@ class FocalHeadLoss(torch.nn.Module):
     Args:
         num_classes: ``C``; label ``C`` is background.
         stride: feature stride in pixels (16).
-        beta: QFL exponent (2). The published weights: cls 2, bbox 5, iou 2, centers2d 10, centerness 1.
+        beta: QFL exponent (2).
+        weights: overrides of the published weights (:data:`WEIGHTS`: cls 2, bbox 5, iou 2, centers2d 10,
+            centerness 1), by term name.
         assigner: the 2D matcher (default: published HungarianAssigner2D, ``auto`` solver backend).
-
-    ``forward(outputs, targets, impl)`` takes:
-        outputs: ``cls_logits`` ``(B, N, Q, C)``, ``boxes`` ``(B, N, Q, 4)`` normalised cxcywh,
-            ``centres`` ``(B, N, Q, 2)`` normalised, ``centerness`` ``(B, N, Hf, Wf)`` logits (``Q = Hf·Wf``).
-        targets: ``gt_boxes_2d`` RaggedBatch ``(B, N, G, 4)`` pixel xyxy, ``gt_labels_2d`` ``(B, N, G)``,
-            ``centers_2d`` ``(B, N, G, 2)`` pixels (projected 3D centres), ``image_size`` ``(W, H)``.
     """
 
     def __init__(
@@ -86,6 +82,19 @@ class FocalHeadLoss(torch.nn.Module):
         return weighted_total(terms, self.weights)
 
     def forward(self, outputs: Mapping[str, Any], targets: Any, impl: str = "batched") -> dict[str, torch.Tensor]:
+        """The unweighted loss terms of one batch.
+
+        Args:
+            outputs: ``cls_logits`` ``(B, N, Q, C)``, ``boxes`` ``(B, N, Q, 4)`` normalised cxcywh, ``centres``
+                ``(B, N, Q, 2)`` normalised, ``centerness`` ``(B, N, Hf, Wf)`` logits (``Q = Hf·Wf``).
+            targets: ``gt_boxes_2d`` RaggedBatch ``(B, N, G, 4)`` pixel xyxy, ``gt_labels_2d`` ``(B, N, G)``,
+                ``centers_2d`` ``(B, N, G, 2)`` pixels (projected 3D centres), ``image_size`` ``(W, H)``; a
+                mapping or an object with these attributes (e.g. a data ``Batch``).
+            impl: ``batched`` (every image at once) or ``reference`` (per image, as the original).
+
+        Returns:
+            ``{term: () float32}`` for the five terms of :data:`WEIGHTS`.
+        """
         logits, boxes, centres = field(outputs, "cls_logits"), field(outputs, "boxes"), field(outputs, "centres")
         centerness = field(outputs, "centerness")
         gt_boxes, gt_labels = field(targets, "gt_boxes_2d"), field(targets, "gt_labels_2d")
@@ -182,17 +191,21 @@ class FocalHeadLoss(torch.nn.Module):
             logits.detach(), boxes.detach(), centres.detach(), boxes_list, labels_list, centres_list, image_size
         )
         with region("targets"):
-            wh = torch.tensor(image_size, dtype=torch.float32, device=logits.device)
+            wh = torch.tensor(image_size, dtype=torch.float32, device=logits.device)  # (2,)
             labels_all, scores_all, pos_pred, pos_target, pos_centre, pos_centre_target = [], [], [], [], [], []
             heat_centres, heat_radii = [], []
             for b in range(batch):
                 for n in range(cams):
-                    tokens, gts = matches[b][n][:, 0], matches[b][n][:, 1]
-                    gt_xyxy = boxes_list[b][n][gts].float()
-                    pred_xyxy = unnormalize_boxes(boxes_cxcywh_to_xyxy(boxes[b, n][tokens].float()), image_size)
-                    label = torch.full((num_tokens,), num_classes, dtype=torch.long, device=logits.device)
+                    tokens, gts = matches[b][n][:, 0], matches[b][n][:, 1]  # (M,), (M,): matched token and target
+                    gt_xyxy = boxes_list[b][n][gts].float()  # (M, 4) pixels
+                    pred_xyxy = unnormalize_boxes(
+                        boxes_cxcywh_to_xyxy(boxes[b, n][tokens].float()), image_size
+                    )  # (M, 4) pixels
+                    label = torch.full(
+                        (num_tokens,), num_classes, dtype=torch.long, device=logits.device
+                    )  # (Q,) background = C
                     label[tokens] = labels_list[b][n][gts].long()
-                    score = torch.zeros(num_tokens, device=logits.device)
+                    score = torch.zeros(num_tokens, device=logits.device)  # (Q,)
                     score[tokens] = iou_aligned(gt_xyxy, pred_xyxy.detach())
                     labels_all.append(label)
                     scores_all.append(score)
@@ -200,25 +213,25 @@ class FocalHeadLoss(torch.nn.Module):
                     pos_target.append(boxes_xyxy_to_cxcywh(normalize_boxes(gt_xyxy, image_size)))
                     pos_centre.append(centres[b, n][tokens].float())
                     pos_centre_target.append(centres_list[b][n][gts].float() / wh)
-                    image_centres = centres_list[b][n].float()
+                    image_centres = centres_list[b][n].float()  # (G_i, 2) pixels
                     heat_centres.append((image_centres / self.stride).long())
                     heat_radii.append(focal_head_radius(image_centres, boxes_list[b][n].float(), self.stride))
-            num_pos = average_factor(float(sum(len(m) for row in matches for m in row)))
+            num_pos = average_factor(float(sum(len(m) for row in matches for m in row)))  # ()
         with region("heatmap"):
             heat_shape = centerness.shape[-2:]
             heatmap = reference_draw_gaussians(
                 torch.zeros(batch * cams, *heat_shape, device=logits.device), heat_centres, heat_radii
-            ).view(centerness.shape)
+            ).view(centerness.shape)  # (B, N, Hf, Wf)
         with region("losses"):
-            flat_logits = logits.reshape(-1, num_classes)
+            flat_logits = logits.reshape(-1, num_classes)  # (B*N*Q, C)
             loss_cls = quality_focal_loss(flat_logits, torch.cat(labels_all), torch.cat(scores_all), self.beta).sum()
-            pred, target = torch.cat(pos_pred), torch.cat(pos_target)
-            loss_bbox = l1_loss(pred, target).sum()
-            pred_pixels = unnormalize_boxes(boxes_cxcywh_to_xyxy(pred), image_size)
-            loss_iou = giou_loss(pred_pixels, unnormalize_boxes(boxes_cxcywh_to_xyxy(target), image_size)).sum()
-            loss_c2d = l1_loss(torch.cat(pos_centre), torch.cat(pos_centre_target)).sum()
-            pred_heat = centerness.float().sigmoid().clamp(1e-4, 1 - 1e-4)
-            loss_centerness = gaussian_focal_loss(pred_heat, heatmap).sum()
+            pred, target = torch.cat(pos_pred), torch.cat(pos_target)  # (ΣM, 4) normalised cxcywh each
+            loss_bbox = l1_loss(pred, target).sum()  # ()
+            pred_pixels = unnormalize_boxes(boxes_cxcywh_to_xyxy(pred), image_size)  # (ΣM, 4) pixel xyxy
+            loss_iou = giou_loss(pred_pixels, unnormalize_boxes(boxes_cxcywh_to_xyxy(target), image_size)).sum()  # ()
+            loss_c2d = l1_loss(torch.cat(pos_centre), torch.cat(pos_centre_target)).sum()  # ()
+            pred_heat = centerness.float().sigmoid().clamp(1e-4, 1 - 1e-4)  # (B, N, Hf, Wf)
+            loss_centerness = gaussian_focal_loss(pred_heat, heatmap).sum()  # ()
         return {
             "enc_loss_cls": loss_cls / num_pos,
             "enc_loss_bbox": loss_bbox / num_pos,

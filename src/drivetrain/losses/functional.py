@@ -62,6 +62,8 @@ def sigmoid_focal_loss(
     Args:
         logits: ``(..., C)``.
         targets: ``(..., C)`` one-hot (or soft) targets in [0, 1], broadcastable to ``logits``.
+        alpha: weight of the positive term (0.25); the negative term gets ``1 − α``.
+        gamma: focusing exponent (2).
 
     Returns:
         ``(..., C)`` fp32.
@@ -86,6 +88,7 @@ def quality_focal_loss(
         logits: ``(..., C)``.
         labels: int ``(...)``; ``C`` (or any value outside ``[0, C)``) means background.
         scores: ``(...)`` quality targets (IoU) in [0, 1] for positives; ignored for background.
+        beta: exponent of the modulating factor (2).
 
     Returns:
         ``(..., C)`` fp32.
@@ -110,6 +113,9 @@ def gaussian_focal_loss(
     Args:
         pred: ``(...)`` probabilities (already through sigmoid and clamped by the caller).
         target: ``(...)`` Gaussian heatmap in [0, 1].
+        alpha: exponent of the prediction factor (2).
+        gamma: exponent of the ``(1 − t)`` down-weighting of negatives near a peak (4).
+        eps: added inside the logarithms.
 
     Returns:
         ``(...)`` fp32.

@@ -17,6 +17,7 @@ def average_factor(count: torch.Tensor | float, *, across_ranks: bool = True) ->
 
     Args:
         count: 0-dim tensor (or number) of positives on this rank.
+        across_ranks: average over the ranks of the default process group (False: this rank's count).
 
     Returns:
         0-dim fp32 tensor.

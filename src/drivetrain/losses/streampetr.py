@@ -58,14 +58,6 @@ class StreamPETRLoss(torch.nn.Module):
         code_weights: per-dim weights of the 10-dim box code (2, 2, 1, …).
         dn_split: noise radius beyond which a DN query is background (0.75).
         assigner: the matcher (default: published HungarianAssigner3D on the ``auto`` solver backend).
-
-    ``forward(outputs, targets, impl)`` takes:
-        outputs: ``cls_logits`` ``(L, B, Q, C)``, ``box_codes`` ``(L, B, Q, 10)``; for denoising also
-            ``dn_cls_logits`` ``(L, B, P, C)``, ``dn_box_codes`` ``(L, B, P, 10)``, ``dn_background`` bool
-            ``(B, P)`` and ``dn_groups`` (int): DN query ``g · S + i`` (``S = P / groups``) of sample ``b``
-            denoises ground truth ``i`` of ``b`` and exists while ``i < M_b``.
-        targets: ``gt_boxes`` RaggedBatch ``(B, G, 9)`` (gravity centre, lidar frame), ``gt_labels``
-            RaggedBatch ``(B, G)``; a mapping or an object with these attributes (e.g. a data ``Batch``).
     """
 
     def __init__(
@@ -97,6 +89,21 @@ class StreamPETRLoss(torch.nn.Module):
         return weighted_total(terms, self.weights)
 
     def forward(self, outputs: Mapping[str, Any], targets: Any, impl: str = "batched") -> dict[str, torch.Tensor]:
+        """The unweighted loss terms of one batch, per decoder layer.
+
+        Args:
+            outputs: ``cls_logits`` ``(L, B, Q, C)``, ``box_codes`` ``(L, B, Q, 10)``; for denoising also
+                ``dn_cls_logits`` ``(L, B, P, C)``, ``dn_box_codes`` ``(L, B, P, 10)``, ``dn_background`` bool
+                ``(B, P)`` and ``dn_groups`` (int): DN query ``g · S + i`` (``S = P / groups``) of sample ``b``
+                denoises ground truth ``i`` of ``b`` and exists while ``i < M_b``.
+            targets: ``gt_boxes`` RaggedBatch ``(B, G, 9)`` (gravity centre, lidar frame), ``gt_labels``
+                RaggedBatch ``(B, G)``; a mapping or an object with these attributes (e.g. a data ``Batch``).
+            impl: ``batched`` (all layers and samples at once) or ``reference`` (per layer and sample).
+
+        Returns:
+            ``{term: () float32}``: ``loss_cls``, ``loss_bbox`` (and ``dn_loss_cls``, ``dn_loss_bbox``) of the
+            last layer, ``d{l}.``-prefixed copies for the earlier layers.
+        """
         gt_boxes, gt_labels = field(targets, "gt_boxes"), field(targets, "gt_labels")
         cls_logits, box_codes = field(outputs, "cls_logits"), field(outputs, "box_codes")
         if cls_logits.dim() != 4 or box_codes.shape[:3] != cls_logits.shape[:3]:
@@ -192,27 +199,36 @@ class StreamPETRLoss(torch.nn.Module):
             with region("targets"):
                 labels, box_targets, box_weights = [], [], []
                 for b, (boxes, sample_labels) in enumerate(zip(boxes_list, labels_list, strict=True)):
-                    pred_i, gt_i = matches[layer][b][:, 0], matches[layer][b][:, 1]
-                    label = torch.full((num_queries,), num_classes, dtype=torch.long, device=cls_logits.device)
+                    pred_i, gt_i = (
+                        matches[layer][b][:, 0],
+                        matches[layer][b][:, 1],
+                    )  # (M_b,), (M_b,): matched query and target
+                    label = torch.full(
+                        (num_queries,), num_classes, dtype=torch.long, device=cls_logits.device
+                    )  # (Q,) background = C
                     label[pred_i] = sample_labels[gt_i]
-                    box_target = box_codes.new_zeros(num_queries, 9, dtype=torch.float32)
+                    box_target = box_codes.new_zeros(num_queries, 9, dtype=torch.float32)  # (Q, 9)
                     box_target[pred_i] = boxes[gt_i].float()
-                    weight = box_codes.new_zeros(num_queries, 10, dtype=torch.float32)
+                    weight = box_codes.new_zeros(num_queries, 10, dtype=torch.float32)  # (Q, 10)
                     weight[pred_i] = 1.0
                     labels.append(label)
                     box_targets.append(box_target)
                     box_weights.append(weight)
-                label_all, target_all, weight_all = torch.cat(labels), torch.cat(box_targets), torch.cat(box_weights)
-                num_pos = average_factor(float(sum(len(m) for m in matches[layer])))
-                one_hot = class_mask(label_all, num_classes).float()
+                label_all, target_all, weight_all = (
+                    torch.cat(labels),
+                    torch.cat(box_targets),
+                    torch.cat(box_weights),
+                )  # (B*Q,), (B*Q, 9), (B*Q, 10)
+                num_pos = average_factor(float(sum(len(m) for m in matches[layer])))  # ()
+                one_hot = class_mask(label_all, num_classes).float()  # (B*Q, C)
                 normalized = encode_boxes_streampetr(target_all)  # (B*Q, 10): unmatched rows hold -inf
-                finite = torch.isfinite(normalized).all(-1)
+                finite = torch.isfinite(normalized).all(-1)  # (B*Q,)
             with region("losses"):
                 logits = cls_logits[layer].reshape(-1, num_classes)  # (B*Q, C)
-                loss_cls = sigmoid_focal_loss(logits, one_hot, self.alpha, self.gamma).sum() / num_pos
-                preds = box_codes[layer].reshape(-1, 10)
-                weights = weight_all * self.code_weights
-                loss_bbox = l1_loss(preds[finite], normalized[finite], weights[finite]).sum() / num_pos
+                loss_cls = sigmoid_focal_loss(logits, one_hot, self.alpha, self.gamma).sum() / num_pos  # ()
+                preds = box_codes[layer].reshape(-1, 10)  # (B*Q, 10)
+                weights = weight_all * self.code_weights  # (B*Q, 10)
+                loss_bbox = l1_loss(preds[finite], normalized[finite], weights[finite]).sum() / num_pos  # ()
             terms[_layer_name(layer, num_layers, "loss_cls")] = loss_cls
             terms[_layer_name(layer, num_layers, "loss_bbox")] = loss_bbox
         return terms
@@ -234,28 +250,28 @@ class StreamPETRLoss(torch.nn.Module):
             for b, (boxes, labels) in enumerate(zip(gt_boxes.to_list(), gt_labels.to_list(), strict=True)):
                 num_gt = boxes.shape[0]
                 for g in range(groups):
-                    slots = g * per_group + torch.arange(num_gt, device=device)
+                    slots = g * per_group + torch.arange(num_gt, device=device)  # (M_b,) DN queries of group g
                     known_index.append(b * num_dn + slots)
-                    known_labels.append(torch.where(dn_background[b, slots], num_classes, labels.long()))
+                    known_labels.append(torch.where(dn_background[b, slots], num_classes, labels.long()))  # (M_b,)
                     known_boxes.append(boxes.float())
-            index = torch.cat(known_index)
-            label_t = torch.cat(known_labels)
-            box_t = torch.cat(known_boxes)
+            index = torch.cat(known_index)  # (K,) rows of the flat (B*P) queries, K = groups·ΣM_b
+            label_t = torch.cat(known_labels)  # (K,)
+            box_t = torch.cat(known_boxes)  # (K, 9)
             num_known = index.shape[0]
-            one_hot = class_mask(label_t, num_classes).float()
-            normalized = encode_boxes_streampetr(box_t)
-            finite = torch.isfinite(normalized).all(-1)
-            cls_factor = average_factor(num_known * DN_BALL_FRACTION * self.dn_split**3)
-            box_factor = average_factor(float(num_known))
+            one_hot = class_mask(label_t, num_classes).float()  # (K, C)
+            normalized = encode_boxes_streampetr(box_t)  # (K, 10)
+            finite = torch.isfinite(normalized).all(-1)  # (K,)
+            cls_factor = average_factor(num_known * DN_BALL_FRACTION * self.dn_split**3)  # ()
+            box_factor = average_factor(float(num_known))  # ()
         terms = {}
         for layer in range(num_layers):
             with region("targets"):
-                logits = dn_logits[layer].reshape(-1, num_classes)[index]
-                codes = dn_codes[layer].reshape(-1, 10)[index]
+                logits = dn_logits[layer].reshape(-1, num_classes)[index]  # (K, C)
+                codes = dn_codes[layer].reshape(-1, 10)[index]  # (K, 10)
             with region("losses"):
-                loss_cls = sigmoid_focal_loss(logits, one_hot, self.alpha, self.gamma).sum() / cls_factor
-                weights = self.code_weights.expand(num_known, 10)
-                loss_bbox = l1_loss(codes[finite], normalized[finite], weights[finite]).sum() / box_factor
+                loss_cls = sigmoid_focal_loss(logits, one_hot, self.alpha, self.gamma).sum() / cls_factor  # ()
+                weights = self.code_weights.expand(num_known, 10)  # (K, 10)
+                loss_bbox = l1_loss(codes[finite], normalized[finite], weights[finite]).sum() / box_factor  # ()
             terms[_layer_name(layer, num_layers, "dn_loss_cls")] = loss_cls
             terms[_layer_name(layer, num_layers, "dn_loss_bbox")] = loss_bbox
         return terms

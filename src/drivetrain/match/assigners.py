@@ -73,8 +73,10 @@ class HungarianAssigner3D:
         """Cost over broadcastable leading dims.
 
         Args:
-            pred_logits: ``(..., Q, C)``; pred_codes: ``(..., Q, D)``; gt_codes: ``(..., G, D)`` encoded;
-            gt_labels: ``(..., G)``.
+            pred_logits: ``(..., Q, C)`` class logits.
+            pred_codes: ``(..., Q, D)`` predicted box codes.
+            gt_codes: ``(..., G, D)`` encoded ground-truth boxes.
+            gt_labels: ``(..., G)`` int classes.
 
         Returns:
             ``(..., Q, G)``.
@@ -119,11 +121,16 @@ class HungarianAssigner3D:
         gt_boxes: list[torch.Tensor],
         gt_labels: list[torch.Tensor],
     ) -> list[list[torch.Tensor]]:
-        """Per layer and sample, as the original: returns ``[layer][sample]`` int64 ``(M_b, 2)`` pairs.
+        """Per layer and sample, as the original: one cost matrix at a time, each solved on the host.
 
         Args:
-            pred_logits: ``(L, B, Q, C)``; pred_codes: ``(L, B, Q, 10)``.
-            gt_boxes: per sample ``(M_b, 9)``; gt_labels: per sample ``(M_b,)``.
+            pred_logits: ``(L, B, Q, C)`` class logits.
+            pred_codes: ``(L, B, Q, 10)`` box codes.
+            gt_boxes: per sample ``(M_b, 9)`` gravity-centre boxes.
+            gt_labels: per sample ``(M_b,)`` int classes.
+
+        Returns:
+            ``[layer][sample]`` int64 ``(M_b, 2)`` (query, target) pairs.
         """
         out = []
         for layer in range(pred_logits.shape[0]):
@@ -171,9 +178,13 @@ class HungarianAssigner2D:
         """Cost for broadcastable leading dims.
 
         Args:
-            pred_logits: ``(..., Q, C)``; pred_boxes: ``(..., Q, 4)`` normalised cxcywh;
-            pred_centres: ``(..., Q, 2)`` normalised; gt_boxes: ``(..., G, 4)`` pixel xyxy;
-            gt_labels: ``(..., G)``; gt_centres: ``(..., G, 2)`` pixels; image_size: ``(W, H)``.
+            pred_logits: ``(..., Q, C)`` class logits.
+            pred_boxes: ``(..., Q, 4)`` normalised cxcywh.
+            pred_centres: ``(..., Q, 2)`` normalised.
+            gt_boxes: ``(..., G, 4)`` pixel xyxy.
+            gt_labels: ``(..., G)`` int classes.
+            gt_centres: ``(..., G, 2)`` pixels.
+            image_size: ``(W, H)``.
 
         Returns:
             ``(..., Q, G)``.
@@ -201,9 +212,12 @@ class HungarianAssigner2D:
         """Match every image of the batch at once.
 
         Args:
-            pred_logits: ``(B, N, Q, C)``; pred_boxes: ``(B, N, Q, 4)``; pred_centres: ``(B, N, Q, 2)``.
-            gt_boxes: RaggedBatch ``(B, N, G, 4)`` pixel xyxy; gt_labels ``(B, N, G)``; gt_centres
-                ``(B, N, G, 2)`` pixels, all with the same sizes.
+            pred_logits: ``(B, N, Q, C)`` class logits.
+            pred_boxes: ``(B, N, Q, 4)`` normalised cxcywh.
+            pred_centres: ``(B, N, Q, 2)`` normalised.
+            gt_boxes: RaggedBatch ``(B, N, G, 4)`` pixel xyxy.
+            gt_labels: RaggedBatch ``(B, N, G)`` int classes, the sizes of ``gt_boxes``.
+            gt_centres: RaggedBatch ``(B, N, G, 2)`` pixels, the sizes of ``gt_boxes``.
             image_size: ``(W, H)`` of the (augmented, padded) images.
 
         Returns:

@@ -29,6 +29,9 @@ def focal_cost(
     Args:
         logits: ``(..., Q, C)`` class logits.
         labels: int ``(..., G)`` target classes in ``[0, C)`` (padding must hold a valid class, e.g. 0).
+        alpha: weight of the positive term (0.25).
+        gamma: focusing exponent (2).
+        eps: added inside the logarithms.
 
     Returns:
         ``(..., Q, G)``: float64 for float64 logits, else float32 (half types are computed in fp32).
@@ -69,6 +72,7 @@ def bbox3d_l1_cost(
         pred_codes: ``(..., Q, D)`` predicted box codes (StreamPETR encoding, ``D`` ≥ ``dims``).
         gt_codes: ``(..., G, D')`` encoded targets, ``D'`` ≥ ``dims``.
         code_weights: ``(D,)`` per-dim weights (e.g. 2, 2, 1, 1, 1, 1, 1, 1, 1, 1); both sides are weighted.
+        dims: leading dims compared (8: centre, size, yaw; the velocity is left out, as in the original).
 
     Returns:
         ``(..., Q, G)``.

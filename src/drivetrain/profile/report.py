@@ -37,9 +37,11 @@ class Row:
 
     @property
     def speedup(self) -> float:
+        """``reference_ms / batched_ms``; inf when ``batched_ms`` is not positive."""
         return self.reference_ms / self.batched_ms if self.batched_ms > 0 else float("inf")
 
     def as_dict(self) -> dict[str, Any]:
+        """The row in the JSON format; ``variants`` and ``baseline`` only when ``variants`` is set."""
         out: dict[str, Any] = {
             "name": self.name,
             "parent": self.parent,
@@ -67,12 +69,18 @@ class BenchResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def add(self, row: Row) -> Row:
+        """Append ``row`` and return it.
+
+        Raises:
+            ValueError: if ``row.parent`` does not name a row added before.
+        """
         if row.parent is not None and row.parent not in {r.name for r in self.rows}:
             raise ValueError(f"parent: row {row.name!r} names parent {row.parent!r}, which is not a row yet")
         self.rows.append(row)
         return row
 
     def as_dict(self) -> dict[str, Any]:
+        """The result in the JSON format of the module docstring; ``extra`` keys are merged at the top level."""
         return {
             "benchmark": self.benchmark,
             "device": self.device,
@@ -113,6 +121,7 @@ class BenchResult:
         return "\n".join(out)
 
     def to_markdown(self) -> str:
+        """Markdown report: header, breakdown table, variants table (if any), ``extra`` entries and notes."""
         lines = [
             f"# Benchmark `{self.benchmark}`",
             "",

@@ -38,6 +38,7 @@ class ResourceUsage:
     peak_device_mb: float | None  # CUDA allocator peak; None on the CPU
 
     def as_dict(self) -> dict[str, float | None]:
+        """The fields as a dict."""
         return asdict(self)
 
 

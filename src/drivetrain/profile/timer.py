@@ -40,6 +40,11 @@ class Stats:
 
     @classmethod
     def of(cls, samples: list[float]) -> Stats:
+        """Stats of ``samples`` (milliseconds).
+
+        Raises:
+            ValueError: if ``samples`` is empty.
+        """
         if not samples:
             raise ValueError("samples: no timed steps after warm-up; raise repeat or lower warmup")
         return cls(statistics.median(samples), statistics.fmean(samples), min(samples), max(samples), len(samples))
@@ -84,6 +89,7 @@ class Profiler:
 
     @property
     def num_steps(self) -> int:
+        """Steps closed so far with :meth:`step`, warm-up steps included."""
         return self._step
 
     @contextmanager
@@ -128,6 +134,7 @@ class Profiler:
         return [ms for step, ms in sorted(self._times[name].items()) if step >= self.warmup]
 
     def median(self, name: str) -> float:
+        """Median per-step milliseconds of region ``name`` over the steps after warm-up."""
         return Stats.of(self.samples(name)).median
 
     def summary(self) -> dict[str, Stats]:

@@ -235,14 +235,17 @@ class RaggedBatch:
 
     @property
     def batch_shape(self) -> torch.Size:
+        """Shape of the batch dims (``sizes.shape``)."""
         return self._sizes.shape
 
     @property
     def num_batch_dims(self) -> int:
+        """Number of leading batch dims."""
         return self._sizes.dim()
 
     @property
     def ragged_dim(self) -> int:
+        """Index of the ragged dim in ``tensor`` (non-negative, after the batch dims)."""
         return self._ragged_dim
 
     @property
@@ -252,18 +255,22 @@ class RaggedBatch:
 
     @property
     def shape(self) -> torch.Size:
+        """Shape of the padded data."""
         return self._tensor.shape
 
     @property
     def dtype(self) -> torch.dtype:
+        """dtype of the padded data."""
         return self._tensor.dtype
 
     @property
     def device(self) -> torch.device:
+        """Device of the padded data (the sizes live there too)."""
         return self._tensor.device
 
     @property
     def requires_grad(self) -> bool:
+        """Whether the padded data requires grad."""
         return self._tensor.requires_grad
 
     def broadcast_mask(self) -> torch.Tensor:
@@ -335,6 +342,7 @@ class RaggedBatch:
         return self.with_tensor(self._tensor.masked_fill(~self.broadcast_mask(), value))
 
     def detach(self) -> RaggedBatch:
+        """The batch with its data detached from the autograd graph; sizes and cached mask are shared."""
         return RaggedBatch._make(self._tensor.detach(), self._sizes, self._ragged_dim, self._mask)
 
     # ------------------------------------------------------------------ batch dims

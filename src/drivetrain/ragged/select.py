@@ -47,6 +47,7 @@ def select(
         data: ``(*batch, N, *rest)`` tensor (``N`` at ``ragged_dim``, default the first dim after the
             batch dims) or RaggedBatch (its padding is never selected).
         mask: bool ``(*batch, N)`` (or a RaggedBatch of bools; its padding counts as False).
+        ragged_dim: the dim of ``data`` that ``mask`` selects along, for a plain tensor ``data``.
         trim: cut the padded length to the longest selection. **Synchronises with the device once**
             (the length is data-dependent). ``trim=False`` keeps length ``N`` and never syncs.
         fill: value at the output's padding positions.
@@ -99,6 +100,7 @@ def _destinations(m: torch.Tensor, trim: bool) -> tuple[torch.Tensor, torch.Tens
 
     Args:
         m: bool ``(*batch, N)``.
+        trim: cut ``K`` to the largest count instead of ``N``.
 
     Returns:
         ``dest`` int64 ``(M*N,)``, ``counts`` int64 ``(*batch,)``, and ``K``: ``N``, or the largest count

@@ -56,6 +56,10 @@ def cast(
         boxes_lidar: ``(M, ≥7)`` boxes ``(x, y, z_centre, dx, dy, dz, yaw)`` in the lidar frame.
         labels: ``(M,)`` class indices (set the intensity of their returns).
         ground_z: height of the ground plane in the lidar frame (−sensor height).
+        rings: beams (elevation angles).
+        azimuths: rays per beam and revolution.
+        max_range: metres; a ray whose first hit is farther returns no point.
+        rng: draws the intensity jitter.
 
     Returns:
         points ``(P, 5)`` float32 ``(x, y, z, intensity, ring)``; hit box ``(P,)`` int64, −1 = ground.

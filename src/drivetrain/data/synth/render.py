@@ -84,6 +84,8 @@ def make_rig(width: int, height: int, focal: float) -> CameraRig:
 
 @dataclass(frozen=True)
 class Rendered:
+    """One camera image and, per pixel, which box it shows."""
+
     image: np.ndarray  # (H, W, 3) uint8 RGB
     instance: np.ndarray  # (H, W) int32, index of the box seen at each pixel, −1 for background
     covered: np.ndarray  # (M,) int64: pixels each box's visible faces cover before the depth test
@@ -111,6 +113,8 @@ def render(
     """Render boxes given in this camera's frame.
 
     Args:
+        rig: the camera rig.
+        cam: index of the camera in the rig.
         boxes_cam: ``(M, 8, 3)`` box corners in the camera frame (``box_corners`` numbering).
         labels: ``(M,)`` class indices (colour).
         bg: ``(H, W, 3)`` background from :func:`background`.

@@ -62,11 +62,14 @@ class ObjectTrack:
 
     @property
     def name(self) -> str:
+        """The detection class name of ``label``."""
         return CLASSES[self.label]
 
 
 @dataclass(frozen=True)
 class SceneLayout:
+    """A straight road scene: where it lies in the global frame, the ego speed and the object tracks."""
+
     origin: tuple[float, float]  # global (x, y) of the local origin
     heading: float  # global yaw of the local x axis
     ego_speed: float  # m/s along local +x
