@@ -148,15 +148,31 @@ def test_overlapping_boxes_merge_with_max() -> None:
     torch.testing.assert_close(out, reference(torch.zeros(1, H, W), centres, radii, None), rtol=0, atol=1e-6)
 
 
-def test_box_with_centre_outside_is_not_drawn() -> None:
-    # Centres one cell outside each border, radius large enough to reach inside.
-    outside = torch.tensor([[-1, 5], [W, 5], [5, -1], [5, H]])
+def test_centre_one_cell_past_the_border_draws_its_edge_as_the_original() -> None:
+    # StreamPETR clips projected centres to the image, so a centre on the right or bottom image border lands on
+    # cell x = W or y = H; mmdet3d's window slicing still draws the window's overlap with the map. Radius 1:
+    # σ = 3/6, so the cell beside the centre gets exp(-1 / (2σ²)) = e^-2 and a diagonal one e^-4.
+    past = torch.tensor([[W, 5], [7, H]])
+    centres, radii = RaggedBatch.from_list([past]), RaggedBatch.from_list([torch.ones(2, dtype=torch.long)])
+    expected = torch.zeros(H, W)
+    expected[4:7, W - 1] = torch.tensor([math.exp(-4), math.exp(-2), math.exp(-4)])
+    expected[H - 1, 6:9] = torch.tensor([math.exp(-4), math.exp(-2), math.exp(-4)])
+    for max_radius in (None, 1):
+        out = draw_gaussians(torch.zeros(1, H, W), centres, radii, max_radius=max_radius)[0]
+        torch.testing.assert_close(out, expected, rtol=0, atol=1e-7)
+    torch.testing.assert_close(reference(torch.zeros(1, H, W), centres, radii, None)[0], expected, rtol=0, atol=1e-7)
+
+
+def test_window_entirely_off_the_map_draws_nothing() -> None:
+    # Centres beyond their radius from every border: the window does not overlap the map.
+    outside = torch.tensor([[-4, 5], [W + 3, 5], [5, -4], [5, H + 3]])
     centres = RaggedBatch.from_list([outside])
-    radii = RaggedBatch.from_list([torch.full((4,), 4)])
-    for max_radius in (None, 4):
+    radii = RaggedBatch.from_list([torch.full((4,), 3)])
+    for max_radius in (None, 3):
         assert torch.equal(
             draw_gaussians(torch.zeros(1, H, W), centres, radii, max_radius=max_radius), torch.zeros(1, H, W)
         )
+    assert torch.equal(reference(torch.zeros(1, H, W), centres, radii, None), torch.zeros(1, H, W))
 
 
 def test_boxes_on_the_border_are_clipped_not_dropped() -> None:

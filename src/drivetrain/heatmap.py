@@ -3,7 +3,10 @@
 A box with integer centre ``(x, y)`` and radius ``r`` contributes ``exp(-(dx² + dy²) / (2σ²))`` with
 ``σ = (2r + 1) / 6`` on the ``(2r + 1)²`` window around its centre (clipped to the heatmap), values below
 ``float32 eps`` set to 0 (as mmdet3d's ``gaussian_2d``). Overlaps merge with ``max``, also with what the
-heatmap already holds. Boxes whose centre cell lies outside the heatmap are not drawn. The batched path
+heatmap already holds. Wherever its centre cell lies, a box draws the part of its window that overlaps the
+heatmap, as mmdet3d's window slicing does: StreamPETR clips projected centres to the image, so a centre on
+the right or bottom border lands one cell past the map and still draws its edge row or column (radius 1:
+``e^-2`` beside it, ``e^-4`` diagonally). The batched path
 evaluates the Gaussian as a product of its x and y factors, which agrees with the per-box formula to
 float32 rounding (≤ 1e-7 absolute).
 
@@ -113,7 +116,7 @@ def draw_gaussians(
     device = heatmap.device
     cx, cy = centres.tensor[..., 0].long(), centres.tensor[..., 1].long()  # (*batch, G)
     radius = radii.tensor.long()  # (*batch, G)
-    drawn = centres.mask & (cx >= 0) & (cx < width) & (cy >= 0) & (cy < height)  # (*batch, G)
+    drawn = centres.mask  # (*batch, G): a window off the map draws nothing by itself (cells clipped below)
     if centres.max_size == 0:
         return heatmap.float().clone()
     # The Gaussian is separable: exp(-(dx²+dy²)/2σ²) = exp(-dx²/2σ²)·exp(-dy²/2σ²), and so is its square
@@ -165,6 +168,11 @@ def reference_draw_gaussians(
 ) -> torch.Tensor:
     """The per-box loop of the original code, over flattened images.
 
+    Mirrors mmdet3d's ``draw_heatmap_gaussian`` (``mmdet3d/core/utils/gaussian.py``, called per box by
+    StreamPETR's ``FocalHead._get_heatmap_single``): the window ``[x − min(x, r), x + min(W − x, r + 1))`` and
+    the matching slice of the Gaussian, drawn when both are non-empty; so a centre past the map still draws
+    the part of its window that overlaps it.
+
     Args:
         heatmap: ``(I, H, W)`` or ``(I, C, H, W)``.
         centres: per image ``(G_i, 2)`` feature-map coordinates.
@@ -187,9 +195,8 @@ def reference_draw_gaussians(
             )  # (2r+1, 2r+1)
             left, right = min(x, r), min(width - x, r + 1)
             top, bottom = min(y, r), min(height - y, r + 1)
-            if not (0 <= x < width and 0 <= y < height):
-                continue
             window = target[y - top : y + bottom, x - left : x + right]  # (top+bottom, left+right) view
             patch = gaussian[r - top : r + bottom, r - left : r + right]  # (top+bottom, left+right)
-            torch.maximum(window, patch, out=window)
+            if min(window.shape) > 0 and min(patch.shape) > 0:  # the window overlaps the map
+                torch.maximum(window, patch, out=window)
     return out

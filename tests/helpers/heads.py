@@ -181,3 +181,27 @@ def assert_cuda_syncs_only_inside_the_solver(head: str, gen: torch.Generator, mo
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert all(torch.isfinite(v).item() for v in terms.values())
+
+
+# Ground-truth counts per rank, chosen so that every count differs from its mean over the two ranks.
+RANK_GT_3D = {0: [0, 3, 7], 1: [5, 1]}
+RANK_GT_2D = {0: [[0, 3], [5, 1]], 1: [[2, 0], [0, 1]]}
+
+
+def rank_cases(rank: int) -> dict[str, tuple]:
+    """Each loss with ``rank``'s own batch: ``{name: (loss_of(sync_cls_avg_factor), outputs, targets)}``."""
+    gen = torch.Generator().manual_seed(100 + rank)
+    sp_outputs, sp_targets = streampetr_case(RANK_GT_3D[rank], layers=2, queries=30, groups=2, gen=gen)
+    fh_outputs, fh_targets = focal_case(RANK_GT_2D[rank], gen)
+    return {
+        "streampetr": (
+            lambda sync: StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"), sync_cls_avg_factor=sync),
+            sp_outputs,
+            sp_targets,
+        ),
+        "focal_head": (
+            lambda sync: FocalHeadLoss(assigner=HungarianAssigner2D(backend="scipy"), sync_cls_avg_factor=sync),
+            fh_outputs,
+            fh_targets,
+        ),
+    }

@@ -1,15 +1,20 @@
 """StreamPETR's 2D auxiliary (focal head) loss over every image of the batch: QFL, L1, GIoU, centres, heatmap.
 
 Per image (``B × N`` cameras, ``Q`` feature tokens each) the 2D Hungarian assigner matches tokens to the
-image's 2D ground truth; then, with ``N⁺`` the number of ground truths of the whole batch and ``f`` the
-image size ``(W, H, W, H)``:
+image's 2D ground truth; then, with ``N⁺`` the number of ground truths of the batch on this rank, ``N̄⁺`` its
+mean over the ranks of the process group and ``f`` the image size ``(W, H, W, H)``:
 
 - ``enc_loss_cls = Σ QFL(logits, label, IoU) / max(N⁺, 1)`` with the matched token's IoU target;
-- ``enc_loss_bbox = Σ_pos |pred_cxcywh − cxcywh(gt / f)| / max(N⁺, 1)``;
+- ``enc_loss_bbox = Σ_pos |pred_cxcywh − cxcywh(gt / f)| / max(N̄⁺, 1)``;
 - ``enc_loss_iou = Σ_pos (1 − GIoU(pred · f, gt)) / max(N⁺, 1)`` in pixels;
-- ``centers2d_loss = Σ_pos |pred_c2d − c2d / (W, H)| / max(N⁺, 1)``;
-- ``centerness_loss = Σ GaussianFocal(clamp(σ(centerness)), heatmap) / max(N⁺, 1)`` with each ground
+- ``centers2d_loss = Σ_pos |pred_c2d − c2d / (W, H)| / max(N̄⁺, 1)``;
+- ``centerness_loss = Σ GaussianFocal(clamp(σ(centerness)), heatmap) / max(N̄⁺, 1)`` with each ground
   truth drawn at ``int(c2d / stride)`` with radius ``max(1, ceil(min edge distance / stride))``.
+
+The local counts are the original's: with ``sync_cls_avg_factor`` False (its published value) the
+classification term divides by this rank's count, and ``enc_loss_iou`` always does, because the original
+divides it before the count is all-reduced; ``sync_cls_avg_factor=True`` averages the classification count
+over ranks, as the original's option does.
 
 Terms are unweighted; :attr:`FocalHeadLoss.weights` holds the published weights (2, 5, 2, 10, 1).
 ``reference`` loops over images as the original; ``batched`` treats all images at once.
@@ -62,6 +67,8 @@ class FocalHeadLoss(torch.nn.Module):
         weights: overrides of the published weights (:data:`WEIGHTS`: cls 2, bbox 5, iou 2, centers2d 10,
             centerness 1), by term name.
         assigner: the 2D matcher (default: published HungarianAssigner2D, ``auto`` solver backend).
+        sync_cls_avg_factor: average the classification count over ranks as well (the original's option of
+            that name; False, its published value, divides ``enc_loss_cls`` by this rank's count).
     """
 
     def __init__(
@@ -71,9 +78,11 @@ class FocalHeadLoss(torch.nn.Module):
         beta: float = 2.0,
         weights: Mapping[str, float] | None = None,
         assigner: HungarianAssigner2D | None = None,
+        sync_cls_avg_factor: bool = False,
     ) -> None:
         super().__init__()
         self.num_classes, self.stride, self.beta = num_classes, stride, beta
+        self.sync_cls_avg_factor = sync_cls_avg_factor
         self.assigner = assigner or HungarianAssigner2D()
         self.weights = resolve_weights(WEIGHTS, weights or {})
 
@@ -137,7 +146,10 @@ class FocalHeadLoss(torch.nn.Module):
         with region("targets"):
             token_index = pairs.apply(lambda t: t[..., 0])  # (B, N, G)
             gt_index = pairs.apply(lambda t: t[..., 1])  # (B, N, G)
-            num_pos = average_factor(gt_boxes.sizes.sum())
+            count = gt_boxes.sizes.sum()  # () on the device: every ground truth is matched
+            cls_factor = average_factor(count, across_ranks=self.sync_cls_avg_factor)  # ()
+            iou_factor = average_factor(count, across_ranks=False)  # ()
+            num_pos = average_factor(count)  # ()
             matched_boxes = ragged.gather(boxes, token_index).tensor.float()  # (B, N, G, 4)
             matched_centres = ragged.gather(centres, token_index).tensor.float()  # (B, N, G, 2)
             target_xyxy = ragged.gather(gt_boxes, gt_index).tensor.float()  # (B, N, G, 4) pixels
@@ -159,9 +171,9 @@ class FocalHeadLoss(torch.nn.Module):
                 torch.zeros(centerness.shape, device=logits.device), cells, radii
             )  # (B, N, Hf, Wf)
         with region("losses"):
-            loss_cls = quality_focal_loss(logits, labels, scores, self.beta).sum() / num_pos
+            loss_cls = quality_focal_loss(logits, labels, scores, self.beta).sum() / cls_factor
             loss_bbox = torch.where(valid, l1_loss(matched_boxes, box_target), 0.0).sum() / num_pos
-            loss_iou = torch.where(valid[..., 0], giou_loss(pred_xyxy, target_pixels), 0.0).sum() / num_pos
+            loss_iou = torch.where(valid[..., 0], giou_loss(pred_xyxy, target_pixels), 0.0).sum() / iou_factor
             loss_c2d = torch.where(valid, l1_loss(matched_centres, target_centres / wh), 0.0).sum() / num_pos
             pred_heat = centerness.float().sigmoid().clamp(1e-4, 1 - 1e-4)
             loss_centerness = gaussian_focal_loss(pred_heat, heatmap).sum() / num_pos
@@ -216,7 +228,10 @@ class FocalHeadLoss(torch.nn.Module):
                     image_centres = centres_list[b][n].float()  # (G_i, 2) pixels
                     heat_centres.append((image_centres / self.stride).long())
                     heat_radii.append(focal_head_radius(image_centres, boxes_list[b][n].float(), self.stride))
-            num_pos = average_factor(float(sum(len(m) for row in matches for m in row)))  # ()
+            count = float(sum(len(m) for row in matches for m in row))
+            cls_factor = average_factor(count, across_ranks=self.sync_cls_avg_factor)  # ()
+            iou_factor = average_factor(count, across_ranks=False)  # ()
+            num_pos = average_factor(count)  # ()
         with region("heatmap"):
             heat_shape = centerness.shape[-2:]
             heatmap = reference_draw_gaussians(
@@ -224,7 +239,8 @@ class FocalHeadLoss(torch.nn.Module):
             ).view(centerness.shape)  # (B, N, Hf, Wf)
         with region("losses"):
             flat_logits = logits.reshape(-1, num_classes)  # (B*N*Q, C)
-            loss_cls = quality_focal_loss(flat_logits, torch.cat(labels_all), torch.cat(scores_all), self.beta).sum()
+            labels_flat, scores_flat = torch.cat(labels_all), torch.cat(scores_all)  # (B*N*Q,), (B*N*Q,)
+            loss_cls = quality_focal_loss(flat_logits, labels_flat, scores_flat, self.beta).sum()
             pred, target = torch.cat(pos_pred), torch.cat(pos_target)  # (ΣM, 4) normalised cxcywh each
             loss_bbox = l1_loss(pred, target).sum()  # ()
             pred_pixels = unnormalize_boxes(boxes_cxcywh_to_xyxy(pred), image_size)  # (ΣM, 4) pixel xyxy
@@ -233,9 +249,9 @@ class FocalHeadLoss(torch.nn.Module):
             pred_heat = centerness.float().sigmoid().clamp(1e-4, 1 - 1e-4)  # (B, N, Hf, Wf)
             loss_centerness = gaussian_focal_loss(pred_heat, heatmap).sum()  # ()
         return {
-            "enc_loss_cls": loss_cls / num_pos,
+            "enc_loss_cls": loss_cls / cls_factor,
             "enc_loss_bbox": loss_bbox / num_pos,
-            "enc_loss_iou": loss_iou / num_pos,
+            "enc_loss_iou": loss_iou / iou_factor,
             "centers2d_loss": loss_c2d / num_pos,
             "centerness_loss": loss_centerness / num_pos,
         }

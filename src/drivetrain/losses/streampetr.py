@@ -16,10 +16,15 @@ are applied by :meth:`total`). Per layer ``l`` of ``L`` the names are ``loss_cls
 - ``loss_bbox = Σ_{matched, finite} Σ_k w_k |pred_k − enc(gt)_k| / max(N̄⁺, 1)``.
 - ``dn_loss_cls = Σ FL / max(G·T · 3.14159/6 · split³, 1)`` over the ``G·T`` DN queries (``T`` ground
   truths, ``G`` groups; background where the noise left the ``split`` ball).
-- ``dn_loss_bbox = Σ_{finite} Σ_k w_k |pred_k − enc(clean gt)_k| / max(G·T, 1)`` over all DN queries.
+- ``dn_loss_bbox = Σ_{finite} Σ_k w_k |pred_k − enc(clean gt)_k| / max(G̅·̅T̅, 1)`` over all DN queries.
 
-Counts are averaged over ranks when a process group is initialised (:func:`average_factor`). Each term
-goes through ``nan_to_num`` as in the original.
+Normalisation across ranks follows the original's ``sync_cls_avg_factor`` (False in the published config):
+the classification terms divide by this rank's count (``N⁺``, ``G·T``), the box terms by the count averaged
+over the ranks of the process group (``N̄⁺``, ``G̅·̅T̅``; :func:`average_factor`, on the device). With
+``sync_cls_avg_factor=True`` the classification counts are averaged over ranks too. Each term goes through
+``nan_to_num`` as in the original. A batch without any ground truth gives exact zeros for the box and DN
+terms; the original logs other values under the DN names then (its main losses). Kept on purpose: with no
+target there is no denoising signal, and zeros leave the gradient unchanged.
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ class StreamPETRLoss(torch.nn.Module):
         code_weights: per-dim weights of the 10-dim box code (2, 2, 1, …).
         dn_split: noise radius beyond which a DN query is background (0.75).
         assigner: the matcher (default: published HungarianAssigner3D on the ``auto`` solver backend).
+        sync_cls_avg_factor: average the classification counts over ranks as well (the original's option of
+            that name; False, its published value, divides them by this rank's count).
     """
 
     def __init__(
@@ -71,9 +78,10 @@ class StreamPETRLoss(torch.nn.Module):
         code_weights: tuple[float, ...] = CODE_WEIGHTS,
         dn_split: float = 0.75,
         assigner: HungarianAssigner3D | None = None,
+        sync_cls_avg_factor: bool = False,
     ) -> None:
         super().__init__()
-        self.num_classes = num_classes
+        self.num_classes, self.sync_cls_avg_factor = num_classes, sync_cls_avg_factor
         self.alpha, self.gamma, self.dn_split = alpha, gamma, dn_split
         self.assigner = assigner or HungarianAssigner3D()
         self.register_buffer("code_weights", torch.tensor(code_weights, dtype=torch.float32), persistent=False)
@@ -139,16 +147,18 @@ class StreamPETRLoss(torch.nn.Module):
             gt_labels_layers = gt_labels.expand_batch(num_layers, batch).apply(lambda t: t.long())  # (L, B, G)
             labels = ragged.map_pairs(gt_labels_layers, gt_index, pred_index, background)  # (L, B, Q)
             one_hot = class_mask(labels, num_classes).float()  # (L, B, Q, C)
-            num_pos = average_factor(gt_boxes.sizes.sum())  # every target is matched in every layer
+            num_pos = gt_boxes.sizes.sum()  # () on the device: every target is matched in every layer
+            cls_factor = average_factor(num_pos, across_ranks=self.sync_cls_avg_factor)  # ()
+            box_factor = average_factor(num_pos)  # ()
             matched_pred = ragged.gather(box_codes, pred_index)  # (L, B, G, 10)
             gt_layers = gt_boxes.expand_batch(num_layers, batch)  # (L, B, G, 9)
             matched_gt = encode_boxes_streampetr(ragged.gather(gt_layers, gt_index, fill=1.0).tensor)  # (L, B, G, 10)
             keep = torch.isfinite(matched_gt).all(-1) & pred_index.mask  # (L, B, G)
         with region("losses"):
             focal = sigmoid_focal_loss(cls_logits, one_hot, self.alpha, self.gamma)  # (L, B, Q, C)
-            loss_cls = focal.sum((1, 2, 3)) / num_pos  # (L,)
+            loss_cls = focal.sum((1, 2, 3)) / cls_factor  # (L,)
             per_entry = l1_loss(matched_pred.tensor, matched_gt, self.code_weights)  # (L, B, G, 10)
-            loss_bbox = torch.where(keep.unsqueeze(-1), per_entry, 0.0).sum((1, 2, 3)) / num_pos  # (L,)
+            loss_bbox = torch.where(keep.unsqueeze(-1), per_entry, 0.0).sum((1, 2, 3)) / box_factor  # (L,)
         return self._per_layer({"loss_cls": loss_cls, "loss_bbox": loss_bbox})
 
     def _batched_dn(
@@ -173,8 +183,10 @@ class StreamPETRLoss(torch.nn.Module):
             target = encode_boxes_streampetr(boxes)  # (B, P, 10)
             keep = exists & torch.isfinite(target).all(-1)  # (B, P)
             num_targets = gt_boxes.sizes.sum() * groups  # G·T on the device
-            cls_factor = average_factor(num_targets * DN_BALL_FRACTION * self.dn_split**3)
-            box_factor = average_factor(num_targets)
+            cls_factor = average_factor(
+                num_targets * DN_BALL_FRACTION * self.dn_split**3, across_ranks=self.sync_cls_avg_factor
+            )  # ()
+            box_factor = average_factor(num_targets)  # ()
         with region("losses"):
             focal = sigmoid_focal_loss(dn_logits, one_hot.unsqueeze(0), self.alpha, self.gamma)  # (L, B, P, C)
             loss_cls = torch.where(exists[..., None], focal, 0.0).sum((1, 2, 3)) / cls_factor  # (L,)
@@ -219,16 +231,18 @@ class StreamPETRLoss(torch.nn.Module):
                     torch.cat(box_targets),
                     torch.cat(box_weights),
                 )  # (B*Q,), (B*Q, 9), (B*Q, 10)
-                num_pos = average_factor(float(sum(len(m) for m in matches[layer])))  # ()
+                num_pos = float(sum(len(m) for m in matches[layer]))
+                cls_factor = average_factor(num_pos, across_ranks=self.sync_cls_avg_factor)  # ()
+                box_factor = average_factor(num_pos)  # ()
                 one_hot = class_mask(label_all, num_classes).float()  # (B*Q, C)
                 normalized = encode_boxes_streampetr(target_all)  # (B*Q, 10): unmatched rows hold -inf
                 finite = torch.isfinite(normalized).all(-1)  # (B*Q,)
             with region("losses"):
                 logits = cls_logits[layer].reshape(-1, num_classes)  # (B*Q, C)
-                loss_cls = sigmoid_focal_loss(logits, one_hot, self.alpha, self.gamma).sum() / num_pos  # ()
+                loss_cls = sigmoid_focal_loss(logits, one_hot, self.alpha, self.gamma).sum() / cls_factor  # ()
                 preds = box_codes[layer].reshape(-1, 10)  # (B*Q, 10)
                 weights = weight_all * self.code_weights  # (B*Q, 10)
-                loss_bbox = l1_loss(preds[finite], normalized[finite], weights[finite]).sum() / num_pos  # ()
+                loss_bbox = l1_loss(preds[finite], normalized[finite], weights[finite]).sum() / box_factor  # ()
             terms[_layer_name(layer, num_layers, "loss_cls")] = loss_cls
             terms[_layer_name(layer, num_layers, "loss_bbox")] = loss_bbox
         return terms
@@ -261,7 +275,9 @@ class StreamPETRLoss(torch.nn.Module):
             one_hot = class_mask(label_t, num_classes).float()  # (K, C)
             normalized = encode_boxes_streampetr(box_t)  # (K, 10)
             finite = torch.isfinite(normalized).all(-1)  # (K,)
-            cls_factor = average_factor(num_known * DN_BALL_FRACTION * self.dn_split**3)  # ()
+            cls_factor = average_factor(
+                num_known * DN_BALL_FRACTION * self.dn_split**3, across_ranks=self.sync_cls_avg_factor
+            )  # ()
             box_factor = average_factor(float(num_known))  # ()
         terms = {}
         for layer in range(num_layers):

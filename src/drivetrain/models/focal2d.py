@@ -38,9 +38,18 @@ class FocalDetector2D(nn.Module):
         width: channels of the first stage (later stages double it once).
         stride: feature stride, a power of two (16, as StreamPETR's focal head).
         impl: ``batched`` or ``reference`` loss path.
+        sync_cls_avg_factor: average the classification count of the loss over ranks (False: the rank's own
+            count, as the published StreamPETR config).
     """
 
-    def __init__(self, num_classes: int = 10, width: int = 32, stride: int = 16, impl: str = "batched") -> None:
+    def __init__(
+        self,
+        num_classes: int = 10,
+        width: int = 32,
+        stride: int = 16,
+        impl: str = "batched",
+        sync_cls_avg_factor: bool = False,
+    ) -> None:
         super().__init__()
         if stride < 2 or stride & (stride - 1):
             raise ValueError(f"stride: must be a power of two ≥ 2, got {stride}")
@@ -57,7 +66,7 @@ class FocalDetector2D(nn.Module):
         self.centerness = nn.Conv2d(channels, 1, 1)
         nn.init.constant_(self.cls.bias, -math.log(99.0))  # prior 0.01, as the published heads
         self.stride, self.impl = stride, impl
-        self.criterion = FocalHeadLoss(num_classes=num_classes, stride=stride)
+        self.criterion = FocalHeadLoss(num_classes=num_classes, stride=stride, sync_cls_avg_factor=sync_cls_avg_factor)
         self.register_buffer("mean", torch.tensor(MEAN).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(STD).view(1, 3, 1, 1), persistent=False)
 
