@@ -1,0 +1,186 @@
+"""StreamPETR's temporal memory: the top-k decoded queries of past frames, carried in the current frame's
+lidar coordinates.
+
+Per sample the memory holds ``M`` entries (newest first): the decoder embedding ``(E,)``, the reference
+point (the predicted box centre, metres), the velocity ``(vx, vy)``, the entry's age in seconds (float64)
+and the pose that takes the entry's frame to the current lidar frame ``(4, 4)``. Each frame:
+
+- :meth:`MemoryBank.pre_update` (before the forward): ages grow by the new timestamp, poses and reference
+  points move from the global frame into the new lidar frame (``ego_pose_inv``), the memory is cut to
+  ``M`` entries, and every sample whose previous frame is not the previous frame of its scene
+  (``prev_exists`` False) is cleared; there the first ``num_propagated`` entries get the fixed pseudo
+  reference points (``U(0, 1)`` · range + min, not trained) and identity poses.
+- :meth:`MemoryBank.post_update` (after the forward): the ``topk`` queries of the last decoder layer with the
+  highest class score are prepended (embedding, centre and velocity detached; age 0; identity pose), then
+  everything moves to the global frame (``ego_pose``) and ages become ``−timestamp``, so that the next
+  ``pre_update`` turns them into ages again.
+
+Mirrors ``StreamPETRHead.reset_memory``, ``pre_update_memory`` and ``post_update_memory`` of StreamPETR
+(``projects/mmdet3d_plugin/models/dense_heads/streampetr_head.py``) with ``memory_refresh``,
+``topk_gather`` and ``transform_reference_points`` of ``projects/mmdet3d_plugin/models/utils/misc.py``.
+Deviations, each for a stated reason: the memory is module state saved with checkpoints
+(``get_extra_state``), so a run resumed mid-scene continues with the same memory (the original starts
+empty); the memory tensors are created on the first ``pre_update`` as in the original, but ages are kept in
+float64 from the start (the original's first zeros are float32 and become float64 on the first
+concatenation; the values are the same).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["MemoryBank"]
+
+_FIELDS = ("embedding", "reference", "age", "pose", "velocity")
+
+
+class MemoryBank(nn.Module):
+    """Per-sample FIFO of past queries in the current lidar frame (see the module docstring).
+
+    Args:
+        embed_dims: ``E`` (256).
+        memory_len: entries kept, ``M`` (1024).
+        topk: queries added per frame (256).
+        num_propagated: entries that become queries of the next frame; at a scene start they get the pseudo
+            reference points (256).
+        pc_range: ``(x_min, y_min, z_min, x_max, y_max, z_max)`` metres of the pseudo reference points.
+    """
+
+    def __init__(
+        self,
+        embed_dims: int = 256,
+        memory_len: int = 1024,
+        topk: int = 256,
+        num_propagated: int = 256,
+        pc_range: tuple[float, ...] = (-51.2, -51.2, -5.0, 51.2, 51.2, 3.0),
+    ) -> None:
+        super().__init__()
+        if not 0 <= num_propagated <= memory_len or not 0 < topk <= memory_len:
+            raise ValueError(
+                f"memory: need 0 ≤ num_propagated ≤ memory_len and 0 < topk ≤ memory_len, got "
+                f"num_propagated={num_propagated}, topk={topk}, memory_len={memory_len}"
+            )
+        self.embed_dims, self.memory_len, self.topk, self.num_propagated = embed_dims, memory_len, topk, num_propagated
+        self.register_buffer("pc_min", torch.tensor(pc_range[:3], dtype=torch.float32), persistent=False)
+        self.register_buffer("pc_size", torch.tensor(pc_range[3:], dtype=torch.float32) - self.pc_min,
+                             persistent=False)  # fmt: skip
+        self.pseudo_reference = nn.Embedding(num_propagated, 3)  # U(0, 1), frozen (the original's init_weights)
+        nn.init.uniform_(self.pseudo_reference.weight, 0, 1)
+        self.pseudo_reference.weight.requires_grad_(False)
+        self.embedding: torch.Tensor | None = None  # (B, M, E)
+        self.reference: torch.Tensor | None = None  # (B, M, 3) metres
+        self.age: torch.Tensor | None = None  # (B, M, 1) float64 seconds
+        self.pose: torch.Tensor | None = None  # (B, M, 4, 4)
+        self.velocity: torch.Tensor | None = None  # (B, M, 2)
+
+    def reset(self) -> None:
+        """Forget everything (the next ``pre_update`` starts from an empty memory)."""
+        for name in _FIELDS:
+            setattr(self, name, None)
+
+    def pre_update(self, prev_exists: torch.Tensor, timestamp: torch.Tensor, ego_pose_inv: torch.Tensor) -> None:
+        """Bring the memory into the new frame; clear it where a scene starts.
+
+        Args:
+            prev_exists: ``(B,)`` bool or float: the previous step of this batch slot was the previous frame.
+            timestamp: ``(B,)`` float64 seconds of the new frame.
+            ego_pose_inv: ``(B, 4, 4)`` global → lidar of the new frame.
+        """
+        keep = prev_exists.to(torch.float32)  # (B,)
+        b = keep.shape[0]
+        if self.embedding is None:
+            self.embedding = keep.new_zeros(b, self.memory_len, self.embed_dims)
+            self.reference = keep.new_zeros(b, self.memory_len, 3)
+            self.age = keep.new_zeros(b, self.memory_len, 1, dtype=torch.float64)
+            self.pose = keep.new_zeros(b, self.memory_len, 4, 4)
+            self.velocity = keep.new_zeros(b, self.memory_len, 2)
+        else:
+            if self.embedding.device != keep.device:  # restored from a checkpoint loaded on another device
+                for name in _FIELDS:
+                    setattr(self, name, getattr(self, name).to(keep.device))
+            if self.embedding.shape[0] != b:
+                raise ValueError(f"prev_exists: batch of {b}, the memory holds {self.embedding.shape[0]} samples")
+            age = self.age + timestamp.to(torch.float64).view(b, 1, 1)  # (B, M', 1)
+            pose = ego_pose_inv.unsqueeze(1) @ self.pose  # (B, M', 4, 4)
+            reference = _transform(self.reference, ego_pose_inv)  # (B, M', 3)
+            m = self.memory_len
+            self.age = age[:, :m] * keep.view(b, 1, 1).to(torch.float64)  # (B, M, 1)
+            self.reference = reference[:, :m] * keep.view(b, 1, 1)  # (B, M, 3)
+            self.embedding = self.embedding[:, :m] * keep.view(b, 1, 1)  # (B, M, E)
+            self.pose = pose[:, :m] * keep.view(b, 1, 1, 1)  # (B, M, 4, 4)
+            self.velocity = self.velocity[:, :m] * keep.view(b, 1, 1)  # (B, M, 2)
+        if self.num_propagated > 0:
+            p = self.num_propagated
+            start = (1 - keep).view(b, 1, 1)  # (B, 1, 1): 1 where the scene starts
+            pseudo = self.pseudo_reference.weight * self.pc_size + self.pc_min  # (P, 3) metres
+            eye = torch.eye(4, device=keep.device, dtype=self.pose.dtype)  # (4, 4)
+            self.reference = torch.cat([self.reference[:, :p] + start * pseudo, self.reference[:, p:]], dim=1)
+            self.pose = torch.cat([self.pose[:, :p] + start.unsqueeze(-1) * eye, self.pose[:, p:]], dim=1)
+
+    def post_update(
+        self,
+        cls_logits: torch.Tensor,
+        box_preds: torch.Tensor,
+        hidden: torch.Tensor,
+        timestamp: torch.Tensor,
+        ego_pose: torch.Tensor,
+    ) -> None:
+        """Prepend the frame's ``topk`` best queries, then move the memory to the global frame.
+
+        Args:
+            cls_logits: ``(B, Q, C)`` class logits of the last decoder layer (denoising queries left out).
+            box_preds: ``(B, Q, 10)`` decoded boxes of the last layer: centre in metres first, velocity last.
+            hidden: ``(B, Q, E)`` decoder output of the last layer.
+            timestamp: ``(B,)`` float64 seconds of the frame.
+            ego_pose: ``(B, 4, 4)`` lidar → global of the frame.
+        """
+        if self.embedding is None:
+            raise RuntimeError("memory: post_update before pre_update")
+        b = cls_logits.shape[0]
+        score = cls_logits.sigmoid().amax(dim=-1)  # (B, Q): the best class's score
+        index = score.topk(self.topk, dim=1).indices  # (B, K)
+        new_reference = _gather(box_preds[..., :3], index).detach()  # (B, K, 3)
+        new_velocity = _gather(box_preds[..., -2:], index).detach()  # (B, K, 2)
+        new_embedding = _gather(hidden, index).detach()  # (B, K, E)
+        new_age = new_reference.new_zeros(b, self.topk, 1, dtype=torch.float64)  # (B, K, 1)
+        new_pose = torch.eye(4, device=hidden.device, dtype=self.pose.dtype).expand(b, self.topk, 4, 4)
+        embedding = torch.cat([new_embedding.to(self.embedding.dtype), self.embedding], dim=1)  # (B, K+M, E)
+        reference = torch.cat([new_reference.to(self.reference.dtype), self.reference], dim=1)  # (B, K+M, 3)
+        velocity = torch.cat([new_velocity.to(self.velocity.dtype), self.velocity], dim=1)  # (B, K+M, 2)
+        age = torch.cat([new_age, self.age], dim=1)  # (B, K+M, 1)
+        pose = torch.cat([new_pose, self.pose], dim=1)  # (B, K+M, 4, 4)
+        self.embedding, self.velocity = embedding, velocity
+        self.reference = _transform(reference, ego_pose)  # (B, K+M, 3) global
+        self.age = age - timestamp.to(torch.float64).view(b, 1, 1)  # (B, K+M, 1)
+        self.pose = ego_pose.unsqueeze(1).to(pose.dtype) @ pose  # (B, K+M, 4, 4)
+
+    def get_extra_state(self) -> dict[str, Any]:
+        """The memory tensors (``{}`` when empty), so that checkpoints carry the memory."""
+        if self.embedding is None:
+            return {}
+        return {name: getattr(self, name).detach().clone() for name in _FIELDS}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore the memory saved by :meth:`get_extra_state` (an empty dict empties it)."""
+        if not state:
+            self.reset()
+            return
+        missing = [name for name in _FIELDS if name not in state]
+        if missing:
+            raise ValueError(f"memory state: missing {missing}")
+        for name in _FIELDS:
+            setattr(self, name, state[name])
+
+
+def _transform(points: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
+    """``(B, K, 3)`` points through per-sample ``(B, 4, 4)`` matrices (``transform_reference_points``)."""
+    homogeneous = torch.cat([points, torch.ones_like(points[..., :1])], dim=-1)  # (B, K, 4)
+    return (matrix.unsqueeze(1).to(points.dtype) @ homogeneous.unsqueeze(-1)).squeeze(-1)[..., :3]  # (B, K, 3)
+
+
+def _gather(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``values[b, index[b]]``: ``(B, Q, ·)`` by ``(B, K)`` → ``(B, K, ·)`` (``topk_gather``)."""
+    return values.gather(1, index.unsqueeze(-1).expand(*index.shape, values.shape[-1]))  # (B, K, ·)

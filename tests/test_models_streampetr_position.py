@@ -1,0 +1,106 @@
+"""models/streampetr/position.py: LID depth bins, camera rays through token pixels, the position embedding."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from drivetrain.data.synth.render import make_rig
+from drivetrain.geometry.projection import lidar2img
+from drivetrain.models.streampetr import PositionEmbedding3D, inverse_sigmoid, lid_depths, token_points
+
+WIDTH, HEIGHT = 704, 256
+
+
+def rig_lidar2img(dtype: torch.dtype) -> torch.Tensor:
+    """``(1, 6, 4, 4)`` lidar → image of the synthetic camera ring (lidar frame = ego frame here)."""
+    rig = make_rig(WIDTH, HEIGHT, 1266.0 * WIDTH / 1600)
+    return torch.from_numpy(lidar2img(rig.intrinsics, rig.cam2ego)).to(dtype).unsqueeze(0), rig
+
+
+def token_grid(stride: int = 16) -> torch.Tensor:
+    """``(T, 2)`` token centres in pixels, ``(16 j + 8, 16 i + 8)`` row by row, as the original's locations."""
+    ys, xs = torch.meshgrid(
+        torch.arange(HEIGHT // stride) * stride + stride // 2,
+        torch.arange(WIDTH // stride) * stride + stride // 2,
+        indexing="ij",
+    )
+    return torch.stack([xs, ys], -1).reshape(-1, 2).double()
+
+
+def test_lid_depths_follow_the_published_formula() -> None:
+    depths = lid_depths(64, 1.0, 61.2)
+    i = torch.arange(64, dtype=torch.float64)
+    torch.testing.assert_close(depths.double(), 1.0 + 60.2 / (64 * 65) * i * (i + 1), rtol=2**-23, atol=0)
+    assert depths[0] == 1.0 and depths[-1].item() == pytest.approx(1 + 60.2 * 63 / 65, rel=1e-6)  # ≈ 59.35 m
+    assert (depths.diff() > 0).all()
+
+
+def test_every_ray_point_projects_back_to_its_pixel_and_depth() -> None:
+    l2i, _ = rig_lidar2img(torch.float64)
+    grid = token_grid()
+    centres = grid.expand(1, 6, *grid.shape)  # (1, 6, T, 2)
+    depths = lid_depths(64, 1.0, 61.2).double()
+    points = token_points(centres, l2i, depths)  # (1, 6, T, 64, 3)
+    homogeneous = torch.cat([points, torch.ones_like(points[..., :1])], -1)  # (1, 6, T, 64, 4)
+    image = (l2i[:, :, None, None] @ homogeneous.unsqueeze(-1)).squeeze(-1)  # (1, 6, T, 64, 4)
+    depth = image[..., 2]
+    torch.testing.assert_close(depth, depths.expand_as(depth), rtol=1e-12, atol=1e-12)
+    uv = image[..., :2] / depth.unsqueeze(-1)
+    torch.testing.assert_close(uv, centres.unsqueeze(-2).expand_as(uv), rtol=0, atol=1e-9)
+
+
+def test_rays_leave_from_the_camera_in_its_viewing_direction() -> None:
+    l2i, rig = rig_lidar2img(torch.float64)
+    centre_pixel = torch.tensor([[WIDTH / 2, HEIGHT / 2]], dtype=torch.float64).expand(1, 6, 1, 2)
+    points = token_points(centre_pixel, l2i, torch.tensor([1.0, 10.0], dtype=torch.float64))[0, :, 0]  # (6, 2, 3)
+    for cam in range(6):
+        position = torch.from_numpy(rig.cam2ego[cam][:3, 3])
+        forward = torch.from_numpy(rig.cam2ego[cam][:3, 2])  # the camera's optical axis in the ego frame
+        torch.testing.assert_close(points[cam, 0], position + forward * 1.0, rtol=0, atol=1e-9)
+        torch.testing.assert_close(points[cam, 1], position + forward * 10.0, rtol=0, atol=1e-9)
+
+
+def test_float32_rays_agree_with_float64() -> None:
+    # The float32 path inverts lidar2img (entries up to f ≈ 557 px) and multiplies pixels scaled by depth
+    # (u·d up to 704 · 59.3 ≈ 4e4): each product carries ~2^-24 relative error of 4e4, i.e. 2.5e-3 in
+    # image units, divided by f ≈ 557 → ~5e-6 m per term, a few terms per coordinate: 1e-4 m bounds it.
+    l2i, _ = rig_lidar2img(torch.float64)
+    grid = token_grid().expand(1, 6, -1, 2)
+    depths = lid_depths(64, 1.0, 61.2)
+    exact = token_points(grid, l2i, depths.double())
+    approx = token_points(grid.float(), l2i.float(), depths)
+    assert approx.dtype == torch.float32
+    torch.testing.assert_close(approx.double(), exact, rtol=0, atol=1e-4)
+
+
+def test_embedding_shapes_and_the_cone() -> None:
+    torch.manual_seed(0)
+    module = PositionEmbedding3D(embed_dims=32, depth_num=64)
+    l2i, rig = rig_lidar2img(torch.float32)
+    intrinsics = torch.from_numpy(rig.intrinsics).float().unsqueeze(0)  # (1, 6, 3, 3)
+    grid = token_grid().float().expand(1, 6, -1, 2)
+    pos_embed, cone = module(grid, l2i, intrinsics)
+    tokens = 6 * grid.shape[2]
+    assert pos_embed.shape == (1, tokens, 32) and cone.shape == (1, tokens, 8)
+    assert torch.isfinite(pos_embed).all()
+    focal = rig.intrinsics[0, 0, 0] / 1e3
+    torch.testing.assert_close(cone[0, :, :2], torch.full((tokens, 2), focal, dtype=torch.float32))
+    points = token_points(grid, l2i, module.depths)  # (1, 6, T, 64, 3)
+    normalised = ((points - module.range_min) / module.range_size).reshape(1, tokens, 64, 3)
+    torch.testing.assert_close(cone[0, :, 2:5], normalised[0, :, -1])  # the last depth bin
+    torch.testing.assert_close(cone[0, :, 5:8], normalised[0, :, 64 - 30])  # the original's [-90:-87]
+    with pytest.raises(ValueError, match="depth_num"):
+        PositionEmbedding3D(depth_num=16)
+
+
+def test_inverse_sigmoid_inverts_and_clamps() -> None:
+    x = torch.linspace(-6, 6, 25, dtype=torch.float64)
+    torch.testing.assert_close(inverse_sigmoid(torch.sigmoid(x)), x, rtol=0, atol=1e-6)
+    edges = inverse_sigmoid(torch.tensor([-0.5, 0.0, 1.0, 1.5]))
+    bound = math.log(1e5)  # log(1 / eps): the clamped side is eps, the other 1
+    assert edges[0].item() == edges[1].item() == pytest.approx(-bound, rel=1e-6)
+    assert edges[2].item() == edges[3].item() == pytest.approx(bound, rel=1e-6)
+    assert torch.isfinite(edges).all()
