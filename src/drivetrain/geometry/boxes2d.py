@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from drivetrain.constants import constant
+
 __all__ = [
     "boxes_cxcywh_to_xyxy",
     "boxes_xyxy_to_cxcywh",
@@ -43,8 +45,11 @@ def boxes_xyxy_to_cxcywh(boxes: torch.Tensor) -> torch.Tensor:
 
 def _scale(image_size: torch.Tensor | tuple[float, float], like: torch.Tensor) -> torch.Tensor:
     """``(W, H)`` (or ``(..., 2)`` per image) → ``(..., 4)`` factors (W, H, W, H)."""
-    size = torch.as_tensor(image_size, dtype=like.dtype, device=like.device)
-    return torch.cat([size, size], dim=-1)  # (..., 4)
+    if isinstance(image_size, torch.Tensor):
+        size = image_size.to(like)  # (..., 2)
+        return torch.cat([size, size], dim=-1)  # (..., 4)
+    width, height = image_size
+    return constant((width, height, width, height), dtype=like.dtype, device=like.device)  # (4,)
 
 
 def normalize_boxes(boxes: torch.Tensor, image_size: torch.Tensor | tuple[float, float]) -> torch.Tensor:

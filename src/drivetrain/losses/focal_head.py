@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from drivetrain import ragged
+from drivetrain.constants import constant
 from drivetrain.geometry import (
     boxes_cxcywh_to_xyxy,
     boxes_xyxy_to_cxcywh,
@@ -163,7 +164,7 @@ class FocalHeadLoss(torch.nn.Module):
             scores = ragged.scatter(token_index.with_tensor(iou), token_index, num_tokens)  # (B, N, Q)
             box_target = boxes_xyxy_to_cxcywh(normalize_boxes(target_xyxy, image_size))  # (B, N, G, 4)
             target_pixels = unnormalize_boxes(boxes_cxcywh_to_xyxy(box_target), image_size)  # as the original
-            wh = torch.tensor(image_size, dtype=torch.float32, device=logits.device)
+            wh = constant(image_size, dtype=torch.float32, device=logits.device)  # (2,)
         with region("heatmap"):
             cells = gt_centres.apply(lambda t: (t / self.stride).long())  # (B, N, G, 2)
             radii = gt_centres.with_tensor(focal_head_radius(gt_centres.tensor, gt_boxes.tensor, self.stride))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from scipy.optimize import linear_sum_assignment
 
+from drivetrain.constants import constant
 from drivetrain.geometry import CODE_WEIGHTS, boxes_xyxy_to_cxcywh, encode_boxes_streampetr, normalize_boxes
 from drivetrain.match.costs import bbox3d_l1_cost, centre_l1_cost, focal_cost, giou_cost, l1_cost
 from drivetrain.match.solve import NAN_COST, NEGINF_COST, POSINF_COST, solve
@@ -81,7 +82,7 @@ class HungarianAssigner3D:
         Returns:
             ``(..., Q, G)``.
         """
-        weights = torch.tensor(self.code_weights, dtype=torch.float32, device=pred_codes.device)
+        weights = constant(self.code_weights, dtype=torch.float32, device=pred_codes.device)  # (D,)
         cls = focal_cost(pred_logits, gt_labels, self.alpha, self.gamma)  # (..., Q, G)
         reg = bbox3d_l1_cost(pred_codes.float(), gt_codes.float(), weights, self.reg_dims)  # (..., Q, G)
         return cls.mul_(self.cls_weight).add_(reg, alpha=self.reg_weight)  # (..., Q, G), in place: fresh tensors
@@ -190,7 +191,7 @@ class HungarianAssigner2D:
             ``(..., Q, G)``.
         """
         gt_norm = boxes_xyxy_to_cxcywh(normalize_boxes(gt_boxes.float(), image_size))  # (..., G, 4)
-        wh = torch.tensor(image_size, dtype=torch.float32, device=gt_centres.device)  # (2,)
+        wh = constant(image_size, dtype=torch.float32, device=gt_centres.device)  # (2,)
         cls = focal_cost(pred_logits, gt_labels, self.alpha, self.gamma)  # (..., Q, G)
         box = l1_cost(pred_boxes.float(), gt_norm)  # (..., Q, G)
         giou = giou_cost(pred_boxes.float(), gt_boxes.float(), image_size)  # (..., Q, G)

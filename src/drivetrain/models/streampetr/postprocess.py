@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from drivetrain import ragged
+from drivetrain.constants import constant
 from drivetrain.geometry import decode_boxes_streampetr
 from drivetrain.ragged import RaggedBatch
 
@@ -102,6 +103,6 @@ def reference_decode(
 
 def _in_range(boxes: torch.Tensor, post_center_range: tuple[float, ...]) -> torch.Tensor:
     """``(..., 9)`` boxes → bool ``(...)``: the centre lies inside the range (bounds included)."""
-    low = torch.tensor(post_center_range[:3], dtype=boxes.dtype, device=boxes.device)  # (3,)
-    high = torch.tensor(post_center_range[3:], dtype=boxes.dtype, device=boxes.device)  # (3,)
+    low = constant(post_center_range[:3], dtype=boxes.dtype, device=boxes.device)  # (3,)
+    high = constant(post_center_range[3:], dtype=boxes.dtype, device=boxes.device)  # (3,)
     return ((boxes[..., :3] >= low) & (boxes[..., :3] <= high)).all(-1)  # (...)
