@@ -14,12 +14,12 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 sys.path.insert(0, str(Path(__file__).parent))
 
 from drivetrain.engine import Trainer, load_config
-from helpers.engine import NO_BATCH_COUPLING, SMOKE, overrides
+from helpers.engine import NO_BATCH_COUPLING, ON_CPU, SMOKE, overrides
 
 # Per rank batch 8 × 2 micro-batches (the test's single process uses batch 16 × 2), as engine_dist_worker.py,
 # but in float32: DeepSpeed casts the model to float32 (no float64 training).
 PARALLEL = ["train.steps=10", "train.accumulation=2", "data.batch_size=8", *NO_BATCH_COUPLING]
-DS = ["distributed.strategy=deepspeed"]
+DS = ["distributed.strategy=deepspeed", *ON_CPU]  # DS_ACCELERATOR=cpu: the CPU accelerator, gloo
 SCENARIOS = {
     "zero1": [*PARALLEL, *DS, "distributed.deepspeed_zero_stage=1"],
     "zero2_offload": [*PARALLEL, *DS, "distributed.deepspeed_offload_optimizer=true"],

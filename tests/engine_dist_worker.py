@@ -12,10 +12,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from drivetrain.engine import Trainer, load_config
-from helpers.engine import FLOAT64, NO_BATCH_COUPLING, SMOKE, overrides
+from helpers.engine import FLOAT64, NO_BATCH_COUPLING, ON_CPU, SMOKE, overrides
 
 # Per rank batch 8 × 2 micro-batches (the test's single process uses batch 16 × 2), in float64.
-PARALLEL = ["train.steps=10", "train.accumulation=2", "data.batch_size=8", *NO_BATCH_COUPLING, *FLOAT64]
+PARALLEL = ["train.steps=10", "train.accumulation=2", "data.batch_size=8", *NO_BATCH_COUPLING, *FLOAT64, *ON_CPU]
 SCENARIOS = {
     "ddp": [*PARALLEL, "distributed.strategy=ddp"],
     "ddp_static": [*PARALLEL, "distributed.strategy=ddp", "distributed.static_graph=true"],
@@ -23,7 +23,7 @@ SCENARIOS = {
     "fsdp_offload": [*PARALLEL, "distributed.strategy=fsdp", "distributed.fsdp_cpu_offload=true"],
 }
 # Resume under DDP with dropout and the streaming memory on: per-rank RNG and buffers must round-trip.
-RESUME = ["train.steps=12", "checkpoint.every=3", "distributed.strategy=ddp"]
+RESUME = ["train.steps=12", "checkpoint.every=3", "distributed.strategy=ddp", *ON_CPU]
 
 
 def main(root: Path) -> None:

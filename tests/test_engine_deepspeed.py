@@ -15,6 +15,7 @@ from drivetrain.engine import ConfigError, Trainer, load_config
 from drivetrain.engine.config import module_available
 from drivetrain.engine.deepspeed_strategy import deepspeed_config
 from helpers.engine import (
+    ON_CPU,
     ROOT,
     SMOKE,
     assert_same_weights,
@@ -101,7 +102,7 @@ def test_nonfinite_losses_skip_steps(runs: Path) -> None:
 def test_cli_trains_with_zero2_offload_under_torchrun(tmp_path: Path) -> None:
     proc = torchrun("-m", "drivetrain.cli.main", "train", "--config", str(SMOKE),
                     *overrides(tmp_path, "train.steps=2", "distributed.strategy=deepspeed",
-                               "distributed.deepspeed_offload_optimizer=true"), timeout=300)  # fmt: skip
+                               "distributed.deepspeed_offload_optimizer=true", *ON_CPU), timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert proc.stdout.count("2/2 steps") == 1  # only rank 0 reports
     assert len(losses(tmp_path)) == 2

@@ -11,6 +11,7 @@ import torch
 
 from drivetrain.engine import ConfigError, Trainer, load_config
 from helpers.engine import (
+    ON_CPU,
     ROOT,
     SMOKE,
     assert_same_training,
@@ -65,8 +66,20 @@ def test_data_parallel_strategy_without_torchrun_is_an_error(tmp_path: Path) -> 
 
 
 def test_cli_runs_under_torchrun(tmp_path: Path) -> None:
-    args = overrides(tmp_path, "train.steps=3", "distributed.strategy=ddp")
+    args = overrides(tmp_path, "train.steps=3", "distributed.strategy=ddp", *ON_CPU)
     proc = torchrun("-m", "drivetrain.cli.main", "train", "--config", str(SMOKE), *args, timeout=120)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.count("3/3 steps") == 1  # only rank 0 reports
     assert len(losses(tmp_path)) == 3
+
+
+def test_more_ranks_than_gpus_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A second torchrun rank on a machine with one visible GPU (seen on an H100 machine): the error must say
+    # so before CUDA's "invalid device ordinal". Only the device count is faked; no process group starts.
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match=r"LOCAL_RANK=1 but 1 CUDA device\(s\) are visible.*train.device=cpu"):
+        Trainer(load_config(SMOKE, overrides(tmp_path, "distributed.strategy=ddp")))

@@ -106,7 +106,7 @@ def test_nonfinite_loss_skip_counts_and_leaves_weights(tmp_path: Path) -> None:
     fresh = Trainer(load_config(SMOKE, overrides(tmp_path / "fresh", "train.steps=3"))).model.state_dict()
     for key, value in before.items():
         if isinstance(value, torch.Tensor) and key != "memory":
-            assert torch.equal(value, fresh[key]), key
+            assert torch.equal(value, fresh[key].cpu()), key  # the checkpoint is read onto the CPU
 
 
 def test_activation_checkpointing_recomputes_the_same_arithmetic(tmp_path: Path) -> None:

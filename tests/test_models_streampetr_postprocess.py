@@ -12,6 +12,11 @@ from helpers.boxes import random_boxes3d
 from helpers.nosync import no_host_sync
 
 B, Q, C = 3, 40, 10
+# The same float32 logit's sigmoid can differ between PyTorch's vectorised loop and its scalar tail loop, and
+# which elements fall in the tail depends on the tensor's length: (B, Q, C) in one call vs (Q, C) per sample
+# (seen on an AVX-512 CPU, where the tail is 16 elements; none on AVX2 here). Each path is within 2 ulp of the
+# exact value, so the two differ by at most 4 ulp: 4·eps32 relative.
+SIGMOID_RTOL = 4 * torch.finfo(torch.float32).eps
 
 
 def outputs(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,8 +35,8 @@ def test_batched_decoding_equals_the_per_sample_original(max_num: int, threshold
     for b, ref in enumerate(expected):
         k = int(boxes.sizes[b])
         assert k == len(ref["scores"])
-        assert torch.equal(boxes.tensor[b, :k], ref["boxes"])
-        assert torch.equal(scores.tensor[b, :k], ref["scores"]) and torch.equal(labels.tensor[b, :k], ref["labels"])
+        assert torch.equal(boxes.tensor[b, :k], ref["boxes"]) and torch.equal(labels.tensor[b, :k], ref["labels"])
+        torch.testing.assert_close(scores.tensor[b, :k], ref["scores"], rtol=SIGMOID_RTOL, atol=0)
         assert (ref["boxes"][:, 0] <= 61.2).all()
         if threshold is not None:
             assert (ref["scores"] >= threshold).all()

@@ -27,6 +27,9 @@ FAST = [
     "data.batch_size=8",
     "schedule.total_steps=40",
 ]
+# The two-process tests run gloo on the CPU: with train.device=auto on a machine with one GPU, the second
+# rank would ask for a GPU that is not there (and the one-process comparison must use the same device).
+ON_CPU = ["train.device=cpu"]
 # Data-parallel equivalence needs per-sample independence: no dropout, no batch-statistics memory.
 NO_BATCH_COUPLING = ["model.args.dropout=0.0", "model.args.memory=false"]
 
@@ -138,7 +141,7 @@ def train_single_double_batch(out: Path, float64: bool = True) -> Path:
     """One process with the double batch per micro-batch: what two data-parallel ranks must match."""
     from drivetrain.engine import Trainer, load_config
 
-    extra = ["train.steps=10", "train.accumulation=2", "data.batch_size=16", *NO_BATCH_COUPLING]
+    extra = ["train.steps=10", "train.accumulation=2", "data.batch_size=16", *NO_BATCH_COUPLING, *ON_CPU]
     extra += FLOAT64 if float64 else []
     Trainer(load_config(SMOKE, overrides(out, *extra))).fit()
     return out

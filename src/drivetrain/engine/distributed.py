@@ -87,6 +87,11 @@ def setup(cfg: TrainConfig) -> DistContext:
     use_cuda = want == "cuda" or (want == "auto" and torch.cuda.is_available())
     if use_cuda and not torch.cuda.is_available():
         raise ConfigError("train.device: cuda was asked for but no CUDA device is available")
+    if use_cuda and local_rank >= torch.cuda.device_count():
+        raise ConfigError(
+            f"train.device: this process is LOCAL_RANK={local_rank} but {torch.cuda.device_count()} CUDA device(s) "
+            "are visible; start at most one process per GPU (torchrun --nproc_per_node) or set train.device=cpu"
+        )
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
