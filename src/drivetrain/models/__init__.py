@@ -1,5 +1,6 @@
 """Reference detectors that follow the engine protocol (``forward(batch)``, ``loss(outputs, batch)``)."""
 
 from drivetrain.models.focal2d import FocalDetector2D
+from drivetrain.models.streampetr import StreamPETR
 
-__all__ = ["FocalDetector2D"]
+__all__ = ["FocalDetector2D", "StreamPETR"]

@@ -1,24 +1,44 @@
 """StreamPETR, the streaming multi-camera 3D detector, one concept per module.
 
-In progress: the position embedding, the query-side encodings, the temporal memory and the NMS-free
-decoding so far; the backbone, decoder, heads, denoising queries and the detector follow.
+``backbone`` (tiny conv net or ResNet-50 + CPFPN), ``position`` (the PETR 3D position embedding), ``embedding``
+(query-side encodings), ``memory`` (the temporal memory bank), ``denoising`` (denoising queries),
+``decoder`` (the transformer decoder), ``heads`` (class/box branches and the 2D focal head), ``postprocess``
+(NMS-free decoding) and ``detector`` (:class:`StreamPETR`, which composes them).
 """
 
+from drivetrain.models.streampetr.backbone import ResNet50, ResNetBackbone, TinyBackbone, build_backbone
+from drivetrain.models.streampetr.decoder import Attention, Decoder, DecoderLayer
+from drivetrain.models.streampetr.denoising import DNQueries, make_dn_queries, reference_make_dn_queries
+from drivetrain.models.streampetr.detector import StreamPETR
 from drivetrain.models.streampetr.embedding import MLN, SEGate, nerf_encoding, sine_embedding_1d, sine_embedding_3d
+from drivetrain.models.streampetr.heads import FocalHead, box_codes
 from drivetrain.models.streampetr.memory import MemoryBank
 from drivetrain.models.streampetr.position import PositionEmbedding3D, inverse_sigmoid, lid_depths, token_points
 from drivetrain.models.streampetr.postprocess import decode, reference_decode
 
 __all__ = [
     "MLN",
+    "Attention",
+    "DNQueries",
+    "Decoder",
+    "DecoderLayer",
+    "FocalHead",
     "MemoryBank",
     "PositionEmbedding3D",
+    "ResNet50",
+    "ResNetBackbone",
     "SEGate",
+    "StreamPETR",
+    "TinyBackbone",
+    "box_codes",
+    "build_backbone",
     "decode",
     "inverse_sigmoid",
     "lid_depths",
+    "make_dn_queries",
     "nerf_encoding",
     "reference_decode",
+    "reference_make_dn_queries",
     "sine_embedding_1d",
     "sine_embedding_3d",
     "token_points",

@@ -1,0 +1,322 @@
+"""StreamPETR, the streaming multi-camera 3D detector: backbone → 3D position embedding → queries aligned with
+the temporal memory → transformer decoder → shared class/box branches, with denoising queries in training and
+the 2D focal head on the image features; trained by :class:`~drivetrain.losses.StreamPETRLoss` and
+:class:`~drivetrain.losses.FocalHeadLoss` through the engine's protocol (``forward(batch)``,
+``loss(outputs, batch)``).
+
+One frame per step, as the published streaming training (``seq_mode``, one frame per iteration): the memory
+bank carries the top queries of each batch slot's previous frame, cleared where ``batch.prev_exists`` is
+False. The data flow mirrors ``Petr3D.forward_train``/``extract_img_feat`` (``projects/mmdet3d_plugin/models/
+detectors/petr3d.py``) and ``StreamPETRHead.forward`` and ``temporal_alignment`` (``projects/mmdet3d_plugin/
+models/dense_heads/streampetr_head.py``) of StreamPETR:
+
+1. images normalised (ImageNet mean/std, RGB), zero-padded at the bottom/right to a multiple of 32
+   (``NormalizeMultiviewImage``, ``PadMultiViewImage(size_divisor=32)``), backbone + neck at stride 16;
+2. tokens ``(B, N·h·w, E)`` → ``memory_embed`` MLP → MLN on the camera "cone" (spatial alignment); the PETR
+   position embedding of each token's ray, gated by the tokens (``featurized_pe``);
+3. queries: ``num_query`` learned reference points (``U(0, 1)``), the denoising queries in front in training;
+   ``query_pos = MLP(sine3d(reference))``, content zero; the memory's entries embedded the same way from
+   their reference points; both modulated by MLNs on the NeRF encoding of (velocity, age, pose) and given a
+   time embedding of their age; the first ``num_propagated`` memory entries join the queries, the rest are
+   extra self-attention keys;
+4. decoder → ``nan_to_num`` → class logits and box codes of every layer (:func:`~.heads.box_codes`);
+5. the memory takes the last layer's ``topk`` best (non-denoising) queries.
+
+Deviations, each for a reason: the focal head's token ranking is not applied (see :mod:`.heads`); the memory
+is saved with checkpoints (see :mod:`.memory`); images are padded here rather than in the data pipeline
+(our batches carry the unpadded size, the focal head and its loss use the padded one, as the original's
+``pad_shape``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from drivetrain.constants import constant
+from drivetrain.losses import FocalHeadLoss, StreamPETRLoss
+from drivetrain.models.streampetr.backbone import build_backbone
+from drivetrain.models.streampetr.decoder import Decoder
+from drivetrain.models.streampetr.denoising import make_dn_queries, reference_make_dn_queries
+from drivetrain.models.streampetr.embedding import MLN, SEGate, nerf_encoding, sine_embedding_1d, sine_embedding_3d
+from drivetrain.models.streampetr.heads import FocalHead, box_codes, class_branch, regression_branch, token_locations
+from drivetrain.models.streampetr.memory import MemoryBank
+from drivetrain.models.streampetr.position import PositionEmbedding3D
+from drivetrain.models.streampetr.postprocess import POST_CENTER_RANGE, decode
+from drivetrain.ragged import RaggedBatch
+
+__all__ = ["StreamPETR"]
+
+# ImageNet statistics in 0..255 RGB (the published img_norm_cfg).
+MEAN = (123.675, 116.28, 103.53)
+STD = (58.395, 57.12, 57.375)
+SIZE_DIVISOR = 32  # PadMultiViewImage(size_divisor=32)
+PC_RANGE = (-51.2, -51.2, -5.0, 51.2, 51.2, 3.0)
+POSITION_RANGE = (-61.2, -61.2, -10.0, 61.2, 61.2, 10.0)
+
+
+class StreamPETR(nn.Module):
+    """The StreamPETR detector (see the module docstring); defaults are the published R50 704×256 config.
+
+    Args:
+        num_classes: ``C`` (10).
+        backbone: ``tiny`` (a small conv net for CPU runs) or ``resnet50`` (random init, nothing downloaded).
+        backbone_args: extra keyword arguments of the backbone (e.g. ``width`` of ``tiny``).
+        embed_dims: ``E`` (256).
+        num_heads: attention heads (8).
+        ffn_dims: decoder FFN hidden size (2048).
+        num_layers: decoder layers ``L`` (6).
+        dropout: decoder dropout (0.1).
+        num_query: learned queries (644).
+        memory_len: memory entries per sample (1024).
+        topk: queries added to the memory per frame (256).
+        num_propagated: memory entries that become queries (256).
+        depth_num: depth bins of the position embedding (64).
+        depth_start: first depth bin, metres (1).
+        position_range: metres normalised to ``[0, 1]`` by the position embedding.
+        pc_range: detection range: reference points and box centres live in it.
+        dn_groups: denoising groups (10; 0 turns denoising off).
+        dn_noise_scale: box noise scale (1.0).
+        dn_split: noise radius beyond which a denoising query is background (0.75).
+        with_focal_head: add the 2D focal head and its loss.
+        with_cp: activation checkpointing of the decoder layers.
+        impl: ``batched`` or ``reference`` path of the losses and denoising queries.
+        sync_cls_avg_factor: average classification counts over ranks (False, as published).
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        backbone: str = "resnet50",
+        backbone_args: dict[str, Any] | None = None,
+        embed_dims: int = 256,
+        num_heads: int = 8,
+        ffn_dims: int = 2048,
+        num_layers: int = 6,
+        dropout: float = 0.1,
+        num_query: int = 644,
+        memory_len: int = 1024,
+        topk: int = 256,
+        num_propagated: int = 256,
+        depth_num: int = 64,
+        depth_start: float = 1.0,
+        position_range: tuple[float, ...] = POSITION_RANGE,
+        pc_range: tuple[float, ...] = PC_RANGE,
+        dn_groups: int = 10,
+        dn_noise_scale: float = 1.0,
+        dn_split: float = 0.75,
+        with_focal_head: bool = True,
+        with_cp: bool = False,
+        impl: str = "batched",
+        sync_cls_avg_factor: bool = False,
+    ) -> None:
+        super().__init__()
+        if impl not in ("batched", "reference"):
+            raise ValueError(f"impl: expected 'batched' or 'reference', got {impl!r}")
+        if embed_dims % 2:
+            raise ValueError(f"embed_dims: must be even (the 3D sine embedding has 3E/2 features), got {embed_dims}")
+        e = embed_dims
+        self.num_classes, self.num_query, self.impl = num_classes, num_query, impl
+        self.num_propagated, self.memory_len = num_propagated, memory_len
+        self.dn = {"groups": dn_groups, "noise_scale": dn_noise_scale, "split": dn_split}
+        self.pc_range = tuple(float(v) for v in pc_range)
+        self.backbone = build_backbone(backbone, e, **(backbone_args or {}))
+        self.stride = self.backbone.stride
+        self.focal_head = FocalHead(e, num_classes, self.stride) if with_focal_head else None
+        self.position = PositionEmbedding3D(e, depth_num, depth_start, tuple(position_range))
+        self.memory_embed = nn.Sequential(nn.Linear(e, e), nn.ReLU(), nn.Linear(e, e))
+        self.featurized_pe = SEGate(e)
+        self.spatial_alignment = MLN(8, e)
+        self.reference_points = nn.Embedding(num_query, 3)
+        nn.init.uniform_(self.reference_points.weight, 0, 1)
+        self.query_embedding = nn.Sequential(nn.Linear(e * 3 // 2, e), nn.ReLU(), nn.Linear(e, e))
+        self.time_embedding = nn.Sequential(nn.Linear(e, e), nn.LayerNorm(e))
+        self.ego_pose_pe = MLN(180, e)
+        self.ego_pose_memory = MLN(180, e)
+        self.decoder = Decoder(num_layers, e, num_heads, ffn_dims, dropout, with_cp)
+        self.cls_branch = class_branch(e, num_classes)
+        self.reg_branch = regression_branch(e)
+        self.memory = MemoryBank(e, memory_len, topk, num_propagated, self.pc_range)
+        self.criterion = StreamPETRLoss(num_classes, dn_split=dn_split, sync_cls_avg_factor=sync_cls_avg_factor)
+        self.focal_criterion = (
+            FocalHeadLoss(num_classes=num_classes, stride=self.stride, sync_cls_avg_factor=sync_cls_avg_factor)
+            if with_focal_head
+            else None
+        )
+        self.register_buffer("mean", torch.tensor(MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(STD).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("pc_min", torch.tensor(self.pc_range[:3]), persistent=False)
+        self.register_buffer("pc_size", torch.tensor(self.pc_range[3:]) - torch.tensor(self.pc_range[:3]),
+                             persistent=False)  # fmt: skip
+
+    # ---------------------------------------------------------------------------------------------- forward
+    def forward(self, batch: Any) -> dict[str, Any]:
+        """One frame of every batch slot.
+
+        Args:
+            batch: a :class:`~drivetrain.data.Batch`: ``images`` uint8 ``(B, N, 3, H, W)``, ``lidar2img``,
+                ``intrinsics``, ``ego_pose``/``ego_pose_inv``, ``timestamps``, ``prev_exists``; in training also
+                ``gt_boxes``/``gt_labels`` for the denoising queries.
+
+        Returns:
+            ``cls_logits`` ``(L, B, Q, C)`` and ``box_codes`` ``(L, B, Q, 10)`` of the matching queries
+            (``Q = num_query + num_propagated``); with denoising ``dn_cls_logits``, ``dn_box_codes``
+            ``(L, B, P, ·)``, ``dn_background`` ``(B, P)``, ``dn_groups``; with the focal head ``focal`` (its
+            outputs, see :class:`~.heads.FocalHead`) and ``padded_size`` ``(W, H)``.
+        """
+        if batch.images is None:
+            raise ValueError("batch.images: StreamPETR needs the camera images (the dataset was built without them)")
+        b, n = batch.images.shape[:2]
+        feats, padded = self._image_features(batch.images)  # (B·N, E, h', w')
+        fh, fw = feats.shape[-2:]
+        tokens = feats.view(b, n, -1, fh * fw).transpose(2, 3).reshape(b, n * fh * fw, -1)  # (B, N·T, E)
+        locations = token_locations(fh, fw, self.stride, padded, feats.device)  # (T, 2)
+        size = constant(padded, dtype=torch.float32, device=feats.device)  # (2,)
+        pixels = (locations * size).expand(b, n, -1, 2)  # (B, N, T, 2) token centres in pixels
+        pos_embed, cone = self.position(pixels, batch.lidar2img, batch.intrinsics)  # (B, N·T, E), (B, N·T, 8)
+        tokens = self.spatial_alignment(self.memory_embed(tokens), cone.to(tokens.dtype))  # (B, N·T, E)
+        pos_embed = self.featurized_pe(pos_embed, tokens)  # (B, N·T, E)
+
+        self.memory.pre_update(batch.prev_exists, batch.timestamps, batch.ego_pose_inv)
+        dn = self._dn_queries(batch) if self.training and self.dn["groups"] > 0 else None
+        pad = 0 if dn is None else dn.reference.shape[1]
+        reference = self.reference_points.weight.unsqueeze(0).expand(b, -1, -1)  # (B, Qn, 3)
+        if pad:
+            reference = torch.cat([dn.reference.to(reference.dtype), reference], dim=1)  # (B, P+Qn, 3)
+        query, query_pos, reference, memory, memory_pos = self._temporal_queries(reference)
+        visible = None if dn is None or dn.attn_mask is None else ~dn.attn_mask  # (P+Q, P+Qn+M) may attend
+        hidden = self.decoder(query, query_pos, tokens, pos_embed, memory, memory_pos, visible)  # (L, B, P+Q, E)
+        hidden = torch.nan_to_num(hidden)
+        cls_logits = self.cls_branch(hidden)  # (L, B, P+Q, C)
+        codes = box_codes(self.reg_branch(hidden), reference, self.pc_min, self.pc_size)  # (L, B, P+Q, 10)
+        self.memory.post_update(
+            cls_logits[-1, :, pad:], codes[-1, :, pad:], hidden[-1, :, pad:], batch.timestamps, batch.ego_pose
+        )
+        outputs: dict[str, Any] = {"cls_logits": cls_logits[:, :, pad:], "box_codes": codes[:, :, pad:]}
+        if pad:
+            outputs.update(
+                dn_cls_logits=cls_logits[:, :, :pad],
+                dn_box_codes=codes[:, :, :pad],
+                dn_background=dn.background,
+                dn_groups=dn.groups,
+            )
+        if self.focal_head is not None:
+            outputs["focal"] = self.focal_head(feats, padded, b)
+            outputs["padded_size"] = padded
+        return outputs
+
+    def _image_features(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """uint8 ``(B, N, 3, H, W)`` → features ``(B·N, E, h, w)`` and the padded size ``(W, H)``."""
+        b, n, _, h, w = images.shape
+        x = (images.reshape(b * n, 3, h, w).to(self.mean.dtype) - self.mean) / self.std  # (B·N, 3, H, W)
+        ph, pw = math.ceil(h / SIZE_DIVISOR) * SIZE_DIVISOR, math.ceil(w / SIZE_DIVISOR) * SIZE_DIVISOR
+        if (ph, pw) != (h, w):
+            x = F.pad(x, (0, pw - w, 0, ph - h))  # (B·N, 3, H', W'), zeros after normalising, as the original
+        return self.backbone(x), (pw, ph)
+
+    def _dn_queries(self, batch: Any):
+        build = make_dn_queries if self.impl == "batched" else reference_make_dn_queries
+        return build(
+            batch.gt_boxes,
+            batch.gt_labels,
+            groups=self.dn["groups"],
+            noise_scale=self.dn["noise_scale"],
+            split=self.dn["split"],
+            pc_range=self.pc_range,
+            num_classes=self.num_classes,
+            num_query=self.num_query,
+            num_propagated=self.num_propagated,
+            memory_len=self.memory_len,
+        )
+
+    def _temporal_queries(self, reference: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Queries and memory keys aligned in time and ego motion (``temporal_alignment`` of the original).
+
+        Args:
+            reference: ``(B, P+Qn, 3)`` normalised reference points of the denoising and learned queries.
+
+        Returns:
+            ``query`` and ``query_pos`` ``(B, P+Q, E)``, ``reference`` ``(B, P+Q, 3)``, ``memory`` and
+            ``memory_pos`` ``(B, M − num_propagated, E)``.
+        """
+        bank, p = self.memory, self.num_propagated
+        b, q, _ = reference.shape
+        query_pos = self.query_embedding(sine_embedding_3d(reference, self.embed_half))  # (B, P+Qn, E)
+        query = torch.zeros_like(query_pos)  # (B, P+Qn, E)
+        memory_reference = ((bank.reference - self.pc_min) / self.pc_size).to(reference.dtype)  # (B, M, 3)
+        memory_pos = self.query_embedding(sine_embedding_3d(memory_reference, self.embed_half))  # (B, M, E)
+        memory = bank.embedding.to(query.dtype)  # (B, M, E)
+        eye = torch.eye(4, device=reference.device, dtype=reference.dtype)[:3].flatten()  # (12,)
+        motion = nerf_encoding(
+            torch.cat([reference.new_zeros(b, q, 3), eye.expand(b, q, 12)], dim=-1)
+        )  # (B, P+Qn, 180)
+        query = self.ego_pose_memory(query, motion)  # (B, P+Qn, E)
+        query_pos = self.ego_pose_pe(query_pos, motion)  # (B, P+Qn, E)
+        pose = bank.pose[..., :3, :].flatten(-2)  # (B, M, 12)
+        memory_motion = nerf_encoding(torch.cat([bank.velocity, bank.age, pose], dim=-1).float())  # (B, M, 180)
+        memory_pos = self.ego_pose_pe(memory_pos, memory_motion.to(memory_pos.dtype))  # (B, M, E)
+        memory = self.ego_pose_memory(memory, memory_motion.to(memory.dtype))  # (B, M, E)
+        query_pos = query_pos + self.time_embedding(sine_embedding_1d(reference.new_zeros(b, q, 1), self.embed_dims))
+        age_embedding = sine_embedding_1d(bank.age, self.embed_dims).float()  # (B, M, E)
+        memory_pos = memory_pos + self.time_embedding(age_embedding.to(memory_pos.dtype))  # (B, M, E)
+        if p > 0:
+            query = torch.cat([query, memory[:, :p]], dim=1)  # (B, P+Q, E)
+            query_pos = torch.cat([query_pos, memory_pos[:, :p]], dim=1)  # (B, P+Q, E)
+            reference = torch.cat([reference, memory_reference[:, :p]], dim=1)  # (B, P+Q, 3)
+        return query, query_pos, reference, memory[:, p:], memory_pos[:, p:]
+
+    @property
+    def embed_dims(self) -> int:
+        """``E``."""
+        return self.time_embedding[0].in_features
+
+    @property
+    def embed_half(self) -> int:
+        """Frequencies per axis of the 3D sine embedding, ``E/2``."""
+        return self.embed_dims // 2
+
+    # ------------------------------------------------------------------------------------------------- loss
+    @property
+    def loss_weights(self) -> dict[str, float]:
+        """The published weights of both heads' terms (a run config's ``model.loss_weights`` overrides them)."""
+        weights = dict(self.criterion.weights)
+        if self.focal_criterion is not None:
+            weights.update(self.focal_criterion.weights)
+        return weights
+
+    def loss(self, outputs: dict[str, Any], batch: Any) -> dict[str, torch.Tensor]:
+        """Unweighted terms of the 3D head (every layer, denoising) and of the focal head."""
+        terms = self.criterion(outputs, batch, impl=self.impl)
+        if self.focal_criterion is not None:
+            padded = dataclasses.replace(batch, image_size=outputs["padded_size"])  # the original's pad_shape
+            terms.update(self.focal_criterion(outputs["focal"], padded, impl=self.impl))
+        return terms
+
+    # -------------------------------------------------------------------------------------------- inference
+    @torch.no_grad()
+    def detect(
+        self, batch: Any, max_num: int = 300, score_threshold: float | None = None
+    ) -> tuple[RaggedBatch, RaggedBatch, RaggedBatch]:
+        """Forward one frame and decode the last layer's top ``max_num`` boxes (no NMS).
+
+        Args:
+            batch: as :meth:`forward`.
+            max_num: detections per sample (300).
+            score_threshold: minimum score, or None.
+
+        Returns:
+            ``boxes`` ``(B, K, 9)`` (gravity centre, lidar frame), ``scores`` ``(B, K)``, ``labels`` ``(B, K)``.
+        """
+        outputs = self(batch)
+        return decode(
+            outputs["cls_logits"][-1],
+            outputs["box_codes"][-1],
+            max_num=max_num,
+            post_center_range=POST_CENTER_RANGE,
+            score_threshold=score_threshold,
+        )
