@@ -20,7 +20,14 @@ from drivetrain.data.index import FrameIndex, check_root
 from drivetrain.data.nuscenes_format import ATTRIBUTES, CLASSES
 from drivetrain.geometry.rigid import matrix_to_quaternion
 
-__all__ = ["boxes_to_submission", "check_submission", "evaluate", "ground_truth_submission", "write_submission"]
+__all__ = [
+    "boxes_to_submission",
+    "check_submission",
+    "evaluate",
+    "ground_truth_submission",
+    "submission_meta",
+    "write_submission",
+]
 
 # The attribute reported for a class when a prediction has none (the most common one in nuScenes).
 DEFAULT_ATTRIBUTE = {
@@ -100,10 +107,11 @@ def ground_truth_submission(index: FrameIndex, scenes: list[str] | None = None, 
         boxes, labels, attrs = arr["boxes"][sl][keep], arr["labels"][sl][keep], arr["attribute"][sl][keep]
         token = meta["sample_tokens"][f]
         results[token] = boxes_to_submission(token, boxes, labels, np.ones(len(boxes)), arr["ego_pose"][f], attrs)
-    return {"meta": _meta(), "results": results}
+    return {"meta": submission_meta(), "results": results}
 
 
-def _meta() -> dict[str, bool]:
+def submission_meta() -> dict[str, bool]:
+    """The submission's ``meta`` block: camera-only predictions, no external data."""
     return {"use_camera": True, "use_lidar": False, "use_radar": False, "use_map": False, "use_external": False}
 
 

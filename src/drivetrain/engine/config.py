@@ -29,6 +29,7 @@ __all__ = [
     "ConfigError",
     "DataConfig",
     "DistributedConfig",
+    "EvalConfig",
     "LogConfig",
     "ModelConfig",
     "OptimConfig",
@@ -274,6 +275,19 @@ class LogConfig:
 
 
 @dataclass(frozen=True)
+class EvalConfig:
+    """Section ``eval``: the official metric during training (models with ``detect(batch)``, one process or DDP)."""
+
+    every: int = 0  # optimizer iterations between evaluations, and one at the end; 0 = never while training
+    at_start: bool = False  # also evaluate the initial weights before the first step (a fresh run's baseline)
+    split: str = "mini_val"  # devkit split evaluated: the data builder is called again with split=<this>
+    progress: bool = False  # progress bar of each evaluation (the training bar stays)
+
+    def __post_init__(self) -> None:
+        _check(self.every >= 0, "eval.every", f"must be ≥ 0, got {self.every}")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """A whole run: one field per YAML section, each a frozen, validated dataclass (``load_config`` builds it)."""
 
@@ -288,8 +302,15 @@ class TrainConfig:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
+        _check(
+            (self.eval.every == 0 and not self.eval.at_start) or self.distributed.strategy in ("none", "ddp"),
+            "eval.every",
+            "evaluation during training needs distributed.strategy none or ddp (whole weights on rank 0); "
+            "evaluate checkpoints with drivetrain eval --checkpoint",
+        )
         if self.distributed.strategy == "deepspeed" and self.precision.mode == "fp16":
             p = self.precision  # DeepSpeed's loss scaler: powers of two, ×2 growth, ×0.5 back-off
             _check(
@@ -321,6 +342,7 @@ RESUME_MUTABLE = (
     "data.prefetch_factor",
     "checkpoint.",
     "log.",
+    "eval.",
     "speed.cudnn_benchmark",
     "speed.compile",
 )

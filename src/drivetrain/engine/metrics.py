@@ -132,6 +132,20 @@ class MetricsLogger:
                 if key != "step" and isinstance(value, int | float):
                     self._tb.add_scalar(f"train/{key}", value, step)
 
+    def evaluation(self, step: int, values: dict[str, float]) -> None:
+        """Write one evaluation's numbers as a metrics.jsonl record ``{"step", "eval/<name>": ...}`` and as
+        TensorBoard scalars ``eval/<name>`` (rank 0)."""
+        if not self.enabled:
+            return
+        record = {"step": int(step), **{f"eval/{k}": float(v) for k, v in values.items()}}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for key, value in record.items():
+                if key != "step":
+                    self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+
     def message(self, text: str) -> None:
         """Print a line on rank 0 without breaking the progress bar."""
         if not self.enabled:

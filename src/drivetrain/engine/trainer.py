@@ -22,7 +22,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from drivetrain.engine.build import apply_speed, build_dataset, build_model, bui
 from drivetrain.engine.checkpoint import CORRUPT, MARKER, SUPERSEDED, Checkpointer, CheckpointError, CheckpointWarning
 from drivetrain.engine.config import ConfigError, TrainConfig, config_diff, config_to_dict
 from drivetrain.engine.distributed import DistContext, setup, teardown
+from drivetrain.engine.evaluation import evaluate_model
 from drivetrain.engine.metrics import MetricsLogger, peak_memory_mb
 from drivetrain.engine.precision import autocast, fp32_outputs
 from drivetrain.engine.rng import capture_rng, restore_rng, seed_all
@@ -153,6 +154,8 @@ class Trainer:
         self.strategy = build_strategy(self.model, cfg, self.ctx, lambda model: build_optimizer(model, cfg.optim))
         self.optimizer, self.scaler = self.strategy.optimizer, self.strategy.scaler
         dataset = build_dataset(cfg.data)
+        evaluates = cfg.eval.every or cfg.eval.at_start
+        self.eval_data = self._build_eval_data() if evaluates and self.ctx.is_main else None
         rank, world_size = self.ctx.rank, self.ctx.world_size
         self.data = BatchStream(dataset, cfg.data, seed=cfg.run.seed, rank=rank, world_size=world_size)
         self.state = TrainState()
@@ -196,6 +199,8 @@ class Trainer:
         saved_at = self.state.iteration if self.resumed_from is not None else -1
         try:
             with self._signals():
+                if cfg.eval.at_start and self.state.iteration == 0:
+                    self.evaluate(log)  # the initial weights' score, the baseline of the curve
                 while self.state.iteration < cfg.train.steps:
                     data_state = self.data.state_dict()  # where this iteration starts reading
                     try:
@@ -207,6 +212,8 @@ class Trainer:
                     done = self.state.iteration
                     if done % cfg.log.every == 0:
                         log.flush()
+                    if cfg.eval.every and (done % cfg.eval.every == 0 or done == cfg.train.steps):
+                        self.evaluate(log)  # before the checkpoint: a run killed during it evaluates again
                     if stop or done % cfg.checkpoint.every == 0 or done == cfg.train.steps:
                         log.flush()
                         path = self.save()
@@ -224,6 +231,39 @@ class Trainer:
             log.close()
             self._release()
         return self.state
+
+    def _build_eval_data(self) -> Any:
+        """The ``eval.split`` frames, from the training data builder with ``split`` replaced (rank 0 only)."""
+        if not callable(getattr(self.model, "detect", None)):
+            raise ConfigError(f"eval.every: {self.cfg.model.name} has no detect(batch) method to evaluate with")
+        args = {**self.cfg.data.args, "split": self.cfg.eval.split}
+        with torch.random.fork_rng(devices=[]):  # building it draws nothing from the run's RNG
+            return build_dataset(replace(self.cfg.data, args=args))
+
+    def evaluate(self, log: MetricsLogger) -> None:
+        """Evaluate the current weights on ``eval.split`` (rank 0; the others wait) and log the metrics.
+
+        The streaming state and the RNGs are left as they were (see :mod:`drivetrain.engine.evaluation`); an
+        unreadable evaluation frame or a devkit failure is reported and training goes on.
+        """
+        step = self.state.iteration
+        if self.ctx.is_main:
+            out = self.out_dir / "eval" / f"step-{step:08d}"
+            try:
+                result = evaluate_model(
+                    self.model, self.eval_data, self.device, out, split=self.cfg.eval.split,
+                    progress=self.cfg.eval.progress, quiet=True,
+                )  # fmt: skip
+            except DataError as err:
+                log.message(f"drivetrain train: evaluation at step {step} failed, training goes on: {err}")
+            else:
+                log.evaluation(step, result.summary())
+                m = result.metrics
+                log.message(
+                    f"eval step {step} ({self.cfg.eval.split}, {result.frames} frames, {result.seconds:.0f} s): "
+                    f"mAP {m['mean_ap']:.4f}  NDS {m['nd_score']:.4f}  → {out}"
+                )
+        self.ctx.barrier()
 
     def _release(self) -> None:
         if self._lock is not None:

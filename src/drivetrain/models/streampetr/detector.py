@@ -306,17 +306,18 @@ class StreamPETR(nn.Module):
 
         Args:
             batch: as :meth:`forward`.
-            max_num: detections per sample (300).
+            max_num: detections per sample (300; at most queries × classes, for small models).
             score_threshold: minimum score, or None.
 
         Returns:
             ``boxes`` ``(B, K, 9)`` (gravity centre, lidar frame), ``scores`` ``(B, K)``, ``labels`` ``(B, K)``.
         """
         outputs = self(batch)
+        logits = outputs["cls_logits"][-1]  # (B, Q, C)
         return decode(
-            outputs["cls_logits"][-1],
+            logits,
             outputs["box_codes"][-1],
-            max_num=max_num,
+            max_num=min(max_num, logits.shape[1] * logits.shape[2]),
             post_center_range=POST_CENTER_RANGE,
             score_threshold=score_threshold,
         )
