@@ -142,7 +142,7 @@ def test_eval_cli_scores_a_run_and_names_bad_paths(synth_index, synth_root, tmp_
 
 
 def test_evaluation_during_training_is_refused_where_it_cannot_run(tmp_path):
-    with pytest.raises(ConfigError, match="eval.every"):
+    with pytest.raises(ConfigError, match=r"eval\.every"):
         load_config(ROOT / "configs" / "smoke.yaml", ["eval.every=5", "distributed.strategy=fsdp"])
     cfg = load_config(ROOT / "configs" / "smoke.yaml", [f"run.out_dir={tmp_path}", "eval.every=5"])
     with pytest.raises(ConfigError, match="no detect"):
