@@ -1,0 +1,86 @@
+"""``drivetrain bench iteration``: one tiny run of both loss paths writes the shared result format."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from drivetrain.cli.main import main
+
+# The first 4 scenes of the tiny preset hold the 2 mini_train scenes (batch ≤ 2); generated into tmp_path.
+TINY = ["--model", "streampetr", "--size", "tiny", "--batch", "2", "--repeat", "1", "--warmup", "0", "--scenes", "4"]
+TOP_ROWS = {
+    "iteration",
+    "iteration/forward",
+    "iteration/forward/network",
+    "iteration/forward/loss",
+    "iteration/forward/loss/streampetr head",
+    "iteration/forward/loss/focal head",
+    "iteration/optimisation",
+    "iteration/optimisation/backward",
+    "iteration/optimisation/clip",
+    "iteration/optimisation/step",
+    "iteration/remaining (data wait)",
+}
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    """Where the first test generates the 4 scenes; the others reuse them."""
+    return tmp_path_factory.mktemp("bench-iteration") / "synth"
+
+
+def test_bench_iteration_times_both_paths_and_writes_json_md_png(tmp_path, data_root, capsys):
+    out = tmp_path / "out"
+    argv = ["bench", "iteration", *TINY, "--data-root", str(data_root)]
+    argv += ["--json", str(out / "r.json"), "--md", str(out / "r.md"), "--png", str(out / "r.png")]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "iteration/forward/loss" in printed and "| training iteration |" in printed
+
+    data = json.loads((out / "r.json").read_text())
+    assert {"benchmark", "device", "torch", "date", "config", "rows"} <= set(data)
+    assert data["benchmark"] == "iteration" and data["device"].startswith("CPU")
+    assert data["config"]["model"] == "streampetr" and data["config"]["size"] == "tiny"
+    assert data["config"]["batch"] == 2 and data["config"]["repeat"] == 1
+    rows = {row["name"]: row for row in data["rows"]}
+    assert set(rows) >= TOP_ROWS
+    assert {"iteration/forward/loss/streampetr head/main", "iteration/forward/loss/streampetr head/dn"} <= set(rows)
+    assert data["rows"][0]["name"] == "iteration" and data["rows"][-1]["name"] == "iteration/remaining (data wait)"
+    seen = set()
+    for row in data["rows"]:
+        assert row["parent"] is None or row["parent"] in seen  # parents come first and exist
+        assert row["parent"] == (row["name"].rsplit("/", 1)[0] if "/" in row["name"] else None)
+        assert row["reference_ms"] > 0 and row["batched_ms"] > 0
+        assert row["speedup"] == pytest.approx(row["reference_ms"] / row["batched_ms"], rel=1e-3)
+        seen.add(row["name"])
+    assert rows["iteration"]["reference_ms"] >= rows["iteration/forward"]["reference_ms"]
+
+    published = data["published"]["rows"]
+    assert published["iteration"]["reference_ms"] == 760 and published["iteration"]["batched_ms"] == 615
+    assert published["iteration/forward/loss"]["speedup"] == pytest.approx(4.46, abs=0.01)
+    assert set(data["host_syncs_per_iteration"]) == {"reference", "batched"}
+    assert data["host_syncs_per_iteration"]["reference"].startswith("n/a")  # the CPU has no sync to count
+
+    md = (out / "r.md").read_text()
+    assert md.startswith("# Benchmark `iteration`") and "| region | reference (ms) | batched (ms) | speedup |" in md
+    assert "## Published layout" in md and "| training iteration |" in md and "| 760 → 615 (×1.24) |" in md
+    pytest.importorskip("matplotlib")
+    assert (out / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [("--model", "petr", "unknown model 'petr'"), ("--size", "huge", "unknown size 'huge'")],
+)
+def test_bench_iteration_names_unknown_model_or_size(option, value, message):
+    with pytest.raises(SystemExit, match=message):
+        main(["bench", "iteration", option, value])
+
+
+def test_bench_iteration_batch_larger_than_the_scenes_is_a_clear_error(data_root):
+    argv = ["bench", "iteration", *TINY, "--data-root", str(data_root)]
+    argv[argv.index("--batch") + 1] = "3"
+    with pytest.raises(SystemExit, match=r"--batch 3: .*2 scenes"):
+        main(argv)
