@@ -52,6 +52,8 @@ print("GPU:", torch.cuda.get_device_name() if torch.cuda.is_available() else "no
 } | tee "$out/environment.txt"
 
 if [ "$device" = cuda ]; then repeat_small=""; else repeat_small="--repeat 3 --warmup 1"; fi
+# The published batch 8 on a GPU; a CPU dry run takes one iteration of batch 2 (the full size runs ~1 min each).
+if [ "$device" = cuda ]; then iteration_opts="--batch 8"; else iteration_opts="--batch 2 --repeat 1 --warmup 0"; fi
 status=0
 printf '| step | status | seconds |\n|---|---|---:|\n' > "$out/steps.md"
 step() {  # step NAME TIMEOUT_S COMMAND...: run, log to OUT/NAME.log, record status and duration
@@ -72,6 +74,14 @@ for what in ragged loss precision; do
   step "bench-$what" 900 "$py" -m drivetrain.cli.main bench "$what" --device "$device" $repeat_small \
     --json "$out/$what-$device.json" --md "$out/$what-$device.md"
 done
+# Full StreamPETR training iterations, reference vs batched loss path, at the published batch 8 (the full size
+# renders the synthetic set at 704x256 into data/synth-full-704 first).
+for size in tiny full; do
+  # shellcheck disable=SC2086  # iteration_opts is a list of options
+  step "bench-iteration-$size" 1200 "$py" -m drivetrain.cli.main bench iteration --model streampetr --size "$size" \
+    $iteration_opts --device "$device" --json "$out/iteration-streampetr-$size-$device.json" \
+    --md "$out/iteration-streampetr-$size-$device.md" --png "$out/iteration-streampetr-$size-$device.png"
+done
 # The loader runs on the host CPU: measured here for the record, never saved over the CPU machine's results.
 step bench-data 900 "$py" -m drivetrain.cli.main bench data --device cpu --repeat 2 \
   --json "$out/data-gpu-host.json" --md "$out/data-gpu-host.md"
@@ -79,8 +89,8 @@ if [ $full -eq 1 ]; then
   step tests-all 1800 "$py" -m pytest -q -p no:cacheprovider --junitxml "$out/tests-all.xml" tests
 fi
 if [ $save -eq 1 ] && [ "$device" = cuda ]; then
-  for what in ragged loss precision; do
-    for ext in json md; do
+  for what in ragged loss precision iteration-streampetr-tiny iteration-streampetr-full; do
+    for ext in json md png; do
       [ -f "$out/$what-cuda.$ext" ] && cp "$out/$what-cuda.$ext" "benchmarks/results/$what-cuda.$ext"
     done
   done

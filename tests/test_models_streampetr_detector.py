@@ -90,7 +90,6 @@ def test_tiny_config_forward_shapes_in_training_and_eval(train_frames):
     check_shapes(model, batch_of(train_frames, 0, 3), args["num_layers"], args["num_query"] + args["num_propagated"])
 
 
-@pytest.mark.slow
 def test_full_config_forward_shapes_at_batch_one(train_frames):
     args = config_args("full")
     model = model_of(args)
