@@ -18,23 +18,10 @@ from drivetrain.geometry import encode_boxes_streampetr
 from drivetrain.models import StreamPETR
 from drivetrain.models.streampetr import decode
 from helpers.engine import assert_same_weights, final_state, metrics
+from helpers.streampetr import SMALL
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "streampetr_tiny.yaml"
-SMALL = dict(
-    backbone="tiny",
-    backbone_args={"width": 8},
-    embed_dims=32,
-    num_heads=2,
-    ffn_dims=64,
-    num_layers=1,
-    num_query=48,  # ≥ the most ground-truth boxes of a test frame (41): the assigner needs M ≤ Q
-    memory_len=32,
-    topk=8,
-    num_propagated=8,
-    depth_num=32,  # the cone reads bin depth_num − 30
-    dn_groups=2,
-)
 
 
 class GroundTruthDetector(nn.Module):

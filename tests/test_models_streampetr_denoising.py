@@ -4,17 +4,13 @@ argument errors."""
 
 from __future__ import annotations
 
-import contextlib
-import sys
-from collections.abc import Iterator
-
 import pytest
 import torch
 
 from drivetrain.models.streampetr.denoising import DNQueries, make_dn_queries, reference_make_dn_queries
 from drivetrain.ragged import RaggedBatch
 from helpers.boxes import random_boxes3d
-from helpers.nosync import FROM_DATA, SYNC_METHODS
+from helpers.nosync import count_host_syncs
 
 C = 10
 PC_RANGE = (-51.2, -51.2, -5.0, 51.2, 51.2, 3.0)
@@ -146,45 +142,6 @@ def test_dn_labels_are_what_the_loss_rebuilds_from_background(gen) -> None:
     exists = slot.unsqueeze(0) < boxes.sizes.unsqueeze(1)  # (B, P)
     rebuilt = labels.tensor.gather(1, slot.expand(3, -1)).masked_fill(dn.background, C)  # (B, P)
     assert torch.equal(rebuilt[exists], dn.labels[exists]) and dn.background[~exists].all()
-
-
-@contextlib.contextmanager
-def count_host_syncs() -> Iterator[list[str]]:
-    """Record every host read (as ``helpers.nosync`` defines them) instead of raising."""
-    calls: list[str] = []
-    missing = object()
-    saved = {name: vars(torch.Tensor).get(name, missing) for name in SYNC_METHODS}
-    factories = {name: getattr(torch, name) for name in FROM_DATA}
-
-    def counting(name, original):
-        def method(self, *args, **kwargs):
-            calls.append(name)
-            return original(self, *args, **kwargs)
-
-        return method
-
-    def counting_factory(name, original):
-        def factory(data, *args, **kwargs):
-            if not isinstance(data, torch.Tensor) and sys._getframe(1).f_globals["__name__"] != "drivetrain.constants":
-                calls.append(f"torch.{name}")
-            return original(data, *args, **kwargs)
-
-        return factory
-
-    try:
-        for name in SYNC_METHODS:
-            setattr(torch.Tensor, name, counting(name, getattr(torch.Tensor, name)))
-        for name, original in factories.items():
-            setattr(torch, name, counting_factory(name, original))
-        yield calls
-    finally:
-        for name, original in saved.items():
-            if original is missing:
-                delattr(torch.Tensor, name)
-            else:
-                setattr(torch.Tensor, name, original)
-        for name, original in factories.items():
-            setattr(torch, name, original)
 
 
 @pytest.mark.parametrize("sizes", [[3, 0, 5], [0, 0]], ids=str)

@@ -22,22 +22,9 @@ from drivetrain.models import StreamPETR
 from drivetrain.models.streampetr.postprocess import POST_CENTER_RANGE
 from helpers.heads import sync_allowed
 from helpers.nosync import SYNC_METHODS, no_host_sync
+from helpers.streampetr import SMALL
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = dict(
-    backbone="tiny",
-    backbone_args={"width": 8},
-    embed_dims=32,
-    num_heads=2,
-    ffn_dims=64,
-    num_layers=2,
-    num_query=48,  # ≥ the most ground-truth boxes of a test frame (41): the assigner needs M ≤ Q
-    memory_len=32,
-    topk=8,
-    num_propagated=8,
-    depth_num=32,  # the cone reads bin depth_num − 30
-    dn_groups=2,
-)
 
 
 def config_args(size: str) -> dict:

@@ -23,39 +23,37 @@ ALLOWED_CALLERS = ("drivetrain.constants",)
 
 
 @contextlib.contextmanager
-def no_host_sync() -> Iterator[None]:
-    """Make every ``torch.Tensor`` method that reads values on the host raise ``HostSyncError``.
-
-    Catches Python-level reads (``.item()``, ``.tolist()``, ``.cpu()``, ``.numpy()``, ``bool(t)``,
-    ``int(t)``, ``float(t)``, ``operator.index(t)``, ``if t:``) and ``torch.tensor`` / ``torch.as_tensor``
-    of anything but a tensor (use :func:`drivetrain.constants.constant`); build inputs before entering.
-    """
+def _patched(on_read) -> Iterator[None]:
+    """Route every host read through ``on_read(what, shape)`` (shape None for a factory of Python data)."""
     missing = object()
     saved = {name: vars(torch.Tensor).get(name, missing) for name in SYNC_METHODS}
     factories = {name: getattr(torch, name) for name in FROM_DATA}
 
-    def make_raiser(name: str):
-        def raiser(self, *args, **kwargs):
-            raise HostSyncError(f"host sync: Tensor.{name} called on a tensor of shape {tuple(self.shape)}")
+    def method_of(name: str):
+        original = getattr(torch.Tensor, name)
 
-        return raiser
+        def method(self, *args, **kwargs):
+            on_read(name, tuple(self.shape))
+            return original(self, *args, **kwargs)
 
-    def make_factory(name: str):
+        return method
+
+    def factory_of(name: str):
         original = factories[name]
 
         def factory(data, *args, **kwargs):
             caller = sys._getframe(1).f_globals.get("__name__", "")
             if not isinstance(data, torch.Tensor) and caller not in ALLOWED_CALLERS:
-                raise HostSyncError(f"host-to-device copy: torch.{name} of Python data {data!r:.60} in {caller}")
+                on_read(f"torch.{name}", None, data, caller)
             return original(data, *args, **kwargs)
 
         return factory
 
     try:
         for name in SYNC_METHODS:
-            setattr(torch.Tensor, name, make_raiser(name))
+            setattr(torch.Tensor, name, method_of(name))
         for name in FROM_DATA:
-            setattr(torch, name, make_factory(name))
+            setattr(torch, name, factory_of(name))
         yield
     finally:
         for name, original in saved.items():
@@ -65,3 +63,29 @@ def no_host_sync() -> Iterator[None]:
                 setattr(torch.Tensor, name, original)
         for name, original in factories.items():
             setattr(torch, name, original)
+
+
+@contextlib.contextmanager
+def no_host_sync() -> Iterator[None]:
+    """Make every ``torch.Tensor`` method that reads values on the host raise ``HostSyncError``.
+
+    Catches Python-level reads (``.item()``, ``.tolist()``, ``.cpu()``, ``.numpy()``, ``bool(t)``,
+    ``int(t)``, ``float(t)``, ``operator.index(t)``, ``if t:``) and ``torch.tensor`` / ``torch.as_tensor``
+    of anything but a tensor (use :func:`drivetrain.constants.constant`); build inputs before entering.
+    """
+
+    def raise_error(what: str, shape: tuple[int, ...] | None, data: object = None, caller: str = "") -> None:
+        if shape is None:
+            raise HostSyncError(f"host-to-device copy: {what} of Python data {data!r:.60} in {caller}")
+        raise HostSyncError(f"host sync: Tensor.{what} called on a tensor of shape {shape}")
+
+    with _patched(raise_error):
+        yield
+
+
+@contextlib.contextmanager
+def count_host_syncs() -> Iterator[list[str]]:
+    """Record every host read :func:`no_host_sync` would raise on (``"tolist"``, ``"torch.tensor"``, ...)."""
+    calls: list[str] = []
+    with _patched(lambda what, *_: calls.append(what)):
+        yield calls
