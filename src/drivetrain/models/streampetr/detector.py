@@ -25,7 +25,8 @@ models/dense_heads/streampetr_head.py``) of StreamPETR:
 Deviations, each for a reason: the focal head's token ranking is not applied (see :mod:`.heads`); the memory
 is saved with checkpoints (see :mod:`.memory`); images are padded here rather than in the data pipeline
 (our batches carry the unpadded size, the focal head and its loss use the padded one, as the original's
-``pad_shape``).
+``pad_shape``); the denoising queries are built before the backbone runs, so that their one host read waits
+for the batch's copy only (the same random draws: nothing before the decoder draws any).
 """
 
 from __future__ import annotations
@@ -172,6 +173,10 @@ class StreamPETR(nn.Module):
         if batch.images is None:
             raise ValueError("batch.images: StreamPETR needs the camera images (the dataset was built without them)")
         b, n = batch.images.shape[:2]
+        # The denoising queries come first: their one host read (the shapes S and T) then waits only for the
+        # batch's copy to the device, not for the backbone. Nothing before the decoder draws random numbers, so
+        # the noise and the dropout masks are those of the original order (backbone first).
+        dn = self._dn_queries(batch) if self.training and self.dn["groups"] > 0 else None
         feats, padded = self._image_features(batch.images)  # (B·N, E, h', w')
         fh, fw = feats.shape[-2:]
         tokens = feats.view(b, n, -1, fh * fw).transpose(2, 3).reshape(b, n * fh * fw, -1)  # (B, N·T, E)
@@ -183,7 +188,6 @@ class StreamPETR(nn.Module):
         pos_embed = self.featurized_pe(pos_embed, tokens)  # (B, N·T, E)
 
         self.memory.pre_update(batch.prev_exists, batch.timestamps, batch.ego_pose_inv)
-        dn = self._dn_queries(batch) if self.training and self.dn["groups"] > 0 else None
         pad = 0 if dn is None else dn.reference.shape[1]
         reference = self.reference_points.weight.unsqueeze(0).expand(b, -1, -1)  # (B, Qn, 3)
         if pad:
