@@ -133,7 +133,8 @@ def test_dataloader_with_two_workers_yields_the_same_batches(dataset):
 
 
 def test_points_merge_sweeps_with_time_offsets(synth_root, synth_index):
-    ds = FrameDataset(synth_index, DatasetConfig(load_images=False, load_points=True, num_sweeps=1))
+    config = DatasetConfig(load_images=False, load_points=True, num_sweeps=1, sweep_choice="nearest")
+    ds = FrameDataset(synth_index, config)
     sample = ds[2]
     assert sample.images is None and sample.points.shape[1] == 5
     dt = np.unique(sample.points[:, 4])

@@ -18,6 +18,7 @@ from drivetrain.data.dataset import Sample, Skipped
 from drivetrain.data.index import ARRAYS, build_index, load_index
 from drivetrain.data.index_check import check_index
 from drivetrain.data.nuscenes_format import TABLES
+from drivetrain.data.sweeps import choose_sweeps, sample_key
 from helpers.fuzz import BUDGETS, Tally, fuzz_settings, mutated_bytes, mutated_document
 
 INDEX = "drivetrain_index.npz"
@@ -186,7 +187,9 @@ def _files_of(dataset: FrameDataset, frame: int, kind: str) -> list[str]:
     if kind == "image":
         return meta["image_files"][frame]
     sweeps = dataset.index.sweeps_of(frame)
-    return [meta["lidar_files"][frame], *meta["sweep_files"][sweeps][: dataset.config.num_sweeps]]
+    key = sample_key(meta["sample_tokens"][frame])
+    chosen = choose_sweeps(sweeps.stop - sweeps.start, key, dataset.config.sweep_config)
+    return [meta["lidar_files"][frame], *(meta["sweep_files"][sweeps.start + int(c)] for c in chosen)]
 
 
 class _one:

@@ -1,4 +1,4 @@
-"""``drivetrain data synth|index|inspect``: make, index and look at nuScenes-format data."""
+"""``drivetrain data synth|index|inspect|cache``: make, index, look at and cache nuScenes-format data."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import argparse
 import shutil
 import time
 from pathlib import Path
+
+from drivetrain.cli.data_cache import add_cache_parser
 
 __all__ = ["add_parser"]
 
@@ -82,7 +84,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     index.add_argument("--root", type=Path, required=True, help="nuScenes-format root (holds VERSION/ and samples/)")
     index.add_argument("--version", default="v1.0-mini", help="table folder (default: v1.0-mini)")
     index.add_argument("--out", type=Path, default=None, help="index file (default: ROOT/drivetrain_index.npz)")
-    index.add_argument("--max-sweeps", type=int, default=9, help="lidar sweeps recorded per frame (default: 9)")
+    index.add_argument(
+        "--max-sweeps", type=int, default=10, help="lidar sweeps recorded per frame (default: 10, as mmdetection3d)"
+    )
     index.add_argument("--no-check-files", action="store_true", help="skip checking that data files exist")
     index.add_argument("--quiet", action="store_true", help="no progress bar")
     index.set_defaults(run=_index)
@@ -100,6 +104,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     inspect.add_argument("--batch-size", type=int, default=2, help="B (default: 2)")
     inspect.add_argument("--points", action="store_true", help="also load lidar points")
     inspect.set_defaults(run=_inspect)
+    add_cache_parser(data_sub)
 
 
 # What `data synth` writes into its folder (and `--overwrite` deletes first).

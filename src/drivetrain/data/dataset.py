@@ -24,6 +24,8 @@ import simplejpeg
 
 from drivetrain.data.errors import DataError
 from drivetrain.data.index import FrameIndex, load_index
+from drivetrain.data.sweep_cache import SweepCache
+from drivetrain.data.sweeps import SweepConfig, merge_sweeps
 from drivetrain.geometry.projection import Boxes2D, lidar2img, project_boxes
 
 __all__ = ["DatasetConfig", "FrameDataset", "FrameKey", "Sample", "Skipped", "read_image", "read_points"]
@@ -44,6 +46,12 @@ class DatasetConfig:
     load_images: bool = True  # decode the camera images
     load_points: bool = False  # read the key-frame lidar points (x, y, z, intensity, Δt)
     num_sweeps: int = 0  # previous lidar sweeps merged into the points (Δt > 0), at most what the index has
+    use_dim: tuple[int, ...] = (0, 1, 2, 3, 4)  # point columns kept of (x, y, z, intensity, Δt); PointPillars 0,1,2,4
+    sweep_choice: str = "random"  # more sweeps than num_sweeps: a "random" subset per frame, or the "nearest"
+    remove_close: bool = False  # drop sweep points within 1 m of the sensor (|x| < 1 and |y| < 1)
+    pad_empty_sweeps: bool = False  # a frame without sweeps repeats its key frame num_sweeps times
+    sweep_seed: int = 0  # random sweep subsets are drawn from (sweep_seed, sample token)
+    sweep_cache: str | None = None  # folder written by `drivetrain data cache` with these settings
     filter_empty: bool = True  # drop GT boxes without lidar points (mmdetection3d's use_valid_flag)
     min_depth: float = 0.1  # 2D GT: box centre at least this far in front of the camera
     min_size: float = 2.0  # 2D GT: clipped box at least this many pixels wide and high
@@ -56,6 +64,21 @@ class DatasetConfig:
             raise ValueError(f"num_sweeps: must be ≥ 0, got {self.num_sweeps}")
         if self.num_sweeps and not self.load_points:
             raise ValueError("num_sweeps: needs load_points=True")
+        if self.sweep_cache is not None and not self.load_points:
+            raise ValueError("sweep_cache: needs load_points=True")
+        _ = self.sweep_config  # validates use_dim and sweep_choice
+
+    @property
+    def sweep_config(self) -> SweepConfig:
+        """How the points are merged (the sweep cache is keyed by it)."""
+        return SweepConfig(
+            num_sweeps=self.num_sweeps,
+            use_dim=tuple(self.use_dim),
+            choice=self.sweep_choice,
+            remove_close=self.remove_close,
+            pad_empty_sweeps=self.pad_empty_sweeps,
+            seed=self.sweep_seed,
+        )
 
 
 @dataclass
@@ -78,7 +101,7 @@ class Sample:
     gt_labels: np.ndarray  # (M,) int64
     boxes_2d: list[Boxes2D]  # per camera
     image_size: tuple[int, int]  # (W, H)
-    points: np.ndarray | None  # (P, 5) float32 (x, y, z, intensity, Δt)
+    points: np.ndarray | None  # (P, len(use_dim)) float32, columns use_dim of (x, y, z, intensity, Δt)
 
 
 @dataclass(frozen=True)
@@ -145,6 +168,9 @@ class FrameDataset:
         arr = self.index.arrays
         self._lidar2img = lidar2img(arr["intrinsics"], arr["cam2lidar"]).astype(np.float32)  # (F, N, 4, 4)
         self._cam2ego = (arr["lidar2ego"][:, None] @ arr["cam2lidar"]).astype(np.float32)  # (F, N, 4, 4)
+        self._sweep_cache = None
+        if self.config.sweep_cache is not None:
+            self._sweep_cache = SweepCache(self.config.sweep_cache, self.index, self.config.sweep_config)
 
     def __len__(self) -> int:
         return len(self.index)
@@ -218,14 +244,7 @@ class FrameDataset:
         )
 
     def _points(self, frame: int) -> np.ndarray:
-        arr, meta = self.index.arrays, self.index.meta
-        key = read_points(self.root / meta["lidar_files"][frame])
-        parts = [np.concatenate([key[:, :4], np.zeros((len(key), 1), np.float32)], 1)]
-        sl = self.index.sweeps_of(frame)
-        for s in range(sl.start, min(sl.stop, sl.start + self.config.num_sweeps)):
-            pts = read_points(self.root / meta["sweep_files"][s])
-            mat = arr["sweep2lidar"][s]
-            xyz = pts[:, :3] @ mat[:3, :3].T.astype(np.float32) + mat[:3, 3].astype(np.float32)
-            dt = np.full((len(pts), 1), arr["sweep_dt"][s], np.float32)
-            parts.append(np.concatenate([xyz, pts[:, 3:4], dt], 1))
-        return np.concatenate(parts, 0)  # (P, 5)
+        if self._sweep_cache is not None:
+            return self._sweep_cache.points(self.index.meta["sample_tokens"][frame])
+        points, _ = merge_sweeps(self.index, frame, self.root, self.config.sweep_config, read_points)
+        return points  # (P, C)

@@ -198,7 +198,7 @@ def build_index(
     version: str = "v1.0-mini",
     *,
     cameras: tuple[str, ...] = CAMERAS,
-    max_sweeps: int = 9,
+    max_sweeps: int = 10,
     check_files: bool = True,
     progress: bool = True,
 ) -> FrameIndex:
