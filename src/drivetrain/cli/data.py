@@ -64,6 +64,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     synth.add_argument("--workers", type=int, default=1, help="processes, one scene each at a time (default: 1)")
     synth.add_argument(
+        "--format",
+        dest="dataset",
+        choices=["nuscenes", "lyft"],
+        default="nuscenes",
+        help="nuscenes: tables in v1.0-mini/, samples/, sweeps/; lyft: a Lyft Level 5 v1.01-train folder (Lyft "
+        "classes, tables in v1.01-train/, images/, lidar/, maps/; scene names of mmdetection3d's Lyft train/val "
+        "split) (default: nuscenes)",
+    )
+    synth.add_argument(
         "--overwrite",
         action="store_true",
         help="replace the synthetic dataset already in --out (its tables, samples/, sweeps/, maps/, index and "
@@ -82,7 +91,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     index.add_argument("--root", type=Path, required=True, help="nuScenes-format root (holds VERSION/ and samples/)")
-    index.add_argument("--version", default="v1.0-mini", help="table folder (default: v1.0-mini)")
+    index.add_argument(
+        "--version",
+        default=None,
+        help="table folder (default: v1.0-mini; v1.01-train with --format lyft or when only that folder exists)",
+    )
+    index.add_argument(
+        "--format",
+        dest="dataset",
+        choices=["auto", "nuscenes", "lyft"],
+        default="auto",
+        help="auto: Lyft Level 5 when every category is a Lyft class, else nuScenes (default: auto)",
+    )
     index.add_argument("--out", type=Path, default=None, help="index file (default: ROOT/drivetrain_index.npz)")
     index.add_argument(
         "--max-sweeps", type=int, default=10, help="lidar sweeps recorded per frame (default: 10, as mmdetection3d)"
@@ -107,8 +127,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_cache_parser(data_sub)
 
 
-# What `data synth` writes into its folder (and `--overwrite` deletes first).
-SYNTH_OUTPUTS = ("v1.0-mini", "samples", "sweeps", "maps", "drivetrain_synth.json", "drivetrain_index.npz")
+# What `data synth` writes into its folder (and `--overwrite` deletes first); v1.01-train, images, lidar: --format lyft.
+SYNTH_OUTPUTS = (
+    "v1.0-mini",
+    "samples",
+    "sweeps",
+    "maps",
+    "drivetrain_synth.json",
+    "drivetrain_index.npz",
+    "v1.01-train",
+    "images",
+    "lidar",
+)
 
 
 def _synth(args: argparse.Namespace) -> int:
@@ -119,6 +149,10 @@ def _synth(args: argparse.Namespace) -> int:
             raise SystemExit(f"data synth: {name}: must be ≥ 1, got {value}")
     try:
         config = PRESETS[args.preset].with_overrides(seed=args.seed)
+        if args.dataset == "lyft":
+            from drivetrain.data.synth.lyft import LYFT_SYNTH_SCENES
+
+            config = config.with_overrides(scenes=LYFT_SYNTH_SCENES[: len(config.scenes)])
         if args.scenes is not None:
             config = config.with_overrides(scenes=config.scenes[: args.scenes])
         if args.samples is not None:
@@ -136,7 +170,7 @@ def _synth(args: argparse.Namespace) -> int:
     _clear_for_synth(args.root, args.overwrite)
     start = time.perf_counter()
     try:
-        counts = generate(args.root, config, workers=args.workers, progress=not args.quiet)
+        counts = generate(args.root, config, workers=args.workers, progress=not args.quiet, dataset=args.dataset)
     except OSError as err:
         raise SystemExit(f"data synth: cannot write {err.filename or args.root} ({err.strerror})") from None
     print(
@@ -172,17 +206,20 @@ def _clear_for_synth(root: Path, overwrite: bool) -> None:
 def _index(args: argparse.Namespace) -> int:
     from drivetrain.data.errors import DataError
     from drivetrain.data.index import build_index, save_index
+    from drivetrain.data.lyft_format import default_version
 
     out = args.out or args.root / "drivetrain_index.npz"
     if args.max_sweeps < 0:
         raise SystemExit(f"data index: --max-sweeps: must be ≥ 0, got {args.max_sweeps}")
+    dataset = None if args.dataset == "auto" else args.dataset
     try:
         index = build_index(
             args.root,
-            args.version,
+            args.version or default_version(args.root, dataset),
             max_sweeps=args.max_sweeps,
             check_files=not args.no_check_files,
             progress=not args.quiet,
+            dataset=dataset,
         )
     except DataError as err:
         raise SystemExit(f"data index: {err}") from None

@@ -1,5 +1,5 @@
 """``drivetrain eval``: official nuScenes detection metrics of a trained model (``--checkpoint``) or of a
-predictions file (``--predictions``)."""
+predictions file (``--predictions``); on a Lyft Level 5 root, the Lyft metric of a predictions file."""
 
 from __future__ import annotations
 
@@ -9,6 +9,12 @@ import json
 from pathlib import Path
 
 __all__ = ["add_parser"]
+
+LYFT_CHECKPOINT = (
+    "is a Lyft Level 5 root; --checkpoint evaluates the nuScenes reference models only (no Lyft model exists "
+    "yet): write the detections with drivetrain.data.lyft_eval.lyft_boxes_to_results and score them with "
+    "--predictions"
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +28,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         '({"meta": {...}, "results": {sample_token: [box, ...]}}, global frame). Prints the nuScenes devkit\'s '
         "DetectionEval tables, then mAP, NDS, the TP errors and the per-class AP as JSON. With "
         "--ground-truth-from INDEX, first write the index's ground truth as the predictions file (a check of the "
-        "whole chain: it scores mAP ≈ 1).",
+        "whole chain: it scores mAP ≈ 1). On a Lyft Level 5 root (told by its categories) --predictions is scored "
+        "with the Lyft metric instead (mAP over 3D IoU thresholds 0.5:0.95, per-class AP; Lyft box records with "
+        "'name' and 'score', see docs/data.md); --checkpoint is for nuScenes models only.",
         epilog="examples:\n  drivetrain eval --checkpoint runs/streampetr-tiny                  # newest checkpoint\n"
         "  drivetrain eval --checkpoint runs/streampetr-tiny/checkpoints/step-00000300 --split mini_val\n"
         "  drivetrain eval --predictions results.json --root data/synth-tiny\n"
@@ -49,9 +57,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--device", default="auto", choices=("auto", "cpu", "cuda"), help="with --checkpoint (default: auto)"
     )
     parser.add_argument(
-        "--version", default="v1.0-mini", help="table folder (default: v1.0-mini; with --checkpoint: the index's)"
+        "--version",
+        default=None,
+        help="table folder (default: v1.0-mini, or v1.01-train where only that exists; with --checkpoint: the index's)",
     )
-    parser.add_argument("--split", default="mini_val", help="devkit split, e.g. mini_val, val (default: mini_val)")
+    parser.add_argument(
+        "--split", default=None, help="devkit split, e.g. mini_val, val (default: mini_val; Lyft: train or val, val)"
+    )
+    parser.add_argument(
+        "--lyft-footprint",
+        choices=["heading", "pypi-0.0.8"],
+        default="heading",
+        help="Lyft metric: box footprints turned by the heading (lyft_dataset_sdk since its fix of the sign, "
+        "GitHub 0.0.10) or by minus it, as lyft-dataset-sdk 0.0.8 from PyPI does (default: heading)",
+    )
     parser.add_argument("--config", default="detection_cvpr_2019", help="devkit detection config")
     parser.add_argument(
         "--out",
@@ -81,7 +100,12 @@ def run(args: argparse.Namespace) -> int:
     from drivetrain.data.errors import DataError
     from drivetrain.data.evaluate import evaluate, ground_truth_submission, write_submission
     from drivetrain.data.index import load_index
+    from drivetrain.data.lyft_format import default_version, detect_dataset
 
+    args.version = args.version or default_version(args.root)
+    if detect_dataset(args.root, args.version) == "lyft":
+        return _run_lyft(args)
+    args.split = args.split or "mini_val"
     try:
         if args.ground_truth_from is not None:
             from nuscenes.utils.splits import create_splits_scenes
@@ -107,6 +131,39 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_lyft(args: argparse.Namespace) -> int:
+    """``--predictions`` on a Lyft root: the Lyft metric, printed as JSON."""
+    from drivetrain.data.errors import DataError
+    from drivetrain.data.evaluate import write_submission
+    from drivetrain.data.index import load_index
+    from drivetrain.data.lyft_eval import evaluate_lyft, lyft_ground_truth_submission
+    from drivetrain.data.lyft_splits import LYFT_SPLITS
+
+    split = args.split or "val"
+    if split not in LYFT_SPLITS:
+        raise SystemExit(f"eval: --split: unknown Lyft split {split!r}; there are {sorted(LYFT_SPLITS)}")
+    try:
+        if args.ground_truth_from is not None:
+            if args.predictions.exists() and not args.overwrite:
+                raise SystemExit(
+                    f"eval: {args.predictions} exists; --ground-truth-from would replace it (pass --overwrite)"
+                )
+            index = load_index(args.ground_truth_from, args.root)
+            try:
+                write_submission(lyft_ground_truth_submission(index, list(LYFT_SPLITS[split])), args.predictions)
+            except OSError as err:
+                raise SystemExit(f"eval: cannot write {args.predictions} ({err.strerror})") from None
+        metrics = evaluate_lyft(
+            args.predictions, args.root, version=args.version, split=split, out_dir=args.out,
+            footprint=args.lyft_footprint,
+        )  # fmt: skip
+    except DataError as err:
+        raise SystemExit(f"eval: {err}") from None
+    keys = ("mAP", "AP", "mAP_per_iou", "classes_without_gt", "footprint", "num_gt", "num_predictions")
+    print(json.dumps({k: metrics[k] for k in keys}, indent=2))
+    return 0
+
+
 def _print_summary(metrics: dict) -> None:
     summary = {"mAP": metrics["mean_ap"], "NDS": metrics["nd_score"], **metrics["tp_errors"]}
     summary["AP"] = metrics.get("mean_dist_aps", {})
@@ -124,6 +181,12 @@ def _run_checkpoint(args: argparse.Namespace) -> int:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("eval: --device cuda, but no CUDA device is available")
+    if args.root is not None:
+        from drivetrain.data.lyft_format import default_version, detect_dataset
+
+        if detect_dataset(args.root, args.version or default_version(args.root)) == "lyft":
+            raise SystemExit(f"eval: --root {args.root}: {LYFT_CHECKPOINT}")
+    args.split = args.split or "mini_val"
     device = torch.device("cuda" if args.device != "cpu" and torch.cuda.is_available() else "cpu")
     try:
         model, cfg, path = model_from_checkpoint(args.checkpoint)

@@ -97,6 +97,8 @@ def ground_truth_submission(index: FrameIndex, scenes: list[str] | None = None, 
     Boxes with fewer than ``min_points`` lidar points are left out, as the evaluation drops such GT.
     """
     arr, meta = index.arrays, index.meta
+    if meta.get("dataset") == "lyft":  # its labels index the Lyft classes: see lyft_eval.lyft_ground_truth_submission
+        raise DataError("the index was built from a Lyft Level 5 root, not a nuScenes one", meta.get("root"))
     wanted = None if scenes is None else set(scenes)
     results: dict[str, list[dict[str, Any]]] = {}
     for f in range(len(index)):

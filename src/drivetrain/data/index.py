@@ -12,6 +12,12 @@ computes, per key frame (sample), in StreamPETR's conventions:
   attribute and instance; velocities from the devkit's ``box_velocity``, NaN (single annotation) → 0;
 - lidar sweeps (``prev`` chain): file, sweep-lidar → key-lidar transform and time offset.
 
+Lyft Level 5 roots (same schema, see :mod:`drivetrain.data.lyft_format`) are recognised by their category table
+(or forced with ``dataset="lyft"``) and indexed the same way, except: labels index ``LYFT_CLASSES``; velocities
+are 0 (Lyft's metric has none); attributes are −1 (none); visibility is 0 (Lyft leaves it empty);
+``num_lidar_pts`` is counted from the key-frame ``LIDAR_TOP`` sweep (Lyft's tables hold −1), so every key-frame
+lidar file is read; the splits are mmdetection3d's Lyft ``train``/``val``; ``meta["dataset"]`` is ``"lyft"``.
+
 Saved as one ``.npz`` (numeric arrays, plus the strings as a JSON document stored as bytes), loaded with
 ``allow_pickle=False``.
 
@@ -41,6 +47,14 @@ from tqdm import tqdm
 
 from drivetrain.data.errors import DataError
 from drivetrain.data.index_check import check_index
+from drivetrain.data.lyft_format import (
+    DATASETS,
+    LYFT_CLASSES,
+    check_lyft_categories,
+    count_points_in_boxes,
+    detect_dataset,
+)
+from drivetrain.data.lyft_splits import LYFT_SPLITS
 from drivetrain.data.nuscenes_format import ATTRIBUTES, CAMERAS, CATEGORY_TO_CLASS, CLASSES, LIDAR, TABLES
 from drivetrain.geometry.rigid import invert, transform, yaw_from_matrix
 
@@ -77,7 +91,7 @@ class FrameIndex:
     """Arrays (see ``ARRAYS``) and string metadata of every key frame, in scene order."""
 
     arrays: dict[str, np.ndarray]
-    meta: dict[str, Any]  # root, version, classes, cameras, scenes, sample_tokens, image_files, lidar_files, ...
+    meta: dict[str, Any]  # root, version, classes, cameras, scenes, sample_tokens, image_files, ...; Lyft: dataset
 
     def __len__(self) -> int:
         return len(self.arrays["timestamp"])
@@ -201,8 +215,12 @@ def build_index(
     max_sweeps: int = 10,
     check_files: bool = True,
     progress: bool = True,
+    dataset: str | None = None,
 ) -> FrameIndex:
     """Index every key frame of ``root/version`` (see the module docstring).
+
+    ``dataset`` is ``"nuscenes"``, ``"lyft"`` or None: told from the category table (every name a Lyft class:
+    Lyft).
 
     Raises:
         DataError: naming the table folder when the tables are inconsistent (a dangling token, a missing or
@@ -210,9 +228,14 @@ def build_index(
     """
     if max_sweeps < 0:
         raise ValueError(f"max_sweeps: must be ≥ 0, got {max_sweeps}")
+    if dataset is not None and dataset not in DATASETS:
+        raise ValueError(f"dataset: expected one of {DATASETS} or None, got {dataset!r}")
     root = check_root(root, version)
+    if dataset == "lyft":
+        check_lyft_categories(root, version)
+    dataset = dataset or detect_dataset(root, version)
     try:
-        return _build_index(root, version, cameras, max_sweeps, check_files, progress)
+        return _build_index(root, version, cameras, max_sweeps, check_files, progress, dataset)
     except DataError:
         raise
     except (KeyError, AssertionError, TypeError, ValueError, IndexError, AttributeError) as err:
@@ -223,14 +246,14 @@ def build_index(
 
 
 def _build_index(
-    root: Path, version: str, cameras: tuple[str, ...], max_sweeps: int, check_files: bool, progress: bool
+    root: Path, version: str, cameras: tuple[str, ...], max_sweeps: int, check_files: bool, progress: bool, dataset: str
 ) -> FrameIndex:
     try:
         from nuscenes import NuScenes
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise ImportError("indexing needs the nuScenes devkit: pip install 'drivetrain[nuscenes]'") from err
     nusc = NuScenes(version=version, dataroot=str(root), verbose=False)
-    walk = _IndexWalk(nusc, root, version, cameras, max_sweeps)
+    walk = _IndexWalk(nusc, root, version, cameras, max_sweeps, dataset == "lyft")
     scenes = sorted(nusc.scene, key=lambda s: s["name"])
     with tqdm(total=sum(s["nbr_samples"] for s in scenes), desc="index", unit="frame", disable=not progress) as bar:
         for scene_id, scene in enumerate(scenes):
@@ -250,10 +273,17 @@ def _build_index(
 class _IndexWalk:
     """Walks the devkit's tables scene by scene, key frame by key frame, collecting the index columns."""
 
-    def __init__(self, nusc: Any, root: Path, version: str, cameras: tuple[str, ...], max_sweeps: int) -> None:
+    def __init__(
+        self, nusc: Any, root: Path, version: str, cameras: tuple[str, ...], max_sweeps: int, lyft: bool = False
+    ) -> None:
         self.nusc, self.root, self.version, self.cameras, self.max_sweeps = nusc, root, version, cameras, max_sweeps
-        self.label_of = {c: i for i, c in enumerate(CLASSES)}
-        self.attr_of = {a["token"]: ATTRIBUTES.index(a["name"]) for a in nusc.attribute if a["name"] in ATTRIBUTES}
+        self.lyft = lyft
+        classes = LYFT_CLASSES if lyft else CLASSES
+        self.class_of = {c: c for c in LYFT_CLASSES} if lyft else CATEGORY_TO_CLASS  # category → class
+        self.label_of = {c: i for i, c in enumerate(classes)}
+        self.attr_of = {}
+        if not lyft:  # Lyft's object_action_* attributes are not used by any detection metric
+            self.attr_of = {a["token"]: ATTRIBUTES.index(a["name"]) for a in nusc.attribute if a["name"] in ATTRIBUTES}
         self.cols: dict[str, list[Any]] = {k: [] for k in ARRAYS if k not in ("box_offset", "sweep_offset")}
         self.box_counts: list[int] = []
         self.sweep_counts: list[int] = []
@@ -262,8 +292,8 @@ class _IndexWalk:
             "format": FORMAT,
             "root": str(root.resolve()),
             "version": version,
-            "classes": list(CLASSES),
-            "attributes": list(ATTRIBUTES),
+            "classes": list(classes),
+            "attributes": [] if lyft else list(ATTRIBUTES),
             "cameras": list(cameras),
             "scenes": [],
             "scene_tokens": [],
@@ -275,8 +305,10 @@ class _IndexWalk:
             "sweep_files": [],
             "instances": [],
             "tables": table_fingerprint(root, version),
-            "splits": _devkit_splits(),
+            "splits": {k: list(v) for k, v in LYFT_SPLITS.items()} if lyft else _devkit_splits(),
         }
+        if lyft:  # a nuScenes index keeps exactly the metadata it had before Lyft support
+            self.meta["dataset"] = "lyft"
 
     def scene(self, scene_id: int, scene: dict[str, Any], bar: Any) -> None:
         self.meta["scenes"].append(scene["name"])
@@ -311,7 +343,7 @@ class _IndexWalk:
         meta["sample_tokens"].append(sample["token"])
         meta["prev_tokens"].append(sample["prev"])
         meta["next_tokens"].append(sample["next"])
-        self.box_counts.append(self._boxes(sample, global2lidar))
+        self.box_counts.append(self._boxes(sample, global2lidar, lidar_sd["filename"]))
         self.sweep_counts.append(self._sweeps(lidar_sd, global2lidar))
 
     def _cameras(self, sample: dict[str, Any], global2lidar: np.ndarray) -> None:
@@ -336,18 +368,18 @@ class _IndexWalk:
         self.cols["image_size"].append(np.array(size, dtype=np.int64))
         self.meta["image_files"].append(files)
 
-    def _boxes(self, sample: dict[str, Any], global2lidar: np.ndarray) -> int:
+    def _boxes(self, sample: dict[str, Any], global2lidar: np.ndarray, lidar_file: str) -> int:
         """The key frame's annotations of the detection classes, in the lidar frame; how many."""
         nusc, cols = self.nusc, self.cols
         n_boxes = 0
         for ann_token in sample["anns"]:
             ann = nusc.get("sample_annotation", ann_token)
-            name = CATEGORY_TO_CLASS.get(ann["category_name"])
+            name = self.class_of.get(ann["category_name"])
             if name is None:
                 continue
             rot = global2lidar[:3, :3] @ transform(ann["rotation"], [0, 0, 0])[:3, :3]
             centre = global2lidar[:3, :3] @ np.asarray(ann["translation"]) + global2lidar[:3, 3]
-            velocity = np.nan_to_num(nusc.box_velocity(ann_token), nan=0.0)
+            velocity = np.zeros(3) if self.lyft else np.nan_to_num(nusc.box_velocity(ann_token), nan=0.0)
             velocity = global2lidar[:3, :3] @ velocity
             w, length, h = ann["size"]
             cols["boxes"].append([*centre, length, w, h, yaw_from_matrix(rot), velocity[0], velocity[1]])
@@ -358,7 +390,16 @@ class _IndexWalk:
             cols["attribute"].append(self.attr_of.get(attrs[0], -1) if attrs else -1)
             cols["instance"].append(self.instance_id.setdefault(ann["instance_token"], len(self.instance_id)))
             n_boxes += 1
+        if self.lyft and n_boxes:
+            cols["num_lidar_pts"][-n_boxes:] = self._count_points(lidar_file, cols["boxes"][-n_boxes:])
         return n_boxes
+
+    def _count_points(self, lidar_file: str, boxes: list[list[float]]) -> list[int]:
+        """Points of the key-frame sweep ``lidar_file`` inside each lidar-frame box (Lyft tables hold −1)."""
+        from drivetrain.data.dataset import read_points  # dataset imports this module
+
+        points = read_points(self.root / lidar_file)  # (P, 5)
+        return count_points_in_boxes(points[:, :3], np.asarray(boxes)[:, :7]).tolist()
 
     def _sweeps(self, lidar_sd: dict[str, Any], global2lidar: np.ndarray) -> int:
         """Up to ``max_sweeps`` earlier lidar sweeps: sweep→lidar transforms, Δt and files; how many."""

@@ -23,7 +23,9 @@ import torch
 from torch import nn
 
 from drivetrain.data.dataset import Skipped
+from drivetrain.data.errors import DataError
 from drivetrain.data.evaluate import boxes_to_submission, evaluate, submission_meta, write_submission
+from drivetrain.data.lyft_format import dataset_of
 from drivetrain.ragged import RaggedBatch
 
 __all__ = ["EvalResult", "evaluate_model", "predict"]
@@ -154,6 +156,14 @@ def evaluate_model(
     """
     start = time.perf_counter()
     frames = getattr(dataset, "frames", dataset)
+    meta = getattr(getattr(frames, "index", None), "meta", {})
+    if dataset_of(meta) == "lyft":
+        raise DataError(
+            "the frames are of a Lyft Level 5 root; model evaluation writes nuScenes submissions and runs the nuScenes "
+            "devkit (Lyft: write drivetrain.data.lyft_eval.lyft_boxes_to_results and use `drivetrain eval "
+            "--predictions`)",
+            meta.get("root"),
+        )
     root = root if root is not None else frames.root
     version = version if version is not None else frames.index.meta.get("version", "v1.0-mini")
     submission, skipped = predict(model, dataset, device, progress=progress)

@@ -7,6 +7,9 @@ sweeps), calibrated sensors with w-x-y-z quaternions and camera intrinsics, inst
 chains (so ``box_velocity`` recovers the velocity), ``num_lidar_pts`` from the simulated key-frame sweep,
 attributes by class and motion, visibility from the rendered images. Scenes are independent (one RNG
 per scene from the seed), so the output is identical for a seed, with any number of worker processes.
+
+``dataset="lyft"`` writes the same scenes as a Lyft Level 5 ``v1.01-train`` folder instead (Lyft classes, tables
+and file names; see :mod:`drivetrain.data.synth.lyft`); the nuScenes output does not change with it.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ import numpy as np
 import simplejpeg
 from tqdm import tqdm
 
+from drivetrain.data.lyft_format import DATASETS, LYFT_VERSION
 from drivetrain.data.nuscenes_format import ATTRIBUTES, CAMERAS, CATEGORIES, LIDAR, TABLES, VISIBILITY_LEVELS, token
 from drivetrain.data.synth import lidar as lidar_sim
+from drivetrain.data.synth import lyft
 from drivetrain.data.synth.config import SynthConfig
 from drivetrain.data.synth.render import background, corners_in_camera, make_rig, render
 from drivetrain.data.synth.world import CATEGORY, SceneLayout, make_layout
@@ -40,13 +45,22 @@ SWEEP_INTERVAL_US = 50_000
 SUN_GLOBAL = np.array([0.35, 0.55, 0.76]) / np.linalg.norm([0.35, 0.55, 0.76])
 
 
-def generate(root: str | Path, config: SynthConfig, *, workers: int = 1, progress: bool = True) -> dict[str, int]:
-    """Generate ``config`` into ``root`` (created; existing tables are overwritten). Returns record counts."""
+def generate(
+    root: str | Path, config: SynthConfig, *, workers: int = 1, progress: bool = True, dataset: str = "nuscenes"
+) -> dict[str, int]:
+    """Generate ``config`` into ``root`` (created; existing tables are overwritten). Returns record counts.
+
+    ``dataset``: ``"nuscenes"`` (tables in ``v1.0-mini/``) or ``"lyft"`` (a Lyft ``v1.01-train`` folder).
+    """
+    if dataset not in DATASETS:
+        raise ValueError(f"dataset: expected one of {DATASETS}, got {dataset!r}")
     root = Path(root)
-    (root / VERSION).mkdir(parents=True, exist_ok=True)
+    version = LYFT_VERSION if dataset == "lyft" else VERSION
+    (root / version).mkdir(parents=True, exist_ok=True)
     tables: dict[str, list[dict[str, Any]]] = {name: [] for name in TABLES}
-    tables.update(_static_tables(config))  # the per-scene ones are filled below, "map" last
-    jobs = [(root, config, i) for i in range(len(config.scenes))]
+    # the per-scene tables are filled below, "map" last
+    tables.update(lyft.lyft_static_tables(config.seed) if dataset == "lyft" else _static_tables(config))
+    jobs = [(root, config, i, dataset) for i in range(len(config.scenes))]
     bar = tqdm(total=len(jobs) * config.samples_per_scene, desc="synth", unit="frame", disable=not progress)
     results: Iterator[dict[str, list[dict[str, Any]]]]
     if workers > 1:
@@ -70,13 +84,14 @@ def generate(root: str | Path, config: SynthConfig, *, workers: int = 1, progres
             "token": token(config.seed, "map"),
             "log_tokens": [row["token"] for row in tables["log"]],
             "category": "semantic_prior",
-            "filename": f"maps/{token(config.seed, 'map')}.png",
+            "filename": lyft.MAP_FILE if dataset == "lyft" else f"maps/{token(config.seed, 'map')}.png",
         }
     ]
     _write_png(root / tables["map"][0]["filename"], np.full((8, 8), 255, dtype=np.uint8))
     for name, rows in tables.items():
-        (root / VERSION / f"{name}.json").write_text(json.dumps(rows, indent=0))
-    (root / "drivetrain_synth.json").write_text(json.dumps({"version": VERSION, **asdict(config)}, indent=2))
+        (root / version / f"{name}.json").write_text(json.dumps(rows, indent=0))
+    settings = {"version": version, **({"dataset": "lyft"} if dataset == "lyft" else {}), **asdict(config)}
+    (root / "drivetrain_synth.json").write_text(json.dumps(settings, indent=2))
     return {name: len(rows) for name, rows in tables.items()}
 
 
@@ -98,13 +113,13 @@ def _static_tables(config: SynthConfig) -> dict[str, list[dict[str, Any]]]:
     }
 
 
-def _scene_star(job: tuple[Path, SynthConfig, int]) -> dict[str, list[dict[str, Any]]]:
+def _scene_star(job: tuple[Path, SynthConfig, int, str]) -> dict[str, list[dict[str, Any]]]:
     return _scene(*job, bar=None)
 
 
-def _scene(root: Path, config: SynthConfig, index: int, bar: Any) -> dict[str, list[dict[str, Any]]]:
+def _scene(root: Path, config: SynthConfig, index: int, dataset: str, bar: Any) -> dict[str, list[dict[str, Any]]]:
     """All records of one scene; writes its images and lidar files."""
-    scene = _SceneWriter(root, config, index)
+    scene = _SceneWriter(root, config, index, dataset == "lyft")
     for j in range(config.samples_per_scene):
         scene.key_frame(j)
         if bar is not None:
@@ -115,12 +130,16 @@ def _scene(root: Path, config: SynthConfig, index: int, bar: Any) -> dict[str, l
 class _SceneWriter:
     """One scene's files and table rows, key frame by key frame (random draws in a fixed order)."""
 
-    def __init__(self, root: Path, config: SynthConfig, index: int) -> None:
-        self.root, self.config = root, config
+    def __init__(self, root: Path, config: SynthConfig, index: int, lyft_format: bool = False) -> None:
+        self.root, self.config, self.lyft = root, config, lyft_format
         self.seed, self.name = config.seed, config.scenes[index]
         self.rng = np.random.default_rng([self.seed, index])
         duration = (config.samples_per_scene - 1) * KEY_INTERVAL_US / 1e6
         self.layout = make_layout(self.rng, duration, config.annotation_range)
+        # Lyft: per object its Lyft class, None for kinds Lyft does not annotate
+        self.lyft_classes: list[str | None] = []
+        if lyft_format:
+            self.layout, self.lyft_classes = lyft.lyft_layout(self.layout)
         self.rig = make_rig(config.image_width, config.image_height, config.focal)
         self.backgrounds = [background(self.rig, c) for c in range(len(CAMERAS))]
         self.l2e = lidar_sim.lidar2ego()
@@ -139,6 +158,8 @@ class _SceneWriter:
                 "location": "singapore-onenorth",
             }
         ]
+        if lyft_format:
+            self.out["log"][0].update(logfile="", vehicle=lyft.host_of(self.name)[5:], location="Palo Alto")
         self.calib = self._calibration()
         self.channel_chain: dict[str, list[dict[str, Any]]] = {c: [] for c in (*CAMERAS, LIDAR)}
         self.ann_by_object: dict[int, list[dict[str, Any]]] = {}
@@ -177,22 +198,25 @@ class _SceneWriter:
                 "translation": ego[:3, 3].tolist(),
             }
         )
-        self.channel_chain[channel].append(
-            {
-                "token": sd_token,
-                "sample_token": sample_tok,
-                "ego_pose_token": sd_token,
-                "calibrated_sensor_token": self.calib[channel],
-                "timestamp": ts,
-                "fileformat": "jpg" if channel != LIDAR else "pcd",
-                "is_key_frame": key,
-                "height": size[1],
-                "width": size[0],
-                "filename": filename,
-                "prev": "",
-                "next": "",
-            }
-        )
+        row = {
+            "token": sd_token,
+            "sample_token": sample_tok,
+            "ego_pose_token": sd_token,
+            "calibrated_sensor_token": self.calib[channel],
+            "timestamp": ts,
+            "fileformat": "jpg" if channel != LIDAR else "pcd",
+            "is_key_frame": key,
+            "height": size[1],
+            "width": size[0],
+            "filename": filename,
+            "prev": "",
+            "next": "",
+        }
+        if self.lyft:  # Lyft: jpeg / bin, and no image size on lidar records
+            row["fileformat"] = "jpeg" if channel != LIDAR else "bin"
+            if channel == LIDAR:
+                del row["height"], row["width"]
+        self.channel_chain[channel].append(row)
 
     def key_frame(self, j: int) -> None:
         """Key frame ``j``: its lidar sweeps, six camera images, annotations and sample row."""
@@ -205,6 +229,8 @@ class _SceneWriter:
         covered, visible = self._cameras(ts, sample_tok, ego, boxes_g[near], near)
         num_pts = np.bincount(lidar_hits[lidar_hits >= 0], minlength=len(self.layout.objects))
         for n, obj in enumerate(near):
+            if self.lyft and self.lyft_classes[obj] is None:
+                continue  # barriers and cones: scenery on Lyft
             frac = visible[n] / covered[n] if covered[n] > 0 else 0.0
             self._annotate(int(obj), j, boxes_g[obj], frac, int(num_pts[obj]))
         self.out["sample"].append(
@@ -224,6 +250,8 @@ class _SceneWriter:
             ts_k = ts - k * SWEEP_INTERVAL_US
             folder = "samples" if k == 0 else "sweeps"
             filename = f"{folder}/{LIDAR}/{self.name}__{LIDAR}__{ts_k}.pcd.bin"
+            if self.lyft:
+                filename = lyft.lidar_file(self.name, ts_k)
             points, hit = _sweep(self.layout, (ts_k - self.t0) / 1e6, self.config, self.l2e, self.rng)
             (self.root / filename).parent.mkdir(parents=True, exist_ok=True)
             points.tofile(self.root / filename)
@@ -249,6 +277,8 @@ class _SceneWriter:
             covered += shot.covered
             visible += np.bincount(shot.instance[shot.instance >= 0], minlength=len(near))
             filename = f"samples/{cam}/{self.name}__{cam}__{ts}.jpg"
+            if self.lyft:
+                filename = lyft.image_file(self.name, c, ts)
             (self.root / filename).parent.mkdir(parents=True, exist_ok=True)
             (self.root / filename).write_bytes(
                 simplejpeg.encode_jpeg(shot.image, quality=self.config.jpeg_quality, colorspace="RGB")
@@ -275,6 +305,8 @@ class _SceneWriter:
                 "num_radar_pts": 0,
             }
         )
+        if self.lyft:
+            self.ann_by_object[obj][-1].update(lyft.lyft_annotation_fields(self.seed, o.attribute))
 
     def finish(self) -> dict[str, list[dict[str, Any]]]:
         """Link the prev/next chains and add the instance and scene rows; the scene's tables."""
@@ -288,7 +320,7 @@ class _SceneWriter:
             out["instance"].append(
                 {
                     "token": self.token("instance", obj),
-                    "category_token": token(self.seed, "category", CATEGORY[self.layout.objects[obj].name]),
+                    "category_token": token(self.seed, "category", self._category(obj)),
                     "nbr_annotations": len(rows),
                     "first_annotation_token": rows[0]["token"],
                     "last_annotation_token": rows[-1]["token"],
@@ -307,6 +339,10 @@ class _SceneWriter:
             }
         ]
         return out
+
+    def _category(self, obj: int) -> str:
+        """The category name of object ``obj``: its nuScenes category, or on Lyft its class."""
+        return str(self.lyft_classes[obj]) if self.lyft else CATEGORY[self.layout.objects[obj].name]
 
 
 def _ego_pose(layout: SceneLayout, t: float) -> np.ndarray:

@@ -1,0 +1,151 @@
+"""Facts of the Lyft Level 5 format and how a root's format is told apart from nuScenes'.
+
+Lyft Level 5 (v1.01) stores the nuScenes schema — the same 13 tables with the same fields, read by a fork of the
+nuScenes devkit (``lyft_dataset_sdk``) — with these differences (checked against the SDK 0.0.8 and the tables
+of mmdetection3d's Lyft test data):
+
+- ``category`` holds the 9 detection classes themselves (``car``, ``truck``, ...; no ``vehicle.*`` hierarchy
+  and no ``index`` field), so a category *is* its class;
+- ``sample_annotation.num_lidar_pts`` is ``-1`` (never counted) and ``visibility_token`` is ``""``; attributes
+  are ``object_action_*`` names that no detection metric uses; there are no velocities in the metric;
+- sensors: ``CAM_FRONT``, ``CAM_FRONT_RIGHT``, ``CAM_FRONT_LEFT``, ``CAM_BACK``, ``CAM_BACK_LEFT``,
+  ``CAM_BACK_RIGHT`` (the six nuScenes names), ``CAM_FRONT_ZOOMED``, ``LIDAR_TOP`` and on some cars
+  ``LIDAR_FRONT_LEFT`` / ``LIDAR_FRONT_RIGHT``; lidar ``.bin`` files of 5 float32 per point;
+- layout: ``<root>/v1.01-train/*.json`` beside ``images/*.jpeg``, ``lidar/*.bin``, ``maps/*.png`` (Kaggle ships
+  these as ``train_data``, ``train_images``, ``train_lidar``, ``train_maps``; the ``filename`` fields name
+  ``images/``, ``lidar/``, ``maps/``, so those folders must carry these names).
+
+An index built from a Lyft root records ``meta["dataset"] = "lyft"``; a nuScenes index has no such key (so that it
+stays what it was before Lyft support), which :func:`dataset_of` reads as ``"nuscenes"``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from drivetrain.data.errors import DataError
+
+__all__ = [
+    "DATASETS",
+    "LYFT_ATTRIBUTES",
+    "LYFT_CLASSES",
+    "LYFT_VERSION",
+    "check_lyft_categories",
+    "count_points_in_boxes",
+    "dataset_of",
+    "default_version",
+    "detect_dataset",
+]
+
+DATASETS = ("nuscenes", "lyft")
+LYFT_VERSION = "v1.01-train"
+NUSCENES_VERSION = "v1.0-mini"  # drivetrain's default table folder for nuScenes roots
+
+# The Lyft detection classes in the order mmdetection3d numbers them (label = position).
+LYFT_CLASSES = (
+    "car",
+    "truck",
+    "bus",
+    "emergency_vehicle",
+    "other_vehicle",
+    "motorcycle",
+    "bicycle",
+    "pedestrian",
+    "animal",
+)
+
+# The attribute table of v1.01-train (written by the synthetic generator; the index ignores attributes on Lyft).
+LYFT_ATTRIBUTES = (
+    "object_action_lane_change_right",
+    "object_action_running",
+    "object_action_lane_change_left",
+    "object_action_parked",
+    "object_action_standing",
+    "object_action_right_turn",
+    "object_action_gliding_on_wheels",
+    "object_action_loss_of_control",
+    "object_action_u_turn",
+    "object_action_sitting",
+    "object_action_walking",
+    "object_action_stopped",
+    "object_action_left_turn",
+    "object_action_reversing",
+    "is_stationary",
+    "object_action_driving_straight_forward",
+    "object_action_abnormal_or_traffic_violation",
+    "object_action_other_motion",
+)
+
+
+def dataset_of(meta: dict[str, Any]) -> str:
+    """``"lyft"`` or ``"nuscenes"``: the format of the root an index (its ``meta``) was built from."""
+    return "lyft" if meta.get("dataset") == "lyft" else "nuscenes"
+
+
+def detect_dataset(root: str | Path, version: str) -> str:
+    """``"lyft"`` when every category of ``root/version/category.json`` is a Lyft class, else ``"nuscenes"``.
+
+    A missing or unreadable category table reads as nuScenes: the caller's root check reports it.
+    """
+    try:
+        rows = json.loads((Path(root) / version / "category.json").read_text())
+        names = {row["name"] for row in rows}
+    except (OSError, ValueError, TypeError, KeyError):
+        return "nuscenes"
+    return "lyft" if names and names <= set(LYFT_CLASSES) else "nuscenes"
+
+
+def check_lyft_categories(root: str | Path, version: str) -> None:
+    """DataError naming ``category.json`` and the first category that is not a Lyft class (``--format lyft``)."""
+    path = Path(root) / version / "category.json"
+    try:
+        rows = json.loads(path.read_text())
+        names = [row["name"] for row in rows]
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        raise DataError(f"cannot read the category names ({type(err).__name__}: {err})", path) from None
+    unknown = [n for n in names if n not in LYFT_CLASSES]
+    if unknown:
+        raise DataError(f"category {unknown[0]!r} is not a Lyft class {LYFT_CLASSES} (a nuScenes root?)", path)
+
+
+def default_version(root: str | Path, dataset: str | None = None) -> str:
+    """The table folder to read when none is given: ``v1.01-train`` for Lyft (``dataset="lyft"``, or a root that
+    has ``v1.01-train/`` but no ``v1.0-mini/``), else ``v1.0-mini``."""
+    root = Path(root)
+    if dataset == "lyft":
+        return LYFT_VERSION
+    if dataset is None and not (root / NUSCENES_VERSION).is_dir() and (root / LYFT_VERSION).is_dir():
+        return LYFT_VERSION
+    return NUSCENES_VERSION
+
+
+def count_points_in_boxes(points: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """Points inside each box, boundary included (the devkit's ``points_in_box`` test).
+
+    Args:
+        points: ``(P, 3)`` x, y, z in the boxes' frame.
+        boxes: ``(M, 7)`` ``(x, y, z_centre, dx, dy, dz, yaw)``, yaw about z.
+
+    Returns:
+        ``(M,)`` int64 counts.
+
+    Example:
+        >>> count_points_in_boxes(np.zeros((1, 3)), np.array([[0, 0, 0, 2, 2, 2, 0.3]]))
+        array([1])
+    """
+    points = np.asarray(points, dtype=np.float64).reshape(-1, 3)
+    boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 7)
+    counts = np.zeros(len(boxes), dtype=np.int64)
+    for m, (x, y, z, dx, dy, dz, yaw) in enumerate(boxes):
+        # A cheap bounding-circle cut first: a key-frame sweep has ~10⁵ points and a frame ~10² boxes.
+        rel = points - (x, y, z)  # (P, 3)
+        near = np.flatnonzero((np.abs(rel[:, 2]) <= dz / 2) & ((rel[:, :2] ** 2).sum(1) <= (dx * dx + dy * dy) / 4))
+        c, s = np.cos(yaw), np.sin(yaw)
+        along = rel[near, 0] * c + rel[near, 1] * s  # (P',)
+        across = -rel[near, 0] * s + rel[near, 1] * c  # (P',)
+        counts[m] = int(((np.abs(along) <= dx / 2) & (np.abs(across) <= dy / 2)).sum())
+    return counts
