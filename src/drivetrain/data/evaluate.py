@@ -10,6 +10,7 @@ back. ``evaluate`` runs ``nuscenes.eval.detection.evaluate.DetectionEval`` (need
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,28 @@ def check_submission(submission: Any, path: Path) -> int:
         raise DataError('predictions must be a nuScenes submission: {"meta": {...}, "results": {token: [...]}}', path)
     attributes = {"", *ATTRIBUTES}
     count = 0
+    for where, box in submission_boxes(submission, path):
+        check_box_vectors(box, where, _VECTORS, path)
+        if not isinstance(box.get("detection_name"), str) or box["detection_name"] not in CLASSES:
+            raise DataError(f"{where}.detection_name: {box.get('detection_name')!r} is not one of {CLASSES}", path)
+        score = box.get("detection_score")
+        if not is_number(score) or not np.isfinite(score):
+            raise DataError(f"{where}.detection_score: must be a finite number, got {score!r}", path)
+        if "ego_translation" in box and not _numbers(box["ego_translation"], 3):
+            raise DataError(f"{where}.ego_translation: must be a list of 3 finite numbers", path)
+        if "num_pts" in box and not (is_number(box["num_pts"]) and float(box["num_pts"]).is_integer()):
+            raise DataError(f"{where}.num_pts: must be an integer, got {box['num_pts']!r}", path)
+        attribute = box.get("attribute_name")
+        if not isinstance(attribute, str) or attribute not in attributes:  # required by the devkit, "" = none
+            raise DataError(f"{where}.attribute_name: {box.get('attribute_name')!r} is not a nuScenes attribute", path)
+        count += 1
+    return count
+
+
+def submission_boxes(submission: dict[str, Any], path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every box of a predictions file's ``results`` with its place ``results[TOKEN][i]``, after the checks a
+    nuScenes submission and a Lyft predictions file share: a list per sample token, objects, and each box's
+    ``sample_token`` equal to its key. DataError names the file and the entry."""
     for token, boxes in submission["results"].items():
         if not isinstance(boxes, list):
             raise DataError(f"results[{token!r}]: must be a list of boxes, got {type(boxes).__name__}", path)
@@ -141,45 +164,34 @@ def check_submission(submission: Any, path: Path) -> int:
             if not isinstance(box, dict):
                 raise DataError(f"{where}: must be an object, got {type(box).__name__}", path)
             if box.get("sample_token") != token:
-                raise DataError(
-                    f"{where}.sample_token: {box.get('sample_token')!r} differs from its key {token!r}", path
-                )
-            for field, length in _VECTORS.items():
-                value = box.get(field)
-                if not isinstance(value, list) or len(value) != length or not all(_is_number(v) for v in value):
-                    raise DataError(f"{where}.{field}: must be a list of {length} numbers, got {value!r}", path)
-                if not np.isfinite(value).all():
-                    raise DataError(f"{where}.{field}: non-finite value {value!r}", path)
-            if min(box["size"]) <= 0:
-                raise DataError(f"{where}.size: must be positive, got {box['size']!r}", path)
-            if not isinstance(box.get("detection_name"), str) or box["detection_name"] not in CLASSES:
-                raise DataError(f"{where}.detection_name: {box.get('detection_name')!r} is not one of {CLASSES}", path)
-            score = box.get("detection_score")
-            if not _is_number(score) or not np.isfinite(score):
-                raise DataError(f"{where}.detection_score: must be a finite number, got {score!r}", path)
-            if "ego_translation" in box and not _numbers(box["ego_translation"], 3):
-                raise DataError(f"{where}.ego_translation: must be a list of 3 finite numbers", path)
-            if "num_pts" in box and not (_is_number(box["num_pts"]) and float(box["num_pts"]).is_integer()):
-                raise DataError(f"{where}.num_pts: must be an integer, got {box['num_pts']!r}", path)
-            attribute = box.get("attribute_name")
-            if not isinstance(attribute, str) or attribute not in attributes:  # required by the devkit, "" = none
-                raise DataError(
-                    f"{where}.attribute_name: {box.get('attribute_name')!r} is not a nuScenes attribute", path
-                )
-            count += 1
-    return count
+                found = box.get("sample_token")
+                raise DataError(f"{where}.sample_token: {found!r} differs from its key {token!r}", path)
+            yield where, box
+
+
+def check_box_vectors(box: dict[str, Any], where: str, vectors: dict[str, int], path: Path) -> None:
+    """The box's vector fields (name → length) are lists of finite numbers, and its ``size`` is positive."""
+    for field, length in vectors.items():
+        value = box.get(field)
+        if not isinstance(value, list) or len(value) != length or not all(is_number(v) for v in value):
+            raise DataError(f"{where}.{field}: must be a list of {length} numbers, got {value!r}", path)
+        if not np.isfinite(value).all():
+            raise DataError(f"{where}.{field}: non-finite value {value!r}", path)
+    if min(box["size"]) <= 0:
+        raise DataError(f"{where}.size: must be positive, got {box['size']!r}", path)
 
 
 def _numbers(value: Any, length: int) -> bool:
     return (
         isinstance(value, list)
         and len(value) == length
-        and all(_is_number(v) for v in value)
+        and all(is_number(v) for v in value)
         and bool(np.isfinite(value).all())
     )
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """A JSON number (int or float, not bool)."""
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 

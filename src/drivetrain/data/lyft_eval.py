@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from drivetrain.data.errors import DataError
+from drivetrain.data.evaluate import check_box_vectors, is_number, submission_boxes
 from drivetrain.data.index import FrameIndex, check_root
 from drivetrain.data.lyft_format import LYFT_CLASSES, LYFT_VERSION, dataset_of
 from drivetrain.data.lyft_metric import IOU_THRESHOLDS, LyftBoxes, lyft_average_precisions
@@ -104,39 +105,19 @@ def check_lyft_submission(submission: Any, path: Path) -> int:
     if not isinstance(submission, dict) or not isinstance(submission.get("results"), dict):
         raise DataError('Lyft predictions must be {"meta": {...}, "results": {sample_token: [box, ...]}}', path)
     count = 0
-    for token, boxes in submission["results"].items():
-        if not isinstance(boxes, list):
-            raise DataError(f"results[{token!r}]: must be a list of boxes, got {type(boxes).__name__}", path)
-        for i, box in enumerate(boxes):
-            where = f"results[{token!r}][{i}]"
-            if not isinstance(box, dict):
-                raise DataError(f"{where}: must be an object, got {type(box).__name__}", path)
-            if box.get("sample_token") != token:
-                found = box.get("sample_token")
-                raise DataError(f"{where}.sample_token: {found!r} differs from its key {token!r}", path)
-            for field, length in (("translation", 3), ("size", 3), ("rotation", 4)):
-                value = box.get(field)
-                if not isinstance(value, list) or len(value) != length or not all(_is_number(v) for v in value):
-                    raise DataError(f"{where}.{field}: must be a list of {length} numbers, got {value!r}", path)
-                if not np.isfinite(value).all():
-                    raise DataError(f"{where}.{field}: non-finite value {value!r}", path)
-            if min(box["size"]) <= 0:
-                raise DataError(f"{where}.size: must be positive, got {box['size']!r}", path)
-            if not any(box["rotation"]):
-                raise DataError(f"{where}.rotation: the zero quaternion is no rotation", path)
-            name = box.get("name")
-            if not isinstance(name, str) or name not in LYFT_CLASSES:
-                hint = " (Lyft records name the class in 'name')" if "detection_name" in box else ""
-                raise DataError(f"{where}.name: {name!r} is not one of the Lyft classes {LYFT_CLASSES}{hint}", path)
-            score = box.get("score")
-            if not _is_number(score) or not np.isfinite(score):
-                raise DataError(f"{where}.score: must be a finite number, got {score!r}", path)
-            count += 1
+    for where, box in submission_boxes(submission, path):
+        check_box_vectors(box, where, {"translation": 3, "size": 3, "rotation": 4}, path)
+        if not any(box["rotation"]):
+            raise DataError(f"{where}.rotation: the zero quaternion is no rotation", path)
+        name = box.get("name")
+        if not isinstance(name, str) or name not in LYFT_CLASSES:
+            hint = " (Lyft records name the class in 'name')" if "detection_name" in box else ""
+            raise DataError(f"{where}.name: {name!r} is not one of the Lyft classes {LYFT_CLASSES}{hint}", path)
+        score = box.get("score")
+        if not is_number(score) or not np.isfinite(score):
+            raise DataError(f"{where}.score: must be a finite number, got {score!r}", path)
+        count += 1
     return count
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _table(root: Path, version: str, name: str) -> list[dict[str, Any]]:

@@ -45,6 +45,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
+from drivetrain.pipeline._config import finite_numbers
 from drivetrain.ragged import RaggedBatch, select
 
 __all__ = [
@@ -90,22 +91,13 @@ class BevAugConfig:
     shuffle: bool = True  # PointShuffle: permute each sample's kept points
 
     def __post_init__(self) -> None:
-        def numbers(name: str, value: object, length: int) -> tuple[float, ...]:
-            ok = isinstance(value, (tuple, list)) and len(value) == length
-            ok = ok and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
-            if not ok or not all(math.isfinite(v) for v in value):
-                raise ValueError(f"{name}: expected {length} finite numbers, got {value!r}")
-            converted = tuple(float(v) for v in value)
-            object.__setattr__(self, name, converted)  # YAML gives lists; keep the frozen config hashable
-            return converted
-
-        lo, hi = numbers("rot_range", self.rot_range, 2)
+        lo, hi = finite_numbers(self, "rot_range", 2)
         if lo > hi:
             raise ValueError(f"rot_range: lower bound {lo} exceeds upper bound {hi}")
-        lo, hi = numbers("scale_range", self.scale_range, 2)
+        lo, hi = finite_numbers(self, "scale_range", 2)
         if not 0 < lo <= hi:
             raise ValueError(f"scale_range: needs 0 < lo <= hi, got {(lo, hi)}")
-        if any(std < 0 for std in numbers("translation_std", self.translation_std, 3)):
+        if any(std < 0 for std in finite_numbers(self, "translation_std", 3)):
             raise ValueError(f"translation_std: must be >= 0, got {self.translation_std}")
         for name in ("flip_horizontal", "flip_vertical"):
             p = getattr(self, name)
@@ -113,7 +105,7 @@ class BevAugConfig:
                 raise ValueError(f"{name}: probability must be in [0, 1], got {p!r}")
         for name, length in (("point_range", 6), ("object_range", 4)):
             if getattr(self, name) is not None:
-                bounds = numbers(name, getattr(self, name), length)
+                bounds = finite_numbers(self, name, length)
                 half = length // 2
                 if not all(a < b for a, b in zip(bounds[:half], bounds[half:], strict=True)):
                     raise ValueError(f"{name}: every minimum must be below its maximum, got {bounds}")

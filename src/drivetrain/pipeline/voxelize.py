@@ -53,6 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from drivetrain.constants import constant
+from drivetrain.pipeline._config import finite_numbers
 from drivetrain.ragged import RaggedBatch
 
 __all__ = [
@@ -95,20 +96,10 @@ class VoxelGrid:
     grid_size: tuple[int, int, int] = field(init=False)  # (nx, ny, nz) = round((max − min) / size), as mmcv
 
     def __post_init__(self) -> None:
-        def numbers(name: str, length: int) -> tuple[float, ...]:
-            value = getattr(self, name)
-            ok = isinstance(value, (tuple, list)) and len(value) == length
-            ok = ok and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
-            if not ok or not all(math.isfinite(v) for v in value):
-                raise ValueError(f"{name}: expected {length} finite numbers, got {value!r}")
-            converted = tuple(float(v) for v in value)
-            object.__setattr__(self, name, converted)  # YAML gives lists; keep the frozen config hashable
-            return converted
-
-        bounds = numbers("point_cloud_range", 6)
+        bounds = finite_numbers(self, "point_cloud_range", 6)
         if not all(lo < hi for lo, hi in zip(bounds[:3], bounds[3:], strict=True)):
             raise ValueError(f"point_cloud_range: every minimum must be below its maximum, got {bounds}")
-        sizes = numbers("voxel_size", 3)
+        sizes = finite_numbers(self, "voxel_size", 3)
         if not all(s > 0 for s in sizes):
             raise ValueError(f"voxel_size: every size must be > 0, got {sizes}")
         for name in ("max_points", "max_voxels"):
