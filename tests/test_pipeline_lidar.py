@@ -1,4 +1,5 @@
-"""The composed lidar input: sweep cache → collate → batched BEV augmentation → batched voxelization."""
+"""The composed lidar input: sweep cache → collate → batched BEV augmentation → batched voxelization, for
+nuScenes- and Lyft-format data."""
 
 from __future__ import annotations
 
@@ -7,10 +8,15 @@ import torch
 
 from drivetrain.data import DatasetConfig, FrameDataset, collate
 from drivetrain.data.dataset import read_points
+from drivetrain.data.index import build_index
+from drivetrain.data.lyft_format import LYFT_CLASSES, LYFT_VERSION
 from drivetrain.data.sweep_cache import build_cache
+from drivetrain.data.synth import SynthConfig, generate
+from drivetrain.data.synth.lyft import LYFT_SYNTH_SCENES
 from drivetrain.pipeline.augment_bev import BevAugConfig
 from drivetrain.pipeline.lidar import lidar_input, reference_lidar_input
 from drivetrain.pipeline.voxelize import VoxelGrid, reference_hard_voxelize_batch
+from helpers.synth import SYNTH_TEST_CONFIG
 
 # A small grid that still drops voxels (max_voxels) and points (max_points) on the synthetic clouds.
 GRID = VoxelGrid((-16.0, -16.0, -5.0, 16.0, 16.0, 3.0), (0.5, 0.5, 8.0), max_points=8, max_voxels=600)
@@ -19,14 +25,25 @@ AUGMENT = BevAugConfig(
 )
 
 
-@pytest.fixture(scope="module")
-def batch(synth_root, synth_index, tmp_path_factory):
-    cache = tmp_path_factory.mktemp("lidar") / "sweeps-2"
+@pytest.fixture(scope="module", params=["nuscenes", "lyft"])
+def batch(request, synth_root, synth_index, tmp_path_factory):
+    """Three frames read from a sweep cache (N = 2, x y z Δt) of the shared nuScenes-format set or of a
+    Lyft-format synthetic set, collated."""
+    folder = tmp_path_factory.mktemp("lidar")
+    root, index = synth_root, synth_index
+    if request.param == "lyft":
+        root = folder / "lyft"
+        config = SynthConfig(**dict(SYNTH_TEST_CONFIG, scenes=LYFT_SYNTH_SCENES[:2]))
+        generate(root, config, progress=False, dataset="lyft")
+        index = build_index(root, LYFT_VERSION, progress=False)
+        assert index.meta["classes"] == list(LYFT_CLASSES)
     config = DatasetConfig(load_images=False, load_points=True, num_sweeps=2, use_dim=(0, 1, 2, 4), filter_empty=False)
-    build_cache(synth_index, synth_root, cache, config.sweep_config, read_points)
-    dataset = FrameDataset(synth_index, DatasetConfig(**{**vars(config), "sweep_cache": str(cache)}), synth_root)
+    build_cache(index, root, folder / "sweeps-2", config.sweep_config, read_points)
+    dataset = FrameDataset(index, DatasetConfig(**{**vars(config), "sweep_cache": str(folder / "sweeps-2")}), root)
     loader = torch.utils.data.DataLoader(dataset, batch_size=3, collate_fn=collate)
-    return next(iter(loader))
+    batch = next(iter(loader))
+    assert int(batch.gt_labels.sizes.min()) > 0 and int(batch.gt_labels.tensor.max()) < len(index.meta["classes"])
+    return batch
 
 
 def test_unaugmented_input_equals_the_per_sample_reference(batch):
