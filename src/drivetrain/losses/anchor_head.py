@@ -1,0 +1,351 @@
+"""PointPillars' anchor-head loss (mmdetection3d ``Anchor3DHead``): focal classification, smooth-L1 box
+regression with the sine difference on yaw, and a two-bin direction classifier.
+
+Two implementations of one specification (see DESIGN.md, "The two paths"):
+
+``reference``: as the original: targets per sample (``anchor_target_3d_single`` with a pseudo sampler:
+    positives and negatives by ``nonzero``, deltas encoded for the positives only), concatenated over the
+    batch, then positives selected again by their label and the three losses computed on them.
+``batched``: targets for every anchor of every sample at once by gathering the matched ground truth;
+    non-positive anchors are switched off with masks (``torch.where``), never selected, so nothing reads a
+    value on the host.
+
+Inputs come from an anchor assigner: ``assigned`` is int64 per anchor, ``-1`` ignore, ``0`` negative and
+``k ≥ 1`` positive, matched to ground truth ``k − 1``. Anchors and ground truths are gravity-centre boxes
+``(x, y, z_c, dx, dy, dz, yaw[, vx, vy])`` (``D = 9``, nuScenes; ``D = 7``, Lyft).
+
+Both return the same dict of **unweighted** terms (the published weights are :attr:`AnchorHeadLoss.weights`,
+applied by :meth:`AnchorHeadLoss.total`), each divided by ``N = Σ_b max(n_pos_b, 1) + ε`` (``ε`` the float32
+epsilon that mmdet's ``weight_reduce_loss`` adds to every ``avg_factor``), counted on this rank only as in the
+original (no averaging across ranks):
+
+- ``loss_cls = Σ_{a, c} w_a · FL(s_ac, one_hot(label_a)) / N`` (``w_a`` = 0 for ignored anchors, else 1).
+- ``loss_bbox = Σ_{a ∈ pos} Σ_k c_k · SmoothL1_β(p̃_ak − t̃_ak) / N``, slot 6 through the sine difference.
+- ``loss_dir = Σ_{a ∈ pos} CE(d_a, bin_a) / N``.
+
+With no positive in the whole batch the box and direction terms are exact zeros with zero gradients (the
+original returns the sum of an empty selection). A sample without ground truth has only negatives, whatever
+its assignment says, as in the original. The original computes these per feature level and sums the levels;
+the nuScenes SECFPN head has one level, which is the case implemented here (the FPN variant would call this
+once per level with that level's anchors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from drivetrain.constants import constant
+from drivetrain.geometry.delta_coder import NUS_DIR_OFFSET, direction_target, encode_delta_xyzwlhr
+from drivetrain.losses.functional import class_mask, fp32, sigmoid_focal_loss, sine_difference, smooth_l1_loss
+from drivetrain.losses.weights import weighted_total
+from drivetrain.ragged import RaggedBatch
+
+__all__ = [
+    "LYFT_CODE_WEIGHTS",
+    "NUS_CODE_WEIGHTS",
+    "AnchorHeadLoss",
+    "batched_anchor_head_loss",
+    "reference_anchor_head_loss",
+]
+
+NUS_CODE_WEIGHTS = (1.0,) * 7 + (0.2, 0.2)  # train_cfg.code_weight of the nuScenes configs (code size 9)
+LYFT_CODE_WEIGHTS = (1.0,) * 7  # the Lyft configs (code size 7, no velocity)
+AVG_EPS = float(torch.finfo(torch.float32).eps)  # mmdet's weight_reduce_loss: loss.sum() / (avg_factor + eps)
+
+
+def _check_code(code_weights: Sequence[float], dim: int) -> None:
+    if dim not in (7, 9):
+        raise ValueError(f"box code: last dim must be 7 or 9, got {dim}")
+    if len(code_weights) != dim:
+        raise ValueError(f"code_weights: {len(code_weights)} weights for a {dim}-dim box code")
+
+
+# ---------------------------------------------------------------------------------------------- reference
+def _reference_targets(
+    anchors: torch.Tensor,
+    assigned: torch.Tensor,
+    gt_boxes: torch.Tensor,
+    gt_labels: torch.Tensor,
+    num_classes: int,
+    dir_offset: float,
+    dir_limit_offset: float,
+    num_dir_bins: int,
+) -> tuple[torch.Tensor, ...]:
+    """One sample's targets as ``anchor_target_single_assigner`` builds them (pseudo sampler, pos_weight −1)."""
+    num_anchors = anchors.shape[0]
+    bbox_targets = torch.zeros_like(anchors)  # (A, D)
+    bbox_weights = torch.zeros_like(anchors)  # (A, D)
+    dir_targets = anchors.new_zeros(num_anchors, dtype=torch.long)  # (A,)
+    dir_weights = anchors.new_zeros(num_anchors, dtype=torch.float)  # (A,)
+    labels = anchors.new_zeros(num_anchors, dtype=torch.long) + num_classes  # (A,) background = C
+    label_weights = anchors.new_zeros(num_anchors, dtype=torch.float)  # (A,)
+    if gt_boxes.shape[0] > 0:
+        pos_inds = torch.nonzero(assigned > 0, as_tuple=False).squeeze(-1).unique()  # (P,)
+        neg_inds = torch.nonzero(assigned == 0, as_tuple=False).squeeze(-1).unique()  # (A−P−I,)
+    else:  # no ground truth: the original makes every anchor a negative without assigning
+        pos_inds = torch.zeros(0, dtype=torch.long, device=anchors.device)  # (0,)
+        neg_inds = torch.arange(num_anchors, device=anchors.device)  # (A,)
+    if len(pos_inds) > 0:
+        matched = assigned[pos_inds] - 1  # (P,)
+        pos_bbox_targets = encode_delta_xyzwlhr(anchors[pos_inds], gt_boxes[matched])  # (P, D)
+        pos_yaw = pos_bbox_targets[..., 6] + anchors[pos_inds][..., 6]  # (P,) as get_direction_target
+        bbox_targets[pos_inds, :] = pos_bbox_targets
+        bbox_weights[pos_inds, :] = 1.0
+        dir_targets[pos_inds] = direction_target(pos_yaw, dir_offset, dir_limit_offset, num_dir_bins)
+        dir_weights[pos_inds] = 1.0
+        labels[pos_inds] = gt_labels[matched].long()
+        label_weights[pos_inds] = 1.0
+    if len(neg_inds) > 0:
+        label_weights[neg_inds] = 1.0
+    return labels, label_weights, bbox_targets, bbox_weights, dir_targets, dir_weights, len(pos_inds)
+
+
+@fp32
+def reference_anchor_head_loss(
+    pred_cls: Sequence[torch.Tensor],
+    pred_boxes: Sequence[torch.Tensor],
+    pred_dir: Sequence[torch.Tensor],
+    anchors: torch.Tensor,
+    assigned: Sequence[torch.Tensor],
+    gt_boxes: Sequence[torch.Tensor],
+    gt_labels: Sequence[torch.Tensor],
+    *,
+    code_weights: Sequence[float] = NUS_CODE_WEIGHTS,
+    alpha: float = 0.25,
+    gamma: float = 2.0,
+    beta: float = 1.0 / 9.0,
+    dir_offset: float = NUS_DIR_OFFSET,
+    dir_limit_offset: float = 0.0,
+    num_dir_bins: int = 2,
+) -> dict[str, torch.Tensor]:
+    """The loss as mmdet3d computes it: per-sample targets, then one loss over the concatenated batch.
+
+    Args:
+        pred_cls: per sample ``(A, C)`` logits.
+        pred_boxes: per sample ``(A, D)`` predicted deltas.
+        pred_dir: per sample ``(A, num_dir_bins)`` direction logits.
+        anchors: ``(A, D)`` shared by all samples.
+        assigned: per sample int64 ``(A,)``: −1 ignore, 0 negative, ``k ≥ 1`` matched to GT ``k − 1``.
+        gt_boxes: per sample ``(G_b, D)``.
+        gt_labels: per sample int ``(G_b,)`` in ``[0, C)``.
+        code_weights: per-dim weights of the ``D``-dim code.
+        alpha: focal loss positive weight.
+        gamma: focal loss exponent.
+        beta: smooth-L1 transition point.
+        dir_offset: shift of the direction bin edges.
+        dir_limit_offset: ``limit_period`` offset of the direction target.
+        num_dir_bins: direction bins over the full circle.
+
+    Returns:
+        ``{"loss_cls", "loss_bbox", "loss_dir"}``, each a ``()`` float32 tensor, unweighted.
+    """
+    num_classes, dim = pred_cls[0].shape[-1], anchors.shape[-1]
+    _check_code(code_weights, dim)
+    targets = [
+        _reference_targets(anchors.float(), a, g.float(), lab, num_classes, dir_offset, dir_limit_offset, num_dir_bins)
+        for a, g, lab in zip(assigned, gt_boxes, gt_labels, strict=True)
+    ]
+    labels, label_weights, bbox_targets, bbox_weights, dir_targets, dir_weights = (
+        torch.cat([t[i] for t in targets]) for i in range(6)
+    )  # (B*A,), (B*A,), (B*A, D), (B*A, D), (B*A,), (B*A,)
+    avg_factor = sum(max(t[6], 1) for t in targets)  # anchor_target_3d's num_total_pos (Python int)
+    cls_score = torch.cat(list(pred_cls)).float()  # (B*A, C)
+    bbox_pred = torch.cat(list(pred_boxes)).float()  # (B*A, D)
+    dir_pred = torch.cat(list(pred_dir)).float()  # (B*A, num_dir_bins)
+
+    focal = sigmoid_focal_loss(cls_score, class_mask(labels, num_classes).float(), alpha, gamma)  # (B*A, C)
+    loss_cls = (focal * label_weights[:, None]).sum() / (avg_factor + AVG_EPS)  # ()
+
+    pos_inds = ((labels >= 0) & (labels < num_classes)).nonzero(as_tuple=False).reshape(-1)  # (P,)
+    pos_bbox_pred, pos_dir_pred = bbox_pred[pos_inds], dir_pred[pos_inds]  # (P, D), (P, num_dir_bins)
+    if len(pos_inds) > 0:
+        pos_weights = bbox_weights[pos_inds] * bbox_weights.new_tensor(list(code_weights))  # (P, D)
+        pred_sin, target_sin = sine_difference(pos_bbox_pred, bbox_targets[pos_inds])  # (P, D), (P, D)
+        loss_bbox = smooth_l1_loss(pred_sin, target_sin, beta, pos_weights).sum() / (avg_factor + AVG_EPS)
+        ce = F.cross_entropy(pos_dir_pred, dir_targets[pos_inds], reduction="none")  # (P,)
+        loss_dir = (ce * dir_weights[pos_inds]).sum() / (avg_factor + AVG_EPS)  # ()
+    else:
+        loss_bbox, loss_dir = pos_bbox_pred.sum(), pos_dir_pred.sum()  # exact zeros, zero gradients
+    return {"loss_cls": loss_cls, "loss_bbox": loss_bbox, "loss_dir": loss_dir}
+
+
+# ---------------------------------------------------------------------------------------------- batched
+def _padded(rb: RaggedBatch, fill: float) -> torch.Tensor:
+    """``rb``'s ``(B, G, ...)`` tensor with padding set to ``fill`` and at least one slot (G = 0 → 1), so
+    that gathering index 0 is always legal; the shape is known on the host, so this never syncs."""
+    tensor = rb.with_padding(fill).tensor  # (B, G, ...)
+    if tensor.shape[1] == 0:
+        tensor = torch.full((tensor.shape[0], 1, *tensor.shape[2:]), fill, dtype=tensor.dtype, device=tensor.device)
+    return tensor  # (B, max(G, 1), ...)
+
+
+@fp32
+def batched_anchor_head_loss(
+    pred_cls: torch.Tensor,
+    pred_boxes: torch.Tensor,
+    pred_dir: torch.Tensor,
+    anchors: torch.Tensor,
+    assigned: torch.Tensor,
+    gt_boxes: RaggedBatch,
+    gt_labels: RaggedBatch,
+    *,
+    code_weights: Sequence[float] = NUS_CODE_WEIGHTS,
+    alpha: float = 0.25,
+    gamma: float = 2.0,
+    beta: float = 1.0 / 9.0,
+    dir_offset: float = NUS_DIR_OFFSET,
+    dir_limit_offset: float = 0.0,
+    num_dir_bins: int = 2,
+) -> dict[str, torch.Tensor]:
+    """The loss for all samples at once, without a host sync: equal to :func:`reference_anchor_head_loss`.
+
+    Args:
+        pred_cls: ``(B, A, C)`` logits.
+        pred_boxes: ``(B, A, D)`` predicted deltas.
+        pred_dir: ``(B, A, num_dir_bins)`` direction logits.
+        anchors: ``(A, D)`` shared by all samples.
+        assigned: int64 ``(B, A)``: −1 ignore, 0 negative, ``k ≥ 1`` matched to GT ``k − 1``.
+        gt_boxes: RaggedBatch ``(B, G, D)``.
+        gt_labels: RaggedBatch of ints ``(B, G)`` in ``[0, C)``.
+        code_weights: per-dim weights of the ``D``-dim code.
+        alpha: focal loss positive weight.
+        gamma: focal loss exponent.
+        beta: smooth-L1 transition point.
+        dir_offset: shift of the direction bin edges.
+        dir_limit_offset: ``limit_period`` offset of the direction target.
+        num_dir_bins: direction bins over the full circle.
+
+    Returns:
+        ``{"loss_cls", "loss_bbox", "loss_dir"}``, each a ``()`` float32 tensor, unweighted.
+
+    Example:
+        >>> terms = batched_anchor_head_loss(cls, box, dir, anchors, assigned, gt_boxes, gt_labels)
+    """
+    batch, num_anchors, num_classes = pred_cls.shape
+    dim = anchors.shape[-1]
+    _check_code(code_weights, dim)
+    has_gt = (gt_boxes.sizes > 0).unsqueeze(-1)  # (B, 1)
+    positive = (assigned > 0) & has_gt  # (B, A)
+    negative = (assigned == 0) | ~has_gt  # (B, A): a sample without GT has only negatives
+    label_weights = (positive | negative).float()  # (B, A): 0 for ignored anchors
+    gt_index = (assigned - 1).clamp(min=0)  # (B, A): ignored and negative anchors read slot 0, masked below
+    gt_table = _padded(gt_boxes, 1.0).float()  # (B, G', D): padding 1 keeps the masked-out logs finite
+    matched = gt_table.gather(1, gt_index.unsqueeze(-1).expand(batch, num_anchors, dim))  # (B, A, D)
+    label_table = _padded(gt_labels, num_classes).long()  # (B, G')
+    labels = torch.where(positive, label_table.gather(1, gt_index), num_classes)  # (B, A)
+
+    deltas = encode_delta_xyzwlhr(anchors, matched)  # (B, A, D)
+    yaw = deltas[..., 6] + anchors[..., 6]  # (B, A): the original's target yaw (delta + anchor)
+    dir_targets = direction_target(yaw, dir_offset, dir_limit_offset, num_dir_bins)  # (B, A)
+    targets = torch.where(positive.unsqueeze(-1), deltas, 0.0)  # (B, A, D)
+    # The original selects positives by label again; identical unless a GT label lies outside [0, C).
+    box_mask = (labels >= 0) & (labels < num_classes)  # (B, A)
+    num_pos = positive.sum(-1)  # (B,) on the device
+    avg_factor = num_pos.clamp(min=1).sum().float() + AVG_EPS  # ()
+
+    focal = sigmoid_focal_loss(pred_cls, class_mask(labels, num_classes).float(), alpha, gamma)  # (B, A, C)
+    loss_cls = (focal * label_weights.unsqueeze(-1)).sum() / avg_factor  # ()
+    weights = constant(tuple(code_weights), dtype=torch.float32, device=pred_boxes.device)  # (D,)
+    pred_sin, target_sin = sine_difference(pred_boxes, targets)  # (B, A, D), (B, A, D)
+    per_entry = smooth_l1_loss(pred_sin, target_sin, beta, weights)  # (B, A, D)
+    loss_bbox = torch.where(box_mask.unsqueeze(-1), per_entry, 0.0).sum() / avg_factor  # ()
+    ce = F.cross_entropy(pred_dir.reshape(-1, num_dir_bins), dir_targets.reshape(-1), reduction="none")  # (B*A,)
+    loss_dir = torch.where(box_mask, ce.view(batch, num_anchors), 0.0).sum() / avg_factor  # ()
+    return {"loss_cls": loss_cls, "loss_bbox": loss_bbox, "loss_dir": loss_dir}
+
+
+# ---------------------------------------------------------------------------------------------- criterion
+class AnchorHeadLoss(torch.nn.Module):
+    """Loss of PointPillars' ``Anchor3DHead`` (nuScenes SECFPN config by default).
+
+    Args:
+        num_classes: ``C`` (10); label ``C`` is background.
+        cls_weight, bbox_weight, dir_weight: published term weights (1.0, 1.0, 0.2).
+        code_weights: per-dim weights of the box code: :data:`NUS_CODE_WEIGHTS` (9 dims) or
+            :data:`LYFT_CODE_WEIGHTS` (7 dims).
+        alpha, gamma: sigmoid focal loss parameters (0.25, 2).
+        beta: smooth-L1 transition point (1/9).
+        dir_offset, dir_limit_offset, num_dir_bins: direction target (−0.7854, 0, 2).
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        cls_weight: float = 1.0,
+        bbox_weight: float = 1.0,
+        dir_weight: float = 0.2,
+        code_weights: Sequence[float] = NUS_CODE_WEIGHTS,
+        alpha: float = 0.25,
+        gamma: float = 2.0,
+        beta: float = 1.0 / 9.0,
+        dir_offset: float = NUS_DIR_OFFSET,
+        dir_limit_offset: float = 0.0,
+        num_dir_bins: int = 2,
+    ) -> None:
+        super().__init__()
+        _check_code(code_weights, len(code_weights))
+        if beta <= 0:
+            raise ValueError(f"beta: must be > 0 (mmdet's SmoothL1Loss asserts it), got {beta}")
+        self.num_classes = num_classes
+        self.weights = {"loss_cls": cls_weight, "loss_bbox": bbox_weight, "loss_dir": dir_weight}
+        self.options = {
+            "code_weights": tuple(float(w) for w in code_weights),
+            "alpha": alpha,
+            "gamma": gamma,
+            "beta": beta,
+            "dir_offset": dir_offset,
+            "dir_limit_offset": dir_limit_offset,
+            "num_dir_bins": num_dir_bins,
+        }
+
+    def total(self, terms: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The training objective: the weighted sum of the terms (:func:`~drivetrain.losses.weights.weighted_total`)."""
+        return weighted_total(terms, self.weights)
+
+    def forward(
+        self,
+        pred_cls: torch.Tensor,
+        pred_boxes: torch.Tensor,
+        pred_dir: torch.Tensor,
+        anchors: torch.Tensor,
+        assigned: torch.Tensor,
+        gt_boxes: RaggedBatch,
+        gt_labels: RaggedBatch,
+        impl: str = "batched",
+    ) -> dict[str, torch.Tensor]:
+        """The unweighted terms of one batch; shapes as :func:`batched_anchor_head_loss`.
+
+        ``impl="reference"`` splits the batch into samples and runs :func:`reference_anchor_head_loss`.
+        """
+        batch, num_anchors, num_classes = pred_cls.shape
+        dim = anchors.shape[-1]
+        expected = {
+            "pred_boxes": (batch, num_anchors, dim),
+            "pred_dir": (batch, num_anchors, self.options["num_dir_bins"]),
+            "anchors": (num_anchors, dim),
+            "assigned": (batch, num_anchors),
+        }
+        for name, tensor in zip(expected, (pred_boxes, pred_dir, anchors, assigned), strict=True):
+            if tuple(tensor.shape) != expected[name]:
+                raise ValueError(f"{name}: expected shape {expected[name]}, got {tuple(tensor.shape)}")
+        if num_classes != self.num_classes:
+            raise ValueError(f"pred_cls: {num_classes} classes, the loss was built for {self.num_classes}")
+        if impl == "batched":
+            return batched_anchor_head_loss(
+                pred_cls, pred_boxes, pred_dir, anchors, assigned, gt_boxes, gt_labels, **self.options
+            )
+        if impl == "reference":
+            return reference_anchor_head_loss(
+                list(pred_cls.unbind(0)),
+                list(pred_boxes.unbind(0)),
+                list(pred_dir.unbind(0)),
+                anchors,
+                list(assigned.unbind(0)),
+                gt_boxes.to_list(),
+                gt_labels.to_list(),
+                **self.options,
+            )
+        raise ValueError(f"impl: expected 'batched' or 'reference', got {impl!r}")

@@ -1,0 +1,216 @@
+"""PointPillars' anchor-head loss: batched == per-sample reference (terms and gradients), hand-worked numbers,
+the no-positive and zero-GT cases, and no host sync in the batched path."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from tests.helpers.boxes import random_boxes3d
+from tests.helpers.nosync import no_host_sync
+
+from drivetrain.losses.anchor_head import (
+    AVG_EPS,
+    LYFT_CODE_WEIGHTS,
+    NUS_CODE_WEIGHTS,
+    AnchorHeadLoss,
+    batched_anchor_head_loss,
+    reference_anchor_head_loss,
+)
+from drivetrain.ragged import RaggedBatch
+
+TERMS = ("loss_cls", "loss_bbox", "loss_dir")
+NUM_CLASSES = 10
+NUM_ANCHORS = 96
+
+# Tolerance. Both paths compute every per-element loss (and every gradient entry) with the same float32 ops on
+# the same values, so elements agree bit for bit; only the order of the final sums differs ((B·A, C) rows
+# concatenated vs a (B, A, C) tensor, positives selected vs masked). Every summand is ≥ 0, and torch reduces
+# float32 in blocked/pairwise order, so each sum carries a relative error ≤ ⌈log2 K⌉·eps with K ≤ 3·96·10 < 2^12
+# summands: ≤ 12 · 1.2e-7 ≈ 1.4e-6 per path, ≤ 2.9e-6 between the two, under the issue's 1e-5 bound used here.
+# Gradients are elementwise (∂ℓ_i/∂x_i / N with the same N) and need no sum: they get the same relative bound
+# and an absolute floor of 1e-9 for the entries that are zero in one path and zero in the other.
+RTOL = 1e-5
+GRAD_ATOL = 1e-9
+
+
+def _batch(
+    sizes: list[int],
+    gen: torch.Generator,
+    *,
+    dim: int = 9,
+    no_positives: bool = False,
+    num_anchors: int = NUM_ANCHORS,
+):
+    """Random predictions, anchors, GT and an assignment with ignored, negative and positive anchors."""
+    batch = len(sizes)
+    velocity = dim == 9
+    anchors = random_boxes3d(num_anchors, gen, velocity=velocity)  # (A, D)
+    gt_list = [random_boxes3d(n, gen, velocity=velocity) for n in sizes]
+    labels_list = [torch.randint(0, NUM_CLASSES, (n,), generator=gen) for n in sizes]
+    assigned = []
+    for n in sizes:
+        draw = torch.randint(-1, n + 1, (num_anchors,), generator=gen)  # −1 ignore, 0 negative, k ≥ 1 positive
+        if no_positives or n == 0:
+            draw = draw.clamp(max=0)  # only ignored and negative anchors
+        assigned.append(draw)
+    pred_cls = torch.randn(batch, num_anchors, NUM_CLASSES, generator=gen).requires_grad_()
+    pred_boxes = torch.randn(batch, num_anchors, dim, generator=gen).requires_grad_()
+    pred_dir = torch.randn(batch, num_anchors, 2, generator=gen).requires_grad_()
+    gt_boxes = RaggedBatch.from_list(gt_list)
+    gt_labels = RaggedBatch.from_list(labels_list)
+    return pred_cls, pred_boxes, pred_dir, anchors, torch.stack(assigned), gt_boxes, gt_labels
+
+
+def _both(inputs, code_weights=NUS_CODE_WEIGHTS):
+    pred_cls, pred_boxes, pred_dir, anchors, assigned, gt_boxes, gt_labels = inputs
+    batched = batched_anchor_head_loss(
+        pred_cls, pred_boxes, pred_dir, anchors, assigned, gt_boxes, gt_labels, code_weights=code_weights
+    )
+    reference = reference_anchor_head_loss(
+        list(pred_cls),
+        list(pred_boxes),
+        list(pred_dir),
+        anchors,
+        list(assigned),
+        gt_boxes.to_list(),
+        gt_labels.to_list(),
+        code_weights=code_weights,
+    )
+    return batched, reference
+
+
+def _grads(term: torch.Tensor, preds) -> list[torch.Tensor]:
+    return list(torch.autograd.grad(term, preds, allow_unused=True, retain_graph=True))
+
+
+def _assert_paths_agree(inputs, code_weights=NUS_CODE_WEIGHTS) -> dict[str, torch.Tensor]:
+    batched, reference = _both(inputs, code_weights)
+    preds = inputs[:3]
+    assert set(batched) == set(reference) == set(TERMS)
+    for name in TERMS:
+        torch.testing.assert_close(batched[name], reference[name], rtol=RTOL, atol=0.0, msg=name)
+        for got, want in zip(_grads(batched[name], preds), _grads(reference[name], preds), strict=True):
+            got = torch.zeros_like(preds[0]) if got is None else got
+            want = torch.zeros_like(got) if want is None else want
+            torch.testing.assert_close(got, want, rtol=RTOL, atol=GRAD_ATOL, msg=f"grad of {name}")
+    return batched
+
+
+@pytest.mark.parametrize(
+    ("sizes", "dim"),
+    [([4], 9), ([5, 0, 3], 9), ([0, 7, 2], 7), ([1], 7)],
+    ids=["B1", "B3-zero-gt", "B3-lyft", "B1-lyft-one-gt"],
+)
+def test_batched_matches_reference_terms_and_gradients(sizes: list[int], dim: int) -> None:
+    gen = torch.Generator().manual_seed(len(sizes) * 10 + dim)
+    inputs = _batch(sizes, gen, dim=dim)
+    assert bool((inputs[4] > 0).any()) and bool((inputs[4] == -1).any())  # positives and ignored anchors exist
+    code_weights = NUS_CODE_WEIGHTS if dim == 9 else LYFT_CODE_WEIGHTS
+    terms = _assert_paths_agree(inputs, code_weights)
+    assert all(float(terms[name].detach()) > 0 for name in TERMS)
+
+
+def test_zero_gt_sample_ignores_its_assignment_as_the_original() -> None:
+    # A sample without GT makes every anchor a negative (label weight 1), even ones the assigner left at −1.
+    gen = torch.Generator().manual_seed(3)
+    inputs = list(_batch([0, 2], gen))
+    inputs[4][0] = torch.full((NUM_ANCHORS,), -1)
+    batched = _assert_paths_agree(tuple(inputs))
+    inputs[4][0] = 0
+    again = batched_anchor_head_loss(*inputs)
+    for name in TERMS:
+        torch.testing.assert_close(again[name], batched[name], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("sizes", [[3], [2, 0, 4], [0, 0]], ids=["B1", "B3", "no-gt"])
+def test_no_positive_gives_zero_box_and_dir_terms_with_zero_gradient(sizes: list[int]) -> None:
+    gen = torch.Generator().manual_seed(4)
+    inputs = _batch(sizes, gen, no_positives=True)
+    terms = _assert_paths_agree(inputs)
+    pred_boxes, pred_dir = inputs[1:3]
+    for name in ("loss_bbox", "loss_dir"):
+        assert float(terms[name].detach()) == 0.0
+        grads = torch.autograd.grad(terms[name], (pred_boxes, pred_dir), allow_unused=True, retain_graph=True)
+        assert all(g is None or not bool(g.any()) for g in grads)
+    # N = Σ_b max(0, 1) = B: the classification term is the focal sum over non-ignored anchors divided by B.
+    assert float(terms["loss_cls"].detach()) > 0
+
+
+def test_hand_worked_two_anchors_one_gt() -> None:
+    # Anchor 0 matches the GT (label 1), anchor 1 is a negative; C = 2; all class and box predictions 0.
+    anchors = torch.tensor(
+        [[0.0, 0.0, -1.0, 3.0, 4.0, 2.0, 0.0, 0.0, 0.0], [10.0, 10.0, -1.0, 3.0, 4.0, 2.0, 1.57, 0.0, 0.0]]
+    )
+    gt = torch.tensor([[1.5, -2.5, 0.0, 6.0, 2.0, 1.0, 0.5, 1.0, -2.0]])
+    pred_cls = torch.zeros(1, 2, 2, requires_grad=True)
+    pred_boxes = torch.zeros(1, 2, 9, requires_grad=True)
+    pred_dir = torch.tensor([[[1.0, 0.0], [0.0, 3.0]]], requires_grad=True)
+    assigned = torch.tensor([[1, 0]])
+    gt_boxes, gt_labels = RaggedBatch.from_list([gt]), RaggedBatch.from_list([torch.tensor([1])])
+    n = 1 + AVG_EPS  # one positive; mmdet divides by avg_factor + eps
+
+    # Focal at p = 0.5: BCE = ln 2, factor α·0.5² for a positive entry, (1 − α)·0.5² for a negative one.
+    # Anchor 0: class 0 negative, class 1 positive; anchor 1: two negatives.
+    loss_cls = (0.75 * 0.25 + 0.25 * 0.25 + 2 * 0.75 * 0.25) * math.log(2) / n
+    # Targets (see the coder test): (0.3, −0.5, 0.5, ln 2, −ln 2, −ln 2, 0.5, 1, −2); the sine difference turns
+    # slot 6 into sin(0)·cos(0.5) − cos(0)·sin(0.5). Every |d| ≥ β = 1/9, so each entry is |d| − 1/18.
+    diffs = [0.3, 0.5, 0.5, math.log(2), math.log(2), math.log(2), math.sin(0.5), 1.0, 2.0]
+    weights = [1.0] * 7 + [0.2, 0.2]
+    loss_bbox = sum(w * (d - 1 / 18) for w, d in zip(weights, diffs, strict=True)) / n
+    # Yaw 0.5 + 0.7854 < π: bin 0; CE of logits (1, 0) for class 0 is ln(1 + e^−1).
+    loss_dir = math.log(1 + math.exp(-1)) / n
+    expected = {"loss_cls": loss_cls, "loss_bbox": loss_bbox, "loss_dir": loss_dir}
+
+    criterion = AnchorHeadLoss(num_classes=2)
+    for impl in ("batched", "reference"):
+        terms = criterion(pred_cls, pred_boxes, pred_dir, anchors, assigned, gt_boxes, gt_labels, impl=impl)
+        for name, value in expected.items():
+            assert float(terms[name].detach()) == pytest.approx(value, rel=1e-6), (impl, name)
+        total = criterion.total(terms)
+        assert float(total.detach()) == pytest.approx(loss_cls + loss_bbox + 0.2 * loss_dir, rel=1e-6)
+
+
+def test_published_weights_are_declared_once() -> None:
+    criterion = AnchorHeadLoss()
+    assert criterion.weights == {"loss_cls": 1.0, "loss_bbox": 1.0, "loss_dir": 0.2}
+    terms = {name: torch.tensor(float(i + 1)) for i, name in enumerate(TERMS)}
+    assert float(criterion.total(terms)) == pytest.approx(1.0 + 2.0 + 0.2 * 3.0)
+
+
+def test_criterion_runs_both_paths_and_checks_shapes() -> None:
+    gen = torch.Generator().manual_seed(5)
+    inputs = _batch([3, 1], gen)
+    criterion = AnchorHeadLoss()
+    batched, reference = criterion(*inputs), criterion(*inputs, impl="reference")
+    for name in TERMS:
+        torch.testing.assert_close(batched[name], reference[name], rtol=RTOL, atol=0.0)
+    with pytest.raises(ValueError, match="pred_boxes"):
+        criterion(inputs[0], inputs[1][..., :7], *inputs[2:])
+    with pytest.raises(ValueError, match="code_weights"):
+        criterion(inputs[0], inputs[1][..., :7], inputs[2], inputs[3][:, :7], *inputs[4:])
+    with pytest.raises(ValueError, match="impl"):
+        criterion(*inputs, impl="fast")
+
+
+def test_batched_loss_has_no_host_sync() -> None:
+    gen = torch.Generator().manual_seed(6)
+    inputs = _batch([4, 0, 2], gen)
+    batched_anchor_head_loss(*inputs)  # warm-up: constant() copies the code weights once per device
+    with no_host_sync():
+        terms = batched_anchor_head_loss(*inputs)
+        total = AnchorHeadLoss().total(terms)
+        total.backward()
+    assert inputs[0].grad is not None and inputs[1].grad is not None and inputs[2].grad is not None
+
+
+def test_half_inputs_are_computed_in_fp32() -> None:
+    gen = torch.Generator().manual_seed(7)
+    pred_cls, pred_boxes, pred_dir, *rest = _batch([3, 2], gen)
+    half = [t.detach().half() for t in (pred_cls, pred_boxes, pred_dir)]
+    terms = batched_anchor_head_loss(*half, *rest)
+    assert all(terms[name].dtype == torch.float32 for name in TERMS)
+    reference = batched_anchor_head_loss(*[t.float() for t in half], *rest)
+    for name in TERMS:
+        torch.testing.assert_close(terms[name], reference[name], rtol=0, atol=0)
