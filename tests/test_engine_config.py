@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,16 @@ def test_cli_train_runs_the_smoke_config(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["train", "--config", str(SMOKE), *overrides(tmp_path, "train.steps=3")]) == 0
     assert "3/3 steps (3 updates, 0 skipped)" in capsys.readouterr().out
     assert (tmp_path / "config.yaml").is_file() and (tmp_path / "checkpoints" / "step-00000003").is_dir()
+
+
+def _builder_with_containers(ranges: Sequence[float] = (0.0,), sizes: tuple[int, ...] = (1,), n: int | None = None):
+    return ranges, sizes, n
+
+
+def test_container_annotations_are_left_to_the_builder_and_unions_still_checked() -> None:
+    from drivetrain.engine.build import _check_arg_types
+
+    # Sequence[float] / tuple[int, ...] are containers: a list is fine (their arguments are element types)
+    _check_arg_types("model", _builder_with_containers, {"ranges": [1.0, 2.0], "sizes": [1, 2], "n": None})
+    with pytest.raises(ConfigError, match=r"model\.args\.n: expected int or null, got 'abc'"):
+        _check_arg_types("model", _builder_with_containers, {"n": "abc"})

@@ -82,6 +82,10 @@ def synthetic(
     seed: int = 0,
     split: str | None = "mini_train",
     on_error: str = "raise",
+    load_images: bool = True,
+    load_points: bool = False,
+    num_sweeps: int = 0,
+    use_dim: tuple[int, ...] = (0, 1, 2, 3, 4),
 ) -> StreamingFrames:
     """The synthetic nuScenes-format dataset at ``root``: generated and indexed unless already there.
 
@@ -98,6 +102,10 @@ def synthetic(
         split: devkit split of the scenes to train on (default ``mini_train``; ``mini_val`` is held out for
             evaluation); None for every scene.
         on_error: ``raise`` on an unreadable frame, or ``skip`` it with a warning (see :class:`DatasetConfig`).
+        load_images: decode the camera images (a lidar model: False).
+        load_points: read the lidar points (a lidar model: True).
+        num_sweeps: earlier sweeps merged into each frame's points (PointPillars: 10).
+        use_dim: point columns kept of (x, y, z, intensity, Δt) (PointPillars: 0, 1, 2, 4).
     """
     from drivetrain.data.synth import PRESETS
 
@@ -122,7 +130,14 @@ def synthetic(
         with _node_lock(path):
             _write_index(path)
         index = load_index(path / INDEX_FILE)
-    return StreamingFrames(FrameDataset(index, DatasetConfig(on_error=on_error), split=split))
+    config = DatasetConfig(
+        load_images=load_images,
+        load_points=load_points,
+        num_sweeps=num_sweeps,
+        use_dim=tuple(use_dim),
+        on_error=on_error,
+    )
+    return StreamingFrames(FrameDataset(index, config, split=split))
 
 
 def _generate_once(path: Path, config: object) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import types
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -97,7 +98,11 @@ def _check_arg_types(section: str, fn: Any, args: dict[str, Any]) -> None:
     except (NameError, TypeError, AttributeError):
         return  # unresolvable annotations: the builder checks its own arguments
     for key, value in args.items():
-        allowed = [t for t in typing.get_args(hints.get(key)) or (hints.get(key),) if t is not None]
+        hint = hints.get(key)
+        # a Union/Optional lists its alternatives; any other generic (Sequence[float], tuple[int, ...]) is a
+        # container, left to the builder — its arguments are element types, not alternatives
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        allowed = [t for t in (typing.get_args(hint) if union else (hint,)) if t is not None]
         if not allowed or not all(t in (*_SCALARS, type(None)) for t in allowed):
             continue  # not annotated with plain scalars (lists, tuples, ...): left to the builder
         ok = any(

@@ -1,10 +1,14 @@
-"""PointPillars and SSN (shape signature networks), lidar detectors after mmdetection3d, in plain PyTorch.
+"""PointPillars (and, to come, SSN): lidar detectors after mmdetection3d, in plain PyTorch.
 
-Plan, one concept per file: ``voxel_encoder.py`` (HardVFE pillar features), ``backbone.py`` (SECOND +
-SECONDFPN), ``head.py`` (Anchor3DHead, ShapeAwareHead), ``anchors.py`` (aligned range anchors, shared
-and per class); to come: the BEV scatter, ``postprocess.py`` (decode and rotated NMS) and ``model.py``
-(wiring ``forward(batch)`` / ``loss(outputs, batch)``), which will export ``PointPillars`` and ``SSN``.
-Anchor assignment lives in :mod:`drivetrain.match.max_iou`, nearest-BEV IoU in :mod:`drivetrain.geometry`.
+One concept per file: ``voxel_encoder.py`` (HardVFE pillar features), ``backbone.py`` (SECOND + SECONDFPN),
+``head.py`` (Anchor3DHead; SSN's ShapeAwareHead), ``anchors.py`` (aligned range anchors, shared and per
+class), ``model.py`` (:class:`PointPillars`: ``forward(batch)`` / ``loss(outputs, batch)``). Shared pieces
+live where DESIGN.md puts them: voxelization and the BEV scatter in :mod:`drivetrain.pipeline.voxelize`,
+max-IoU assignment in :mod:`drivetrain.match.max_iou`, nearest-BEV and rotated IoU and rotated NMS in
+:mod:`drivetrain.geometry`, the losses in :mod:`drivetrain.losses.anchor_head`. Still to come: decoding
+with NMS (``postprocess.py``), the SSN detector, evaluation, configs and benchmarks (issue 13).
 """
 
-__all__ = []
+from drivetrain.models.pointpillars.model import PointPillars
+
+__all__ = ["PointPillars"]
