@@ -4,9 +4,11 @@ Lyft metric through `drivetrain eval` (ground truth as predictions scores 1), an
 import copy
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from drivetrain.cli.main import main
 from drivetrain.data import DataError, DatasetConfig, FrameDataset
@@ -19,6 +21,8 @@ from drivetrain.data.nuscenes_format import LIDAR
 from drivetrain.data.synth import SynthConfig, generate
 from drivetrain.data.synth.lyft import LYFT_SYNTH_SCENES
 from helpers.synth import SYNTH_TEST_CONFIG
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -169,11 +173,63 @@ def test_missing_table_and_wrong_format_are_named(lyft_root, synth_root, tmp_pat
         build_index(synth_root, progress=False, dataset="lyft")
 
 
-def test_nuscenes_index_is_unchanged_and_checkpoints_refuse_lyft_roots(synth_index, lyft_root, lyft_index):
+def test_nuscenes_index_is_unchanged(synth_index):
     assert "dataset" not in synth_index.meta and dataset_of(synth_index.meta) == "nuscenes"
-    with pytest.raises(SystemExit, match="is a Lyft Level 5 root; --checkpoint evaluates the nuScenes"):
-        main(["eval", "--checkpoint", str(lyft_root / "no-run"), "--root", str(lyft_root)])
+
+
+class LidarGroundTruth(torch.nn.Module):
+    """Detects each frame's ground truth with score 1, in the batch's label order (a perfect lidar model)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unused = torch.nn.Parameter(torch.zeros(1))
+
+    def detect(self, batch):
+        scores = batch.gt_labels.apply(lambda t: torch.ones(t.shape))
+        return batch.gt_boxes, scores, batch.gt_labels
+
+
+def test_a_model_on_lyft_frames_is_scored_with_the_lyft_metric(lyft_root, lyft_index, tmp_path):
+    from drivetrain.data.sources import StreamingFrames
     from drivetrain.engine.evaluation import evaluate_model
 
-    with pytest.raises(DataError, match="frames are of a Lyft Level 5 root"):
-        evaluate_model(None, FrameDataset(lyft_index), "cpu", lyft_root / "eval", split="val")
+    # Every annotated box, also those without lidar points (training drops them; the metric counts them).
+    config = DatasetConfig(load_images=False, load_points=True, filter_empty=False)
+    dataset = StreamingFrames(FrameDataset(lyft_index, config, lyft_root, split="val"))
+    result = evaluate_model(LidarGroundTruth(), dataset, "cpu", tmp_path / "eval", split="val", progress=False)
+    assert result.metrics["mAP"] == pytest.approx(1.0) and result.frames == len(dataset) > 0
+    records = json.loads(result.predictions.read_text())["results"]
+    assert {r["name"] for frame in records.values() for r in frame} <= set(LYFT_CLASSES)
+    summary = result.summary()
+    assert summary["mAP"] == pytest.approx(1.0) and "AP/car" in summary and "NDS" not in summary
+
+
+def test_eval_checkpoint_scores_a_lyft_trained_pointpillars(lyft_root, lyft_index, tmp_path, capsys):
+    from drivetrain.engine import Trainer, load_config
+
+    index = lyft_root / "drivetrain_index.npz"
+    data = {"index": str(index), "root": str(lyft_root), "split": "train", "load_images": False, "load_points": True}
+    cfg = load_config(
+        ROOT / "configs" / "pointpillars_tiny.yaml",
+        [
+            f"run.out_dir={tmp_path / 'run'}",
+            "run.threads=1",
+            "log.progress=false",
+            "log.tensorboard=false",
+            "data.name=drivetrain.data.sources:frames",
+            f"data.args={json.dumps(data)}",
+            "model.args.num_classes=9",
+            "model.args.code_size=7",
+            "model.args.dataset_classes=lyft",
+            "model.args.point_dims=5",
+            "train.steps=1",
+            "checkpoint.every=1",
+        ],
+    )
+    Trainer(cfg).fit()
+    assert main(["eval", "--checkpoint", str(tmp_path / "run"), "--split", "val", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    summary = json.loads(out[out.index("{\n") :])
+    assert set(summary) >= {"mAP", "AP", "mAP_per_iou", "num_gt"} and 0.0 <= summary["mAP"] <= 1.0
+    assert summary["num_gt"] > 0
+    assert (tmp_path / "run" / "eval" / "step-00000001-val" / "lyft_metrics.json").is_file()

@@ -1,4 +1,5 @@
-"""The PointPillars detector end to end on the synthetic lidar set: shapes, both loss paths, learning, resume."""
+"""The PointPillars and SSN detectors end to end on the synthetic lidar set: shapes, both loss paths, learning,
+resume, detection and the class-order maps."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 import torch
 
 from drivetrain.data import DatasetConfig, FrameDataset, collate
-from drivetrain.models.pointpillars.model import PointPillars
+from drivetrain.data.nuscenes_format import CLASSES
+from drivetrain.models.pointpillars.model import SSN, SSN_NUS_CLASSES, PointPillars
 
 TINY = dict(
     point_cloud_range=(-32.0, -32.0, -5.0, 32.0, 32.0, 3.0),
@@ -24,6 +26,14 @@ TINY = dict(
     anchor_sizes=[(4.6, 1.95, 1.72), (0.73, 0.66, 1.76), (0.49, 2.49, 0.98)],
     augment=dict(point_range=(-32.0, -32.0, -5.0, 32.0, 32.0, 3.0), object_range=(-32.0, -32.0, 32.0, 32.0)),
 )
+# SSN at the same scale: one size per class (the published ones), small classes on the 64×64 map, cars and
+# large vehicles at stride 2 (32×32), one thin shared conv per task.
+TINY_SSN = {
+    **{k: v for k, v in TINY.items() if k not in ("anchor_ranges", "anchor_sizes")},
+    "anchor_ranges": [(-32.0, -32.0, -1.84, 32.0, 32.0, -1.84)] * 10,
+    "tasks": [(2, (32,), (1,)), (1, (32,), (1,)), (2, (32,), (1,)), (1, (32,), (2,)), (4, (32,), (2,))],
+}
+MODELS = {"pointpillars": (PointPillars, TINY), "ssn": (SSN, TINY_SSN)}
 
 
 @pytest.fixture(scope="module")
@@ -44,23 +54,43 @@ def test_forward_shapes_and_anchor_count(batch):
     assert set(terms) == {"loss_cls", "loss_bbox", "loss_dir"} and all(torch.isfinite(t) for t in terms.values())
 
 
-def test_both_paths_give_the_same_assignment_and_terms(batch):
+def test_ssn_forward_shapes_follow_the_tasks(batch):
     torch.manual_seed(0)
-    fast = PointPillars(**TINY).eval()
-    ref = PointPillars(**{**TINY, "impl": "reference"}).eval()
+    model = SSN(**TINY_SSN)
+    out = model(batch)
+    num_anchors = 2 * (5 * 64 * 64 + 5 * 32 * 32)  # 2 rotations × (5 small classes at 64², 5 large at 32²)
+    assert out["cls_logits"].shape == (2, num_anchors, 10) and out["anchors"].shape == (num_anchors, 9)
+    _, classes, _ = model.anchor_set(out["feature_size"], out["anchors"].device)
+    assert torch.equal(classes.bincount(), torch.tensor([2 * 64 * 64] * 5 + [2 * 32 * 32] * 5))
+    # The GT labels reach the loss in SSN's class order (in eval mode: no augmentation drops objects).
+    out = model.eval()(batch)
+    original = batch.gt_labels.tensor[0, : int(batch.gt_labels.sizes[0])]
+    assert [SSN_NUS_CLASSES[i] for i in out["gt_labels"].tensor[0, : len(original)].tolist()] == [
+        CLASSES[i] for i in original.tolist()
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_both_paths_give_the_same_assignment_and_terms(batch, name):
+    cls, args = MODELS[name]
+    torch.manual_seed(0)
+    fast = cls(**args).eval()
+    ref = cls(**{**args, "impl": "reference"}).eval()
     ref.load_state_dict(fast.state_dict())
     out = fast(batch)
-    assigned = fast.assign(out["anchors"], out["gt_boxes"], out["gt_labels"])
-    assert torch.equal(assigned, ref.assign(out["anchors"], out["gt_boxes"], out["gt_labels"]))
+    assigned = fast.assign(out["feature_size"], out["gt_boxes"], out["gt_labels"])
+    assert torch.equal(assigned, ref.assign(out["feature_size"], out["gt_boxes"], out["gt_labels"]))
     assert int((assigned > 0).sum()) > 0  # the scenes give positives
     a, b = fast.loss(out, batch), ref.loss(out, batch)
     for name in a:  # per-element terms are identical; only the order of the final sums differs (≤ 1e-5 rel.)
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=0)
 
 
-def test_twenty_steps_on_two_frames_reduce_the_loss(batch):
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_twenty_steps_on_two_frames_reduce_the_loss(batch, name):
+    cls, args = MODELS[name]
     torch.manual_seed(0)
-    model = PointPillars(**{**TINY, "augment": None})
+    model = cls(**{**args, "augment": None})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     losses = []
     for _ in range(20):
@@ -89,3 +119,36 @@ def test_augmentation_generator_state_resumes_exactly(batch):
 def test_bad_impl_is_named():
     with pytest.raises(ValueError, match="impl"):
         PointPillars(**{**TINY, "impl": "fast"})
+
+
+def test_ssn_class_order_must_be_the_datasets():
+    with pytest.raises(ValueError, match="classes"):
+        SSN(**{**TINY_SSN, "classes": (*SSN_NUS_CLASSES[:-1], "lorry")})
+    with pytest.raises(ValueError, match="one size per class"):
+        SSN(**{**TINY_SSN, "anchor_sizes": [(1.0, 1.0, 1.0)], "anchor_ranges": TINY_SSN["anchor_ranges"][:1]})
+    with pytest.raises(ValueError, match="triple per class"):
+        SSN(**{**TINY_SSN, "assigner": (0.6, 0.3, 0.3)})
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_detect_paths_agree_and_labels_come_back_in_dataset_order(batch, name):
+    cls, args = MODELS[name]
+    torch.manual_seed(0)
+    model = cls(**{**args, "decode": {"nms_pre": 300}})
+    with torch.no_grad():  # make every class score: a few hundred NMS candidates per sample
+        for head in getattr(model.head, "heads", [model.head]):
+            head.conv_cls.bias.add_(4.0)
+    boxes, scores, labels = model.detect(batch)
+    model.impl = "reference"
+    ref_boxes, ref_scores, ref_labels = model.detect(batch)
+    assert model.training  # detect leaves the mode as it found it
+    assert torch.equal(boxes.sizes, ref_boxes.sizes) and int(boxes.sizes.min()) > 10
+    for b in range(2):
+        n = int(boxes.sizes[b])
+        torch.testing.assert_close(boxes.tensor[b, :n], ref_boxes.tensor[b, :n], rtol=0, atol=0)
+        assert torch.equal(scores.tensor[b, :n], ref_scores.tensor[b, :n])
+        assert torch.equal(labels.tensor[b, :n], ref_labels.tensor[b, :n])
+    # Label k of the output names CLASSES[k]: the model's own order maps back through its class list.
+    names = [model.class_names[i] for i in model._to_model[labels.tensor[0, : int(labels.sizes[0])]].tolist()]
+    assert names == [CLASSES[i] for i in labels.tensor[0, : int(labels.sizes[0])].tolist()]
+    assert boxes.tensor.shape[-1] == 9

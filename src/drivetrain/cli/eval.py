@@ -10,12 +10,6 @@ from pathlib import Path
 
 __all__ = ["add_parser"]
 
-LYFT_CHECKPOINT = (
-    "is a Lyft Level 5 root; --checkpoint evaluates the nuScenes reference models only (no Lyft model exists "
-    "yet): write the detections with drivetrain.data.lyft_eval.lyft_boxes_to_results and score them with "
-    "--predictions"
-)
-
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the ``eval`` subcommand on ``sub``."""
@@ -28,9 +22,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         '({"meta": {...}, "results": {sample_token: [box, ...]}}, global frame). Prints the nuScenes devkit\'s '
         "DetectionEval tables, then mAP, NDS, the TP errors and the per-class AP as JSON. With "
         "--ground-truth-from INDEX, first write the index's ground truth as the predictions file (a check of the "
-        "whole chain: it scores mAP ≈ 1). On a Lyft Level 5 root (told by its categories) --predictions is scored "
+        "whole chain: it scores mAP ≈ 1). On a Lyft Level 5 root (told by its categories) predictions are scored "
         "with the Lyft metric instead (mAP over 3D IoU thresholds 0.5:0.95, per-class AP; Lyft box records with "
-        "'name' and 'score', see docs/data.md); --checkpoint is for nuScenes models only.",
+        "'name' and 'score', see docs/data.md), with --predictions or --checkpoint (a model trained on Lyft labels).",
         epilog="examples:\n  drivetrain eval --checkpoint runs/streampetr-tiny                  # newest checkpoint\n"
         "  drivetrain eval --checkpoint runs/streampetr-tiny/checkpoints/step-00000300 --split mini_val\n"
         "  drivetrain eval --predictions results.json --root data/synth-tiny\n"
@@ -62,7 +56,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="table folder (default: v1.0-mini, or v1.01-train where only that exists; with --checkpoint: the index's)",
     )
     parser.add_argument(
-        "--split", default=None, help="devkit split, e.g. mini_val, val (default: mini_val; Lyft: train or val, val)"
+        "--split",
+        default=None,
+        help="devkit split, e.g. mini_val, val (default: mini_val, Lyft: val; with --checkpoint and no --root the "
+        "run's eval.split)",
     )
     parser.add_argument(
         "--lyft-footprint",
@@ -159,9 +156,13 @@ def _run_lyft(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except DataError as err:
         raise SystemExit(f"eval: {err}") from None
+    _print_lyft(metrics)
+    return 0
+
+
+def _print_lyft(metrics: dict) -> None:
     keys = ("mAP", "AP", "mAP_per_iou", "classes_without_gt", "footprint", "num_gt", "num_predictions")
     print(json.dumps({k: metrics[k] for k in keys}, indent=2))
-    return 0
 
 
 def _print_summary(metrics: dict) -> None:
@@ -181,12 +182,6 @@ def _run_checkpoint(args: argparse.Namespace) -> int:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("eval: --device cuda, but no CUDA device is available")
-    if args.root is not None:
-        from drivetrain.data.lyft_format import default_version, detect_dataset
-
-        if detect_dataset(args.root, args.version or default_version(args.root)) == "lyft":
-            raise SystemExit(f"eval: --root {args.root}: {LYFT_CHECKPOINT}")
-    args.split = args.split or "mini_val"
     device = torch.device("cuda" if args.device != "cpu" and torch.cuda.is_available() else "cpu")
     try:
         model, cfg, path = model_from_checkpoint(args.checkpoint)
@@ -194,6 +189,7 @@ def _run_checkpoint(args: argparse.Namespace) -> int:
         raise SystemExit(f"eval: --checkpoint: {err}") from None
     try:
         if args.root is not None:
+            from drivetrain.data.lyft_format import default_version, detect_dataset
             from drivetrain.data.sources import INDEX_FILE, frames
 
             index = args.root / INDEX_FILE
@@ -201,10 +197,16 @@ def _run_checkpoint(args: argparse.Namespace) -> int:
                 raise SystemExit(
                     f"eval: --root: {index} not found; build it with drivetrain data index --root {args.root}"
                 )
-            dataset = frames(str(index), root=str(args.root), split=args.split)
+            lyft = detect_dataset(args.root, args.version or default_version(args.root)) == "lyft"
+            args.split = args.split or ("val" if lyft else "mini_val")
+            # The run's reading settings (images or points, sweeps, point columns) on the other root.
+            keep = ("load_images", "load_points", "num_sweeps", "use_dim", "on_error")
+            reading = {k: v for k, v in cfg.data.args.items() if k in keep}
+            dataset = frames(str(index), root=str(args.root), split=args.split, **reading)
         else:
+            args.split = args.split or cfg.eval.split
             dataset = build_dataset(dataclasses.replace(cfg.data, args={**cfg.data.args, "split": args.split}))
-    except (ConfigError, DataError) as err:
+    except (ConfigError, DataError, TypeError) as err:
         raise SystemExit(f"eval: {err}") from None
     if len(dataset) == 0:
         raise SystemExit(f"eval: the dataset has no frames of split {args.split!r}")
@@ -212,11 +214,15 @@ def _run_checkpoint(args: argparse.Namespace) -> int:
     print(f"eval: {path} on {args.split} ({len(dataset)} frames, {device}) → {out}", flush=True)
     try:
         result = evaluate_model(
-            model.to(device), dataset, device, out, split=args.split, root=args.root, config=args.config
-        )
+            model.to(device), dataset, device, out, split=args.split, root=args.root, config=args.config,
+            lyft_footprint=args.lyft_footprint,
+        )  # fmt: skip
     except DataError as err:
         raise SystemExit(f"eval: {err}") from None
-    _print_summary(result.metrics)
+    if "nd_score" in result.metrics:
+        _print_summary(result.metrics)
+    else:
+        _print_lyft(result.metrics)
     if result.skipped:
         print(f"eval: {result.skipped} unreadable frame(s) counted without detections", flush=True)
     return 0

@@ -57,6 +57,8 @@ def lyft_boxes_to_results(
     Returns:
         One record per box.
     """
+    if len(labels) == 0:  # a frame without detections (reshape(0, -1) has no width to infer)
+        return []
     boxes = np.asarray(boxes, dtype=np.float64).reshape(len(labels), -1)
     rot, trans = np.asarray(ego_pose[:3, :3], np.float64), np.asarray(ego_pose[:3, 3], np.float64)
     out = []

@@ -67,9 +67,15 @@ def frames(
     load_points: bool = False,
     num_sweeps: int = 0,
     on_error: str = "raise",
+    load_images: bool = True,
+    use_dim: tuple[int, ...] = (0, 1, 2, 3, 4),
 ) -> StreamingFrames:
-    """Training frames of the index file ``index``, optionally one split's scenes (see :class:`DatasetConfig`)."""
-    config = DatasetConfig(load_points=load_points, num_sweeps=num_sweeps, on_error=on_error)
+    """Training frames of the index file ``index``, optionally one split's scenes (see :class:`DatasetConfig`;
+    the reading options as :func:`synthetic`'s)."""
+    config = DatasetConfig(
+        load_images=load_images, load_points=load_points, num_sweeps=num_sweeps, use_dim=tuple(use_dim),
+        on_error=on_error,
+    )  # fmt: skip
     return StreamingFrames(FrameDataset(index, config, root, split))
 
 

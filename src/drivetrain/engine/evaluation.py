@@ -1,6 +1,7 @@
 """A detector evaluated over a split with the official metric: every frame in scene order at batch 1 with the
 temporal memory on (as StreamPETR's test-time ``seq_mode``), the decoded boxes exported as a nuScenes
-submission, then the devkit's ``DetectionEval`` (mAP, NDS, TP errors, per-class AP).
+submission, then the devkit's ``DetectionEval`` (mAP, NDS, TP errors, per-class AP). Frames of a Lyft Level 5
+root are exported as Lyft box records and scored with the Lyft metric (mAP over 3D IoU 0.5:0.95).
 
 The model needs ``detect(batch) -> (boxes, scores, labels)`` beside the engine protocol: lidar-frame boxes
 ``(B, K, 9)`` ``(x, y, z_centre, dx, dy, dz, yaw, vx, vy)``, scores and class indices ``(B, K)``, plain or
@@ -23,8 +24,8 @@ import torch
 from torch import nn
 
 from drivetrain.data.dataset import Skipped
-from drivetrain.data.errors import DataError
 from drivetrain.data.evaluate import boxes_to_submission, evaluate, submission_meta, write_submission
+from drivetrain.data.lyft_eval import evaluate_lyft, lyft_boxes_to_results
 from drivetrain.data.lyft_format import dataset_of
 from drivetrain.ragged import RaggedBatch
 
@@ -50,8 +51,11 @@ class EvalResult:
     seconds: float
 
     def summary(self) -> dict[str, float]:
-        """Flat numbers for metrics.jsonl / TensorBoard: ``mAP``, ``NDS``, TP errors and ``AP/<class>``."""
+        """Flat numbers for metrics.jsonl / TensorBoard: ``mAP``, ``NDS``, TP errors and ``AP/<class>`` (Lyft:
+        ``mAP`` and ``AP/<class>``)."""
         m = self.metrics
+        if "nd_score" not in m:  # the Lyft metric
+            return {"mAP": float(m["mAP"]), **{f"AP/{name}": float(v) for name, v in m["AP"].items()}}
         out = {"mAP": float(m["mean_ap"]), "NDS": float(m["nd_score"])}
         out.update({k: float(v) for k, v in m["tp_errors"].items()})
         out.update({f"AP/{name}": float(v) for name, v in m["mean_dist_aps"].items()})
@@ -83,6 +87,7 @@ def predict(
     device: torch.device | str,
     *,
     progress: bool = True,
+    lyft_classes: tuple[str, ...] | None = None,
 ) -> tuple[dict[str, Any], int]:
     """The submission of ``model`` on every frame of ``dataset``, in its (scene) order, one frame at a time.
 
@@ -93,6 +98,7 @@ def predict(
             scene) and ``collate(samples)``, e.g. :class:`~drivetrain.data.sources.StreamingFrames`.
         device: where the model runs.
         progress: show a progress bar.
+        lyft_classes: write Lyft box records (labels index these names) instead of nuScenes ones.
 
     Returns:
         The submission dict (``meta``, ``results`` keyed by sample token) and the number of unreadable frames
@@ -121,7 +127,10 @@ def predict(
                 boxes, scores, labels = _host(boxes)[0], _host(scores)[0], _host(labels)[0]
                 token = batch.sample_tokens[0]
                 pose = batch.ego_pose[0].cpu().numpy().astype(np.float64)
-                results[token] = boxes_to_submission(token, boxes, labels, scores, pose)
+                if lyft_classes is None:
+                    results[token] = boxes_to_submission(token, boxes, labels, scores, pose)
+                else:
+                    results[token] = lyft_boxes_to_results(token, boxes, labels, scores, pose, lyft_classes)
     finally:
         model.train(was_training)
     return {"meta": submission_meta(), "results": results}, skipped
@@ -139,6 +148,7 @@ def evaluate_model(
     config: str = "detection_cvpr_2019",
     progress: bool = True,
     quiet: bool = False,
+    lyft_footprint: str = "heading",
 ) -> EvalResult:
     """Predict every frame of ``dataset`` (see :func:`predict`), write ``out_dir/results.json`` and score it.
 
@@ -153,27 +163,25 @@ def evaluate_model(
         config: the devkit's detection config.
         progress: show a progress bar.
         quiet: send the devkit's printed tables to ``out_dir/devkit.log`` instead of stdout (during training).
+        lyft_footprint: the Lyft metric's footprint convention (see :func:`~drivetrain.data.lyft_eval.evaluate_lyft`).
     """
     start = time.perf_counter()
     frames = getattr(dataset, "frames", dataset)
     meta = getattr(getattr(frames, "index", None), "meta", {})
-    if dataset_of(meta) == "lyft":
-        raise DataError(
-            "the frames are of a Lyft Level 5 root; model evaluation writes nuScenes submissions and runs the nuScenes "
-            "devkit (Lyft: write drivetrain.data.lyft_eval.lyft_boxes_to_results and use `drivetrain eval "
-            "--predictions`)",
-            meta.get("root"),
-        )
     root = root if root is not None else frames.root
-    version = version if version is not None else frames.index.meta.get("version", "v1.0-mini")
-    submission, skipped = predict(model, dataset, device, progress=progress)
+    version = version if version is not None else meta.get("version", "v1.0-mini")
+    lyft = dataset_of(meta) == "lyft"
+    classes = tuple(meta["classes"]) if lyft else None
+    submission, skipped = predict(model, dataset, device, progress=progress, lyft_classes=classes)
     out = Path(out_dir)
     path = write_submission(submission, out / "results.json")
-    if quiet:
-        with open(out / "devkit.log", "w") as log, contextlib.redirect_stdout(log):
+    with contextlib.ExitStack() as stack:
+        if quiet:
+            stack.enter_context(contextlib.redirect_stdout(stack.enter_context(open(out / "devkit.log", "w"))))
+        if lyft:
+            metrics = evaluate_lyft(path, root, version=version, split=split, out_dir=out, footprint=lyft_footprint)
+        else:
             metrics = evaluate(path, root, version=version, split=split, out_dir=out, config=config)
-    else:
-        metrics = evaluate(path, root, version=version, split=split, out_dir=out, config=config)
     return EvalResult(metrics, path, len(dataset), skipped, time.perf_counter() - start)
 
 

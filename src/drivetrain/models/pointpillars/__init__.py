@@ -9,6 +9,6 @@ max-IoU assignment in :mod:`drivetrain.match.max_iou`, nearest-BEV and rotated I
 with NMS (``postprocess.py``), the SSN detector, evaluation, configs and benchmarks (issue 13).
 """
 
-from drivetrain.models.pointpillars.model import PointPillars
+from drivetrain.models.pointpillars.model import SSN, PointPillars
 
-__all__ = ["PointPillars"]
+__all__ = ["SSN", "PointPillars"]

@@ -23,26 +23,68 @@ from typing import Any
 import torch
 from torch import nn
 
+from drivetrain.data.lyft_format import LYFT_CLASSES
+from drivetrain.data.nuscenes_format import CLASSES
 from drivetrain.losses.anchor_head import AnchorHeadLoss
 from drivetrain.match.max_iou import (
     MaxIoUConfig,
     anchor_thresholds,
     batched_max_iou_assign,
     reference_max_iou_assign,
+    reference_max_iou_assign_per_class,
 )
-from drivetrain.models.pointpillars.anchors import AnchorConfig, grid_anchors
+from drivetrain.models.pointpillars.anchors import AnchorConfig, grid_anchors, per_class_anchors
 from drivetrain.models.pointpillars.backbone import SECOND, SECONDFPN
-from drivetrain.models.pointpillars.head import Anchor3DHead
+from drivetrain.models.pointpillars.head import Anchor3DHead, ShapeAwareHead
+from drivetrain.models.pointpillars.postprocess import DecodeConfig, decode, reference_decode
 from drivetrain.models.pointpillars.voxel_encoder import HardVFE
 from drivetrain.pipeline.augment_bev import BevAugConfig
 from drivetrain.pipeline.lidar import lidar_input
 from drivetrain.pipeline.voxelize import VoxelGrid, scatter_to_bev
+from drivetrain.ragged import RaggedBatch
 
-__all__ = ["PointPillars"]
+__all__ = ["SSN", "PointPillars", "dataset_class_names"]
+
+
+_DATASET_CLASSES = {"nuscenes": CLASSES, "lyft": LYFT_CLASSES}
+
+SSN_NUS_CLASSES = (
+    "bicycle", "motorcycle", "pedestrian", "traffic_cone", "barrier",
+    "car", "truck", "trailer", "bus", "construction_vehicle",
+)  # fmt: skip
+"""SSN's class order (its config's ``class_names``): the order of its anchors, tasks and assigners."""
+
+SSN_NUS_TASKS = (
+    (2, (64, 64), (1, 1)),  # bicycle, motorcycle
+    (1, (64, 64), (1, 1)),  # pedestrian
+    (2, (64, 64), (1, 1)),  # traffic cone, barrier
+    (1, (64, 64, 64), (2, 1, 1)),  # car
+    (4, (64, 64, 64), (2, 1, 1)),  # truck, trailer, bus, construction vehicle
+)
+"""SSN's nuScenes head: ``(classes, shared conv channels, shared conv strides)`` per task."""
+
+
+def dataset_class_names(classes: str | Sequence[str]) -> tuple[str, ...]:
+    """The class names a dataset's labels index: ``"nuscenes"``, ``"lyft"``, or the names themselves."""
+    if isinstance(classes, str):
+        if classes not in _DATASET_CLASSES:
+            raise ValueError(f"dataset_classes: expected 'nuscenes', 'lyft' or a list of names, got {classes!r}")
+        return tuple(_DATASET_CLASSES[classes])
+    return tuple(str(c) for c in classes)
+
+
+def _conv_out(size: int, strides: Sequence[int]) -> int:
+    """Length of a map after 3×3 convolutions with padding 1 and these strides."""
+    for stride in strides:
+        size = (size - 1) // stride + 1
+    return size
 
 
 class PointPillars(nn.Module):
     """The PointPillars detector; defaults are the published nuScenes SECFPN configuration.
+
+    With ``tasks`` it is SSN instead (see :class:`SSN`): a ``ShapeAwareHead`` with one branch per task, one
+    anchor size per class on its task's map, and one assigner per class.
 
     Args:
         point_cloud_range: ``(x_min, y_min, z_min, x_max, y_max, z_max)`` of the voxel grid.
@@ -55,14 +97,18 @@ class PointPillars(nn.Module):
         backbone_channels, layer_nums, layer_strides: ``SECOND``.
         neck_channels, upsample_strides: ``SECONDFPN``.
         anchor_ranges: per anchor size ``(x_lo, y_lo, z_lo, x_hi, y_hi, z_hi)`` (z: the anchor's bottom).
-        anchor_sizes: ``(dx, dy, dz)`` per size.
+        anchor_sizes: ``(dx, dy, dz)`` per size (SSN: per class, in ``classes`` order).
         rotations: anchor yaws.
         num_classes: C.
         code_size: 9 (with velocity) or 7.
-        assigner: ``(pos_iou_thr, neg_iou_thr, min_pos_iou)``.
+        assigner: ``(pos_iou_thr, neg_iou_thr, min_pos_iou)``; SSN: one triple per class.
+        classes: the model's class order (its anchors' and outputs'); None: the dataset's.
+        dataset_classes: what the batch's labels index: ``nuscenes``, ``lyft`` or names.
+        tasks: SSN's head, ``(classes, shared channels, shared strides)`` per task; None: ``Anchor3DHead``.
+        decode: :class:`~.postprocess.DecodeConfig` fields for :meth:`detect`.
         augment: ``BevAugConfig`` fields for training (None: no augmentation).
         seed: seed of the augmentation generator.
-        impl: ``batched`` or ``reference`` assignment and losses.
+        impl: ``batched`` or ``reference`` assignment, losses and decoding.
         chunk: anchors per IoU slice in the batched assignment (None: all at once).
     """
 
@@ -85,7 +131,11 @@ class PointPillars(nn.Module):
         rotations: Sequence[float] = (0.0, 1.57),
         num_classes: int = 10,
         code_size: int = 9,
-        assigner: Sequence[float] = (0.6, 0.3, 0.3),
+        assigner: Sequence[float] | Sequence[Sequence[float]] = (0.6, 0.3, 0.3),
+        classes: Sequence[str] | None = None,
+        dataset_classes: str | Sequence[str] = "nuscenes",
+        tasks: Sequence[Sequence[Any]] | None = None,
+        decode: dict[str, Any] | None = None,
         augment: dict[str, Any] | None = None,
         seed: int = 0,
         impl: str = "batched",
@@ -107,7 +157,10 @@ class PointPillars(nn.Module):
             rotations=tuple(float(r) for r in rotations),
             custom_values=(0.0, 0.0) if code_size == 9 else (),
         )
-        self.assigner = MaxIoUConfig(pos_iou_thr=assigner[0], neg_iou_thr=assigner[1], min_pos_iou=assigner[2])
+        self._set_classes(classes, dataset_classes)
+        self.tasks = None if tasks is None else tuple((int(n), tuple(ch), tuple(st)) for n, ch, st in tasks)
+        self.assigners = self._assigners(assigner)
+        self.decode_config = DecodeConfig(**(decode or {}))
         self.augment = BevAugConfig(**augment) if augment is not None else None
         self.seed = seed
         self._generator: torch.Generator | None = None
@@ -115,10 +168,41 @@ class PointPillars(nn.Module):
         self.vfe = HardVFE(point_dims, tuple(vfe_channels), self.grid)
         self.backbone = SECOND(vfe_channels[-1], tuple(backbone_channels), tuple(layer_nums), tuple(layer_strides))
         self.neck = SECONDFPN(tuple(backbone_channels), tuple(neck_channels), tuple(upsample_strides))
-        num_anchors = len(anchor_sizes) * len(rotations)
-        self.head = Anchor3DHead(self.neck.out_channels, num_anchors, num_classes, code_size)
+        if self.tasks is None:
+            num_anchors = len(anchor_sizes) * len(rotations)
+            self.head: nn.Module = Anchor3DHead(self.neck.out_channels, num_anchors, num_classes, code_size)
+        else:
+            if len(anchor_sizes) != num_classes:
+                raise ValueError(f"anchor_sizes: SSN needs one size per class ({num_classes}), got {len(anchor_sizes)}")
+            self.head = ShapeAwareHead(self.neck.out_channels, self.tasks, num_classes, code_size, len(rotations))
         self.criterion = AnchorHeadLoss(num_classes=num_classes, code_weights=[1.0] * 7 + [0.2] * (code_size - 7))
-        self._anchors: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._anchors: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor | None, Any]] = {}
+
+    # ------------------------------------------------------------------------------------------ classes
+    def _set_classes(self, classes: Sequence[str] | None, dataset_classes: str | Sequence[str]) -> None:
+        """The label maps between the dataset's class indices and the model's."""
+        data_names = dataset_class_names(dataset_classes)
+        names = tuple(classes) if classes is not None else data_names
+        if len(names) != self.num_classes or sorted(names) != sorted(data_names):
+            raise ValueError(
+                f"classes: the model's {self.num_classes} classes must be the dataset's {data_names} in some order, "
+                f"got {names}"
+            )
+        self.class_names = names
+        to_model = torch.tensor([names.index(n) for n in data_names], dtype=torch.int64)  # data label → model
+        self.register_buffer("_to_model", to_model, persistent=False)
+        self.register_buffer("_to_data", to_model.argsort(), persistent=False)
+
+    def _assigners(self, assigner: Sequence[Any]) -> tuple[MaxIoUConfig, ...]:
+        if self.tasks is None:
+            if len(assigner) != 3 or not all(isinstance(v, (int, float)) for v in assigner):
+                raise ValueError(f"assigner: expected (pos_iou_thr, neg_iou_thr, min_pos_iou), got {assigner!r}")
+            rows = [assigner]
+        else:
+            rows = list(assigner)
+            if len(rows) != self.num_classes or any(len(r) != 3 for r in rows):
+                raise ValueError(f"assigner: SSN needs one (pos, neg, min_pos) triple per class, got {assigner!r}")
+        return tuple(MaxIoUConfig(pos_iou_thr=r[0], neg_iou_thr=r[1], min_pos_iou=r[2]) for r in rows)
 
     # -------------------------------------------------------------------------------------------- forward
     def _aug_generator(self, device: torch.device) -> torch.Generator:
@@ -130,19 +214,38 @@ class PointPillars(nn.Module):
                 self._generator_state = None
         return self._generator
 
-    def anchors(self, feature_size: tuple[int, int], device: torch.device) -> torch.Tensor:
-        """The ``(H·W·A, D)`` anchors of a ``feature_size`` map (cached per size and device)."""
+    def anchor_set(self, feature_size: tuple[int, int], device: torch.device) -> tuple[torch.Tensor, Any, Any]:
+        """Anchors for a ``feature_size`` neck map (cached per size and device).
+
+        Returns:
+            ``anchors (A, D)`` in the head's output order, ``anchor_classes (A,)`` (SSN; None for
+            PointPillars) and the assigner thresholds per anchor.
+        """
         key = (feature_size, str(device))
         if key not in self._anchors:
-            self._anchors[key] = grid_anchors(self.anchor_config, feature_size, device)[:, : self.code_size]
+            if self.tasks is None:
+                anchors, classes = grid_anchors(self.anchor_config, feature_size, device), None
+                thresholds = anchor_thresholds(self.assigners[0], num_anchors=anchors.shape[0], device=device)
+            else:
+                sizes = []
+                for n, _, strides in self.tasks:
+                    sizes += [(_conv_out(feature_size[0], strides), _conv_out(feature_size[1], strides))] * n
+                anchors, classes = per_class_anchors(self.anchor_config, tuple(sizes), device)
+                thresholds = anchor_thresholds(self.assigners, classes)
+            self._anchors[key] = (anchors[:, : self.code_size], classes, thresholds)
         return self._anchors[key]
+
+    def anchors(self, feature_size: tuple[int, int], device: torch.device) -> torch.Tensor:
+        """The ``(A, D)`` anchors of a ``feature_size`` neck map, in the head's output order."""
+        return self.anchor_set(feature_size, device)[0]
 
     def forward(self, batch: Any) -> dict[str, Any]:
         """Voxelize (after the BEV augmentation in training) and run the network.
 
         Returns:
-            ``cls_logits (B, A, C)``, ``box_preds (B, A, D)``, ``dir_logits (B, A, 2)``, ``anchors (A, D)``, and
-            the ground truth the loss must use, ``gt_boxes`` / ``gt_labels`` (augmented in training).
+            ``cls_logits (B, A, C)``, ``box_preds (B, A, D)``, ``dir_logits (B, A, 2)``, ``anchors (A, D)``,
+            ``feature_size`` and the ground truth the loss must use, ``gt_boxes`` / ``gt_labels`` (augmented in
+            training; labels in the model's class order).
         """
         device = batch.points.device
         training = self.training and self.augment is not None
@@ -153,9 +256,10 @@ class PointPillars(nn.Module):
         canvas = scatter_to_bev(feats, x.coors, x.batch_size, grid)  # (B, C, ny, nx)
         neck = self.neck(self.backbone(canvas))  # (B, ΣC, H, W)
         out = self.head(neck)
-        out["anchors"] = self.anchors((neck.shape[2], neck.shape[3]), device)  # (A, D)
+        out["feature_size"] = (neck.shape[2], neck.shape[3])
+        out["anchors"] = self.anchors(out["feature_size"], device)  # (A, D)
         out["gt_boxes"] = x.gt_boxes.apply(lambda t: t[..., : self.code_size])  # (B, G, D)
-        out["gt_labels"] = x.gt_labels  # (B, G)
+        out["gt_labels"] = x.gt_labels.apply(lambda t: self._to_model[t.clamp(min=0)])  # (B, G) model order
         return out
 
     # ----------------------------------------------------------------------------------------------- loss
@@ -164,31 +268,62 @@ class PointPillars(nn.Module):
         """The published weights of the terms (a run config's ``model.loss_weights`` overrides them)."""
         return dict(self.criterion.weights)
 
-    def assign(self, anchors: torch.Tensor, gt_boxes: Any, gt_labels: Any) -> torch.Tensor:
+    def assign(self, feature_size: tuple[int, int], gt_boxes: Any, gt_labels: Any) -> torch.Tensor:
         """``(B, A)`` anchor assignment (−1 ignore, 0 negative, k ≥ 1 GT k−1), batched or per sample."""
+        anchors, classes, thresholds = self.anchor_set(feature_size, gt_boxes.device)
         with torch.no_grad():
             if self.impl == "batched":
-                thresholds = anchor_thresholds(self.assigner, num_anchors=anchors.shape[0], device=anchors.device)
-                return batched_max_iou_assign(anchors, gt_boxes, gt_labels, thresholds, chunk=self.chunk)
+                return batched_max_iou_assign(
+                    anchors, gt_boxes, gt_labels, thresholds, anchor_classes=classes, chunk=self.chunk
+                )
             boxes, labels = gt_boxes.to_list(), gt_labels.to_list()
-            return torch.stack(
-                [reference_max_iou_assign(anchors, b, lab, self.assigner) for b, lab in zip(boxes, labels, strict=True)]
-            )  # (B, A)
+            rows = [
+                reference_max_iou_assign(anchors, b, lab, self.assigners[0])
+                if classes is None
+                else reference_max_iou_assign_per_class(anchors, classes, b, lab, self.assigners)
+                for b, lab in zip(boxes, labels, strict=True)
+            ]
+            return torch.stack(rows)  # (B, A)
 
     def loss(self, outputs: dict[str, Any], batch: Any) -> dict[str, torch.Tensor]:
         """The unweighted terms ``loss_cls``, ``loss_bbox``, ``loss_dir``."""
-        anchors, gt_boxes, gt_labels = outputs["anchors"], outputs["gt_boxes"], outputs["gt_labels"]
-        assigned = self.assign(anchors, gt_boxes, gt_labels)
+        gt_boxes, gt_labels = outputs["gt_boxes"], outputs["gt_labels"]
+        assigned = self.assign(outputs["feature_size"], gt_boxes, gt_labels)
         return self.criterion(
             outputs["cls_logits"],
             outputs["box_preds"],
             outputs["dir_logits"],
-            anchors,
+            outputs["anchors"],
             assigned,
             gt_boxes,
             gt_labels,
             impl=self.impl,
         )
+
+    # --------------------------------------------------------------------------------------------- detect
+    @torch.no_grad()
+    def detect(self, batch: Any) -> tuple[RaggedBatch, RaggedBatch, RaggedBatch]:
+        """Detections of a batch (no augmentation): boxes ``(B, K, 9)`` ``(x, y, z_centre, dx, dy, dz, yaw, vx,
+        vy)`` in the lidar frame (zero velocity when ``code_size`` is 7), scores, and labels in the dataset's
+        class order; decoded as :mod:`.postprocess` (``impl`` picks the batched or per-sample path; the batched
+        one with ``compact=True``: one host read, NMS over the candidates only)."""
+        was_training = self.training
+        self.eval()
+        try:
+            out = self.forward(batch)
+        finally:
+            self.train(was_training)
+        args = (out["cls_logits"].float(), out["box_preds"].float(), out["dir_logits"].float(), out["anchors"])
+        if self.impl == "batched":
+            boxes, scores, labels = decode(*args, self.decode_config, compact=True)
+        else:
+            per_sample = reference_decode(*args, self.decode_config)
+            boxes = RaggedBatch.from_list([d["boxes"] for d in per_sample])
+            scores = RaggedBatch.from_list([d["scores"] for d in per_sample])
+            labels = RaggedBatch.from_list([d["labels"] for d in per_sample])
+        if self.code_size == 7:
+            boxes = boxes.apply(lambda t: torch.cat([t, t.new_zeros(*t.shape[:-1], 2)], dim=-1))  # (B, K, 9)
+        return boxes, scores, labels.apply(lambda t: self._to_data[t])
 
     # ------------------------------------------------------------------------------------ exact resume
     def get_extra_state(self) -> dict[str, Any]:
@@ -203,3 +338,24 @@ class PointPillars(nn.Module):
         if self._generator is not None and self._generator_state is not None:
             self._generator.set_state(self._generator_state)
             self._generator_state = None
+
+
+class SSN(PointPillars):
+    """SSN (shape signature networks): PointPillars' encoder and BEV network with a ``ShapeAwareHead``, one
+    anchor size per class on its task's map, and one assigner per class; defaults are the published nuScenes
+    configuration (``configs/ssn/ssn_hv_secfpn_sbn-all_16xb2-2x_nus-3d.py``: 20 points per pillar, the
+    classes in SSN's order). Arguments as :class:`PointPillars`."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        from drivetrain.match.max_iou import NUS_SSN_ASSIGNERS
+        from drivetrain.models.pointpillars.anchors import NUS_SSN_ANCHORS
+
+        defaults: dict[str, Any] = {
+            "max_points": 20,
+            "anchor_ranges": NUS_SSN_ANCHORS.ranges,
+            "anchor_sizes": NUS_SSN_ANCHORS.sizes,
+            "assigner": [(c.pos_iou_thr, c.neg_iou_thr, c.min_pos_iou) for c in NUS_SSN_ASSIGNERS],
+            "classes": SSN_NUS_CLASSES,
+            "tasks": SSN_NUS_TASKS,
+        }
+        super().__init__(**{**defaults, **kwargs})
