@@ -1,4 +1,7 @@
-"""Full training iterations of StreamPETR: reference vs batched loss path, same weights, same batches.
+"""Full training iterations of StreamPETR, PointPillars or SSN: reference vs batched path, same weights, batches.
+
+``--model pointpillars|ssn`` runs ``_iteration_lidar.py`` (anchor assignment and losses; see its docstring);
+the rest of this text is about StreamPETR.
 
 One process builds the model once from ``configs/streampetr_{size}.yaml`` (``model.args``, read with
 ``yaml.safe_load``) and the engine's AdamW (``optim``: peak lr × each group's ``lr_mult``, weight decay, no
@@ -43,6 +46,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import importlib.util
 import math
 import statistics
 import sys
@@ -82,6 +86,7 @@ DESCRIPTION = __doc__.splitlines()[0]
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {"streampetr": "streampetr"}  # --model → config stem
+LIDAR_MODELS = ("pointpillars", "ssn")  # handed to _iteration_lidar.py
 SIZES = ("tiny", "full")
 PATHS = ("reference", "batched")
 TOP = "iteration"
@@ -371,10 +376,26 @@ def write_png(result: BenchResult, path: Path) -> Path | None:
 
 
 # ------------------------------------------------------------------------------------------ main
+def _lidar_main(argv: list[str], prog: str | None) -> int:
+    """``--model pointpillars|ssn``: the lidar detectors' iteration benchmark (``_iteration_lidar.py``)."""
+    path = Path(__file__).parent / "_iteration_lidar.py"
+    spec = importlib.util.spec_from_file_location("drivetrain_bench_iteration_lidar", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module.main(argv, prog)
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    peek = argparse.ArgumentParser(add_help=False)
+    peek.add_argument("--model", default="streampetr")
+    if peek.parse_known_args(argv)[0].model in LIDAR_MODELS:
+        return _lidar_main(argv, prog)
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_bench_arguments(parser, repeat=10, warmup=3)
-    parser.add_argument("--model", default="streampetr", help="model whose config is used (streampetr)")
+    parser.add_argument(
+        "--model", default="streampetr", help="streampetr, or pointpillars / ssn (see --model ssn --help)"
+    )
     parser.add_argument("--size", default="tiny", help="config size: tiny or full (default: tiny)")
     parser.add_argument("--batch", type=int, default=8, help="batch slots B (default: 8)")
     parser.add_argument("--config", type=Path, default=None, help="run config (default: configs/<model>_<size>.yaml)")

@@ -84,3 +84,34 @@ def test_bench_iteration_batch_larger_than_the_scenes_is_a_clear_error(data_root
     argv[argv.index("--batch") + 1] = "3"
     with pytest.raises(SystemExit, match=r"--batch 3: .*2 scenes"):
         main(argv)
+
+
+LIDAR_ROWS = {
+    "iteration/forward/input",
+    "iteration/forward/encoder",
+    "iteration/forward/backbone + neck",
+    "iteration/forward/head",
+    "iteration/loss/assignment",
+    "iteration/loss/targets + loss",
+    "iteration/optimisation/backward",
+    "iteration/remaining (data wait)",
+}
+
+
+@pytest.mark.parametrize("model", ["pointpillars", "ssn"])
+def test_bench_iteration_of_the_lidar_detectors(model, tmp_path, data_root, capsys):
+    """The tiny lidar configs on 4 generated scenes: both paths checked equal, the library's regions as rows."""
+    out = tmp_path / "out"
+    argv = ["bench", "iteration", "--model", model, "--size", "tiny", "--batch", "2", "--repeat", "1"]
+    argv += ["--warmup", "0", "--scenes", "4", "--data-root", str(data_root.parent / "lidar")]
+    argv += ["--json", str(out / "r.json"), "--md", str(out / "r.md")]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| assignment + targets + loss |" in printed and "≥ ×10" in printed
+    data = json.loads((out / "r.json").read_text())
+    assert data["config"]["model"] == model and data["config"]["anchors"] > 0
+    assert data["config"]["points_per_sample"]["min"] > 1000  # key frame + 2 sweeps of the 16-beam lidar
+    rows = {row["name"]: row for row in data["rows"]}
+    assert set(rows) >= LIDAR_ROWS
+    assert all(r["reference_ms"] > 0 and r["batched_ms"] > 0 for r in data["rows"])
+    assert "identically" in (out / "r.md").read_text()  # the equality checks ran and are reported

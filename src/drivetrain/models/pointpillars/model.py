@@ -41,6 +41,7 @@ from drivetrain.models.pointpillars.voxel_encoder import HardVFE
 from drivetrain.pipeline.augment_bev import BevAugConfig
 from drivetrain.pipeline.lidar import lidar_input
 from drivetrain.pipeline.voxelize import VoxelGrid, scatter_to_bev
+from drivetrain.profile import region
 from drivetrain.ragged import RaggedBatch
 
 __all__ = ["SSN", "PointPillars", "dataset_class_names"]
@@ -251,11 +252,15 @@ class PointPillars(nn.Module):
         training = self.training and self.augment is not None
         grid = self.grid if self.training else self.grid_test
         generator = self._aug_generator(device) if training else None
-        x = lidar_input(batch, grid, self.augment if training else None, generator)
-        feats = self.vfe(x.voxels, x.num_points, x.coors)  # (V, C)
-        canvas = scatter_to_bev(feats, x.coors, x.batch_size, grid)  # (B, C, ny, nx)
-        neck = self.neck(self.backbone(canvas))  # (B, ΣC, H, W)
-        out = self.head(neck)
+        with region("input"):  # augmentation and voxelization
+            x = lidar_input(batch, grid, self.augment if training else None, generator)
+        with region("encoder"):
+            feats = self.vfe(x.voxels, x.num_points, x.coors)  # (V, C)
+            canvas = scatter_to_bev(feats, x.coors, x.batch_size, grid)  # (B, C, ny, nx)
+        with region("backbone + neck"):
+            neck = self.neck(self.backbone(canvas))  # (B, ΣC, H, W)
+        with region("head"):
+            out = self.head(neck)
         out["feature_size"] = (neck.shape[2], neck.shape[3])
         out["anchors"] = self.anchors(out["feature_size"], device)  # (A, D)
         out["gt_boxes"] = x.gt_boxes.apply(lambda t: t[..., : self.code_size])  # (B, G, D)
@@ -288,17 +293,19 @@ class PointPillars(nn.Module):
     def loss(self, outputs: dict[str, Any], batch: Any) -> dict[str, torch.Tensor]:
         """The unweighted terms ``loss_cls``, ``loss_bbox``, ``loss_dir``."""
         gt_boxes, gt_labels = outputs["gt_boxes"], outputs["gt_labels"]
-        assigned = self.assign(outputs["feature_size"], gt_boxes, gt_labels)
-        return self.criterion(
-            outputs["cls_logits"],
-            outputs["box_preds"],
-            outputs["dir_logits"],
-            outputs["anchors"],
-            assigned,
-            gt_boxes,
-            gt_labels,
-            impl=self.impl,
-        )
+        with region("assignment"):
+            assigned = self.assign(outputs["feature_size"], gt_boxes, gt_labels)
+        with region("targets + loss"):
+            return self.criterion(
+                outputs["cls_logits"],
+                outputs["box_preds"],
+                outputs["dir_logits"],
+                outputs["anchors"],
+                assigned,
+                gt_boxes,
+                gt_labels,
+                impl=self.impl,
+            )
 
     # --------------------------------------------------------------------------------------------- detect
     @torch.no_grad()
