@@ -1,13 +1,18 @@
 """Training memory and step time per precision mode: fp32 / bf16 / fp16, activation checkpointing, FSDP2 offload.
 
-Each variant trains the built-in conv model (``configs/smoke.yaml`` made larger: width 64, depth 4,
-64×64 images, batch 32) with the real trainer, in its own child process so that memory peaks do not
-mix. Memory is the peak CUDA allocation on a GPU, and on the CPU the growth of the process's peak RSS
-over its size before the model was built (activations, gradients, optimizer state, allocator caches).
-Step time is the median of the trainer's per-step time minus its data wait, after warm-up. The table has
-the published layout: memory, improvement, time, improvement, each against fp32.
+Each variant trains a model with the real trainer, in its own child process so that memory peaks do not
+mix: ``--model smoke`` the built-in conv model (``configs/smoke.yaml`` made larger: width 64, depth 4, 64×64
+images, batch 32); ``--model ssn`` / ``pointpillars`` the lidar detector of ``configs/<model>_tiny.yaml``
+(``--size full``: ``configs/<model>_nus.yaml``) on its synthetic lidar, the lidar paper's table 8 on our model
+(activation checkpointing of the SECOND backbone). Every variant starts from the same seed and data, and the
+mean loss of its last 5 steps is reported beside its memory and time (the same trajectory within noise is
+what a precision mode must keep). Memory is the peak CUDA allocation on a GPU, and on the CPU the growth of
+the process's peak RSS over its size before the model was built (activations, gradients, optimizer state,
+allocator caches). Step time is the median of the trainer's per-step time minus its data wait, after warm-up.
+The table has the published layout: memory, improvement, time, improvement, each against fp32; and the loss.
 
-Run: ``drivetrain bench precision [--device cpu|cuda] [--repeat N] [--warmup N] [--save]``.
+Run: ``drivetrain bench precision [--model smoke|ssn|pointpillars] [--size tiny|full] [--device cpu|cuda]
+[--repeat N] [--warmup N] [--save]`` (results: ``precision-<device>`` for smoke, ``precision-<model>-<size>-<device>``).
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ MODEL = [
     "log.progress=false",
     "checkpoint.every=100000",
 ]
+LIDAR = ["log.tensorboard=false", "log.progress=false", "checkpoint.every=100000", "eval.every=0",
+         "eval.at_start=false", "data.num_workers=0"]  # fmt: skip
+LIDAR_CONFIGS = {("ssn", "tiny"): "ssn_tiny", ("ssn", "full"): "ssn_nus", ("pointpillars", "tiny"): "pointpillars_tiny",
+                 ("pointpillars", "full"): "pointpillars_nus"}  # fmt: skip
 VARIANTS: dict[str, list[str]] = {
     "fp32": ["precision.mode=fp32"],
     "bf16": ["precision.mode=bf16"],
@@ -48,29 +57,40 @@ VARIANTS: dict[str, list[str]] = {
 }
 
 
-def child(variant: str, device: str, steps: int, warmup: int, seed: int) -> dict[str, float]:
-    """Train one variant in this process; return its median compute time per step and its memory."""
+def model_config(model: str, size: str) -> tuple[Path, list[str]]:
+    """The config file and overrides of ``--model``/``--size``."""
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    if model == "smoke":
+        return configs / "smoke.yaml", MODEL
+    return configs / f"{LIDAR_CONFIGS[(model, size)]}.yaml", LIDAR
+
+
+def child(variant: str, device: str, steps: int, warmup: int, seed: int, model: str, size: str) -> dict[str, float]:
+    """Train one variant in this process; return its median compute time per step, memory and final loss."""
     import psutil
 
     from drivetrain.engine import Trainer, load_config
 
-    config = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
+    config, base = model_config(model, size)
     out = tempfile.mkdtemp(prefix="drivetrain-bench-precision-")
     extra = [f"run.out_dir={out}", f"run.seed={seed}", f"train.steps={steps}", f"train.device={device}"]
     if "distributed.strategy=fsdp" in VARIANTS[variant]:  # a one-rank process group
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29731")
     baseline_mb = psutil.Process().memory_info().rss / 2**20
     with ResourceMonitor(device, interval=0.01) as mon:
-        trainer = Trainer(load_config(config, [*MODEL, *VARIANTS[variant], *extra]))
+        trainer = Trainer(load_config(config, [*base, *VARIANTS[variant], *extra]))
         trainer.fit()
     trainer.close()
-    records = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()][warmup:]
+    logged = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    logged = [r for r in logged if "step_time_s" in r]  # training steps (not evaluation records)
+    records = logged[warmup:]
     usage = mon.result
     memory = usage.peak_device_mb if usage.peak_device_mb is not None else usage.peak_rss_mb - baseline_mb
     return {
         "step_ms": statistics.median(1000 * (r["step_time_s"] - r["data_wait_s"]) for r in records),
         "memory_mb": memory,
         "cpu_cores": usage.cpu_cores,
+        "final_loss": statistics.fmean(r["loss"] for r in logged[-5:]),
     }
 
 
@@ -78,12 +98,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_bench_arguments(parser, repeat=15, warmup=5)
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset (default: all)")
+    parser.add_argument("--model", default="smoke", choices=("smoke", "ssn", "pointpillars"), help="(default: smoke)")
+    parser.add_argument("--size", default="tiny", choices=("tiny", "full"), help="lidar config size (default: tiny)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     steps = args.warmup + args.repeat
     if args.child is not None:
         setup_bench(args)  # the variant runs here: the same allocator setting as the parent asked for
-        print(json.dumps(child(args.child, args.device, steps, args.warmup, args.seed)))
+        print(json.dumps(child(args.child, args.device, steps, args.warmup, args.seed, args.model, args.size)))
         return 0
     device = setup_bench(args)
     names = [v.strip() for v in args.variants.split(",")]
@@ -94,7 +116,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     measured: dict[str, dict[str, float]] = {}
     for name in names:
         cmd = [sys.executable, __file__, "--child", name, "--device", args.device, "--repeat", str(args.repeat),
-               "--warmup", str(args.warmup), "--seed", str(args.seed), "--malloc", args.malloc]  # fmt: skip
+               "--warmup", str(args.warmup), "--seed", str(args.seed), "--malloc", args.malloc,
+               "--model", args.model, "--size", args.size]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise SystemExit(f"variant {name!r} failed:\n{proc.stderr[-3000:]}")
@@ -103,16 +126,30 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
     base = measured["fp32"]
     memory = "peak CUDA allocation" if device.type == "cuda" else "peak RSS growth"
-    config = {"model": MODEL[0], "data": MODEL[1], "batch": 32, "repeat": args.repeat, "warmup": args.warmup,
-              "seed": args.seed, "memory": memory}  # fmt: skip
-    result = BenchResult("precision", device_name(device), config)
-    for name, m in measured.items():
-        result.add(Row(name=f"step: {name} vs fp32", reference_ms=base["step_ms"], batched_ms=m["step_ms"]))
-    table = ["| mode | memory (MB) | improvement | time per step (ms) | improvement |", "|---|---:|---:|---:|---:|"]
-    for name, m in measured.items():
+    if args.model == "smoke":
+        config = {"model": MODEL[0], "data": MODEL[1], "batch": 32, "repeat": args.repeat, "warmup": args.warmup,
+                  "seed": args.seed, "memory": memory}  # fmt: skip
+        name = "precision"
+    else:
+        path, _ = model_config(args.model, args.size)
+        config = {"model": args.model, "size": args.size, "config": f"configs/{path.name}", "repeat": args.repeat,
+                  "warmup": args.warmup, "seed": args.seed, "memory": memory}  # fmt: skip
+        name = f"precision-{args.model}-{args.size}"
+    result = BenchResult(name, device_name(device), config)
+    for label, m in measured.items():
+        result.add(Row(name=f"step: {label} vs fp32", reference_ms=base["step_ms"], batched_ms=m["step_ms"]))
+    table = [
+        "| mode | memory (MB) | improvement | time per step (ms) | improvement "
+        f"| loss, last {min(5, steps)} of {steps} steps |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for label, m in measured.items():
         mem_gain = 100 * (m["memory_mb"] - base["memory_mb"]) / base["memory_mb"]
         time_gain = 100 * (m["step_ms"] - base["step_ms"]) / base["step_ms"]
-        table.append(f"| {name} | {m['memory_mb']:.0f} | {mem_gain:+.1f}% | {m['step_ms']:.1f} | {time_gain:+.1f}% |")
+        table.append(
+            f"| {label} | {m['memory_mb']:.0f} | {mem_gain:+.1f}% | {m['step_ms']:.1f} | {time_gain:+.1f}% "
+            f"| {m['final_loss']:.4f} |"
+        )
     result.extra["measured"] = {k: {kk: round(vv, 3) for kk, vv in v.items()} for k, v in measured.items()}
     result.notes.append(
         "Each variant ran in its own process with the real trainer; negative improvements are reductions. "

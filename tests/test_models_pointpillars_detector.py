@@ -152,3 +152,46 @@ def test_detect_paths_agree_and_labels_come_back_in_dataset_order(batch, name):
     names = [model.class_names[i] for i in model._to_model[labels.tensor[0, : int(labels.sizes[0])]].tolist()]
     assert names == [CLASSES[i] for i in labels.tensor[0, : int(labels.sizes[0])].tolist()]
     assert boxes.tensor.shape[-1] == 9
+
+
+@pytest.mark.parametrize("name", ["pointpillars", "ssn"])
+def test_a_resumed_run_ends_bit_exactly_where_the_uninterrupted_run_does(name, synth_index, synth_root, tmp_path):
+    """Through the engine on the synthetic lidar: 4 steps straight vs 2 steps, a checkpoint, and 2 resumed steps
+    (the augmentation generator, sampler, optimizer and weights all come back from the checkpoint)."""
+    import shutil
+    from pathlib import Path
+
+    from drivetrain.engine import Trainer, load_config
+    from helpers.engine import assert_same_weights, final_state
+
+    config = Path(__file__).resolve().parents[1] / "configs" / f"{name}_tiny.yaml"
+    index = synth_root / "drivetrain_index.npz"
+
+    def run(out, *extra, resume=None):
+        cfg = load_config(
+            config,
+            [
+                f"run.out_dir={out}",
+                "run.threads=1",
+                "run.deterministic=true",
+                "log.progress=false",
+                "log.tensorboard=false",
+                "data.name=drivetrain.data.sources:frames",
+                f"data.args={{index: {index}, split: mini_train, load_images: false, load_points: true, "
+                "num_sweeps: 1, use_dim: [0, 1, 2, 4]}",
+                "model.args.max_voxels=2000",
+                "train.device=cpu",
+                "train.steps=4",
+                "checkpoint.every=2",
+                "eval.every=0",
+                "eval.at_start=false",
+                *extra,
+            ],
+        )
+        Trainer(cfg, resume=resume).fit()
+
+    run(tmp_path / "straight")
+    run(tmp_path / "resumed")
+    shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "step-00000004")  # as if killed after step 2's checkpoint
+    run(tmp_path / "resumed", resume="auto")
+    assert_same_weights(final_state(tmp_path / "resumed")["model"], final_state(tmp_path / "straight")["model"])

@@ -92,6 +92,7 @@ def synthetic(
     load_points: bool = False,
     num_sweeps: int = 0,
     use_dim: tuple[int, ...] = (0, 1, 2, 3, 4),
+    sweeps_per_sample: int | None = None,
 ) -> StreamingFrames:
     """The synthetic nuScenes-format dataset at ``root``: generated and indexed unless already there.
 
@@ -104,6 +105,7 @@ def synthetic(
         scenes: only the first this many scenes of the preset.
         frames_per_scene: key frames per scene instead of the preset's.
         image_size: ``(W, H)`` of the camera images instead of the preset's (the focal length scales along).
+        sweeps_per_sample: lidar sweeps recorded between key frames instead of the preset's (tiny: 2).
         seed: generator seed.
         split: devkit split of the scenes to train on (default ``mini_train``; ``mini_val`` is held out for
             evaluation); None for every scene.
@@ -122,6 +124,8 @@ def synthetic(
         config = config.with_overrides(scenes=config.scenes[:scenes])
     if frames_per_scene is not None:
         config = config.with_overrides(samples_per_scene=frames_per_scene)
+    if sweeps_per_sample is not None:
+        config = config.with_overrides(sweeps_per_sample=sweeps_per_sample)
     if image_size is not None:
         width, height = (int(v) for v in image_size)
         config = config.with_overrides(image_width=width, image_height=height, focal=1266.0 * width / 1600)
