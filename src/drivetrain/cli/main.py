@@ -6,12 +6,12 @@ import argparse
 import sys
 
 import drivetrain
-from drivetrain.cli import bench, data, train
+from drivetrain.cli import bench, data, train, viz
 from drivetrain.cli import eval as eval_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``drivetrain`` argument parser with the ``bench``, ``train``, ``data`` and ``eval`` subcommands."""
+    """The ``drivetrain`` argument parser with the ``bench``, ``train``, ``data``, ``eval`` and ``viz`` subcommands."""
     parser = argparse.ArgumentParser(
         prog="drivetrain",
         description=(
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_parser(sub)
     data.add_parser(sub)
     eval_cli.add_parser(sub)
+    viz.add_parser(sub)
     return parser
 
 
