@@ -239,3 +239,19 @@ def test_many_random_pairs_match_reference(gen):
     iou = rotated_bev_iou_aligned(a, b)
     expected = torch.tensor([_slow_iou(x, y) for x, y in zip(a.tolist(), b.tolist(), strict=True)], dtype=torch.float64)
     torch.testing.assert_close(iou, expected, rtol=0, atol=1e-12)
+
+
+def test_sparse_pairwise_is_the_dense_matrix():
+    """Only pairs whose circumscribed circles meet are clipped; the others are exactly the dense path's 0."""
+    from drivetrain.geometry.rotated_iou import rotated_bev_iou_pairwise
+
+    g = torch.Generator().manual_seed(3)
+    a = torch.cat([torch.rand(2, 3, 40, 2, generator=g) * 30, torch.rand(2, 3, 40, 2, generator=g) * 4 + 0.1,
+                   torch.rand(2, 3, 40, 1, generator=g) * 6], dim=-1).double()  # fmt: skip
+    a[0, 0, 5] = a[0, 0, 4]  # identical boxes
+    a[1, 2, 7, 2] = 0.0  # degenerate
+    b = a[:, :1, :25]  # broadcast over the middle dim
+    dense = rotated_bev_iou_pairwise(a, b)
+    sparse = rotated_bev_iou_pairwise(a, b, sparse=True)
+    assert torch.equal(sparse, dense) and (dense > 0).sum() > 20 and (dense == 0).sum() > 1000
+    assert rotated_bev_iou_pairwise(a[..., :0, :], b, sparse=True).shape == (2, 3, 0, 25)

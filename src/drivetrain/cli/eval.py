@@ -70,6 +70,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--config", default="detection_cvpr_2019", help="devkit detection config")
     parser.add_argument(
+        "--tta",
+        action="store_true",
+        help="with --checkpoint of a lidar model: test-time augmentation, the four BEV flips of each frame detected "
+        "and merged (class-wise rotated NMS), as mmdetection3d's MultiScaleFlipAug3D with flip=True",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=None,
@@ -187,6 +193,12 @@ def _run_checkpoint(args: argparse.Namespace) -> int:
         model, cfg, path = model_from_checkpoint(args.checkpoint)
     except CheckpointError as err:
         raise SystemExit(f"eval: --checkpoint: {err}") from None
+    if args.tta:
+        if not hasattr(model, "tta_config"):
+            raise SystemExit(f"eval: --tta: {type(model).__name__} has no test-time augmentation (lidar models do)")
+        from drivetrain.models.pointpillars.tta import TTAConfig
+
+        model.tta_config = model.tta_config or TTAConfig()
     try:
         if args.root is not None:
             from drivetrain.data.lyft_format import default_version, detect_dataset

@@ -143,6 +143,8 @@ def multiclass_rotated_nms(
     score_threshold: float = 0.05,
     iou_threshold: float = 0.2,
     max_num: int = 500,
+    *,
+    sparse: bool = False,
 ) -> tuple[RaggedBatch, RaggedBatch, RaggedBatch, RaggedBatch]:
     """mmdet3d's ``box3d_multiclass_nms`` (rotated) for a whole batch; no host sync.
 
@@ -158,6 +160,8 @@ def multiclass_rotated_nms(
         score_threshold: a box is a class's candidate when its score is ``> score_threshold``.
         iou_threshold: suppress when rotated BEV IoU ``> iou_threshold``.
         max_num: at most this many detections per sample.
+        sparse: compute the IoU of nearby pairs only (the same result; one host read, see
+            :func:`~drivetrain.geometry.rotated_iou.rotated_bev_iou_pairwise`).
 
     Returns:
         RaggedBatches ``boxes (B, K, D)``, ``scores (B, K)``, int64 ``labels (B, K)`` and int64 ``indices
@@ -170,7 +174,7 @@ def multiclass_rotated_nms(
     candidate = valid.unsqueeze(1) & (class_scores > score_threshold)  # (B, C, N)
     order = _score_order(class_scores, candidate)  # (B, C, N)
     bev = boxes[..., list(BEV_COLUMNS)]  # (B, N, 5)
-    overlap = rotated_bev_iou_pairwise(bev, bev) > iou_threshold  # (B, N, N)
+    overlap = rotated_bev_iou_pairwise(bev, bev, sparse=sparse) > iou_threshold  # (B, N, N)
     rows = order.unsqueeze(-1).expand(num_batch, num_classes, num, num)  # (B, C, N, N)
     suppresses = overlap.unsqueeze(1).expand(-1, num_classes, -1, -1).gather(2, rows)  # (B, C, N, N)
     suppresses = suppresses.gather(3, order.unsqueeze(-2).expand_as(rows))  # (B, C, N, N) sorted both ways

@@ -37,6 +37,7 @@ from drivetrain.models.pointpillars.anchors import AnchorConfig, grid_anchors, p
 from drivetrain.models.pointpillars.backbone import SECOND, SECONDFPN
 from drivetrain.models.pointpillars.head import Anchor3DHead, ShapeAwareHead
 from drivetrain.models.pointpillars.postprocess import DecodeConfig, decode, reference_decode
+from drivetrain.models.pointpillars.tta import TTAConfig, detect_tta
 from drivetrain.models.pointpillars.voxel_encoder import HardVFE
 from drivetrain.pipeline.augment_bev import BevAugConfig
 from drivetrain.pipeline.lidar import lidar_input
@@ -107,6 +108,7 @@ class PointPillars(nn.Module):
         dataset_classes: what the batch's labels index: ``nuscenes``, ``lyft`` or names.
         tasks: SSN's head, ``(classes, shared channels, shared strides)`` per task; None: ``Anchor3DHead``.
         decode: :class:`~.postprocess.DecodeConfig` fields for :meth:`detect`.
+        tta: :class:`~.tta.TTAConfig` fields: :meth:`detect` merges flipped / scaled / rotated views (None: off).
         augment: ``BevAugConfig`` fields for training (None: no augmentation).
         seed: seed of the augmentation generator.
         impl: ``batched`` or ``reference`` assignment, losses and decoding.
@@ -137,6 +139,7 @@ class PointPillars(nn.Module):
         dataset_classes: str | Sequence[str] = "nuscenes",
         tasks: Sequence[Sequence[Any]] | None = None,
         decode: dict[str, Any] | None = None,
+        tta: dict[str, Any] | None = None,
         augment: dict[str, Any] | None = None,
         seed: int = 0,
         impl: str = "batched",
@@ -162,6 +165,7 @@ class PointPillars(nn.Module):
         self.tasks = None if tasks is None else tuple((int(n), tuple(ch), tuple(st)) for n, ch, st in tasks)
         self.assigners = self._assigners(assigner)
         self.decode_config = DecodeConfig(**(decode or {}))
+        self.tta_config = TTAConfig(**tta) if tta is not None else None
         self.augment = BevAugConfig(**augment) if augment is not None else None
         self.seed = seed
         self._generator: torch.Generator | None = None
@@ -309,11 +313,16 @@ class PointPillars(nn.Module):
 
     # --------------------------------------------------------------------------------------------- detect
     @torch.no_grad()
-    def detect(self, batch: Any) -> tuple[RaggedBatch, RaggedBatch, RaggedBatch]:
-        """Detections of a batch (no augmentation): boxes ``(B, K, 9)`` ``(x, y, z_centre, dx, dy, dz, yaw, vx,
-        vy)`` in the lidar frame (zero velocity when ``code_size`` is 7), scores, and labels in the dataset's
-        class order; decoded as :mod:`.postprocess` (``impl`` picks the batched or per-sample path; the batched
-        one with ``compact=True``: one host read, NMS over the candidates only)."""
+    def detect(self, batch: Any, tta: bool | None = None) -> tuple[RaggedBatch, RaggedBatch, RaggedBatch]:
+        """Detections of a batch: boxes ``(B, K, 9)`` ``(x, y, z_centre, dx, dy, dz, yaw, vx, vy)`` in the lidar
+        frame (zero velocity when ``code_size`` is 7), scores, and labels in the dataset's class order; decoded
+        as :mod:`.postprocess` (``impl`` picks the batched or per-sample path; the batched one with
+        ``compact=True``: one host read, NMS over the candidates only). With ``tta`` (default: whether the model
+        has a ``tta_config``) the views of :mod:`.tta` are detected and merged."""
+        if tta is None:
+            tta = self.tta_config is not None
+        if tta:
+            return detect_tta(self, batch, self.tta_config or TTAConfig())
         was_training = self.training
         self.eval()
         try:

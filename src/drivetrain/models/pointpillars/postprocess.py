@@ -146,9 +146,9 @@ def decode(
     """The whole batch at once (arguments as :func:`reference_decode`); no host sync unless ``compact``.
 
     ``compact=True`` first drops the boxes that are no class's NMS candidate (every score ``≤
-    score_threshold``), keeping the rest in their order, so the pairwise rotated IoU covers candidates only: the
-    same detections at a fraction of the cost when few boxes score (evaluation), for one host read of the
-    largest candidate count.
+    score_threshold``), keeping the rest in their order, and clips only the candidate pairs whose circumscribed
+    circles meet: the same detections at a fraction of the cost (evaluation), for two host reads (the largest
+    candidate count, the number of meeting pairs).
 
     Returns:
         ``boxes (B, K, D)``, ``scores (B, K)``, int64 ``labels (B, K)`` as RaggedBatches, each sample's rows in
@@ -175,7 +175,7 @@ def decode(
     if compact:
         boxes, scores, dir_bins, valid = _candidates_only(boxes, scores, dir_bins, cfg.score_threshold)
     kept_boxes, kept_scores, labels, indices = multiclass_rotated_nms(
-        boxes, scores, valid, cfg.score_threshold, cfg.nms_threshold, cfg.max_num
+        boxes, scores, valid, cfg.score_threshold, cfg.nms_threshold, cfg.max_num, sparse=compact
     )
     corrected = _correct_yaw(kept_boxes.tensor, dir_bins.gather(1, indices.tensor), cfg)  # (B, K, D)
     return kept_boxes.with_tensor(corrected), kept_scores, labels
