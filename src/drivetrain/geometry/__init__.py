@@ -1,5 +1,7 @@
-"""Box encodings, 2D box formats, IoU/GIoU for padded batches, rigid transforms and camera projection."""
+"""Box encodings, 2D box formats, IoU/GIoU for padded batches, BEV and rotated IoU, rotated NMS, rigid transforms
+and camera projection."""
 
+from drivetrain.geometry.bev_iou import nearest_bev_iou
 from drivetrain.geometry.boxes2d import (
     boxes_cxcywh_to_xyxy,
     boxes_xyxy_to_cxcywh,
@@ -11,17 +13,35 @@ from drivetrain.geometry.boxes2d import (
     unnormalize_boxes,
 )
 from drivetrain.geometry.boxes3d import CODE_WEIGHTS, decode_boxes_streampetr, encode_boxes_streampetr
+from drivetrain.geometry.delta_coder import decode_delta_xyzwlhr, direction_target, encode_delta_xyzwlhr
+from drivetrain.geometry.rotated_iou import rotated_bev_iou_aligned, rotated_bev_iou_pairwise
+from drivetrain.geometry.rotated_nms import (
+    batched_rotated_nms,
+    multiclass_rotated_nms,
+    reference_multiclass_rotated_nms,
+    reference_rotated_nms,
+)
 
 __all__ = [
     "CODE_WEIGHTS",
+    "batched_rotated_nms",
     "boxes_cxcywh_to_xyxy",
     "boxes_xyxy_to_cxcywh",
     "decode_boxes_streampetr",
+    "decode_delta_xyzwlhr",
+    "direction_target",
     "encode_boxes_streampetr",
+    "encode_delta_xyzwlhr",
     "giou_aligned",
     "giou_pairwise",
     "iou_aligned",
     "iou_pairwise",
+    "multiclass_rotated_nms",
+    "nearest_bev_iou",
     "normalize_boxes",
+    "reference_multiclass_rotated_nms",
+    "reference_rotated_nms",
+    "rotated_bev_iou_aligned",
+    "rotated_bev_iou_pairwise",
     "unnormalize_boxes",
 ]

@@ -1,13 +1,27 @@
-"""Matching: costs over padded targets, batched linear assignment, Hungarian assigners."""
+"""Matching: costs over padded targets, batched linear assignment, Hungarian assigners, max-IoU anchor assignment."""
 
 from drivetrain.match.assigners import HungarianAssigner2D, HungarianAssigner3D
 from drivetrain.match.costs import bbox3d_l1_cost, centre_l1_cost, focal_cost, giou_cost, l1_cost
+from drivetrain.match.max_iou import (
+    NUS_PP_ASSIGNER,
+    NUS_SSN_ASSIGNERS,
+    MaxIoUConfig,
+    anchor_thresholds,
+    batched_max_iou_assign,
+    reference_max_iou_assign,
+    reference_max_iou_assign_per_class,
+)
 from drivetrain.match.solve import BACKENDS, gpu_solver_available, pairs_from_assignment, solve
 
 __all__ = [
     "BACKENDS",
+    "NUS_PP_ASSIGNER",
+    "NUS_SSN_ASSIGNERS",
     "HungarianAssigner2D",
     "HungarianAssigner3D",
+    "MaxIoUConfig",
+    "anchor_thresholds",
+    "batched_max_iou_assign",
     "bbox3d_l1_cost",
     "centre_l1_cost",
     "focal_cost",
@@ -15,5 +29,7 @@ __all__ = [
     "gpu_solver_available",
     "l1_cost",
     "pairs_from_assignment",
+    "reference_max_iou_assign",
+    "reference_max_iou_assign_per_class",
     "solve",
 ]

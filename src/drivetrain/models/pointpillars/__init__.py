@@ -1,14 +1,26 @@
-"""PointPillars (and, to come, SSN): lidar detectors after mmdetection3d, in plain PyTorch.
+"""PointPillars and SSN: lidar detectors after mmdetection3d, in plain PyTorch.
 
 One concept per file: ``voxel_encoder.py`` (HardVFE pillar features), ``backbone.py`` (SECOND + SECONDFPN),
 ``head.py`` (Anchor3DHead; SSN's ShapeAwareHead), ``anchors.py`` (aligned range anchors, shared and per
-class), ``model.py`` (:class:`PointPillars`: ``forward(batch)`` / ``loss(outputs, batch)``). Shared pieces
-live where DESIGN.md puts them: voxelization and the BEV scatter in :mod:`drivetrain.pipeline.voxelize`,
-max-IoU assignment in :mod:`drivetrain.match.max_iou`, nearest-BEV and rotated IoU and rotated NMS in
-:mod:`drivetrain.geometry`, the losses in :mod:`drivetrain.losses.anchor_head`. Still to come: decoding
-with NMS (``postprocess.py``), the SSN detector, evaluation, configs and benchmarks (issue 13).
+class), ``postprocess.py`` (top-k, decode, rotated NMS, direction bins), ``tta.py`` (test-time views merged),
+``model.py`` (:class:`PointPillars`, :class:`SSN`: ``forward(batch)`` / ``loss(outputs, batch)`` /
+``detect(batch)``). Shared pieces live where DESIGN.md puts them: voxelization and the BEV scatter in
+:mod:`drivetrain.pipeline.voxelize`, max-IoU assignment in :mod:`drivetrain.match.max_iou`, nearest-BEV and
+rotated IoU and rotated NMS in :mod:`drivetrain.geometry`, the losses in :mod:`drivetrain.losses.anchor_head`.
 """
 
-from drivetrain.models.pointpillars.model import SSN, PointPillars
+from drivetrain.models.pointpillars.model import SSN, SSN_NUS_CLASSES, SSN_NUS_TASKS, PointPillars
+from drivetrain.models.pointpillars.postprocess import DecodeConfig, decode, reference_decode
+from drivetrain.models.pointpillars.tta import TTAConfig, detect_tta
 
-__all__ = ["SSN", "PointPillars"]
+__all__ = [
+    "SSN",
+    "SSN_NUS_CLASSES",
+    "SSN_NUS_TASKS",
+    "DecodeConfig",
+    "PointPillars",
+    "TTAConfig",
+    "decode",
+    "detect_tta",
+    "reference_decode",
+]
