@@ -76,15 +76,7 @@ def iteration(t: Trainee, base: Any, ds: Any, keys: list[Any], device: torch.dev
             outputs = t.model(batch)
         with timed("loss"):
             total = weighted_total(t.model.loss(outputs, batch), t.weights)
-        with timed("optimisation"):
-            with timed("backward"):
-                total.backward()
-            with timed("clip"):
-                if t.clip is not None:
-                    torch.nn.utils.clip_grad_norm_(t.model.parameters(), t.clip, foreach=True)
-            with timed("step"):
-                t.optimizer.step()
-                t.optimizer.zero_grad(set_to_none=True)
+        base.optimise(t, total, timed)
     t.totals.append(total.detach())
 
 

@@ -220,16 +220,21 @@ def iteration(t: Trainee, ds: Any, keys: list[Any], device: torch.device, timed:
             with timed("loss"):
                 terms = loss_terms(t.model, outputs, batch, timed)
                 total = weighted_total(terms, t.weights)
-        with timed("optimisation"):
-            with timed("backward"):
-                total.backward()
-            with timed("clip"):
-                if t.clip is not None:
-                    torch.nn.utils.clip_grad_norm_(t.model.parameters(), t.clip, foreach=True)
-            with timed("step"):
-                t.optimizer.step()
-                t.optimizer.zero_grad(set_to_none=True)
+        optimise(t, total, timed)
     t.totals.append(total.detach())
+
+
+def optimise(t: Any, total: torch.Tensor, timed: Callable[[str], Any]) -> None:
+    """The ``optimisation`` region of an iteration: backward, clip to ``t.clip``, optimizer step."""
+    with timed("optimisation"):
+        with timed("backward"):
+            total.backward()
+        with timed("clip"):
+            if t.clip is not None:
+                torch.nn.utils.clip_grad_norm_(t.model.parameters(), t.clip, foreach=True)
+        with timed("step"):
+            t.optimizer.step()
+            t.optimizer.zero_grad(set_to_none=True)
 
 
 class SyncCounter:

@@ -94,12 +94,44 @@ def child(variant: str, device: str, steps: int, warmup: int, seed: int, model: 
     }
 
 
+def write_png(measured: dict[str, dict[str, float]], path: Path, title: str) -> Path | None:
+    """Memory and time per variant, each as a bar with its change against fp32; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"note: matplotlib is not installed; no chart written to {path} (pip install 'drivetrain[viz]')")
+        return None
+    names = list(measured)
+    base = measured["fp32"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.42 * len(names) + 1.8))
+    for ax, key, label in ((axes[0], "memory_mb", "memory (MB)"), (axes[1], "step_ms", "time per step (ms)")):
+        values = [measured[n][key] for n in names]
+        ax.barh(names, values, color=["#7f7f7f" if n == "fp32" else "#1f77b4" for n in names])
+        for y, v in enumerate(values):
+            ax.text(v, y, f" {100 * (v - base[key]) / base[key]:+.1f}%", va="center", fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel(label)
+        ax.set_xlim(0, max(values) * 1.3)
+        ax.grid(axis="x", alpha=0.3)
+    axes[1].set_yticks([])
+    fig.suptitle(title, fontsize=9, x=0.01, ha="left")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_bench_arguments(parser, repeat=15, warmup=5)
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset (default: all)")
     parser.add_argument("--model", default="smoke", choices=("smoke", "ssn", "pointpillars"), help="(default: smoke)")
     parser.add_argument("--size", default="tiny", choices=("tiny", "full"), help="lidar config size (default: tiny)")
+    parser.add_argument("--png", type=Path, default=None, help="also write a chart here (--save: next to the JSON)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     steps = args.warmup + args.repeat
@@ -162,6 +194,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         if path.suffix == ".md":
             with open(path, "a") as f:
                 f.write("\n## Memory and time per precision mode (published layout)\n\n" + "\n".join(table) + "\n")
+            args.png = args.png or (path.with_suffix(".png") if args.save else None)
+    title = f"{name} on {device_name(device)}: {memory} and median step time per variant (change vs fp32)"
+    if args.png is not None and write_png(measured, args.png, title) is not None:
+        print(f"wrote {args.png}")
     return 0
 
 

@@ -82,6 +82,24 @@ for size in tiny full; do
     $iteration_opts --device "$device" --json "$out/iteration-streampetr-$size-$device.json" \
     --md "$out/iteration-streampetr-$size-$device.md" --png "$out/iteration-streampetr-$size-$device.png"
 done
+# PointPillars / SSN iterations, reference vs batched assignment and loss, at the published batch 4 (tiny and the
+# published nuScenes configs on the synthetic full lidar), then SSN's precision table and the sweeps trade-off.
+if [ "$device" = cuda ]; then lidar_opts="--batch 4"; else lidar_opts="--batch 2 --repeat 1 --warmup 0"; fi
+for model in pointpillars ssn; do
+  for size in tiny full; do
+    # shellcheck disable=SC2086  # lidar_opts is a list of options
+    step "bench-iteration-$model-$size" 1200 "$py" -m drivetrain.cli.main bench iteration --model "$model" \
+      --size "$size" $lidar_opts --device "$device" --json "$out/iteration-$model-$size-$device.json" \
+      --md "$out/iteration-$model-$size-$device.md" --png "$out/iteration-$model-$size-$device.png"
+  done
+done
+# shellcheck disable=SC2086  # repeat_small is a list of options
+step bench-precision-ssn-full 1800 "$py" -m drivetrain.cli.main bench precision --model ssn --size full \
+  --device "$device" $repeat_small --json "$out/precision-ssn-full-$device.json" --md "$out/precision-ssn-full-$device.md"
+if [ "$device" = cuda ]; then sweeps_opts="--steps 300"; else sweeps_opts="--steps 6 --warmup 2 --sweeps 0,5"; fi
+# shellcheck disable=SC2086  # sweeps_opts is a list of options
+step bench-sweeps-ssn 1800 "$py" -m drivetrain.cli.main bench sweeps --model ssn --device "$device" $sweeps_opts \
+  --json "$out/sweeps-ssn-$device.json" --md "$out/sweeps-ssn-$device.md" --png "$out/sweeps-ssn-$device.png"
 # The loader runs on the host CPU: measured here for the record, never saved over the CPU machine's results.
 step bench-data 900 "$py" -m drivetrain.cli.main bench data --device cpu --repeat 2 \
   --json "$out/data-gpu-host.json" --md "$out/data-gpu-host.md"
@@ -89,7 +107,9 @@ if [ $full -eq 1 ]; then
   step tests-all 1800 "$py" -m pytest -q -p no:cacheprovider --junitxml "$out/tests-all.xml" tests
 fi
 if [ $save -eq 1 ] && [ "$device" = cuda ]; then
-  for what in ragged loss precision lidar-data iteration-streampetr-tiny iteration-streampetr-full; do
+  for what in ragged loss precision lidar-data iteration-streampetr-tiny iteration-streampetr-full \
+      iteration-pointpillars-tiny iteration-pointpillars-full iteration-ssn-tiny iteration-ssn-full \
+      precision-ssn-full sweeps-ssn; do
     for ext in json md png; do
       [ -f "$out/$what-cuda.$ext" ] && cp "$out/$what-cuda.$ext" "benchmarks/results/$what-cuda.$ext"
     done
