@@ -102,6 +102,7 @@ class DataConfig:
     pin_memory: bool = False  # page-locked host batches (CUDA only)
     persistent_workers: bool = False  # keep workers alive between epochs (needs num_workers > 0)
     prefetch_factor: int | None = None  # batches loaded ahead per worker (needs num_workers > 0)
+    prefetch: bool = False  # CUDA: copy batch n+1 (packed) on a side stream while n trains; CPU: no effect
 
     def __post_init__(self) -> None:
         _check(self.batch_size >= 1, "data.batch_size", f"must be ≥ 1, got {self.batch_size}")

@@ -44,6 +44,7 @@ from drivetrain.engine.rundir import RunDirLock
 from drivetrain.engine.schedule import lr_factor
 from drivetrain.engine.strategy import build_strategy
 from drivetrain.losses.weights import base_name, resolve_weights, weighted_total
+from drivetrain.pipeline.prefetch import DevicePrefetcher
 from drivetrain.pipeline.transfer import to_device
 
 __all__ = ["NonFiniteLossError", "TrainState", "Trainer"]
@@ -157,7 +158,9 @@ class Trainer:
         evaluates = cfg.eval.every or cfg.eval.at_start
         self.eval_data = self._build_eval_data() if evaluates and self.ctx.is_main else None
         rank, world_size = self.ctx.rank, self.ctx.world_size
-        self.data = BatchStream(dataset, cfg.data, seed=cfg.run.seed, rank=rank, world_size=world_size)
+        self.data: Any = BatchStream(dataset, cfg.data, seed=cfg.run.seed, rank=rank, world_size=world_size)
+        if cfg.data.prefetch:  # the next batch goes to the device on a side stream (a pass-through on a CPU)
+            self.data = DevicePrefetcher(self.data, self.device)
         self.state = TrainState()
         seed_all(cfg.run.seed + self.ctx.rank)  # dropout and augmentation draws differ per rank
 

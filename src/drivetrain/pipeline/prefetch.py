@@ -1,0 +1,107 @@
+"""Batch n+1 copied to the device on a side stream while batch n trains.
+
+:class:`DevicePrefetcher` wraps the trainer's batch stream (anything with ``next() -> (batch, indices)``,
+``state_dict()`` and ``load_state_dict(state)``, e.g. :class:`drivetrain.engine.batches.BatchStream`). On a CUDA
+device, handing out batch n first starts batch n+1: it is read from the stream and copied by a
+:class:`~drivetrain.pipeline.transfer.PackedCopier` on a side stream (and, when given, transformed there — the
+place for device augmentation); ``next()`` then makes the current stream wait for batch n's copy (no host
+sync) and returns it. On a CPU device it is a pass-through: ``next()`` is the stream's ``next()`` (nothing to
+overlap with).
+
+**Resume stays the stream's.** The stream's own position runs one batch ahead of what the trainer took; the
+prefetcher keeps the position after the batch it handed out and returns that from :meth:`state_dict`, and
+:meth:`load_state_dict` drops the batch in flight and restores the stream, so no batch is lost or repeated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from drivetrain.pipeline.transfer import PackedCopier, Transfer
+
+__all__ = ["DevicePrefetcher"]
+
+
+class DevicePrefetcher:
+    """The batch stream with the next batch on its way to the device (see the module docstring).
+
+    Args:
+        stream: the host batch stream.
+        device: where batches go.
+        copier: the copier (default: a :class:`PackedCopier` for ``device``).
+        transform: applied to each batch on the side stream after its copy (e.g. device augmentation); it must
+            only enqueue work (no host reads), or it stalls the overlap.
+    """
+
+    def __init__(
+        self,
+        stream: Any,
+        device: torch.device | str,
+        *,
+        copier: PackedCopier | None = None,
+        transform: Callable[[Any], Any] | None = None,
+    ) -> None:
+        self.stream, self.device = stream, torch.device(device)
+        self.copier = copier or PackedCopier(self.device)
+        self.transform = transform
+        self.cuda = self.device.type == "cuda"
+        self._side = torch.cuda.Stream(self.device) if self.cuda else None
+        self._pending: tuple[Transfer, Any, dict[str, Any], torch.cuda.Event | None] | None = None
+        self._state = stream.state_dict()
+
+    def _start(self) -> None:
+        """Read the next batch and start its copy (and transform) on the side stream."""
+        batch, indices = self.stream.next()
+        state = self.stream.state_dict()  # the position after this batch
+        handle = self.copier.to_device(batch, stream=self._side)
+        event = None
+        if self.transform is not None:
+            with torch.cuda.stream(self._side):
+                moved = self.transform(handle.get())  # the side stream is current: no wait, no record
+                event = torch.cuda.Event()
+                event.record(self._side)
+            handle = Transfer(moved, None, [], self._side)
+        self._pending = (handle, indices, state, event)
+
+    def next(self) -> tuple[Any, torch.Tensor]:
+        """The next batch on the device and its dataset rows; batch n+1 is on its way when this returns."""
+        if not self.cuda:
+            batch, indices = self.stream.next()
+            self._state = self.stream.state_dict()
+            return (self.transform(batch) if self.transform is not None else batch), indices
+        if self._pending is None:
+            self._start()
+        assert self._pending is not None
+        handle, indices, state, event = self._pending
+        current = torch.cuda.current_stream(self.device)
+        if event is not None:  # a transformed batch: wait for the transform; its outputs live on the side stream
+            current.wait_event(event)
+            batch = handle.get()
+            _record(batch, current)
+        else:
+            batch = handle.get()  # waits for the copy, records its buffers on the current stream
+        self._state = state
+        self._start()  # batch n+1 goes over while batch n trains
+        return batch, indices
+
+    def state_dict(self) -> dict[str, Any]:
+        """The stream position after the last batch handed out (not the one in flight)."""
+        return dict(self._state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Drop the batch in flight and continue the stream right after the batch ``state`` was taken after."""
+        self._pending = None
+        self.stream.load_state_dict(state)
+        self._state = self.stream.state_dict()
+
+
+def _record(structure: Any, stream: Any) -> None:
+    """``record_stream`` every CUDA tensor of ``structure`` on ``stream`` (made on the side stream, used here)."""
+    from drivetrain.pipeline.transfer import flatten
+
+    for tensor in flatten(structure)[0]:
+        if tensor.is_cuda:
+            tensor.record_stream(stream)
