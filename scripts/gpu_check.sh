@@ -69,7 +69,7 @@ step() {  # step NAME TIMEOUT_S COMMAND...: run, log to OUT/NAME.log, record sta
 }
 
 step tests-cuda 900 "$py" -m pytest -q -p no:cacheprovider -m cuda -rs --junitxml "$out/tests-cuda.xml" tests
-for what in ragged loss precision lidar-data; do
+for what in ragged loss precision lidar-data copy; do
   # shellcheck disable=SC2086  # repeat_small is a list of options
   step "bench-$what" 900 "$py" -m drivetrain.cli.main bench "$what" --device "$device" $repeat_small \
     --json "$out/$what-$device.json" --md "$out/$what-$device.md"
@@ -107,7 +107,7 @@ if [ $full -eq 1 ]; then
   step tests-all 1800 "$py" -m pytest -q -p no:cacheprovider --junitxml "$out/tests-all.xml" tests
 fi
 if [ $save -eq 1 ] && [ "$device" = cuda ]; then
-  for what in ragged loss precision lidar-data iteration-streampetr-tiny iteration-streampetr-full \
+  for what in ragged loss precision lidar-data copy iteration-streampetr-tiny iteration-streampetr-full \
       iteration-pointpillars-tiny iteration-pointpillars-full iteration-ssn-tiny iteration-ssn-full \
       precision-ssn-full sweeps-ssn; do
     for ext in json md png; do
