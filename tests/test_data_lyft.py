@@ -204,7 +204,7 @@ def test_a_model_on_lyft_frames_is_scored_with_the_lyft_metric(lyft_root, lyft_i
     assert summary["mAP"] == pytest.approx(1.0) and "AP/car" in summary and "NDS" not in summary
 
 
-def test_eval_checkpoint_scores_a_lyft_trained_pointpillars(lyft_root, lyft_index, tmp_path, capsys):
+def test_lyft_pointpillars_is_scored_in_training_and_by_eval_checkpoint(lyft_root, lyft_index, tmp_path, capsys):
     from drivetrain.engine import Trainer, load_config
 
     index = lyft_root / "drivetrain_index.npz"
@@ -224,9 +224,13 @@ def test_eval_checkpoint_scores_a_lyft_trained_pointpillars(lyft_root, lyft_inde
             "model.args.point_dims=5",
             "train.steps=1",
             "checkpoint.every=1",
+            "eval.split=val",  # the config evaluates at the start and at the end: the Lyft metric in training
         ],
     )
     Trainer(cfg).fit()
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "eval/mAP" in r]
+    assert [r["step"] for r in evals] == [0, 1] and all("eval/AP/car" in r and "eval/NDS" not in r for r in evals)
     assert main(["eval", "--checkpoint", str(tmp_path / "run"), "--split", "val", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     summary = json.loads(out[out.index("{\n") :])

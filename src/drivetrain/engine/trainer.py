@@ -260,11 +260,12 @@ class Trainer:
             except DataError as err:
                 log.message(f"drivetrain train: evaluation at step {step} failed, training goes on: {err}")
             else:
-                log.evaluation(step, result.summary())
-                m = result.metrics
+                summary = result.summary()
+                log.evaluation(step, summary)
+                scores = f"mAP {summary['mAP']:.4f}" + (f"  NDS {summary['NDS']:.4f}" if "NDS" in summary else "")
                 log.message(
                     f"eval step {step} ({self.cfg.eval.split}, {result.frames} frames, {result.seconds:.0f} s): "
-                    f"mAP {m['mean_ap']:.4f}  NDS {m['nd_score']:.4f}  → {out}"
+                    f"{scores}  → {out}"
                 )
         self.ctx.barrier()
 
