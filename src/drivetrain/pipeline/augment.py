@@ -1,0 +1,188 @@
+"""Camera image augmentation on the batch's device: per-sample resize + crop + flip + rotation as ONE affine warp
+per image, with the camera matrices updated by the same 3×3 image matrix (the first part of issue 14 item 3).
+
+The recipe is StreamPETR's ``ResizeCropFlipRotImage`` (``projects/mmdet3d_plugin/datasets/pipelines/
+transform_3d.py``): per sample (the same for its cameras) a scale ``s ~ U(resize_lim)``, the crop
+``(crop_w, crop_h, crop_w + fW, crop_h + fH)`` with ``crop_h = int((1 − U(bot_pct_lim))·int(H·s)) − fH`` and
+``crop_w = int(U(0, max(0, int(W·s) − fW)))``, a flip with probability 0.5 and a rotation ``U(rot_lim)`` degrees;
+at test time ``s = max(fH/H, fW/W)``, the crop centred horizontally, no flip or rotation. ``_img_transform``'s
+matrix (``ida``): ``A = s·I``, ``b = −crop``; a flip maps ``A ← F·A``, ``b ← F·b + (fW, 0)`` with ``F = diag(−1,
+1)``; a rotation by ``r`` about the crop centre ``c``: ``A ← R·A``, ``b ← R·b + c − R·c`` with ``R = [[cos r, sin r],
+[−sin r, cos r]]``. Intrinsics become ``ida · K``, and ``lidar2img = K₄ · lidar2cam`` becomes ``ida₄ · lidar2img``.
+
+Deviation, named: the original resizes the image to ``(int(W·s), int(H·s))`` with PIL and crops it, so the pixels
+follow the scale ``int(W·s)/W`` while the matrices use ``s`` (up to one output pixel apart at the far edge);
+here the image is sampled through the matrix itself (pixel centres: ``u_out + ½ = ida · (u_in + ½)``), so the
+pixels and the matrices agree exactly. Still to come (issue 14): 2D boxes and centres, the invisible-box
+filter, photometric distortion, normalisation, the worker reference and the trainer switch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["ImageAugConfig", "ImageAugParams", "ida_matrix", "sample_image_params", "update_cameras", "warp_images"]
+
+
+@dataclass(frozen=True)
+class ImageAugConfig:
+    """StreamPETR's ``ida_aug_conf`` (defaults: the published nuScenes 704×256 values).
+
+    Attributes:
+        source_size: ``(W, H)`` of the loaded images (nuScenes 1600×900).
+        final_size: ``(fW, fH)`` of the model's input (704×256).
+        resize_lim: range of the scale ``s`` in training.
+        bot_pct_lim: range of the fraction cut from the bottom.
+        rot_lim: rotation range in degrees.
+        rand_flip: flip half of the samples in training.
+    """
+
+    source_size: tuple[int, int] = (1600, 900)
+    final_size: tuple[int, int] = (704, 256)
+    resize_lim: tuple[float, float] = (0.38, 0.55)
+    bot_pct_lim: tuple[float, float] = (0.0, 0.0)
+    rot_lim: tuple[float, float] = (0.0, 0.0)
+    rand_flip: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("source_size", "final_size"):
+            if len(getattr(self, name)) != 2 or min(getattr(self, name)) < 1:
+                raise ValueError(f"{name}: expected (W, H) ≥ 1, got {getattr(self, name)}")
+        if not 0 < self.resize_lim[0] <= self.resize_lim[1]:
+            raise ValueError(f"resize_lim: expected 0 < lo ≤ hi, got {self.resize_lim}")
+        if not 0 <= self.bot_pct_lim[0] <= self.bot_pct_lim[1] < 1:
+            raise ValueError(f"bot_pct_lim: expected 0 ≤ lo ≤ hi < 1, got {self.bot_pct_lim}")
+
+
+@dataclass(frozen=True)
+class ImageAugParams:
+    """Per-sample image augmentation (the same for every camera of a sample); pass it again to replay.
+
+    Attributes:
+        scale: float64 ``(B,)`` the resize factor ``s``.
+        crop: int64 ``(B, 2)`` ``(crop_w, crop_h)``, the crop's top-left corner in the resized image.
+        flip: bool ``(B,)``.
+        rotate: float64 ``(B,)`` degrees.
+    """
+
+    scale: torch.Tensor
+    crop: torch.Tensor
+    flip: torch.Tensor
+    rotate: torch.Tensor
+
+
+def sample_image_params(
+    batch_size: int, config: ImageAugConfig, generator: torch.Generator | None = None, *, training: bool = True
+) -> ImageAugParams:
+    """Draw ``_sample_augmentation`` for each sample (on the CPU: a few numbers per sample, then replayable).
+
+    Args:
+        batch_size: B.
+        config: the recipe.
+        generator: CPU generator the draws come from (training).
+        training: False gives the original's test-time parameters (no randomness).
+    """
+    (width, height), (final_w, final_h) = config.source_size, config.final_size
+    if not training:
+        s = max(final_h / height, final_w / width)
+        new_w, new_h = int(width * s), int(height * s)
+        crop_h = int((1 - sum(config.bot_pct_lim) / 2) * new_h) - final_h
+        crop_w = int(max(0, new_w - final_w) / 2)
+        return ImageAugParams(
+            torch.full((batch_size,), s, dtype=torch.float64),
+            torch.tensor([[crop_w, crop_h]] * batch_size, dtype=torch.int64).reshape(batch_size, 2),
+            torch.zeros(batch_size, dtype=torch.bool),
+            torch.zeros(batch_size, dtype=torch.float64),
+        )
+    u = torch.rand(batch_size, 5, generator=generator, dtype=torch.float64)  # (B, 5)
+    lo, hi = config.resize_lim
+    scale = lo + (hi - lo) * u[:, 0]  # (B,)
+    crops, flips = [], []
+    for b in range(batch_size):  # integer truncations as the original's int(); B numbers on the host
+        s = float(scale[b])
+        new_w, new_h = int(width * s), int(height * s)
+        bot = config.bot_pct_lim[0] + (config.bot_pct_lim[1] - config.bot_pct_lim[0]) * float(u[b, 1])
+        crops.append([int(float(u[b, 2]) * max(0, new_w - final_w)), int((1 - bot) * new_h) - final_h])
+        flips.append(config.rand_flip and bool(u[b, 3] < 0.5))
+    rot_lo, rot_hi = config.rot_lim
+    return ImageAugParams(
+        scale,
+        torch.tensor(crops, dtype=torch.int64).reshape(batch_size, 2),
+        torch.tensor(flips, dtype=torch.bool).reshape(batch_size),
+        rot_lo + (rot_hi - rot_lo) * u[:, 4],
+    )
+
+
+def ida_matrix(params: ImageAugParams, final_size: tuple[int, int]) -> torch.Tensor:
+    """float64 ``(B, 3, 3)``: the original's ``ida_mat`` (image point of the resized, cropped, flipped and rotated
+    image as a function of the source image point; continuous coordinates as the camera matrices use)."""
+    final_w, final_h = final_size
+    num = params.scale.shape[0]
+    a = params.scale[:, None, None] * torch.eye(2, dtype=torch.float64)  # (B, 2, 2)
+    t = -params.crop.to(torch.float64)  # (B, 2)
+    flip_a = torch.diag(torch.tensor([-1.0, 1.0], dtype=torch.float64))  # (2, 2)
+    flipped_t = t @ flip_a.T + torch.tensor([float(final_w), 0.0], dtype=torch.float64)  # (B, 2)
+    a = torch.where(params.flip[:, None, None], flip_a @ a, a)  # (B, 2, 2)
+    t = torch.where(params.flip[:, None], flipped_t, t)  # (B, 2)
+    angle = params.rotate * (math.pi / 180)  # (B,)
+    cos, sin = torch.cos(angle), torch.sin(angle)  # (B,)
+    rot = torch.stack([torch.stack([cos, sin], -1), torch.stack([-sin, cos], -1)], -2)  # (B, 2, 2)
+    centre = torch.tensor([final_w / 2, final_h / 2], dtype=torch.float64).expand(num, 2)  # (B, 2)
+    a = rot @ a  # (B, 2, 2)
+    t = (rot @ t.unsqueeze(-1)).squeeze(-1) + centre - (rot @ centre.unsqueeze(-1)).squeeze(-1)  # (B, 2)
+    out = torch.eye(3, dtype=torch.float64).repeat(num, 1, 1)  # (B, 3, 3)
+    out[:, :2, :2], out[:, :2, 2] = a, t
+    return out
+
+
+def warp_images(images: torch.Tensor, ida: torch.Tensor, final_size: tuple[int, int]) -> torch.Tensor:
+    """Resample every camera image through its sample's ``ida`` in one ``grid_sample`` (bilinear, zeros outside).
+
+    Args:
+        images: ``(B, N, 3, H, W)`` uint8 or float images on any device.
+        ida: ``(B, 3, 3)`` image matrices (:func:`ida_matrix`).
+        final_size: ``(fW, fH)`` of the output.
+
+    Returns:
+        float32 ``(B, N, 3, fH, fW)`` in the input's value range.
+    """
+    b, n, c, h, w = images.shape
+    final_w, final_h = final_size
+    inverse = torch.linalg.inv(ida).to(images.device)  # (B, 3, 3): output point → source point
+    ys, xs = torch.meshgrid(
+        torch.arange(final_h, dtype=torch.float64, device=images.device) + 0.5,
+        torch.arange(final_w, dtype=torch.float64, device=images.device) + 0.5,
+        indexing="ij",
+    )  # (fH, fW) output pixel centres
+    out_points = torch.stack([xs, ys, torch.ones_like(xs)], dim=-1)  # (fH, fW, 3)
+    src = torch.einsum("bij,hwj->bhwi", inverse, out_points)[..., :2]  # (B, fH, fW, 2) source coordinates
+    grid = torch.stack([src[..., 0] / w * 2 - 1, src[..., 1] / h * 2 - 1], dim=-1)  # align_corners=False
+    grid = grid.to(torch.float32).repeat_interleave(n, dim=0)  # (B·N, fH, fW, 2)
+    flat = images.reshape(b * n, c, h, w).to(torch.float32)  # (B·N, 3, H, W)
+    warped = F.grid_sample(flat, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    return warped.reshape(b, n, c, final_h, final_w)
+
+
+def update_cameras(
+    intrinsics: torch.Tensor, lidar2img: torch.Tensor, ida: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The camera matrices of the augmented images: ``K' = ida · K`` and ``lidar2img' = ida₄ · lidar2img``.
+
+    Args:
+        intrinsics: ``(B, N, 3, 3)``.
+        lidar2img: ``(B, N, 4, 4)`` (``K₄ · lidar2cam``).
+        ida: ``(B, 3, 3)``.
+
+    Returns:
+        ``(intrinsics', lidar2img')`` in the inputs' dtypes.
+    """
+    ida = ida.to(device=intrinsics.device)
+    ida4 = torch.eye(4, dtype=ida.dtype, device=ida.device).repeat(ida.shape[0], 1, 1)  # (B, 4, 4)
+    ida4[:, :3, :3] = ida
+    new_k = (ida[:, None] @ intrinsics.to(ida.dtype)).to(intrinsics.dtype)  # (B, N, 3, 3)
+    new_l2i = (ida4[:, None] @ lidar2img.to(ida.dtype)).to(lidar2img.dtype)  # (B, N, 4, 4)
+    return new_k, new_l2i

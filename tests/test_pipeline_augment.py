@@ -1,0 +1,134 @@
+"""Camera image augmentation: the image matrix is StreamPETR's ``_img_transform`` (ported step by step here),
+test-time parameters are the published ones, one warp moves a pixel where the updated camera matrix projects
+its 3D point (≤ 1 px, with flips and rotations), the identity warp is exact, and parameters replay."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from drivetrain.pipeline.augment import (
+    ImageAugConfig,
+    ImageAugParams,
+    ida_matrix,
+    sample_image_params,
+    update_cameras,
+    warp_images,
+)
+
+
+def original_ida(resize: float, crop: tuple[int, int, int, int], flip: bool, rotate: float) -> np.ndarray:
+    """A port of ``ResizeCropFlipRotImage._img_transform``'s matrix (StreamPETR transform_3d.py)."""
+    ida_rot = np.eye(2) * resize
+    ida_tran = -np.array(crop[:2], dtype=np.float64)
+    if flip:
+        a = np.array([[-1.0, 0.0], [0.0, 1.0]])
+        b = np.array([crop[2] - crop[0], 0.0])
+        ida_rot, ida_tran = a @ ida_rot, a @ ida_tran + b
+    h = rotate / 180 * np.pi
+    a = np.array([[np.cos(h), np.sin(h)], [-np.sin(h), np.cos(h)]])
+    b = np.array([crop[2] - crop[0], crop[3] - crop[1]]) / 2
+    b = a @ -b + b
+    ida_rot, ida_tran = a @ ida_rot, a @ ida_tran + b
+    out = np.eye(3)
+    out[:2, :2], out[:2, 2] = ida_rot, ida_tran
+    return out
+
+
+def test_ida_matrix_is_the_originals():
+    cfg = ImageAugConfig(rot_lim=(-5.4, 5.4))
+    params = sample_image_params(16, cfg, torch.Generator().manual_seed(0))
+    assert params.flip.any() and (~params.flip).any()
+    ida = ida_matrix(params, cfg.final_size)
+    for b in range(16):
+        cw, ch = params.crop[b].tolist()
+        crop = (cw, ch, cw + 704, ch + 256)
+        expected = original_ida(float(params.scale[b]), crop, bool(params.flip[b]), float(params.rotate[b]))
+        np.testing.assert_allclose(ida[b].numpy(), expected, rtol=0, atol=1e-12)
+
+
+def test_training_draws_and_test_time_parameters_follow_the_recipe():
+    cfg = ImageAugConfig()
+    params = sample_image_params(64, cfg, torch.Generator().manual_seed(1))
+    assert params.scale.min() >= 0.38 and params.scale.max() <= 0.55
+    new_w = (1600 * params.scale).long()
+    new_h = (900 * params.scale).long()
+    assert torch.equal(params.crop[:, 1], new_h - 256)  # bot_pct 0: the crop takes the bottom rows
+    assert (params.crop[:, 0] >= 0).all() and (params.crop[:, 0] <= (new_w - 704).clamp(min=0)).all()
+    assert (new_w < 704).any()  # narrower than the crop at small scales: the original pads with black
+    test = sample_image_params(2, cfg, training=False)
+    assert test.scale.tolist() == [0.44, 0.44] and test.crop.tolist() == [[0, 140], [0, 140]]
+    assert not test.flip.any() and not test.rotate.any()
+
+
+def test_warped_pixel_lands_where_the_updated_matrix_projects_its_point():
+    cfg = ImageAugConfig(source_size=(320, 180), final_size=(160, 96), resize_lim=(0.6, 0.8), rot_lim=(-20, 20))
+    params = sample_image_params(6, cfg, torch.Generator().manual_seed(2))
+    params = ImageAugParams(params.scale, params.crop, torch.tensor([True, False] * 3), params.rotate)
+    k = torch.tensor([[200.0, 0, 160], [0, 200.0, 90], [0, 0, 1]], dtype=torch.float64)
+    lidar2cam = torch.eye(4, dtype=torch.float64)
+    k4 = torch.eye(4, dtype=torch.float64)
+    k4[:3, :3] = k
+    intrinsics = k.expand(6, 1, 3, 3).clone()
+    lidar2img = (k4 @ lidar2cam).expand(6, 1, 4, 4).clone()
+    ida = ida_matrix(params, cfg.final_size)
+    new_k, new_l2i = update_cameras(intrinsics, lidar2img, ida)
+    g = torch.Generator().manual_seed(3)
+    for b in range(6):
+        # A 3D point seen near the middle of where the crop keeps: its pixel before and after.
+        target = torch.linalg.inv(ida[b]) @ torch.tensor(
+            [80.0 + 20 * (b - 3), 48.0 + 5 * (b - 3), 1.0], dtype=torch.float64
+        )
+        depth = 5.0 + float(torch.rand(1, generator=g)) * 20
+        point = torch.linalg.inv(k) @ (target * depth)  # camera = lidar frame here
+        uv = lidar2img[b, 0] @ torch.cat([point, torch.ones(1, dtype=torch.float64)])
+        uv = uv[:2] / uv[2]
+        image = torch.zeros(1, 1, 3, 180, 320, dtype=torch.uint8)
+        col, row = int(uv[0]), int(uv[1])  # the pixel that contains the projected point
+        image[..., row - 1 : row + 2, col - 1 : col + 2] = 255
+        warped = warp_images(image, ida[b : b + 1], cfg.final_size)[0, 0, 0]  # (fH, fW)
+        proj = new_l2i[b, 0] @ torch.cat([point, torch.ones(1, dtype=torch.float64)])
+        expected = proj[:2] / proj[2]
+        weights = warped.double()
+        ys, xs = torch.meshgrid(torch.arange(96.0), torch.arange(160.0), indexing="ij")
+        centroid = torch.stack([(xs * weights).sum(), (ys * weights).sum()]) / weights.sum()
+        # The bright square's centre (pixel col, row ↔ continuous col+½, row+½) lands within 1 px.
+        assert (
+            torch.dist(
+                centroid + 0.5,
+                ida[b, :2, :2] @ torch.tensor([col + 0.5, row + 0.5], dtype=torch.float64) + ida[b, :2, 2],
+            )
+            < 1.0
+        )
+        assert torch.dist(expected, ida[b, :2, :2] @ uv + ida[b, :2, 2]) < 1e-9
+        assert torch.dist(centroid + 0.5, expected) < 1.0  # the point's new projection is on the moved pixel
+        torch.testing.assert_close(new_k[b, 0], ida[b] @ k, rtol=0, atol=1e-12)
+
+
+def test_identity_warp_is_exact_and_params_replay():
+    images = torch.randint(0, 256, (2, 3, 3, 20, 30), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+    identity = ImageAugParams(torch.ones(2, dtype=torch.float64), torch.zeros(2, 2, dtype=torch.int64),
+                              torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.float64))  # fmt: skip
+    out = warp_images(images, ida_matrix(identity, (30, 20)), (30, 20))
+    # grid_sample's float32 grid puts each sample within a few W·eps32 of the pixel centre: the neighbour's
+    # weight, and so the value error, is at most 255 · 4 · W · eps32 (W = 30).
+    tolerance = 255 * 4 * 30 * torch.finfo(torch.float32).eps
+    torch.testing.assert_close(out, images.float(), rtol=0, atol=tolerance)
+    cfg = ImageAugConfig(source_size=(30, 20), final_size=(16, 8), resize_lim=(0.6, 0.9))
+    params = sample_image_params(2, cfg, torch.Generator().manual_seed(5))
+    ida = ida_matrix(params, cfg.final_size)
+    assert torch.equal(warp_images(images, ida, cfg.final_size), warp_images(images, ida, cfg.final_size))
+    flipped = ImageAugParams(identity.scale, identity.crop, torch.ones(2, dtype=torch.bool), identity.rotate)
+    mirrored = warp_images(images, ida_matrix(flipped, (30, 20)), (30, 20))
+    torch.testing.assert_close(mirrored, images.float().flip(-1), rtol=0, atol=tolerance)
+
+
+def test_bad_config_is_named():
+    with pytest.raises(ValueError, match="resize_lim"):
+        ImageAugConfig(resize_lim=(0.0, 0.5))
+    with pytest.raises(ValueError, match="final_size"):
+        ImageAugConfig(final_size=(0, 256))
+    assert math.isclose(ImageAugConfig().resize_lim[0], 0.38)
