@@ -1,22 +1,32 @@
-"""Preparing batches for the model: host→device transfer, the lidar input (BEV augmentation of points and
-boxes, voxelization, the BEV scatter) — more to come: stream prefetch, GPU camera augmentation, DALI."""
+"""Preparing batches for the model: host→device transfer (per tensor, or packed), the side-stream prefetcher,
+camera image augmentation on the device (geometry so far), the lidar input (BEV augmentation of points and boxes,
+voxelization, the BEV scatter) — more to come: the rest of the camera augmentation, DALI."""
 
+from drivetrain.pipeline.augment import ImageAugConfig, ImageAugParams, ida_matrix, sample_image_params, warp_images
 from drivetrain.pipeline.augment_bev import BevAugConfig, BevAugParams, apply_bev_aug, sample_bev_params
 from drivetrain.pipeline.lidar import LidarInput, lidar_input
-from drivetrain.pipeline.transfer import to_device
+from drivetrain.pipeline.prefetch import DevicePrefetcher
+from drivetrain.pipeline.transfer import PackedCopier, to_device
 from drivetrain.pipeline.voxelize import HardVoxels, VoxelGrid, dynamic_voxelize, hard_voxelize, scatter_to_bev
 
 __all__ = [
     "BevAugConfig",
     "BevAugParams",
+    "DevicePrefetcher",
     "HardVoxels",
+    "ImageAugConfig",
+    "ImageAugParams",
     "LidarInput",
+    "PackedCopier",
     "VoxelGrid",
     "apply_bev_aug",
     "dynamic_voxelize",
     "hard_voxelize",
+    "ida_matrix",
     "lidar_input",
     "sample_bev_params",
+    "sample_image_params",
     "scatter_to_bev",
     "to_device",
+    "warp_images",
 ]
