@@ -61,3 +61,17 @@ def test_console_script_is_installed():
         [f"{exe[0]}/drivetrain", "--version"], capture_output=True, text=True, check=True, timeout=60
     )
     assert completed.stdout.startswith("drivetrain ")
+
+
+def test_no_benchmark_script_shadows_a_standard_library_module():
+    """A script runs with benchmarks/ first on sys.path (precision and sweeps start their variants that way):
+    a file named like a standard module (copy.py) would replace it for torch and everything else."""
+    import sys
+    from pathlib import Path
+
+    from drivetrain.cli.bench import available
+
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    stems = {path.stem for path in folder.glob("*.py")}
+    assert not stems & set(sys.stdlib_module_names)
+    assert "copy" in available() and available()["copy"].name == "copy_bench.py"

@@ -31,11 +31,19 @@ def benchmarks_dir() -> Path | None:
 
 
 def available() -> dict[str, Path]:
-    """Benchmark name → script path."""
+    """Benchmark name → script path.
+
+    A script ``<name>_bench.py`` is the benchmark ``<name>``: for names a module of that folder must not take,
+    such as ``copy``, which would shadow the standard library's module whenever a script there runs directly.
+    """
     folder = benchmarks_dir()
     if folder is None:
         return {}
-    return {p.stem: p for p in sorted(folder.glob("*.py")) if not p.stem.startswith("_")}
+    scripts = {}
+    for path in sorted(folder.glob("*.py")):
+        if not path.stem.startswith("_"):
+            scripts[path.stem.removesuffix("_bench")] = path
+    return scripts
 
 
 def load(path: Path) -> ModuleType:
