@@ -132,3 +132,49 @@ def test_bad_config_is_named():
     with pytest.raises(ValueError, match="final_size"):
         ImageAugConfig(final_size=(0, 256))
     assert math.isclose(ImageAugConfig().resize_lim[0], 0.38)
+
+
+def test_2d_annotations_follow_the_originals_bboxes_transform():
+    """All samples and cameras at once vs ``_bboxes_transform`` per image (float64: the same formulas in
+    another association, so ≤ a few ulp of 1600 px), with boxes cut by the crop and dropped below 2 px."""
+    from drivetrain.pipeline.augment import reference_transform_boxes_2d, transform_boxes_2d
+    from drivetrain.ragged import RaggedBatch
+
+    cfg = ImageAugConfig()
+    g = torch.Generator().manual_seed(6)
+    params = sample_image_params(4, cfg, g)
+    params = ImageAugParams(params.scale, params.crop, torch.tensor([True, False, True, False]), params.rotate)
+    boxes, centers, labels, depths = [], [], [], []
+    for _ in range(4):
+        per_cam = [], [], [], []
+        for _ in range(6):
+            n = int(torch.randint(0, 25, (1,), generator=g))
+            xy = torch.rand(n, 2, generator=g, dtype=torch.float64) * torch.tensor([1600.0, 900.0])
+            wh = torch.rand(n, 2, generator=g, dtype=torch.float64) * 200 + 0.5
+            per_cam[0].append(torch.cat([xy, xy + wh], 1))
+            per_cam[1].append(xy + wh / 2)
+            per_cam[2].append(torch.randint(0, 10, (n,), generator=g))
+            per_cam[3].append(torch.rand(n, generator=g, dtype=torch.float64) * 50)
+        for store, values in zip((boxes, centers, labels, depths), per_cam, strict=True):
+            store.append(values)
+    rb = [RaggedBatch.from_list(x) for x in (boxes, centers, labels, depths)]  # (B, N, G, ·)
+    ida = ida_matrix(params, cfg.final_size)
+    new_boxes, new_centers, others = transform_boxes_2d(rb[0], rb[1], {"labels": rb[2], "depths": rb[3]}, ida,
+                                                        cfg.final_size)  # fmt: skip
+    dropped = 0
+    for b in range(4):
+        cw, ch = params.crop[b].tolist()
+        for n in range(6):
+            extra = {"labels": labels[b][n].numpy(), "depths": depths[b][n].numpy()}
+            ref = reference_transform_boxes_2d(
+                boxes[b][n].numpy(), centers[b][n].numpy(), extra, float(params.scale[b]), (cw, ch),
+                bool(params.flip[b]), cfg.final_size,
+            )  # fmt: skip
+            k = int(new_boxes.sizes[b, n])
+            assert k == len(ref[0])
+            dropped += len(boxes[b][n]) - k
+            np.testing.assert_allclose(new_boxes.tensor[b, n, :k].numpy(), ref[0], rtol=0, atol=1e-9)
+            np.testing.assert_allclose(new_centers.tensor[b, n, :k].numpy(), ref[1], rtol=0, atol=1e-9)
+            assert np.array_equal(others["labels"].tensor[b, n, :k].numpy(), ref[2]["labels"])
+            np.testing.assert_array_equal(others["depths"].tensor[b, n, :k].numpy(), ref[2]["depths"])
+    assert dropped > 20  # the crop cut many boxes away

@@ -13,8 +13,15 @@ matrix (``ida``): ``A = s·I``, ``b = −crop``; a flip maps ``A ← F·A``, ``b
 Deviation, named: the original resizes the image to ``(int(W·s), int(H·s))`` with PIL and crops it, so the pixels
 follow the scale ``int(W·s)/W`` while the matrices use ``s`` (up to one output pixel apart at the far edge);
 here the image is sampled through the matrix itself (pixel centres: ``u_out + ½ = ida · (u_in + ½)``), so the
-pixels and the matrices agree exactly. Still to come (issue 14): 2D boxes and centres, the invisible-box
-filter, photometric distortion, normalisation, the worker reference and the trainer switch.
+pixels and the matrices agree exactly.
+
+2D annotations (``_bboxes_transform``): boxes and projected centres are scaled, shifted by the crop, clipped to
+the output image and flipped; boxes narrower or lower than ``min_size`` (2 px) after clipping are dropped with
+their labels, centres, depths and 3D indices. :func:`transform_boxes_2d` does every sample and camera at once on
+ragged batches without a host sync (boxes through the ida matrix: their corners' bounds, which for the
+original's rotation-free recipe are its formulas); :func:`reference_transform_boxes_2d` is the original's numpy
+code per image. Still to come (issue 14): the invisible-box filter, photometric distortion, normalisation, the
+worker reference and the trainer switch.
 """
 
 from __future__ import annotations
@@ -22,10 +29,25 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ImageAugConfig", "ImageAugParams", "ida_matrix", "sample_image_params", "update_cameras", "warp_images"]
+from drivetrain.ragged import RaggedBatch, select
+
+__all__ = [
+    "MIN_BOX_SIZE",
+    "ImageAugConfig",
+    "ImageAugParams",
+    "ida_matrix",
+    "reference_transform_boxes_2d",
+    "sample_image_params",
+    "transform_boxes_2d",
+    "update_cameras",
+    "warp_images",
+]
+
+MIN_BOX_SIZE = 2.0  # pixels: ResizeCropFlipRotImage.min_size
 
 
 @dataclass(frozen=True)
@@ -186,3 +208,80 @@ def update_cameras(
     new_k = (ida[:, None] @ intrinsics.to(ida.dtype)).to(intrinsics.dtype)  # (B, N, 3, 3)
     new_l2i = (ida4[:, None] @ lidar2img.to(ida.dtype)).to(lidar2img.dtype)  # (B, N, 4, 4)
     return new_k, new_l2i
+
+
+def transform_boxes_2d(
+    boxes: RaggedBatch,
+    centers: RaggedBatch,
+    others: dict[str, RaggedBatch],
+    ida: torch.Tensor,
+    final_size: tuple[int, int],
+    min_size: float = MIN_BOX_SIZE,
+) -> tuple[RaggedBatch, RaggedBatch, dict[str, RaggedBatch]]:
+    """The 2D annotations of augmented images, every sample and camera at once (no host sync).
+
+    Args:
+        boxes: RaggedBatch ``(B, N, G, 4)`` pixel ``(x1, y1, x2, y2)`` of the source images.
+        centers: RaggedBatch ``(B, N, G, 2)`` projected 3D centres, same sizes.
+        others: per-box RaggedBatches ``(B, N, G)`` filtered alike (labels, depths, 3D indices).
+        ida: ``(B, 3, 3)`` image matrices (:func:`ida_matrix`).
+        final_size: ``(fW, fH)``.
+        min_size: boxes narrower or lower than this after clipping are dropped.
+
+    Returns:
+        ``(boxes, centers, others)`` with the kept boxes first in their order, padded lengths unchanged.
+    """
+    final_w, final_h = final_size
+    a = ida[:, None, None, :2, :2].to(boxes.tensor)  # (B, 1, 1, 2, 2)
+    t = ida[:, None, None, :2, 2].to(boxes.tensor)  # (B, 1, 1, 2)
+    x1, y1, x2, y2 = boxes.tensor.unbind(-1)  # (B, N, G) each
+    corners = torch.stack([torch.stack(c, -1) for c in ((x1, y1), (x2, y1), (x1, y2), (x2, y2))], -2)  # (..., 4, 2)
+    moved = (a.unsqueeze(-3) @ corners.unsqueeze(-1)).squeeze(-1) + t.unsqueeze(-2)  # (B, N, G, 4, 2)
+    lo = moved.amin(-2)  # (B, N, G, 2)
+    hi = moved.amax(-2)  # (B, N, G, 2)
+    limit = torch.tensor([final_w, final_h], dtype=lo.dtype, device=lo.device)
+    lo = torch.minimum(lo.clamp(min=0), limit)
+    hi = torch.minimum(hi.clamp(min=0), limit)
+    new_boxes = torch.cat([lo, hi], -1)  # (B, N, G, 4)
+    keep = boxes.mask & ((hi - lo) >= min_size).all(-1)  # (B, N, G)
+    c = (a @ centers.tensor.unsqueeze(-1)).squeeze(-1) + t  # (B, N, G, 2)
+    c = torch.minimum(c.clamp(min=0), limit)
+    kept = {name: select(rb.tensor, keep, trim=False) for name, rb in others.items()}
+    return select(new_boxes, keep, trim=False), select(c, keep, trim=False), kept
+
+
+def reference_transform_boxes_2d(
+    bboxes: np.ndarray,
+    centers2d: np.ndarray,
+    others: dict[str, np.ndarray],
+    resize: float,
+    crop: tuple[int, int],
+    flip: bool,
+    final_size: tuple[int, int],
+    min_size: float = MIN_BOX_SIZE,
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """One image's ``ResizeCropFlipRotImage._bboxes_transform`` as the original writes it (no rotation)."""
+    final_w, final_h = final_size
+    bboxes = bboxes * resize
+    bboxes[:, 0] = bboxes[:, 0] - crop[0]
+    bboxes[:, 1] = bboxes[:, 1] - crop[1]
+    bboxes[:, 2] = bboxes[:, 2] - crop[0]
+    bboxes[:, 3] = bboxes[:, 3] - crop[1]
+    bboxes[:, 0] = np.clip(bboxes[:, 0], 0, final_w)
+    bboxes[:, 2] = np.clip(bboxes[:, 2], 0, final_w)
+    bboxes[:, 1] = np.clip(bboxes[:, 1], 0, final_h)
+    bboxes[:, 3] = np.clip(bboxes[:, 3], 0, final_h)
+    keep = ((bboxes[:, 2] - bboxes[:, 0]) >= min_size) & ((bboxes[:, 3] - bboxes[:, 1]) >= min_size)
+    if flip:
+        x0 = bboxes[:, 0].copy()
+        x1 = bboxes[:, 2].copy()
+        bboxes[:, 2] = final_w - x0
+        bboxes[:, 0] = final_w - x1
+    centers2d = centers2d * resize
+    centers2d[:, 0] = centers2d[:, 0] - crop[0]
+    centers2d[:, 1] = centers2d[:, 1] - crop[1]
+    centers2d[:, 0] = np.clip(centers2d[:, 0], 0, final_w)
+    centers2d[:, 1] = np.clip(centers2d[:, 1], 0, final_h)
+    if flip:
+        centers2d[:, 0] = final_w - centers2d[:, 0]
+    return bboxes[keep], centers2d[keep], {name: value[keep] for name, value in others.items()}
