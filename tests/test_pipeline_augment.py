@@ -178,3 +178,38 @@ def test_2d_annotations_follow_the_originals_bboxes_transform():
             assert np.array_equal(others["labels"].tensor[b, n, :k].numpy(), ref[2]["labels"])
             np.testing.assert_array_equal(others["depths"].tensor[b, n, :k].numpy(), ref[2]["depths"])
     assert dropped > 20  # the crop cut many boxes away
+
+
+def test_bev_augmentation_of_a_camera_batch_keeps_every_projection_and_world_position():
+    """After a BEV rotation/scale/flip of the boxes, the updated lidar2img projects each augmented box centre to
+    the pixel the original centre projected to, and the updated ego pose puts it at the same global position."""
+    from drivetrain.pipeline.augment import bev_aug_cameras
+    from drivetrain.pipeline.augment_bev import BevAugConfig, apply_bev_aug, sample_bev_params
+    from drivetrain.ragged import RaggedBatch
+
+    g = torch.Generator().manual_seed(7)
+    boxes = RaggedBatch.from_list([torch.cat([torch.rand(5, 3, generator=g) * 20 + torch.tensor([5.0, -10, -1]),
+                                              torch.rand(5, 3, generator=g) + 1, torch.rand(5, 3, generator=g)], 1)
+                                   for _ in range(3)])  # fmt: skip
+    labels = RaggedBatch.from_list([torch.zeros(5, dtype=torch.int64)] * 3)
+    points = RaggedBatch.from_list([torch.zeros(0, 4)] * 3)
+    cfg = BevAugConfig(flip_vertical=0.5, point_range=None, object_range=None, shuffle=False)
+    params = sample_bev_params(points, cfg, torch.Generator().manual_seed(8))
+    _, moved, _ = apply_bev_aug(points, boxes, labels, params, cfg)
+    lidar2img = torch.eye(4).repeat(3, 2, 1, 1)
+    lidar2img[..., :3, :3] = torch.tensor([[0.0, -300, 320], [0, 0, 180], [1, 0, 0]]) @ torch.eye(3)  # x forward
+    lidar2img[:, 1, :3, 3] = torch.tensor([10.0, -5.0, 0.2])
+    pose = torch.eye(4).repeat(3, 1, 1)
+    pose[:, :3, 3] = torch.tensor([100.0, 50.0, 2.0])
+    new_l2i, new_pose, new_pose_inv = bev_aug_cameras(lidar2img, pose, torch.linalg.inv(pose), params.matrix)
+    # float32 boxes within 35 m carry δ ≈ 35·eps32·4 ≈ 2e-5 m of rounding; a pixel u = 300·y/x moves by at most
+    # 300·δ/x + 300·|y|·δ/x² ≤ 3.6e-3 px for depths x ≥ 5 m and |y| ≤ 10 m: bound 5e-3 px; positions 1e-3 m.
+    for b in range(3):
+        old = torch.cat([boxes.tensor[b, :, :3], torch.ones(5, 1)], 1).double()  # (5, 4)
+        new = torch.cat([moved.tensor[b, :, :3], torch.ones(5, 1)], 1).double()
+        for n in range(2):
+            before, after = old @ lidar2img[b, n].double().T, new @ new_l2i[b, n].double().T
+            torch.testing.assert_close(after[:, :2] / after[:, 2:3], before[:, :2] / before[:, 2:3], rtol=0, atol=5e-3)
+        torch.testing.assert_close(new @ new_pose[b].double().T, old @ pose[b].double().T, rtol=0, atol=1e-3)
+        torch.testing.assert_close(new_pose_inv[b] @ new_pose[b], torch.eye(4), rtol=0, atol=1e-5)
+    assert params.flip_v.any() and (params.angle != 0).all()

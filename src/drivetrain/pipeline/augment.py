@@ -20,8 +20,14 @@ the output image and flipped; boxes narrower or lower than ``min_size`` (2 px) a
 their labels, centres, depths and 3D indices. :func:`transform_boxes_2d` does every sample and camera at once on
 ragged batches without a host sync (boxes through the ida matrix: their corners' bounds, which for the
 original's rotation-free recipe are its formulas); :func:`reference_transform_boxes_2d` is the original's numpy
-code per image. Still to come (issue 14): the invisible-box filter, photometric distortion, normalisation, the
-worker reference and the trainer switch.
+code per image.
+
+BEV augmentation of a camera batch (StreamPETR's ``GlobalRotScaleTransImage`` with ``reverse_angle``): boxes move
+with :func:`~drivetrain.pipeline.augment_bev.apply_bev_aug` (one module shared with the lidar path) and the
+matrices that map the lidar frame follow its per-sample matrix ``M``: ``lidar2img' = lidar2img · M⁻¹``,
+``ego_pose' = ego_pose · M⁻¹``, ``ego_pose_inv' = M · ego_pose_inv`` (:func:`bev_aug_cameras`), so every image
+pixel still shows the same point of the world. Still to come (issue 14): the invisible-box filter, photometric
+distortion, normalisation, the worker reference and the trainer switch.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ __all__ = [
     "MIN_BOX_SIZE",
     "ImageAugConfig",
     "ImageAugParams",
+    "bev_aug_cameras",
     "ida_matrix",
     "reference_transform_boxes_2d",
     "sample_image_params",
@@ -285,3 +292,25 @@ def reference_transform_boxes_2d(
     if flip:
         centers2d[:, 0] = final_w - centers2d[:, 0]
     return bboxes[keep], centers2d[keep], {name: value[keep] for name, value in others.items()}
+
+
+def bev_aug_cameras(
+    lidar2img: torch.Tensor, ego_pose: torch.Tensor, ego_pose_inv: torch.Tensor, matrix: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The lidar-frame matrices of a camera batch after a BEV augmentation with per-sample matrix ``matrix``.
+
+    Args:
+        lidar2img: ``(B, N, 4, 4)``.
+        ego_pose: ``(B, 4, 4)`` lidar → global.
+        ego_pose_inv: ``(B, 4, 4)`` global → lidar.
+        matrix: ``(B, 4, 4)`` the augmentation (``BevAugParams.matrix``: augmented = matrix · lidar point).
+
+    Returns:
+        ``(lidar2img · M⁻¹, ego_pose · M⁻¹, M · ego_pose_inv)`` in the inputs' dtypes.
+    """
+    m = matrix.to(device=lidar2img.device, dtype=torch.float64)  # (B, 4, 4)
+    m_inv = torch.linalg.inv(m)  # (B, 4, 4)
+    new_l2i = (lidar2img.to(torch.float64) @ m_inv[:, None]).to(lidar2img.dtype)  # (B, N, 4, 4)
+    new_pose = (ego_pose.to(torch.float64) @ m_inv).to(ego_pose.dtype)  # (B, 4, 4)
+    new_pose_inv = (m @ ego_pose_inv.to(torch.float64)).to(ego_pose_inv.dtype)  # (B, 4, 4)
+    return new_l2i, new_pose, new_pose_inv
