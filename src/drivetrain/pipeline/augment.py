@@ -10,10 +10,15 @@ matrix (``ida``): ``A = s·I``, ``b = −crop``; a flip maps ``A ← F·A``, ``b
 1)``; a rotation by ``r`` about the crop centre ``c``: ``A ← R·A``, ``b ← R·b + c − R·c`` with ``R = [[cos r, sin r],
 [−sin r, cos r]]``. Intrinsics become ``ida · K``, and ``lidar2img = K₄ · lidar2cam`` becomes ``ida₄ · lidar2img``.
 
-Deviation, named: the original resizes the image to ``(int(W·s), int(H·s))`` with PIL and crops it, so the pixels
-follow the scale ``int(W·s)/W`` while the matrices use ``s`` (up to one output pixel apart at the far edge);
-here the image is sampled through the matrix itself (pixel centres: ``u_out + ½ = ida · (u_in + ½)``), so the
-pixels and the matrices agree exactly.
+The pixels (:func:`resize_crop_flip`) follow the original's ``_img_transform`` op by op: each sample's cameras are
+resized to ``(int(W·s), int(H·s))`` with an antialiased bicubic filter (``F.interpolate(antialias=True)``, PIL's
+kernel with ``a = −0.5``, which PIL's default ``Image.resize`` filter is), clamped and rounded to integers as
+PIL's uint8 result is, cropped with zero fill outside the resized image (PIL's ``crop``), and mirrored. So the
+pixels follow the scale ``int(W·s)/W`` while the matrices use ``s``, exactly as in the original (at most one
+output pixel apart at the far edge). The original asserts ``rot_lim == (0, 0)``; a rotation here is a bilinear
+:func:`warp_images` of the cropped image about its centre, the matrix's rotation. :func:`warp_images` resamples
+through any image matrix in one ``grid_sample``; it is not antialiased, so it is the rotation step and a tool,
+not the resize.
 
 2D annotations (``_bboxes_transform``): boxes and projected centres are scaled, shifted by the crop, clipped to
 the output image and flipped; boxes narrower or lower than ``min_size`` (2 px) after clipping are dropped with
@@ -26,8 +31,15 @@ BEV augmentation of a camera batch (StreamPETR's ``GlobalRotScaleTransImage`` wi
 with :func:`~drivetrain.pipeline.augment_bev.apply_bev_aug` (one module shared with the lidar path) and the
 matrices that map the lidar frame follow its per-sample matrix ``M``: ``lidar2img' = lidar2img · M⁻¹``,
 ``ego_pose' = ego_pose · M⁻¹``, ``ego_pose_inv' = M · ego_pose_inv`` (:func:`bev_aug_cameras`), so every image
-pixel still shows the same point of the world. Still to come (issue 14): the invisible-box filter, photometric
-distortion, normalisation, the worker reference and the trainer switch.
+pixel still shows the same point of the world.
+
+The invisible-box filter (``_filter_invisible``): per image, the boxes are sorted far to near by depth (stable)
+and painted in that order on an ``fH × fW`` map of box numbers over integer pixel spans ``[ceil(x1), floor(x2))
+× [ceil(y1), floor(y2))``; the boxes whose number is left anywhere on the map are kept, far to near (number 0,
+the farthest, is also what an unpainted pixel holds, so it stays whenever a pixel is unpainted).
+:func:`filter_invisible` computes the same map for every image at once on the grid of cells cut by the boxes'
+edges (at most ``2G + 1`` per axis instead of ``fH × fW`` pixels); :func:`reference_filter_invisible` is the
+original's per-image numpy code.
 """
 
 from __future__ import annotations
@@ -46,8 +58,12 @@ __all__ = [
     "ImageAugConfig",
     "ImageAugParams",
     "bev_aug_cameras",
+    "filter_invisible",
     "ida_matrix",
+    "reference_filter_invisible",
+    "reference_img_transform",
     "reference_transform_boxes_2d",
+    "resize_crop_flip",
     "sample_image_params",
     "transform_boxes_2d",
     "update_cameras",
@@ -196,6 +212,73 @@ def warp_images(images: torch.Tensor, ida: torch.Tensor, final_size: tuple[int, 
     return warped.reshape(b, n, c, final_h, final_w)
 
 
+def resize_crop_flip(images: torch.Tensor, params: ImageAugParams, final_size: tuple[int, int]) -> torch.Tensor:
+    """The original's image op for every sample: antialiased bicubic resize, crop, flip (and rotation).
+
+    One ``F.interpolate`` per sample (its cameras together: each sample has its own resized size); the
+    parameters are host tensors, so the loop reads no device memory.
+
+    Args:
+        images: ``(B, N, 3, H, W)`` uint8 or float images (0–255) on any device.
+        params: :func:`sample_image_params`' draws (CPU tensors).
+        final_size: ``(fW, fH)`` of the output.
+
+    Returns:
+        float32 ``(B, N, 3, fH, fW)`` holding integers in [0, 255] (PIL's uint8 values), zeros outside the
+        resized image.
+    """
+    b, n, c, h, w = images.shape
+    final_w, final_h = final_size
+    out = torch.zeros((b, n, c, final_h, final_w), dtype=torch.float32, device=images.device)
+    scales, crops = params.scale.tolist(), params.crop.tolist()
+    flips, rotations = params.flip.tolist(), params.rotate.tolist()
+    for i in range(b):
+        new_w, new_h = int(w * scales[i]), int(h * scales[i])
+        resized = F.interpolate(images[i].float(), size=(new_h, new_w), mode="bicubic", antialias=True)
+        resized = resized.clamp_(0, 255).round_()  # (N, 3, new_h, new_w): PIL returns uint8
+        crop_w, crop_h = crops[i]
+        x0, y0 = max(crop_w, 0), max(crop_h, 0)
+        x1, y1 = min(crop_w + final_w, new_w), min(crop_h + final_h, new_h)
+        if x1 > x0 and y1 > y0:  # PIL's crop fills what lies outside the image with zeros
+            out[i, :, :, y0 - crop_h : y1 - crop_h, x0 - crop_w : x1 - crop_w] = resized[:, :, y0:y1, x0:x1]
+        if flips[i]:
+            out[i] = out[i].flip(-1)
+        if rotations[i] != 0:  # about the crop centre, as the matrix rotates (the original asserts no rotation)
+            only = ImageAugParams(
+                torch.ones(1, dtype=torch.float64), torch.zeros(1, 2, dtype=torch.int64),
+                torch.zeros(1, dtype=torch.bool), params.rotate[i : i + 1],
+            )  # fmt: skip
+            out[i] = warp_images(out[i : i + 1], ida_matrix(only, final_size), final_size)[0]
+    return out
+
+
+def reference_img_transform(
+    image: np.ndarray, resize: float, crop: tuple[int, int], flip: bool, final_size: tuple[int, int]
+) -> np.ndarray:
+    """One camera image through ``ResizeCropFlipRotImage._img_transform`` with PIL, as the original runs it.
+
+    Args:
+        image: uint8 ``(H, W, 3)``.
+        resize: the scale ``s``; the image is resized to ``(int(W·s), int(H·s))``.
+        crop: ``(crop_w, crop_h)``; the crop box is ``(crop_w, crop_h, crop_w + fW, crop_h + fH)``.
+        flip: mirror left–right.
+        final_size: ``(fW, fH)``.
+
+    Returns:
+        float32 ``(fH, fW, 3)``.
+    """
+    from PIL import Image
+
+    height, width = image.shape[:2]
+    final_w, final_h = final_size
+    img = Image.fromarray(np.uint8(image))
+    img = img.resize((int(width * resize), int(height * resize)))
+    img = img.crop((crop[0], crop[1], crop[0] + final_w, crop[1] + final_h))
+    if flip:
+        img = img.transpose(method=Image.FLIP_LEFT_RIGHT)
+    return np.array(img).astype(np.float32)
+
+
 def update_cameras(
     intrinsics: torch.Tensor, lidar2img: torch.Tensor, ida: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -314,3 +397,99 @@ def bev_aug_cameras(
     new_pose = (ego_pose.to(torch.float64) @ m_inv).to(ego_pose.dtype)  # (B, 4, 4)
     new_pose_inv = (m @ ego_pose_inv.to(torch.float64)).to(ego_pose_inv.dtype)  # (B, 4, 4)
     return new_l2i, new_pose, new_pose_inv
+
+
+def filter_invisible(
+    boxes: RaggedBatch,
+    centers: RaggedBatch,
+    depths: RaggedBatch,
+    others: dict[str, RaggedBatch],
+    final_size: tuple[int, int],
+    chunk: int = 32,
+) -> tuple[RaggedBatch, RaggedBatch, RaggedBatch, dict[str, RaggedBatch]]:
+    """Drop the 2D boxes that nearer boxes hide completely, in every image at once (no host sync).
+
+    Args:
+        boxes: RaggedBatch ``(B, N, G, 4)`` output-image ``(x1, y1, x2, y2)`` within ``[0, fW] × [0, fH]``.
+        centers: RaggedBatch ``(B, N, G, 2)``.
+        depths: RaggedBatch ``(B, N, G)`` metres.
+        others: per-box RaggedBatches ``(B, N, G)`` filtered alike (labels, 3D indices).
+        final_size: ``(fW, fH)``.
+        chunk: boxes painted per step (bounds the ``(B·N, chunk, cells_y, cells_x)`` coverage tensor).
+
+    Returns:
+        ``(boxes, centers, depths, others)``: each image's visible boxes first, far to near (the original's
+        order), padded lengths unchanged.
+    """
+    final_w, final_h = final_size
+    lead = boxes.batch_shape  # (B, N)
+    length = boxes.max_size
+    if length == 0:
+        return boxes, centers, depths, others
+    images = lead.numel()
+    valid = boxes.mask.reshape(images, length)  # (I, G)
+    depth = depths.tensor.reshape(images, length)  # (I, G)
+    key = torch.where(valid, -depth, torch.full_like(depth, float("inf")))  # padding sorts last
+    order = torch.sort(key, dim=1, stable=True).indices  # (I, G): far to near
+
+    def reorder(t: torch.Tensor) -> torch.Tensor:
+        flat = t.reshape(images, length, *t.shape[len(lead) + 1 :])
+        index = order.reshape(images, length, *([1] * (flat.dim() - 2))).expand_as(flat)
+        return flat.gather(1, index)
+
+    box = reorder(boxes.tensor)  # (I, G, 4)
+    valid = reorder(valid)  # (I, G): valid boxes first, still
+    u1, v1 = torch.ceil(box[..., 0]), torch.ceil(box[..., 1])  # (I, G)
+    u2, v2 = torch.floor(box[..., 2]), torch.floor(box[..., 3])  # (I, G)
+    zero = torch.zeros_like(u1)
+    u1, v1, u2, v2 = (torch.where(valid, x, zero) for x in (u1, v1, u2, v2))  # padding paints nothing
+
+    def cells(lo: torch.Tensor, hi: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        edges = torch.cat([torch.zeros_like(lo[:, :1]), torch.full_like(lo[:, :1], size), lo, hi], 1)
+        edges = torch.sort(edges, dim=1).values  # (I, 2G + 2)
+        return edges[:, :-1], edges[:, 1:]  # (I, 2G + 1) each: cell [start, end)
+
+    x_start, x_end = cells(u1, u2, final_w)
+    y_start, y_end = cells(v1, v2, final_h)
+    top = torch.zeros((images, y_start.shape[1], x_start.shape[1]), dtype=torch.int64, device=box.device)
+    for first in range(0, length, chunk):  # host loop over the padded length: no device read
+        last = min(first + chunk, length)
+        cols = (x_start[:, None, :] >= u1[:, first:last, None]) & (x_end[:, None, :] <= u2[:, first:last, None])
+        rows = (y_start[:, None, :] >= v1[:, first:last, None]) & (y_end[:, None, :] <= v2[:, first:last, None])
+        cover = rows[:, :, :, None] & cols[:, :, None, :]  # (I, g, Cy, Cx): a cell lies wholly in or out of a box
+        number = torch.arange(first + 1, last + 1, device=box.device).view(1, -1, 1, 1)  # painted later wins
+        top = torch.maximum(top, (cover * number).amax(1))  # (I, Cy, Cx): 1 + the box on top, 0 unpainted
+    has_pixels = (y_end > y_start)[:, :, None] & (x_end > x_start)[:, None, :]  # (I, Cy, Cx)
+    on_map = (top - 1).clamp(min=0)  # (I, Cy, Cx): the map value (0 where unpainted, as the original's zeros)
+    seen = torch.zeros((images, length), dtype=torch.int64, device=box.device)
+    seen = seen.scatter_reduce(1, on_map.flatten(1), has_pixels.flatten(1).long(), "amax")  # (I, G)
+    keep = (seen > 0) & valid  # (I, G)
+
+    out = []
+    for rb in (boxes, centers, depths, *others.values()):
+        kept = select(reorder(rb.tensor), keep, trim=False)  # (I, G, ...) ragged
+        out.append(RaggedBatch._make(kept.tensor.reshape(rb.tensor.shape), kept.sizes.reshape(lead), rb.ragged_dim))
+    return out[0], out[1], out[2], dict(zip(others, out[3:], strict=True))
+
+
+def reference_filter_invisible(
+    bboxes: np.ndarray, centers2d: np.ndarray, depths: np.ndarray, others: dict[str, np.ndarray],
+    final_size: tuple[int, int],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:  # fmt: skip
+    """One image's ``ResizeCropFlipRotImage._filter_invisible`` as the original writes it (labels → ``others``)."""
+    final_w, final_h = final_size
+    indices_maps = np.zeros((final_h, final_w))
+    tmp_bboxes = np.zeros_like(bboxes)
+    tmp_bboxes[:, :2] = np.ceil(bboxes[:, :2])
+    tmp_bboxes[:, 2:] = np.floor(bboxes[:, 2:])
+    tmp_bboxes = tmp_bboxes.astype(np.int64)
+    sort_idx = np.argsort(-depths, axis=0, kind="stable")
+    tmp_bboxes = tmp_bboxes[sort_idx]
+    bboxes, depths, centers2d = bboxes[sort_idx], depths[sort_idx], centers2d[sort_idx]
+    others = {name: value[sort_idx] for name, value in others.items()}
+    for i in range(bboxes.shape[0]):
+        u1, v1, u2, v2 = tmp_bboxes[i]
+        indices_maps[v1:v2, u1:u2] = i
+    indices_res = np.unique(indices_maps).astype(np.int64)
+    others = {name: value[indices_res] for name, value in others.items()}
+    return bboxes[indices_res], centers2d[indices_res], depths[indices_res], others
