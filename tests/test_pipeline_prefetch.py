@@ -36,10 +36,14 @@ class CountingStream:
 
 
 def test_cpu_prefetcher_passes_through_with_the_streams_positions():
-    prefetcher = DevicePrefetcher(CountingStream(), "cpu", transform=lambda b: {**b, "x": b["x"] + 0.5})
+    def transform(batch, position):
+        return {**batch, "x": batch["x"] + 0.5, "position": position["step"]}
+
+    prefetcher = DevicePrefetcher(CountingStream(), "cpu", transform=transform)
     for i in range(3):
         batch, indices = prefetcher.next()
         assert batch["x"].tolist() == [i + 0.5] * 3 and indices.tolist() == [i]
+        assert batch["position"] == i + 1  # the transform sees the position after its batch
         assert prefetcher.state_dict()["step"] == i + 1
     prefetcher.load_state_dict({"epoch": 0, "step": 1})
     assert prefetcher.next()[1].tolist() == [1]
@@ -63,7 +67,7 @@ def test_training_with_prefetch_learns_and_resumes_exactly(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_prefetcher_hands_out_in_order_and_keeps_the_batch_in_flight_out_of_the_state():
     stream = CountingStream()
-    prefetcher = DevicePrefetcher(stream, "cuda", transform=lambda b: {**b, "x": b["x"] * 2})
+    prefetcher = DevicePrefetcher(stream, "cuda", transform=lambda b, position: {**b, "x": b["x"] * 2})
     for i in range(4):
         batch, _ = prefetcher.next()
         assert batch["x"].is_cuda and batch["x"].tolist() == [2.0 * i] * 3 and batch["meta"][0].item() == i

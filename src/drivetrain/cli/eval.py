@@ -224,10 +224,15 @@ def _run_checkpoint(args: argparse.Namespace) -> int:
         raise SystemExit(f"eval: the dataset has no frames of split {args.split!r}")
     out = args.out or path.parent.parent / "eval" / f"{path.name}-{args.split}"
     print(f"eval: {path} on {args.split} ({len(dataset)} frames, {device}) → {out}", flush=True)
+    transform = None
+    if cfg.data.augment is not None:  # trained on augmented images: evaluate on the test-time transform of them
+        from drivetrain.pipeline.camera_aug import CameraAugConfig, CameraAugment
+
+        transform = CameraAugment(CameraAugConfig.from_dict(cfg.data.augment)).test_time
     try:
         result = evaluate_model(
             model.to(device), dataset, device, out, split=args.split, root=args.root, config=args.config,
-            lyft_footprint=args.lyft_footprint,
+            lyft_footprint=args.lyft_footprint, transform=transform,
         )  # fmt: skip
     except DataError as err:
         raise SystemExit(f"eval: {err}") from None

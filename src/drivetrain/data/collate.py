@@ -27,7 +27,8 @@ __all__ = ["Batch", "collate"]
 class Batch:
     """A batch of key frames (all tensors on one device; boxes in each sample's lidar frame)."""
 
-    images: torch.Tensor | None  # (B, N, 3, H, W) uint8 RGB, None when images are not loaded
+    # (B, N, 3, H, W) uint8 RGB as loaded, float32 after the camera augmentation; None when images are not loaded
+    images: torch.Tensor | None
     intrinsics: torch.Tensor  # (B, N, 3, 3) float32
     lidar2img: torch.Tensor  # (B, N, 4, 4) float32: K_4x4 @ lidar2cam
     cam2ego: torch.Tensor  # (B, N, 4, 4) float32: camera → ego frame of the key frame
@@ -48,6 +49,7 @@ class Batch:
     sample_tokens: tuple[str, ...]
     frame_index: torch.Tensor  # (B,) int64 rows of the frame index
     skipped: tuple[str, ...] = ()  # tokens of samples dropped as unreadable (on_error="skip")
+    images_normalized: bool = False  # images are mean/std-normalised already (drivetrain.pipeline.camera_aug)
 
     @property
     def batch_size(self) -> int:

@@ -33,7 +33,7 @@ number from a per-sample generator (``mix_seed(seed, index)``) and resume exactl
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import torch
@@ -148,16 +148,42 @@ class ShuffledBatches:
 
 
 class _Recorded:
-    """The sampler as the DataLoader sees it: every batch of keys drawn leaves ``(keys, state after)``."""
+    """The sampler as the DataLoader sees it: every batch of keys drawn leaves ``(keys, state after)``; with
+    ``positioned`` each key goes out as ``(key, state after)`` so the worker knows its batch's position."""
 
-    def __init__(self, sampler: BatchSampler) -> None:
-        self.sampler = sampler
+    def __init__(self, sampler: BatchSampler, positioned: bool = False) -> None:
+        self.sampler, self.positioned = sampler, positioned
         self.records: deque[tuple[list[Any], dict[str, Any]]] = deque()
 
     def __iter__(self) -> Iterator[list[Any]]:
         for keys in self.sampler:
-            self.records.append((keys, self.sampler.state_dict()))
-            yield keys
+            state = self.sampler.state_dict()
+            self.records.append((keys, state))
+            yield [(key, state) for key in keys] if self.positioned else keys
+
+
+class _Positioned:
+    """The dataset seen through positioned keys: ``(key, position)`` → ``(sample, position)``."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, item: tuple[Any, dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
+        key, position = item
+        return self.dataset[key], position
+
+
+class _TransformingCollate:
+    """Collate in the worker, then ``transform(batch, position)`` there (e.g. worker-side augmentation)."""
+
+    def __init__(self, collate: Callable[[list[Any]], Any], transform: Callable[[Any, dict[str, Any]], Any]) -> None:
+        self.collate, self.transform = collate, transform
+
+    def __call__(self, items: list[tuple[Any, dict[str, Any]]]) -> Any:
+        return self.transform(self.collate([sample for sample, _ in items]), items[0][1])
 
 
 class BatchStream:
@@ -168,9 +194,21 @@ class BatchStream:
         cfg: loader settings (batch size, shuffle, workers, pinning, prefetch).
         seed: shuffle seed, the same on every rank; also seeds the loader's worker seeds with the rank.
         rank, world_size: this process's shard.
+        transform: ``transform(batch, position)`` run in the loader (in its workers when it has any) after
+            collating, with the sampler position after the batch (e.g. ``CameraAugment(on="worker")``); needs a
+            dataset that brings its own batching.
     """
 
-    def __init__(self, dataset: Dataset, cfg: DataConfig, *, seed: int = 0, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(
+        self,
+        dataset: Dataset,
+        cfg: DataConfig,
+        *,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        transform: Callable[[Any, dict[str, Any]], Any] | None = None,
+    ) -> None:
         self.dataset, self.cfg, self.seed, self.rank = dataset, cfg, seed, rank
         shard = {"seed": seed, "shuffle": cfg.shuffle, "rank": rank, "world_size": world_size}
         if brings_own_batching(dataset):
@@ -179,7 +217,11 @@ class BatchStream:
         else:
             self.sampler = ShuffledBatches(len(dataset), cfg.batch_size, **shard)
             collate = None  # torch's default collate
-        self._recorded = _Recorded(self.sampler)
+        self._recorded = _Recorded(self.sampler, positioned=transform is not None)
+        if transform is not None:
+            if collate is None:
+                raise ValueError(f"data: {type(dataset).__name__} has no collate of its own to transform after")
+            dataset, collate = _Positioned(dataset), _TransformingCollate(collate, transform)
         self._loader = _make_loader(dataset, self._recorded, collate, cfg)
         self._state: dict[str, Any] = self.sampler.state_dict()
         self._iter: Iterator[Any] | None = None

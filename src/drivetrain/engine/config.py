@@ -102,7 +102,11 @@ class DataConfig:
     pin_memory: bool = False  # page-locked host batches (CUDA only)
     persistent_workers: bool = False  # keep workers alive between epochs (needs num_workers > 0)
     prefetch_factor: int | None = None  # batches loaded ahead per worker (needs num_workers > 0)
-    prefetch: bool = False  # CUDA: copy batch n+1 (packed) on a side stream while n trains; CPU: no effect
+    prefetch: bool = False  # CUDA: copy (and augment) batch n+1 on a side stream while n trains; CPU: no effect
+    # camera augmentation (drivetrain.pipeline.camera_aug.CameraAugConfig fields; null: none) and where it runs:
+    # "device" (the whole batch at once on the training device) or "worker" (per sample in the loader workers)
+    augment: dict[str, Any] | None = None
+    augment_on: str = "device"
 
     def __post_init__(self) -> None:
         _check(self.batch_size >= 1, "data.batch_size", f"must be ≥ 1, got {self.batch_size}")
@@ -117,6 +121,14 @@ class DataConfig:
             "data.prefetch_factor",
             "needs data.num_workers > 0 and a value ≥ 1",
         )
+        _check(self.augment_on in ("device", "worker"), "data.augment_on", f"device or worker, got {self.augment_on!r}")
+        if self.augment is not None:
+            from drivetrain.pipeline.camera_aug import CameraAugConfig
+
+            try:
+                CameraAugConfig.from_dict(self.augment)
+            except (ValueError, TypeError) as err:
+                raise ConfigError(str(err) if "data.augment" in str(err) else f"data.augment: {err}") from None
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,6 +88,7 @@ def predict(
     *,
     progress: bool = True,
     lyft_classes: tuple[str, ...] | None = None,
+    transform: Callable[[Any], Any] | None = None,
 ) -> tuple[dict[str, Any], int]:
     """The submission of ``model`` on every frame of ``dataset``, in its (scene) order, one frame at a time.
 
@@ -99,6 +100,8 @@ def predict(
         device: where the model runs.
         progress: show a progress bar.
         lyft_classes: write Lyft box records (labels index these names) instead of nuScenes ones.
+        transform: applied to each frame's batch on ``device`` before ``detect`` (the test-time camera
+            transform of a run trained with ``data.augment``, ``CameraAugment.test_time``).
 
     Returns:
         The submission dict (``meta``, ``results`` keyed by sample token) and the number of unreadable frames
@@ -122,6 +125,8 @@ def predict(
                     skipped += 1
                     continue
                 batch = dataset.collate([sample]).to(device)
+                if transform is not None:
+                    batch = transform(batch)
                 boxes, scores, labels = detect(batch)
                 # sync: the frame's detections go to the host once, for the submission file
                 boxes, scores, labels = _host(boxes)[0], _host(scores)[0], _host(labels)[0]
@@ -149,6 +154,7 @@ def evaluate_model(
     progress: bool = True,
     quiet: bool = False,
     lyft_footprint: str = "heading",
+    transform: Callable[[Any], Any] | None = None,
 ) -> EvalResult:
     """Predict every frame of ``dataset`` (see :func:`predict`), write ``out_dir/results.json`` and score it.
 
@@ -164,6 +170,7 @@ def evaluate_model(
         progress: show a progress bar.
         quiet: send the devkit's printed tables to ``out_dir/devkit.log`` instead of stdout (during training).
         lyft_footprint: the Lyft metric's footprint convention (see :func:`~drivetrain.data.lyft_eval.evaluate_lyft`).
+        transform: the per-frame batch transform (see :func:`predict`).
     """
     start = time.perf_counter()
     frames = getattr(dataset, "frames", dataset)
@@ -172,7 +179,7 @@ def evaluate_model(
     version = version if version is not None else meta.get("version", "v1.0-mini")
     lyft = dataset_of(meta) == "lyft"
     classes = tuple(meta["classes"]) if lyft else None
-    submission, skipped = predict(model, dataset, device, progress=progress, lyft_classes=classes)
+    submission, skipped = predict(model, dataset, device, progress=progress, lyft_classes=classes, transform=transform)
     out = Path(out_dir)
     path = write_submission(submission, out / "results.json")
     with contextlib.ExitStack() as stack:

@@ -44,6 +44,7 @@ from drivetrain.engine.rundir import RunDirLock
 from drivetrain.engine.schedule import lr_factor
 from drivetrain.engine.strategy import build_strategy
 from drivetrain.losses.weights import base_name, resolve_weights, weighted_total
+from drivetrain.pipeline.camera_aug import CameraAugConfig, CameraAugment
 from drivetrain.pipeline.prefetch import DevicePrefetcher
 from drivetrain.pipeline.transfer import to_device
 
@@ -158,8 +159,16 @@ class Trainer:
         evaluates = cfg.eval.every or cfg.eval.at_start
         self.eval_data = self._build_eval_data() if evaluates and self.ctx.is_main else None
         rank, world_size = self.ctx.rank, self.ctx.world_size
-        self.data: Any = BatchStream(dataset, cfg.data, seed=cfg.run.seed, rank=rank, world_size=world_size)
-        if cfg.data.prefetch:  # the next batch goes to the device on a side stream (a pass-through on a CPU)
+        self.augment: CameraAugment | None = None
+        if cfg.data.augment is not None:  # the camera augmentation, drawn per batch from (seed, rank, position)
+            aug_cfg = CameraAugConfig.from_dict(cfg.data.augment)
+            self.augment = CameraAugment(aug_cfg, seed=cfg.run.seed, rank=rank, on=cfg.data.augment_on)
+        in_worker = self.augment if cfg.data.augment_on == "worker" else None
+        shard = {"seed": cfg.run.seed, "rank": rank, "world_size": world_size}
+        self.data: Any = BatchStream(dataset, cfg.data, **shard, transform=in_worker)
+        if self.augment is not None and in_worker is None:  # on the device, on a side stream with data.prefetch
+            self.data = DevicePrefetcher(self.data, self.device, transform=self.augment, overlap=cfg.data.prefetch)
+        elif cfg.data.prefetch:  # the next batch goes to the device on a side stream (a pass-through on a CPU)
             self.data = DevicePrefetcher(self.data, self.device)
         self.state = TrainState()
         seed_all(cfg.run.seed + self.ctx.rank)  # dropout and augmentation draws differ per rank
@@ -256,6 +265,7 @@ class Trainer:
                 result = evaluate_model(
                     self.model, self.eval_data, self.device, out, split=self.cfg.eval.split,
                     progress=self.cfg.eval.progress, quiet=True,
+                    transform=self.augment.test_time if self.augment is not None else None,
                 )  # fmt: skip
             except DataError as err:
                 log.message(f"drivetrain train: evaluation at step {step} failed, training goes on: {err}")

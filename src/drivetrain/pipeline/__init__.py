@@ -1,9 +1,10 @@
 """Preparing batches for the model: host→device transfer (per tensor, or packed), the side-stream prefetcher,
-camera image augmentation on the device (geometry so far), the lidar input (BEV augmentation of points and boxes,
-voxelization, the BEV scatter) — more to come: the rest of the camera augmentation, DALI."""
+the camera augmentation of a whole batch on its device (and its per-sample reference for the loader workers),
+the lidar input (BEV augmentation of points and boxes, voxelization, the BEV scatter)."""
 
 from drivetrain.pipeline.augment import ImageAugConfig, ImageAugParams, ida_matrix, sample_image_params, warp_images
 from drivetrain.pipeline.augment_bev import BevAugConfig, BevAugParams, apply_bev_aug, sample_bev_params
+from drivetrain.pipeline.camera_aug import CameraAugConfig, CameraAugment, CameraAugParams
 from drivetrain.pipeline.lidar import LidarInput, lidar_input
 from drivetrain.pipeline.prefetch import DevicePrefetcher
 from drivetrain.pipeline.transfer import PackedCopier, to_device
@@ -12,6 +13,9 @@ from drivetrain.pipeline.voxelize import HardVoxels, VoxelGrid, dynamic_voxelize
 __all__ = [
     "BevAugConfig",
     "BevAugParams",
+    "CameraAugConfig",
+    "CameraAugParams",
+    "CameraAugment",
     "DevicePrefetcher",
     "HardVoxels",
     "ImageAugConfig",

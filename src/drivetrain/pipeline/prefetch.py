@@ -5,8 +5,8 @@
 device, handing out batch n first starts batch n+1: it is read from the stream and copied by a
 :class:`~drivetrain.pipeline.transfer.PackedCopier` on a side stream (and, when given, transformed there — the
 place for device augmentation); ``next()`` then makes the current stream wait for batch n's copy (no host
-sync) and returns it. On a CPU device it is a pass-through: ``next()`` is the stream's ``next()`` (nothing to
-overlap with).
+sync) and returns it. On a CPU device (or with ``overlap=False``) it is a pass-through: ``next()`` is the
+stream's ``next()``, then the copy and the transform on the current stream (nothing to overlap with).
 
 **Resume stays the stream's.** The stream's own position runs one batch ahead of what the trainer took; the
 prefetcher keeps the position after the batch it handed out and returns that from :meth:`state_dict`, and
@@ -32,8 +32,11 @@ class DevicePrefetcher:
         stream: the host batch stream.
         device: where batches go.
         copier: the copier (default: a :class:`PackedCopier` for ``device``).
-        transform: applied to each batch on the side stream after its copy (e.g. device augmentation); it must
-            only enqueue work (no host reads), or it stalls the overlap.
+        transform: ``transform(batch, position)`` applied to each batch on the device after its copy, with the
+            stream position after the batch (e.g. :class:`~drivetrain.pipeline.camera_aug.CameraAugment`); on
+            the side stream it must only enqueue work (no host reads), or it stalls the overlap.
+        overlap: on CUDA, prepare batch n+1 on the side stream while batch n trains (``data.prefetch``);
+            False copies and transforms each batch on the current stream when it is asked for.
     """
 
     def __init__(
@@ -42,12 +45,13 @@ class DevicePrefetcher:
         device: torch.device | str,
         *,
         copier: PackedCopier | None = None,
-        transform: Callable[[Any], Any] | None = None,
+        transform: Callable[[Any, dict[str, Any]], Any] | None = None,
+        overlap: bool = True,
     ) -> None:
         self.stream, self.device = stream, torch.device(device)
         self.copier = copier or PackedCopier(self.device)
         self.transform = transform
-        self.cuda = self.device.type == "cuda"
+        self.cuda = self.device.type == "cuda" and overlap
         self._side = torch.cuda.Stream(self.device) if self.cuda else None
         self._pending: tuple[Transfer, Any, dict[str, Any], torch.cuda.Event | None] | None = None
         self._state = stream.state_dict()
@@ -60,7 +64,7 @@ class DevicePrefetcher:
         event = None
         if self.transform is not None:
             with torch.cuda.stream(self._side):
-                moved = self.transform(handle.get())  # the side stream is current: no wait, no record
+                moved = self.transform(handle.get(), state)  # the side stream is current: no wait, no record
                 event = torch.cuda.Event()
                 event.record(self._side)
             handle = Transfer(moved, None, [], self._side)
@@ -71,7 +75,9 @@ class DevicePrefetcher:
         if not self.cuda:
             batch, indices = self.stream.next()
             self._state = self.stream.state_dict()
-            return (self.transform(batch) if self.transform is not None else batch), indices
+            if self.transform is not None:
+                batch = self.transform(self.copier.to_device(batch).get(), self.stream.state_dict())
+            return batch, indices
         if self._pending is None:
             self._start()
         assert self._pending is not None

@@ -177,7 +177,9 @@ class StreamPETR(nn.Module):
         # batch's copy to the device, not for the backbone. Nothing before the decoder draws random numbers, so
         # the noise and the dropout masks are those of the original order (backbone first).
         dn = self._dn_queries(batch) if self.training and self.dn["groups"] > 0 else None
-        feats, padded = self._image_features(batch.images)  # (B·N, E, h', w')
+        feats, padded = self._image_features(
+            batch.images, getattr(batch, "images_normalized", False)
+        )  # (B·N, E, h', w')
         fh, fw = feats.shape[-2:]
         tokens = feats.view(b, n, -1, fh * fw).transpose(2, 3).reshape(b, n * fh * fw, -1)  # (B, N·T, E)
         locations = token_locations(fh, fw, self.stride, padded, feats.device)  # (T, 2)
@@ -214,10 +216,13 @@ class StreamPETR(nn.Module):
             outputs["padded_size"] = padded
         return outputs
 
-    def _image_features(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """uint8 ``(B, N, 3, H, W)`` → features ``(B·N, E, h, w)`` and the padded size ``(W, H)``."""
+    def _image_features(self, images: torch.Tensor, normalized: bool = False) -> tuple[torch.Tensor, tuple[int, int]]:
+        """uint8 (or augmented float) ``(B, N, 3, H, W)`` → features ``(B·N, E, h, w)`` and the padded size
+        ``(W, H)``; ``normalized`` images (the camera augmentation normalises) are used as they are."""
         b, n, _, h, w = images.shape
-        x = (images.reshape(b * n, 3, h, w).to(self.mean.dtype) - self.mean) / self.std  # (B·N, 3, H, W)
+        x = images.reshape(b * n, 3, h, w).to(self.mean.dtype)  # (B·N, 3, H, W)
+        if not normalized:
+            x = (x - self.mean) / self.std
         ph, pw = math.ceil(h / SIZE_DIVISOR) * SIZE_DIVISOR, math.ceil(w / SIZE_DIVISOR) * SIZE_DIVISOR
         if (ph, pw) != (h, w):
             x = F.pad(x, (0, pw - w, 0, ph - h))  # (B·N, 3, H', W'), zeros after normalising, as the original

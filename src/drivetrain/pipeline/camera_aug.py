@@ -1,0 +1,391 @@
+"""The camera model's whole training augmentation, for a whole :class:`~drivetrain.data.Batch` at once on whatever
+device it is on — and the same augmentation per sample on the CPU, as the original pipelines run it in the
+loader workers (the reference; ``data.augment_on=worker``).
+
+StreamPETR's train pipeline, in its order (``projects/configs/StreamPETR/*.py``): ``ResizeCropFlipRotImage``
+(image resize/crop/flip, intrinsics and ``lidar2img``, 2D boxes, centres and depths, the invisible-box filter),
+``GlobalRotScaleTransImage`` with ``reverse_angle=True`` (boxes, ``lidar2img``, ego pose; rotation ±0.3925 rad,
+scale 0.95–1.05, no translation), ``NormalizeMultiviewImage``; optionally PETR's
+``PhotoMetricDistortionMultiViewImage`` (see :mod:`.photometric`; off in StreamPETR's recipe). The pieces live in
+:mod:`.augment`, :mod:`.augment_bev` (shared with the lidar path) and :mod:`.photometric`; this module draws
+their parameters together and applies them to a batch:
+
+- :func:`sample_params` draws a :class:`CameraAugParams` for a batch from a CPU ``torch.Generator`` (a few
+  numbers per sample and camera); :func:`apply` is deterministic, so the same parameters replay exactly;
+- :func:`reference_apply` does the same per sample and camera with the originals' code (PIL, NumPy, OpenCV,
+  mmdet3d's box ops), on a CPU batch;
+- :class:`CameraAugment` is what the trainer holds: each batch's generator is seeded from the run seed, the
+  rank and the batch's sampler position (:func:`augment_seed`), which the checkpoint holds — so a resumed run
+  draws what the uninterrupted one drew, and the worker and device paths draw the *same* parameters for the
+  same batch (switching ``augment_on`` changes where the work runs, not what the model sees).
+
+The BEV step moves what the lidar frame carries: boxes (centres, sizes, yaw, velocities) and points through
+:func:`~.augment_bev.apply_bev_aug`, and ``lidar2img``, ``ego_pose``, ``ego_pose_inv`` and ``lidar2ego`` through
+its matrix (:func:`~.augment.bev_aug_cameras`); 2D depths stay as loaded, as in the original. Evaluation uses
+the test-time parameters (scale ``max(fH/H, fW/W)``, centred bottom crop, no flip, no BEV step):
+:meth:`CameraAugment.test_time`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+import torch
+
+from drivetrain.pipeline.augment import (
+    ImageAugConfig,
+    ImageAugParams,
+    bev_aug_cameras,
+    filter_invisible,
+    ida_matrix,
+    reference_filter_invisible,
+    reference_img_transform,
+    reference_transform_boxes_2d,
+    resize_crop_flip,
+    sample_image_params,
+    transform_boxes_2d,
+    update_cameras,
+)
+from drivetrain.pipeline.augment_bev import (
+    BevAugConfig,
+    BevAugParams,
+    apply_bev_aug,
+    reference_bev_aug,
+    sample_bev_params,
+)
+from drivetrain.pipeline.photometric import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    PhotometricConfig,
+    PhotometricParams,
+    normalize,
+    photometric_distort,
+    reference_normalize,
+    reference_photometric,
+    sample_photometric_params,
+)
+from drivetrain.ragged import RaggedBatch
+
+__all__ = [
+    "STREAMPETR_BEV",
+    "CameraAugConfig",
+    "CameraAugParams",
+    "CameraAugment",
+    "apply",
+    "augment_seed",
+    "reference_apply",
+    "sample_params",
+]
+
+# GlobalRotScaleTransImage in StreamPETR's configs: rotation ±0.3925 rad, scale 0.95–1.05, no translation or flip;
+# no point or object range filter follows it (ObjectRangeFilter runs before it).
+STREAMPETR_BEV = BevAugConfig(
+    rot_range=(-0.3925, 0.3925), scale_range=(0.95, 1.05), translation_std=(0.0, 0.0, 0.0),
+    flip_horizontal=0.0, flip_vertical=0.0, point_range=None, object_range=None, shuffle=False,
+)  # fmt: skip
+_SALT = 0xCA3  # keeps the augmentation seeds apart from the loader's (seed, rank, epoch, step) seeds
+
+
+@dataclass(frozen=True)
+class CameraAugConfig:
+    """``data.augment``: the camera augmentation (defaults: StreamPETR's nuScenes 704×256 recipe).
+
+    Attributes:
+        image: ``ida_aug_conf`` (:class:`~.augment.ImageAugConfig`).
+        bev: the BEV step (None: off). Flips and an object range filter are refused: the original's
+            ``GlobalRotScaleTransImage`` has neither, and dropping 3D boxes would orphan their 2D boxes.
+        photometric: PETR's photometric distortion (None: off, as in StreamPETR).
+        normalize: normalise with ``mean``/``std`` (RGB, 0–255); the model then uses the images as they are.
+        filter_invisible: drop 2D boxes hidden behind nearer ones (training only).
+    """
+
+    image: ImageAugConfig = field(default_factory=ImageAugConfig)
+    bev: BevAugConfig | None = STREAMPETR_BEV
+    photometric: PhotometricConfig | None = None
+    normalize: bool = True
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+    filter_invisible: bool = True
+
+    def __post_init__(self) -> None:
+        if self.bev is not None:
+            if self.bev.flip_horizontal or self.bev.flip_vertical:
+                raise ValueError("data.augment.bev: the camera recipe has no BEV flips (set both probabilities to 0)")
+            if self.bev.object_range is not None:
+                raise ValueError("data.augment.bev.object_range: must be null (a dropped 3D box orphans its 2D boxes)")
+        for name in ("mean", "std"):
+            value = tuple(float(v) for v in getattr(self, name))
+            if len(value) != 3 or (name == "std" and min(value) <= 0):
+                raise ValueError(f"data.augment.{name}: expected 3 numbers (std > 0), got {getattr(self, name)}")
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> CameraAugConfig:
+        """From the YAML mapping ``data.augment`` (nested ``image``, ``bev``, ``photometric`` mappings; ``bev``
+        overrides the StreamPETR defaults field by field; ``photometric: {}`` turns on PETR's defaults)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"data.augment: unknown field(s) {unknown}; known: {sorted(known)}")
+        args = dict(values)
+        sections = {"image": ImageAugConfig, "photometric": PhotometricConfig}
+        for name, kind in sections.items():
+            if args.get(name) is None:
+                continue
+            try:
+                section = dict(args[name])
+                if name == "image":
+                    section = {k: tuple(v) if isinstance(v, list) else v for k, v in section.items()}
+                args[name] = kind(**section)
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"data.augment.{name}: {err}") from None
+        if args.get("bev") is not None:
+            try:
+                args["bev"] = dataclasses.replace(STREAMPETR_BEV, **args["bev"])
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"data.augment.bev: {err}") from None
+        return cls(**args)
+
+
+@dataclass(frozen=True)
+class CameraAugParams:
+    """One batch's draws (CPU tensors); pass them to :func:`apply` or :func:`reference_apply` to replay.
+
+    Attributes:
+        image: per sample resize, crop, flip, rotation.
+        bev: per sample BEV rotation/scale (None: no BEV step, e.g. at test time).
+        photometric: per camera image distortion (None: off).
+        training: training draws (the invisible-box filter runs) or test-time parameters.
+    """
+
+    image: ImageAugParams
+    bev: BevAugParams | None
+    photometric: PhotometricParams | None
+    training: bool = True
+
+
+def augment_seed(seed: int, rank: int, position: dict[str, Any]) -> int:
+    """The seed of a batch's augmentation: run seed, rank and the sampler position after the batch."""
+    from drivetrain.engine.rng import mix_seed  # here: drivetrain.engine imports this module
+
+    return mix_seed(_SALT, seed, rank, int(position["epoch"]), int(position["step"]))
+
+
+def sample_params(
+    batch: Any, config: CameraAugConfig, generator: torch.Generator | None = None, *, training: bool = True
+) -> CameraAugParams:
+    """Draw the augmentation of ``batch`` (its sizes only) from a CPU ``generator`` (fixed order: image, BEV,
+    photometric); ``training=False`` gives the test-time parameters and draws nothing."""
+    _check_batch(batch, config)
+    num, cameras = batch.images.shape[:2]
+    image = sample_image_params(num, config.image, generator, training=training)
+    if not training:
+        return CameraAugParams(image, None, None, training=False)
+    bev = None
+    if config.bev is not None:
+        length = batch.points.max_size if batch.points is not None else 0
+        bev = sample_bev_params(RaggedBatch.from_dense(torch.zeros(num, length, 3)), config.bev, generator)
+    photometric = None
+    if config.photometric is not None:
+        photometric = sample_photometric_params(num, cameras, config.photometric, generator)
+    return CameraAugParams(image, bev, photometric)
+
+
+def apply(batch: Any, params: CameraAugParams, config: CameraAugConfig) -> Any:
+    """``batch`` augmented on its device, every sample and camera at once (no host sync).
+
+    Returns:
+        A new Batch: images float32 ``(B, N, 3, fH, fW)`` (normalised when ``config.normalize``), camera
+        matrices, 2D annotations (ragged, padded lengths kept), and after the BEV step boxes, points and the
+        lidar-frame matrices; ``image_size`` is ``final_size``.
+    """
+    _check_batch(batch, config)
+    device = batch.images.device
+    final = config.image.final_size
+    images = resize_crop_flip(batch.images, params.image, final)  # (B, N, 3, fH, fW)
+    if params.photometric is not None:
+        images = photometric_distort(images, params.photometric.to(device))
+    if config.normalize:
+        images = normalize(images, config.mean, config.std)
+    ida = ida_matrix(params.image, final).to(device, non_blocking=True)  # (B, 3, 3) float64
+    intrinsics, lidar2img = update_cameras(batch.intrinsics, batch.lidar2img, ida)
+    others = {"gt_labels_2d": batch.gt_labels_2d, "gt_index_2d": batch.gt_index_2d, "depths_2d": batch.depths_2d}
+    boxes_2d, centers_2d, others = transform_boxes_2d(batch.gt_boxes_2d, batch.centers_2d, others, ida, final)
+    if config.filter_invisible and params.training:
+        depths = others.pop("depths_2d")
+        boxes_2d, centers_2d, depths, others = filter_invisible(boxes_2d, centers_2d, depths, others, final)
+        others["depths_2d"] = depths
+    changes: dict[str, Any] = {
+        "images": images, "intrinsics": intrinsics, "lidar2img": lidar2img, "gt_boxes_2d": boxes_2d,
+        "centers_2d": centers_2d, **others, "image_size": tuple(final), "images_normalized": config.normalize,
+    }  # fmt: skip
+    if params.bev is not None and config.bev is not None:
+        bev = BevAugParams(*(getattr(params.bev, f.name).to(device, non_blocking=True) for f in fields(params.bev)))
+        points = batch.points
+        if points is None:
+            points = RaggedBatch.from_dense(torch.zeros(batch.batch_size, 0, 3, device=device))
+        points, boxes, labels = apply_bev_aug(points, batch.gt_boxes, batch.gt_labels, bev, config.bev)
+        lidar2img, ego_pose, ego_pose_inv = bev_aug_cameras(lidar2img, batch.ego_pose, batch.ego_pose_inv, bev.matrix)
+        m_inv = torch.linalg.inv(bev.matrix.double())  # (B, 4, 4)
+        lidar2ego = (batch.lidar2ego.double() @ m_inv).to(batch.lidar2ego.dtype)
+        changes.update(
+            lidar2img=lidar2img, ego_pose=ego_pose, ego_pose_inv=ego_pose_inv, lidar2ego=lidar2ego,
+            gt_boxes=boxes, gt_labels=labels, points=points if batch.points is not None else None,
+        )  # fmt: skip
+    return dataclasses.replace(batch, **changes)
+
+
+def reference_apply(batch: Any, params: CameraAugParams, config: CameraAugConfig) -> Any:
+    """The same augmentation per sample and camera with the originals' code, on a CPU batch (the worker path).
+
+    Per camera: ``_img_transform`` with PIL (:func:`~.augment.reference_img_transform`), ``_bboxes_transform``
+    and ``_filter_invisible`` in NumPy, the photometric distortion with OpenCV, ``imnormalize``; per sample: the
+    intrinsics and ``lidar2img`` through the float32 ``ida_mat`` as ``ResizeCropFlipRotImage.__call__`` does,
+    ``GlobalRotScaleTransImage`` (``_rotate_bev_along_z``, ``_scale_xyz``, ``_trans_xyz`` on the matrices with
+    ``reverse_angle=True``) and mmdet3d's box ops (:func:`~.augment_bev.reference_bev_aug`).
+    """
+    _check_batch(batch, config)
+    if bool((params.image.rotate != 0).any()):
+        raise ValueError("data.augment.image.rot_lim: the original pipeline supports no rotation (asserts (0, 0))")
+    final = config.image.final_size
+    num, cameras = batch.images.shape[:2]
+    images = np.zeros((num, cameras, 3, final[1], final[0]), dtype=np.float32)
+    intrinsics, lidar2img = batch.intrinsics.clone(), batch.lidar2img.clone()
+    annotations: dict[str, list[list[np.ndarray]]] = {k: [] for k in ("boxes", "centers", "labels", "index", "depths")}
+    source = {
+        "boxes": batch.gt_boxes_2d.to_list(), "centers": batch.centers_2d.to_list(),
+        "labels": batch.gt_labels_2d.to_list(), "index": batch.gt_index_2d.to_list(),
+        "depths": batch.depths_2d.to_list(),
+    }  # fmt: skip
+    for b in range(num):
+        resize, crop = float(params.image.scale[b]), tuple(params.image.crop[b].tolist())
+        flip = bool(params.image.flip[b])
+        ida_mat = ida_matrix(_one(params.image, b), final)[0].float()  # the original builds it in float32
+        for key in annotations:
+            annotations[key].append([])
+        for n in range(cameras):
+            img = reference_img_transform(batch.images[b, n].permute(1, 2, 0).numpy(), resize, crop, flip, final)
+            if params.photometric is not None:
+                img = reference_photometric(img, params.photometric.image(b, n))
+            if config.normalize:
+                img = reference_normalize(img, config.mean, config.std)
+            images[b, n] = img.transpose(2, 0, 1)
+            intrinsics[b, n] = (ida_mat @ batch.intrinsics[b, n].float()).to(intrinsics.dtype)
+            ida4 = torch.eye(4)
+            ida4[:3, :3] = ida_mat
+            lidar2img[b, n] = (ida4 @ batch.lidar2img[b, n].float()).to(lidar2img.dtype)
+            box, centre = source["boxes"][b][n].numpy().copy(), source["centers"][b][n].numpy().copy()
+            extra = {k: source[k][b][n].numpy().copy() for k in ("labels", "index", "depths")}
+            if len(box) != 0:
+                box, centre, extra = reference_transform_boxes_2d(box, centre, extra, resize, crop, flip, final)
+            if len(box) != 0 and config.filter_invisible and params.training:
+                depths = extra.pop("depths")
+                box, centre, depths, extra = reference_filter_invisible(box, centre, depths, extra, final)
+                extra["depths"] = depths
+            for key, value in (("boxes", box), ("centers", centre), *extra.items()):
+                annotations[key][b].append(torch.from_numpy(np.ascontiguousarray(value)))
+    changes: dict[str, Any] = {
+        "images": torch.from_numpy(images), "intrinsics": intrinsics, "lidar2img": lidar2img,
+        "gt_boxes_2d": RaggedBatch.from_list(annotations["boxes"]),
+        "centers_2d": RaggedBatch.from_list(annotations["centers"]),
+        "gt_labels_2d": RaggedBatch.from_list(annotations["labels"]),
+        "gt_index_2d": RaggedBatch.from_list(annotations["index"]),
+        "depths_2d": RaggedBatch.from_list(annotations["depths"]),
+        "image_size": tuple(final), "images_normalized": config.normalize,
+    }  # fmt: skip
+    if params.bev is not None and config.bev is not None:
+        changes.update(_reference_bev(batch, params.bev, config.bev, changes["lidar2img"]))
+    return dataclasses.replace(batch, **changes)
+
+
+def _reference_bev(batch: Any, params: BevAugParams, config: BevAugConfig, lidar2img: torch.Tensor) -> dict[str, Any]:
+    """``GlobalRotScaleTransImage.__call__`` (``reverse_angle=True``) per sample on the matrices, in float32 torch
+    as the original, and mmdet3d's box (and point) ops for the boxes. The original draws ``rot_angle`` and
+    rotates the boxes by ``−rot_angle``; our ``angle`` is the boxes' rotation, so ``rot_angle = −angle``."""
+    lidar2img = lidar2img.clone()
+    ego_pose, ego_pose_inv, lidar2ego = batch.ego_pose.clone(), batch.ego_pose_inv.clone(), batch.lidar2ego.clone()
+    points_out, boxes_out, labels_out = [], [], []
+    point_list = batch.points.to_list() if batch.points is not None else [torch.zeros(0, 3)] * batch.batch_size
+    for b, (points, boxes, labels) in enumerate(
+        zip(point_list, batch.gt_boxes.to_list(), batch.gt_labels.to_list(), strict=True)
+    ):
+        one = params.sample(b)
+        rot_angle = -float(one.angle)
+        rot_cos, rot_sin = np.cos(rot_angle), np.sin(rot_angle)
+        rot_mat = torch.tensor(
+            [[rot_cos, rot_sin, 0, 0], [-rot_sin, rot_cos, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]], dtype=torch.float32
+        )  # the original's torch.tensor of 0-dim tensors: the default dtype
+        s = float(one.scale)
+        scale_mat = torch.tensor([[s, 0, 0, 0], [0, s, 0, 0], [0, 0, s, 0], [0, 0, 0, 1]], dtype=torch.float32)
+        trans_mat = torch.eye(4)
+        trans_mat[:3, -1] = one.translation.float()
+        for mat in (rot_mat, scale_mat, trans_mat):  # _rotate_bev_along_z, _scale_xyz, _trans_xyz in turn
+            mat_inv = torch.inverse(mat)
+            ego_pose[b] = ego_pose[b].float() @ mat_inv
+            ego_pose_inv[b] = mat @ ego_pose_inv[b].float()
+            lidar2ego[b] = lidar2ego[b].float() @ mat_inv  # not in the original (it carries no lidar2ego)
+            for view in range(lidar2img.shape[1]):
+                lidar2img[b, view] = lidar2img[b, view].float() @ mat_inv
+        pts, box, lab = reference_bev_aug(points, boxes, labels, one, config)
+        points_out.append(pts)
+        boxes_out.append(box)
+        labels_out.append(lab)
+    out = {
+        "lidar2img": lidar2img, "ego_pose": ego_pose, "ego_pose_inv": ego_pose_inv, "lidar2ego": lidar2ego,
+        "gt_boxes": RaggedBatch.from_list(boxes_out), "gt_labels": RaggedBatch.from_list(labels_out),
+    }  # fmt: skip
+    if batch.points is not None:
+        out["points"] = RaggedBatch.from_list(points_out)
+    return out
+
+
+def _one(params: ImageAugParams, b: int) -> ImageAugParams:
+    return ImageAugParams(*(getattr(params, f.name)[b : b + 1] for f in fields(params)))
+
+
+def _check_batch(batch: Any, config: CameraAugConfig) -> None:
+    if batch.images is None:
+        raise ValueError("batch.images: the camera augmentation needs the images (the dataset loads none)")
+    if getattr(batch, "images_normalized", False) or batch.images.dtype != torch.uint8:
+        raise ValueError("batch.images: expected the loaded uint8 images; this batch is augmented already")
+    if tuple(batch.image_size) != tuple(config.image.source_size):
+        raise ValueError(
+            f"data.augment.image.source_size: is {tuple(config.image.source_size)}, but the images are "
+            f"{batch.image_size[0]}×{batch.image_size[1]}"
+        )
+
+
+class CameraAugment:
+    """The trainer's camera augmentation: ``augment(batch, position)`` on the batch's device (``on="device"``)
+    or with the per-sample reference on the CPU (``on="worker"``, called in the loader workers), with the
+    batch's generator seeded by :func:`augment_seed`; :meth:`test_time` for evaluation.
+
+    Args:
+        config: the recipe.
+        seed, rank: the run seed and this process's rank.
+        on: ``"device"`` or ``"worker"``.
+    """
+
+    def __init__(self, config: CameraAugConfig, *, seed: int = 0, rank: int = 0, on: str = "device") -> None:
+        if on not in ("device", "worker"):
+            raise ValueError(f"data.augment_on: expected 'device' or 'worker', got {on!r}")
+        self.config, self.seed, self.rank, self.on = config, seed, rank, on
+
+    def params(self, batch: Any, position: dict[str, Any]) -> CameraAugParams:
+        """The draws of the batch taken at sampler ``position`` (the position after it)."""
+        generator = torch.Generator().manual_seed(augment_seed(self.seed, self.rank, position))
+        return sample_params(batch, self.config, generator)
+
+    def __call__(self, batch: Any, position: dict[str, Any]) -> Any:
+        """The augmented batch (see the class docstring)."""
+        params = self.params(batch, position)
+        if self.on == "worker":
+            return reference_apply(batch, params, self.config)
+        return apply(batch, params, self.config)
+
+    def test_time(self, batch: Any) -> Any:
+        """The evaluation transform: the test-time resize and crop, normalisation; nothing random."""
+        return apply(batch, sample_params(batch, self.config, training=False), self.config)
