@@ -228,6 +228,9 @@ class SpeedConfig:
     cudnn_benchmark: bool = False  # torch.backends.cudnn.benchmark
     tf32: bool = False  # TF32 matmuls and convolutions on Ampere+ GPUs
     compile: list[str] = field(default_factory=list)  # module paths to torch.compile ("" = the whole model)
+    # a frozen image encoder (model.encode, e.g. StreamPETR freeze_backbone) runs for batch n+1 while batch n trains:
+    # on CUDA on the prefetcher's side stream (needs data.prefetch), on a CPU right after the batch is read
+    encoder_overlap: bool = False
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -166,8 +166,9 @@ class Trainer:
         in_worker = self.augment if cfg.data.augment_on == "worker" else None
         shard = {"seed": cfg.run.seed, "rank": rank, "world_size": world_size}
         self.data: Any = BatchStream(dataset, cfg.data, **shard, transform=in_worker)
-        if self.augment is not None and in_worker is None:  # on the device, on a side stream with data.prefetch
-            self.data = DevicePrefetcher(self.data, self.device, transform=self.augment, overlap=cfg.data.prefetch)
+        on_device = self._device_transform(self.augment if in_worker is None else None)
+        if on_device is not None:  # augment / encode ahead on the device (on a side stream with data.prefetch)
+            self.data = DevicePrefetcher(self.data, self.device, transform=on_device, overlap=cfg.data.prefetch)
         elif cfg.data.prefetch:  # the next batch goes to the device on a side stream (a pass-through on a CPU)
             self.data = DevicePrefetcher(self.data, self.device)
         self.state = TrainState()
@@ -188,6 +189,36 @@ class Trainer:
         self.ctx.barrier()
         self._stop_signal: str | None = None
         self._step_delay = float(os.environ.get(STEP_DELAY_ENV, "0") or 0)
+
+    def _device_transform(self, augment: CameraAugment | None) -> Callable[[Any, dict[str, Any]], Any] | None:
+        """What the prefetcher does to each batch on the device: the camera augmentation, then (with
+        ``speed.encoder_overlap``) the frozen image encoder under the run's autocast; None when neither."""
+        cfg = self.cfg
+        encode = None
+        if cfg.speed.encoder_overlap:
+            if not getattr(self.model, "frozen_encoder", False) or not callable(getattr(self.model, "encode", None)):
+                raise ConfigError(
+                    f"speed.encoder_overlap: {cfg.model.name} has no frozen encoder (needs encode(batch) and "
+                    "frozen_encoder, e.g. StreamPETR with model.args.freeze_backbone=true)"
+                )
+            if cfg.distributed.strategy in ("fsdp", "deepspeed"):
+                raise ConfigError(
+                    f"speed.encoder_overlap: the encoder runs outside the {cfg.distributed.strategy} forward, "
+                    "whose parameters are sharded; use distributed.strategy ddp or none"
+                )
+            encode = self.model.encode
+        if augment is None and encode is None:
+            return None
+
+        def transform(batch: Any, position: dict[str, Any]) -> Any:
+            if augment is not None:
+                batch = augment(batch, position)
+            if encode is not None:
+                with torch.no_grad(), autocast(cfg.precision.mode, self.device):
+                    batch = replace(batch, encoded=encode(batch))
+            return batch
+
+        return transform
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> TrainState:

@@ -88,6 +88,9 @@ class StreamPETR(nn.Module):
         with_cp: activation checkpointing of the decoder layers.
         impl: ``batched`` or ``reference`` path of the losses and denoising queries.
         sync_cls_avg_factor: average classification counts over ranks (False, as published).
+        freeze_backbone: a fixed image encoder (backbone and neck: no gradients, normalisation in evaluation
+            mode); :meth:`encode` then runs apart from the trainable rest, so the trainer can run it for the
+            next batch while this one trains (``speed.encoder_overlap``).
     """
 
     def __init__(
@@ -115,6 +118,7 @@ class StreamPETR(nn.Module):
         with_cp: bool = False,
         impl: str = "batched",
         sync_cls_avg_factor: bool = False,
+        freeze_backbone: bool = False,
     ) -> None:
         super().__init__()
         if impl not in ("batched", "reference"):
@@ -128,6 +132,10 @@ class StreamPETR(nn.Module):
         self.pc_range = tuple(float(v) for v in pc_range)
         self.backbone = build_backbone(backbone, e, **(backbone_args or {}))
         self.stride = self.backbone.stride
+        self.freeze_backbone = freeze_backbone
+        if freeze_backbone:  # a fixed image encoder: no gradients, evaluation-mode normalisation
+            self.backbone.requires_grad_(False)
+            self.backbone.eval()
         self.focal_head = FocalHead(e, num_classes, self.stride) if with_focal_head else None
         self.position = PositionEmbedding3D(e, depth_num, depth_start, tuple(position_range))
         self.memory_embed = nn.Sequential(nn.Linear(e, e), nn.ReLU(), nn.Linear(e, e))
@@ -177,9 +185,8 @@ class StreamPETR(nn.Module):
         # batch's copy to the device, not for the backbone. Nothing before the decoder draws random numbers, so
         # the noise and the dropout masks are those of the original order (backbone first).
         dn = self._dn_queries(batch) if self.training and self.dn["groups"] > 0 else None
-        feats, padded = self._image_features(
-            batch.images, getattr(batch, "images_normalized", False)
-        )  # (B·N, E, h', w')
+        encoded = getattr(batch, "encoded", None)  # computed ahead by the trainer (frozen backbone only)
+        feats, padded = encoded if encoded is not None else self.encode(batch)  # (B·N, E, h', w')
         fh, fw = feats.shape[-2:]
         tokens = feats.view(b, n, -1, fh * fw).transpose(2, 3).reshape(b, n * fh * fw, -1)  # (B, N·T, E)
         locations = token_locations(fh, fw, self.stride, padded, feats.device)  # (T, 2)
@@ -215,6 +222,25 @@ class StreamPETR(nn.Module):
             outputs["focal"] = self.focal_head(feats, padded, b)
             outputs["padded_size"] = padded
         return outputs
+
+    @property
+    def frozen_encoder(self) -> bool:
+        """Whether :meth:`encode` is a fixed function (``freeze_backbone``): the trainer may then run it for the
+        next batch ahead, on a side stream (``speed.encoder_overlap``)."""
+        return self.freeze_backbone
+
+    def encode(self, batch: Any) -> tuple[torch.Tensor, tuple[int, int]]:
+        """The image encoder alone: features ``(B·N, E, h, w)`` of ``batch.images`` and the padded size ``(W, H)``;
+        without gradients when the backbone is frozen."""
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.freeze_backbone):
+            return self._image_features(batch.images, getattr(batch, "images_normalized", False))
+
+    def train(self, mode: bool = True) -> StreamPETR:
+        """As ``nn.Module.train``; a frozen backbone stays in evaluation mode."""
+        super().train(mode)
+        if self.freeze_backbone:
+            self.backbone.eval()
+        return self
 
     def _image_features(self, images: torch.Tensor, normalized: bool = False) -> tuple[torch.Tensor, tuple[int, int]]:
         """uint8 (or augmented float) ``(B, N, 3, H, W)`` → features ``(B·N, E, h, w)`` and the padded size
