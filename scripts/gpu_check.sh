@@ -100,6 +100,12 @@ if [ "$device" = cuda ]; then sweeps_opts="--steps 300"; else sweeps_opts="--ste
 # shellcheck disable=SC2086  # sweeps_opts is a list of options
 step bench-sweeps-ssn 1800 "$py" -m drivetrain.cli.main bench sweeps --model ssn --device "$device" $sweeps_opts \
   --json "$out/sweeps-ssn-$device.json" --md "$out/sweeps-ssn-$device.md" --png "$out/sweeps-ssn-$device.png"
+# Camera augmentation: per sample in the loader workers vs the whole batch on the GPU (+ side stream, + the frozen
+# ResNet-50 encoder run ahead), tiny and full image sizes, batch 1/4/8, pipeline alone and training steps.
+if [ "$device" = cuda ]; then augment_opts="--train"; else augment_opts="--batch 1 --sizes tiny --train --repeat 2 --warmup 1"; fi
+# shellcheck disable=SC2086  # augment_opts is a list of options
+step bench-augment 2400 "$py" -m drivetrain.cli.main bench augment --device "$device" $augment_opts \
+  --json "$out/augment-$device.json" --md "$out/augment-$device.md" --png "$out/augment-$device.png"
 # The loader runs on the host CPU: measured here for the record, never saved over the CPU machine's results.
 step bench-data 900 "$py" -m drivetrain.cli.main bench data --device cpu --repeat 2 \
   --json "$out/data-gpu-host.json" --md "$out/data-gpu-host.md"
@@ -109,7 +115,7 @@ fi
 if [ $save -eq 1 ] && [ "$device" = cuda ]; then
   for what in ragged loss precision lidar-data copy iteration-streampetr-tiny iteration-streampetr-full \
       iteration-pointpillars-tiny iteration-pointpillars-full iteration-ssn-tiny iteration-ssn-full \
-      precision-ssn-full sweeps-ssn; do
+      precision-ssn-full sweeps-ssn augment; do
     for ext in json md png; do
       [ -f "$out/$what-cuda.$ext" ] && cp "$out/$what-cuda.$ext" "benchmarks/results/$what-cuda.$ext"
     done

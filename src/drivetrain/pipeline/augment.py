@@ -234,8 +234,11 @@ def resize_crop_flip(images: torch.Tensor, params: ImageAugParams, final_size: t
     flips, rotations = params.flip.tolist(), params.rotate.tolist()
     for i in range(b):
         new_w, new_h = int(w * scales[i]), int(h * scales[i])
-        resized = F.interpolate(images[i].float(), size=(new_h, new_w), mode="bicubic", antialias=True)
-        resized = resized.clamp_(0, 255).round_()  # (N, 3, new_h, new_w): PIL returns uint8
+        if images.dtype == torch.uint8 and images.device.type == "cpu":  # integer kernels, rounded as PIL's
+            resized = F.interpolate(images[i], size=(new_h, new_w), mode="bicubic", antialias=True).float()
+        else:  # CUDA has float kernels only: round and clamp to PIL's uint8 values after
+            resized = F.interpolate(images[i].float(), size=(new_h, new_w), mode="bicubic", antialias=True)
+            resized = resized.clamp_(0, 255).round_()  # (N, 3, new_h, new_w)
         crop_w, crop_h = crops[i]
         x0, y0 = max(crop_w, 0), max(crop_h, 0)
         x1, y1 = min(crop_w + final_w, new_w), min(crop_h + final_h, new_h)
