@@ -143,3 +143,11 @@ def test_container_annotations_are_left_to_the_builder_and_unions_still_checked(
     _check_arg_types("model", _builder_with_containers, {"ranges": [1.0, 2.0], "sizes": [1, 2], "n": None})
     with pytest.raises(ConfigError, match=r"model\.args\.n: expected int or null, got 'abc'"):
         _check_arg_types("model", _builder_with_containers, {"n": "abc"})
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")), ids=str)
+def test_every_shipped_config_loads_and_validates(path):
+    """Every config in configs/ parses into the typed config (unknown keys, bad values and a bad
+    ``data.augment`` section would raise here, before anyone starts a run with it)."""
+    cfg = load_config(path)
+    assert cfg.model.name and cfg.train.steps >= 1
