@@ -172,6 +172,12 @@ def training(
     return {"ms_per_frame": step * 1e3 / batch, "data_wait_ms": wait * 1e3, "cpu_cores": monitor.result.cpu_cores}
 
 
+def variant_row(name: str, measured: dict[str, dict[str, float]], batched: str) -> Row:
+    """A row of every variant's ms per frame: reference = ``worker``, batched = ``batched``."""
+    per_frame = {k: v["ms_per_frame"] for k, v in measured.items()}
+    return Row(name, per_frame["worker"], per_frame[batched], variants=per_frame, baseline="worker")
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_bench_arguments(parser, repeat=6, warmup=2)
@@ -227,15 +233,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                     for where in ("worker", "device")
                 }
                 name = f"{label}, B={batch}: pipeline ms/frame"
-                result.add(
-                    Row(
-                        name,
-                        measured["worker"]["ms_per_frame"],
-                        measured["device"]["ms_per_frame"],
-                        variants={k: v["ms_per_frame"] for k, v in measured.items()},
-                        baseline="worker",
-                    )
-                )
+                result.add(variant_row(name, measured, "device"))
                 cpu[name] = {f"{k} cpu_s_per_frame": round(v["cpu_s_per_frame"], 5) for k, v in measured.items()}
                 print(
                     f"{name}: "
@@ -251,15 +249,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                     for v in TRAIN_VARIANTS
                 }
                 tname = f"{label}, B={batch}: training ms/frame ({encoder} encoder, frozen)"
-                result.add(
-                    Row(
-                        tname,
-                        runs["worker"]["ms_per_frame"],
-                        runs["device+stream+encoder"]["ms_per_frame"],
-                        variants={k: v["ms_per_frame"] for k, v in runs.items()},
-                        baseline="worker",
-                    )
-                )
+                result.add(variant_row(tname, runs, "device+stream+encoder"))
                 cpu[tname] = {
                     f"{k} {m}": round(val, 3) for k, v in runs.items() for m, val in v.items() if m != "ms_per_frame"
                 }
