@@ -76,7 +76,9 @@ __all__ = [
     "CameraAugment",
     "apply",
     "augment_seed",
+    "draw_params",
     "reference_apply",
+    "reference_geometry",
     "sample_params",
 ]
 
@@ -166,6 +168,16 @@ class CameraAugParams:
     photometric: PhotometricParams | None
     training: bool = True
 
+    def select(self, b: int) -> CameraAugParams:
+        """Sample ``b``'s draws as the parameters of a batch of one."""
+
+        def one(params: Any) -> Any:
+            if params is None:
+                return None
+            return type(params)(*(getattr(params, f.name)[b : b + 1] for f in fields(params)))
+
+        return CameraAugParams(one(self.image), one(self.bev), one(self.photometric), self.training)
+
 
 def augment_seed(seed: int, rank: int, position: dict[str, Any]) -> int:
     """The seed of a batch's augmentation: run seed, rank and the sampler position after the batch."""
@@ -181,16 +193,31 @@ def sample_params(
     photometric); ``training=False`` gives the test-time parameters and draws nothing."""
     _check_batch(batch, config)
     num, cameras = batch.images.shape[:2]
-    image = sample_image_params(num, config.image, generator, training=training)
+    length = batch.points.max_size if batch.points is not None else 0
+    return draw_params(num, cameras, config, generator, training=training, points=length)
+
+
+def draw_params(
+    batch_size: int,
+    cameras: int,
+    config: CameraAugConfig,
+    generator: torch.Generator | None = None,
+    *,
+    training: bool = True,
+    points: int = 0,
+) -> CameraAugParams:
+    """:func:`sample_params` from the sizes alone: ``batch_size`` samples, ``cameras`` per sample, ``points`` the
+    padded point count (the BEV step's shuffle keys; 0 without points) — for loaders that see one sample."""
+    image = sample_image_params(batch_size, config.image, generator, training=training)
     if not training:
         return CameraAugParams(image, None, None, training=False)
     bev = None
     if config.bev is not None:
-        length = batch.points.max_size if batch.points is not None else 0
-        bev = sample_bev_params(RaggedBatch.from_dense(torch.zeros(num, length, 3)), config.bev, generator)
+        dummy = RaggedBatch.from_dense(torch.zeros(batch_size, points, 3))
+        bev = sample_bev_params(dummy, config.bev, generator)
     photometric = None
     if config.photometric is not None:
-        photometric = sample_photometric_params(num, cameras, config.photometric, generator)
+        photometric = sample_photometric_params(batch_size, cameras, config.photometric, generator)
     return CameraAugParams(image, bev, photometric)
 
 
@@ -241,11 +268,8 @@ def apply(batch: Any, params: CameraAugParams, config: CameraAugConfig) -> Any:
 def reference_apply(batch: Any, params: CameraAugParams, config: CameraAugConfig) -> Any:
     """The same augmentation per sample and camera with the originals' code, on a CPU batch (the worker path).
 
-    Per camera: ``_img_transform`` with PIL (:func:`~.augment.reference_img_transform`), ``_bboxes_transform``
-    and ``_filter_invisible`` in NumPy, the photometric distortion with OpenCV, ``imnormalize``; per sample: the
-    intrinsics and ``lidar2img`` through the float32 ``ida_mat`` as ``ResizeCropFlipRotImage.__call__`` does,
-    ``GlobalRotScaleTransImage`` (``_rotate_bev_along_z``, ``_scale_xyz``, ``_trans_xyz`` on the matrices with
-    ``reverse_angle=True``) and mmdet3d's box ops (:func:`~.augment_bev.reference_bev_aug`).
+    Per camera: ``_img_transform`` with PIL (:func:`~.augment.reference_img_transform`), the photometric
+    distortion with OpenCV, ``imnormalize``; the rest is :func:`reference_geometry`.
     """
     _check_batch(batch, config)
     if bool((params.image.rotate != 0).any()):
@@ -253,8 +277,39 @@ def reference_apply(batch: Any, params: CameraAugParams, config: CameraAugConfig
     final = config.image.final_size
     num, cameras = batch.images.shape[:2]
     images = np.zeros((num, cameras, 3, final[1], final[0]), dtype=np.float32)
+    for b in range(num):
+        resize, crop = float(params.image.scale[b]), tuple(params.image.crop[b].tolist())
+        flip = bool(params.image.flip[b])
+        for n in range(cameras):
+            img = reference_img_transform(batch.images[b, n].permute(1, 2, 0).numpy(), resize, crop, flip, final)
+            if params.photometric is not None:
+                img = reference_photometric(img, params.photometric.image(b, n))
+            if config.normalize:
+                img = reference_normalize(img, config.mean, config.std)
+            images[b, n] = img.transpose(2, 0, 1)
+    out = reference_geometry(batch, params, config)
+    return dataclasses.replace(out, images=torch.from_numpy(images), images_normalized=config.normalize)
+
+
+def reference_geometry(batch: Any, params: CameraAugParams, config: CameraAugConfig) -> Any:
+    """Everything of :func:`reference_apply` but the pixels (``batch.images`` is not read and may be None).
+
+    Per camera ``_bboxes_transform`` and ``_filter_invisible`` in NumPy; per sample the intrinsics and
+    ``lidar2img`` through the float32 ``ida_mat`` as ``ResizeCropFlipRotImage.__call__`` does,
+    ``GlobalRotScaleTransImage`` (``_rotate_bev_along_z``, ``_scale_xyz``, ``_trans_xyz`` on the matrices with
+    ``reverse_angle=True``) and mmdet3d's box ops (:func:`~.augment_bev.reference_bev_aug`).
+    """
+    if tuple(batch.image_size) != tuple(config.image.source_size):
+        raise ValueError(
+            f"data.augment.image.source_size: is {tuple(config.image.source_size)}, but the images are "
+            f"{batch.image_size[0]}×{batch.image_size[1]}"
+        )
+    final = config.image.final_size
+    num, cameras = batch.intrinsics.shape[:2]
     intrinsics, lidar2img = batch.intrinsics.clone(), batch.lidar2img.clone()
-    annotations: dict[str, list[list[np.ndarray]]] = {k: [] for k in ("boxes", "centers", "labels", "index", "depths")}
+    annotations: dict[str, list[list[torch.Tensor]]] = {
+        k: [] for k in ("boxes", "centers", "labels", "index", "depths")
+    }
     source = {
         "boxes": batch.gt_boxes_2d.to_list(), "centers": batch.centers_2d.to_list(),
         "labels": batch.gt_labels_2d.to_list(), "index": batch.gt_index_2d.to_list(),
@@ -263,19 +318,13 @@ def reference_apply(batch: Any, params: CameraAugParams, config: CameraAugConfig
     for b in range(num):
         resize, crop = float(params.image.scale[b]), tuple(params.image.crop[b].tolist())
         flip = bool(params.image.flip[b])
-        ida_mat = ida_matrix(_one(params.image, b), final)[0].float()  # the original builds it in float32
+        ida_mat = ida_matrix(params.select(b).image, final)[0].float()  # the original builds it in float32
+        ida4 = torch.eye(4)
+        ida4[:3, :3] = ida_mat
         for key in annotations:
             annotations[key].append([])
         for n in range(cameras):
-            img = reference_img_transform(batch.images[b, n].permute(1, 2, 0).numpy(), resize, crop, flip, final)
-            if params.photometric is not None:
-                img = reference_photometric(img, params.photometric.image(b, n))
-            if config.normalize:
-                img = reference_normalize(img, config.mean, config.std)
-            images[b, n] = img.transpose(2, 0, 1)
             intrinsics[b, n] = (ida_mat @ batch.intrinsics[b, n].float()).to(intrinsics.dtype)
-            ida4 = torch.eye(4)
-            ida4[:3, :3] = ida_mat
             lidar2img[b, n] = (ida4 @ batch.lidar2img[b, n].float()).to(lidar2img.dtype)
             box, centre = source["boxes"][b][n].numpy().copy(), source["centers"][b][n].numpy().copy()
             extra = {k: source[k][b][n].numpy().copy() for k in ("labels", "index", "depths")}
@@ -288,13 +337,13 @@ def reference_apply(batch: Any, params: CameraAugParams, config: CameraAugConfig
             for key, value in (("boxes", box), ("centers", centre), *extra.items()):
                 annotations[key][b].append(torch.from_numpy(np.ascontiguousarray(value)))
     changes: dict[str, Any] = {
-        "images": torch.from_numpy(images), "intrinsics": intrinsics, "lidar2img": lidar2img,
+        "intrinsics": intrinsics, "lidar2img": lidar2img,
         "gt_boxes_2d": RaggedBatch.from_list(annotations["boxes"]),
         "centers_2d": RaggedBatch.from_list(annotations["centers"]),
         "gt_labels_2d": RaggedBatch.from_list(annotations["labels"]),
         "gt_index_2d": RaggedBatch.from_list(annotations["index"]),
         "depths_2d": RaggedBatch.from_list(annotations["depths"]),
-        "image_size": tuple(final), "images_normalized": config.normalize,
+        "image_size": tuple(final),
     }  # fmt: skip
     if params.bev is not None and config.bev is not None:
         changes.update(_reference_bev(batch, params.bev, config.bev, changes["lidar2img"]))
@@ -340,10 +389,6 @@ def _reference_bev(batch: Any, params: BevAugParams, config: BevAugConfig, lidar
     if batch.points is not None:
         out["points"] = RaggedBatch.from_list(points_out)
     return out
-
-
-def _one(params: ImageAugParams, b: int) -> ImageAugParams:
-    return ImageAugParams(*(getattr(params, f.name)[b : b + 1] for f in fields(params)))
 
 
 def _check_batch(batch: Any, config: CameraAugConfig) -> None:
