@@ -107,6 +107,9 @@ class DataConfig:
     # "device" (the whole batch at once on the training device) or "worker" (per sample in the loader workers)
     augment: dict[str, Any] | None = None
     augment_on: str = "device"
+    # "torch" (DataLoader) or "dali" (NVIDIA DALI: JPEG decoding and the image augmentation in DALI, on the GPU when
+    # there is one; num_workers = its Python source processes; drivetrain.pipeline.dali)
+    loader: str = "torch"
 
     def __post_init__(self) -> None:
         _check(self.batch_size >= 1, "data.batch_size", f"must be ≥ 1, got {self.batch_size}")
@@ -122,6 +125,7 @@ class DataConfig:
             "needs data.num_workers > 0 and a value ≥ 1",
         )
         _check(self.augment_on in ("device", "worker"), "data.augment_on", f"device or worker, got {self.augment_on!r}")
+        _check(self.loader in ("torch", "dali"), "data.loader", f"torch or dali, got {self.loader!r}")
         if self.augment is not None:
             from drivetrain.pipeline.camera_aug import CameraAugConfig
 

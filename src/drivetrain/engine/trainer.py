@@ -165,8 +165,12 @@ class Trainer:
             self.augment = CameraAugment(aug_cfg, seed=cfg.run.seed, rank=rank, on=cfg.data.augment_on)
         in_worker = self.augment if cfg.data.augment_on == "worker" else None
         shard = {"seed": cfg.run.seed, "rank": rank, "world_size": world_size}
-        self.data: Any = BatchStream(dataset, cfg.data, **shard, transform=in_worker)
-        on_device = self._device_transform(self.augment if in_worker is None else None)
+        if cfg.data.loader == "dali":  # decoding and the camera augmentation in DALI (drivetrain.pipeline.dali)
+            self.data: Any = self._dali_stream(dataset, shard)
+            on_device = self._device_transform(None)
+        else:
+            self.data = BatchStream(dataset, cfg.data, **shard, transform=in_worker)
+            on_device = self._device_transform(self.augment if in_worker is None else None)
         if on_device is not None:  # augment / encode ahead on the device (on a side stream with data.prefetch)
             self.data = DevicePrefetcher(self.data, self.device, transform=on_device, overlap=cfg.data.prefetch)
         elif cfg.data.prefetch:  # the next batch goes to the device on a side stream (a pass-through on a CPU)
@@ -189,6 +193,20 @@ class Trainer:
         self.ctx.barrier()
         self._stop_signal: str | None = None
         self._step_delay = float(os.environ.get(STEP_DELAY_ENV, "0") or 0)
+
+    def _dali_stream(self, dataset: Any, shard: dict[str, int]) -> Any:
+        """``data.loader=dali``: the DALI batch stream of ``dataset`` (errors name the setting)."""
+        from drivetrain.pipeline.dali import DaliStream
+
+        data = self.cfg.data
+        try:
+            return DaliStream(
+                dataset, data.batch_size, shuffle=data.shuffle, **shard,
+                augment=self.augment.config if self.augment is not None else None, device=self.device,
+                workers=data.num_workers, threads=max(1, data.num_workers), prefetch=data.prefetch_factor or 2,
+            )  # fmt: skip
+        except (ImportError, ValueError) as err:
+            raise ConfigError(str(err)) from None
 
     def _device_transform(self, augment: CameraAugment | None) -> Callable[[Any, dict[str, Any]], Any] | None:
         """What the prefetcher does to each batch on the device: the camera augmentation, then (with
@@ -590,5 +608,8 @@ class Trainer:
     def close(self) -> None:
         """Release the run directory and leave the process group (if any); the trainer cannot train after it."""
         self._release()
+        closing = getattr(self.data, "close", None) or getattr(getattr(self.data, "stream", None), "close", None)
+        if callable(closing):  # a DALI pipeline's worker processes
+            closing()
         self.strategy.wrapped = self.model  # drop the DDP wrapper (its reducer holds the process group) first
         teardown(self.ctx)
