@@ -6,12 +6,12 @@ import argparse
 import sys
 
 import drivetrain
-from drivetrain.cli import bench, data, train, viz
+from drivetrain.cli import bench, data, train, tune, viz
 from drivetrain.cli import eval as eval_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``drivetrain`` argument parser with the ``bench``, ``train``, ``data``, ``eval`` and ``viz`` subcommands."""
+    """The ``drivetrain`` argument parser with its subcommands (bench, train, data, eval, viz, tune)."""
     parser = argparse.ArgumentParser(
         prog="drivetrain",
         description=(
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_parser(sub)
     eval_cli.add_parser(sub)
     viz.add_parser(sub)
+    tune.add_parser(sub)
     return parser
 
 
