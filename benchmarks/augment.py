@@ -11,7 +11,8 @@ Two measurements per image size and batch size B (``--batch``, default 1, 4, 8):
    onto the device, augmented either in the workers (``worker``: ``data.augment_on=worker``, the reference) or
    after the copy on the device (``device``). Timed: ``--repeat`` batches after ``--warmup``, the device
    synchronised at the end; also the CPU time of the whole process tree (main + workers) per frame — the
-   figure that says how much CPU a GPU machine needs per frame.
+   figure that says how much CPU a GPU machine needs per frame. With NVIDIA DALI installed also ``dali``
+   (``data.loader=dali``: decode and image augmentation in DALI, ``--workers`` source processes and threads).
 2. **training** (``--train``; default on CUDA only): the Trainer with StreamPETR (``--encoder`` tiny or
    resnet50 image encoder, frozen so the four variants train the same function) for ``--warmup`` +
    ``--repeat`` steps: ``worker``, ``device`` (inline on the current stream), ``device+stream``
@@ -46,6 +47,7 @@ from drivetrain.data.sources import synthetic
 from drivetrain.engine.batches import BatchStream
 from drivetrain.engine.config import DataConfig
 from drivetrain.pipeline.camera_aug import CameraAugConfig, CameraAugment
+from drivetrain.pipeline.dali import DaliStream, dali_available
 from drivetrain.pipeline.prefetch import DevicePrefetcher
 from drivetrain.profile import BenchResult, ResourceMonitor, Row, add_bench_arguments, device_name, emit, setup_bench
 from drivetrain.profile.timer import synchronize
@@ -57,11 +59,15 @@ SIZES = {
     "tiny": ((320, 180), {"source_size": [320, 180], "final_size": [256, 96], "resize_lim": [0.76, 1.1]}),
     "full": ((1600, 900), {"source_size": [1600, 900], "final_size": [704, 256], "resize_lim": [0.38, 0.55]}),
 }
+PIPELINES = ["worker", "device", *(["dali"] if dali_available() else [])]
 TRAIN_VARIANTS = {
     "worker": ["data.augment_on=worker", "data.prefetch=false", "speed.encoder_overlap=false"],
     "device": ["data.augment_on=device", "data.prefetch=false", "speed.encoder_overlap=false"],
     "device+stream": ["data.augment_on=device", "data.prefetch=true", "speed.encoder_overlap=false"],
     "device+stream+encoder": ["data.augment_on=device", "data.prefetch=true", "speed.encoder_overlap=true"],
+    **(
+        {"dali": ["data.loader=dali", "data.prefetch=false", "speed.encoder_overlap=false"]} if dali_available() else {}
+    ),
 }
 
 
@@ -92,6 +98,11 @@ def pipeline(
 ) -> dict[str, float]:
     """ms per frame and CPU core-seconds per frame of the loader + augmentation (no model)."""
     config = CameraAugConfig.from_dict({"image": SIZES[size][1]})
+    if where == "dali":
+        source: Any = DaliStream(
+            synthetic(**args), batch, augment=config, device=device, workers=max(workers, 1), threads=max(workers, 1)
+        )
+        return _closed(source, _timed(source, batch, device, warmup, repeat))
     augment = CameraAugment(config, seed=0, on=where)
     data = DataConfig(
         batch_size=batch,
@@ -102,6 +113,22 @@ def pipeline(
     )
     stream = BatchStream(synthetic(**args), data, seed=0, transform=augment if where == "worker" else None)
     source = DevicePrefetcher(stream, device, transform=augment if where == "device" else None, overlap=False)
+    measured = _timed(source, batch, device, warmup, repeat)
+    del stream
+    return _closed(source, measured)
+
+
+def _closed(source: Any, measured: dict[str, float]) -> dict[str, float]:
+    """Stop ``source``'s workers now, not in a later loader's forked workers; return ``measured``."""
+    if callable(getattr(source, "close", None)):
+        source.close()
+    del source
+    gc.collect()
+    return measured
+
+
+def _timed(source: Any, batch: int, device: torch.device, warmup: int, repeat: int) -> dict[str, float]:
+    """Pull ``warmup`` then ``repeat`` timed batches from ``source``; ms and CPU seconds per frame."""
     for _ in range(warmup):  # starts the workers, fills their queues
         source.next()
     synchronize(device)
@@ -112,8 +139,6 @@ def pipeline(
         synchronize(device)
         wall = time.perf_counter() - start
     assert monitor.result is not None and out.images.dtype == torch.float32
-    del source, stream, out
-    gc.collect()  # shut this loader's workers down here, not in a later loader's forked workers
     frames = repeat * batch
     return {"ms_per_frame": wall * 1e3 / frames, "cpu_s_per_frame": monitor.result.cpu_cores * wall / frames}
 
@@ -230,7 +255,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             for batch in batches:
                 measured = {
                     where: pipeline(data, size, where, batch, args.workers, device, args.warmup, args.repeat)
-                    for where in ("worker", "device")
+                    for where in PIPELINES
                 }
                 name = f"{label}, B={batch}: pipeline ms/frame"
                 result.add(variant_row(name, measured, "device"))
@@ -299,7 +324,13 @@ def write_png(result: BenchResult, path: Path) -> bool:
     rows = [r for r in result.rows if r.variants]
     fig, ax = plt.subplots(figsize=(9, 0.5 + 0.45 * sum(len(r.variants or {}) for r in rows)))
     labels, values, colours = [], [], []
-    palette = {"worker": "#ff7f0e", "device": "#1f77b4", "device+stream": "#2ca02c", "device+stream+encoder": "#9467bd"}
+    palette = {
+        "worker": "#ff7f0e",
+        "device": "#1f77b4",
+        "device+stream": "#2ca02c",
+        "device+stream+encoder": "#9467bd",
+        "dali": "#76b900",
+    }
     for row in reversed(rows):
         for name, value in reversed(list((row.variants or {}).items())):
             labels.append(f"{row.name.split(':')[0]} {row.name.split(':')[1].split()[0]}: {name}")

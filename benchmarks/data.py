@@ -7,12 +7,19 @@ batches of B samples × 6 cameras (JPEG decode, 2D ground truth, collate into a 
 runs one untimed warm-up pass, then ``--repeat`` timed passes over the sampler's epoch; the process tree's
 CPU use is sampled with ``ResourceMonitor``. Rows give milliseconds per frame (median over passes).
 
-Run: ``drivetrain bench data [--repeat N] [--batch B] [--save]``.
+A second table (``--backends``, on by default) puts the loader *backends* side by side with StreamPETR's camera
+augmentation on (the sets and recipes of ``bench augment``, 8 scenes × 4 frames): the PyTorch DataLoader with
+the augmentation in its workers (``data.augment_on=worker``), with the augmentation on the device after the copy
+(``augment_on=device``), and NVIDIA DALI (``data.loader=dali``) when it is installed — ms and CPU seconds of the
+process tree per frame, ``--batch`` samples a batch, 2 workers (DALI: 2 source processes and 2 threads).
+
+Run: ``drivetrain bench data [--repeat N] [--batch B] [--no-backends] [--save]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import tempfile
 import time
@@ -74,6 +81,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     add_bench_arguments(parser, repeat=3, warmup=1)
     parser.add_argument("--batch", type=int, default=2, help="samples per batch B (default: 2)")
     parser.add_argument("--data-dir", type=Path, default=None, help="keep the generated datasets here (default: temp)")
+    parser.add_argument("--backends", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time the loader backends with the camera augmentation (default: on)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.device != "cpu":
         raise SystemExit("bench data: the loader runs on the CPU; use --device cpu")
@@ -104,6 +113,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                     baseline="workers=0",
                 )
             )
+        if args.backends:
+            throughput.update(backend_rows(result, folder, args))
     result.extra["throughput"] = throughput
     result.notes.append(
         "reference = DataLoader without workers (decode and collate in the main process), batched = 2 worker "
@@ -112,6 +123,43 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     )
     emit(result, args)
     return 0
+
+
+BACKENDS = {"worker": "torch, augment in workers", "device": "torch, augment on device", "dali": "DALI"}
+
+
+def backend_rows(result: BenchResult, folder: Path, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """The backends table (see the module docstring): one row per image size, a variant per backend."""
+    path = Path(__file__).with_name("augment.py")
+    spec = importlib.util.spec_from_file_location("drivetrain_bench_augment", path)
+    augment = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(augment)  # type: ignore[union-attr]
+    usage: dict[str, dict[str, float]] = {}
+    for size in ("tiny", "full"):
+        data = augment.dataset_args(folder, size, args.seed)
+        measured = {
+            BACKENDS[where]: augment.pipeline(
+                data, size, where, args.batch, 2, torch.device("cpu"), 1, max(args.repeat, 2) * 2
+            )
+            for where in augment.PIPELINES
+        }
+        width, height = augment.SIZES[size][0]
+        name = f"{size} {width}×{height}, augmented: ms per frame by backend"
+        per_frame = {k: v["ms_per_frame"] for k, v in measured.items()}
+        baseline = BACKENDS["worker"]
+        batched = per_frame.get(BACKENDS["dali"], per_frame[BACKENDS["device"]])
+        result.add(Row(name, per_frame[baseline], batched, variants=per_frame, baseline=baseline))
+        for backend, m in measured.items():
+            usage[f"{size}, {backend}"] = {
+                "frames_per_s": round(1e3 / m["ms_per_frame"], 2),
+                "cpu_s_per_frame": round(m["cpu_s_per_frame"], 4),
+            }
+    result.notes.append(
+        "backend rows: reference = the PyTorch DataLoader with the augmentation in its 2 workers, batched = DALI "
+        "(or the device augmentation without DALI); every backend in the variants columns; CPU seconds per frame "
+        "in 'throughput'."
+    )
+    return usage
 
 
 if __name__ == "__main__":

@@ -8,6 +8,9 @@ import json
 import pytest
 
 from drivetrain.cli.main import main
+from drivetrain.pipeline.dali import dali_available
+
+DALI = {"dali"} if dali_available() else set()
 
 
 @pytest.mark.parametrize("train", [False, pytest.param(True, marks=pytest.mark.slow)])
@@ -20,12 +23,12 @@ def test_bench_augment_times_every_variant_and_writes_json_md_png(tmp_path, caps
     assert data["benchmark"] == "augment" and data["config"]["train"] is train
     rows = {row["name"]: row for row in data["rows"]}
     pipeline = rows["tiny 320×180, B=2: pipeline ms/frame"]
-    assert set(pipeline["variants"]) == {"worker", "device"} and min(pipeline["variants"].values()) > 0
+    assert set(pipeline["variants"]) == {"worker", "device"} | DALI and min(pipeline["variants"].values()) > 0
     cpu = data["cpu"]["tiny 320×180, B=2: pipeline ms/frame"]
     assert cpu["worker cpu_s_per_frame"] > 0 and cpu["device cpu_s_per_frame"] > 0
     if train:
         training = rows["tiny 320×180, B=2: training ms/frame (tiny encoder, frozen)"]
-        assert set(training["variants"]) == {"worker", "device", "device+stream", "device+stream+encoder"}
+        assert set(training["variants"]) == {"worker", "device", "device+stream", "device+stream+encoder"} | DALI
     else:
         assert len(rows) == 1
     assert "pipeline ms/frame" in (tmp_path / "r.md").read_text()
