@@ -35,6 +35,7 @@ import argparse
 import gc
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -159,6 +160,7 @@ def training(
     from drivetrain.engine import Trainer, load_config
 
     out = folder / f"run-{size}-{batch}-{variant}"
+    shutil.rmtree(out, ignore_errors=True)  # a run of an earlier benchmark in a kept --data-dir
     image = SIZES[size][1]
     overrides = [
         f"run.out_dir={out}",
@@ -190,6 +192,7 @@ def training(
         del trainer
         gc.collect()
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    shutil.rmtree(out, ignore_errors=True)
     steps = [r for r in records if "step_time_s" in r][warmup:]
     step = statistics.median(r["step_time_s"] for r in steps)
     wait = statistics.median(r["data_wait_s"] for r in steps)

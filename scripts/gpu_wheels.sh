@@ -20,7 +20,7 @@ done
 # What drivetrain imports that a CUDA PyTorch image (numpy, scipy, pyyaml, psutil, tqdm, tensorboard, pytest,
 # hypothesis, matplotlib, pillow, opencv-python-headless, scikit-learn already there) does not have:
 # the JPEG decoder, the nuScenes devkit (installed without its numpy<2 pin) and the devkit's own extras,
-# and the exact batched GPU solver behind solve(backend="gpu").
+# the exact batched GPU solver behind solve(backend="gpu"), and NVIDIA DALI (about 500 MB with its codecs).
 wheels=(
   "simplejpeg==1.9.0"
   "nuscenes-devkit==1.2.0"
@@ -33,6 +33,19 @@ wheels=(
   "cachetools==6.2.1"
   "parameterized==0.9.0"
   "torch-linear-assignment==0.1.0"
+  # NVIDIA DALI for data.loader=dali (the CUDA 12 build: CUDA 12 and 13 drivers run it) and what it imports
+  "nvidia-dali-cuda120==2.4.0"
+  "nvidia-nvimgcodec-cu12==0.9.0.20"
+  "nvidia-nvjpeg-cu12==12.4.0.76"
+  "nvidia-nvjpeg2k-cu12==0.11.0.51"
+  "nvidia-nvtiff-cu12==0.8.0.82"
+  "nvidia-libnvcomp-cu12==5.3.0.16"
+  "astunparse==1.6.3"
+  "gast==0.7.0"
+  "libcst==1.9.0"
+  "makefun==1.16.0"
+  "nvtx==0.2.17"
+  "optree==0.20.0"
 )
 mkdir -p "$out"
 platforms=()
