@@ -1,4 +1,5 @@
-"""``drivetrain viz frame``: one lidar frame as a bird's-eye PNG and a PLY file (points, GT and predicted boxes)."""
+"""``drivetrain viz frame``: one frame as a PNG — the camera images with projected 3D boxes and, with lidar points, a
+bird's-eye panel — and a PLY file of the points and boxes."""
 
 from __future__ import annotations
 
@@ -13,18 +14,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the ``viz`` subcommand on ``sub``."""
     parser = sub.add_parser(
         "viz",
-        help="pictures of data and predictions: a lidar frame as a bird's-eye PNG and a PLY file",
-        description="`viz frame` draws one lidar frame: points coloured by sweep age, ground-truth boxes (green) "
-        "and, with --checkpoint, the model's detections (orange to red by score) as footprints with a heading "
-        "tick in a PNG, and as closed box meshes in a PLY file that MeshLab, Open3D and CloudCompare open.",
+        help="pictures of data and predictions: a frame's cameras with projected boxes, a bird's-eye view, a PLY",
+        description="`viz frame` draws one frame: the camera images with the 3D boxes projected onto them (ground "
+        "truth thick, predictions thin, colour by class) and, when the frame has lidar points, a bird's-eye panel "
+        "(points coloured by sweep age, GT footprints green, detections orange to red by score, heading ticks); "
+        "--ply writes the points and boxes as closed meshes that MeshLab, Open3D and CloudCompare open.",
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     frame = actions.add_parser(
         "frame",
-        help="one lidar frame: BEV PNG and PLY of points, GT and predicted boxes",
+        help="one frame: cameras with projected boxes + BEV PNG; PLY of points, GT and predicted boxes",
         description="Without --checkpoint, the frame of a nuScenes/Lyft-format root (its drivetrain_index.npz) with "
         "its ground truth; with --checkpoint, the run's own data settings (sweeps, point columns) and the model's "
-        "detections on the frame (a lidar model: PointPillars, SSN).",
+        "detections on the frame (a camera model: StreamPETR; a lidar model: PointPillars, SSN).",
         epilog="examples:\n"
         "  drivetrain viz frame --root data/synth-tiny --frame 3 --sweeps 2 --png f3.png --ply f3.ply\n"
         "  drivetrain viz frame --checkpoint runs/pointpillars-tiny --frame 3 --ply f3.ply",
@@ -41,6 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     frame.add_argument("--score-threshold", type=float, default=0.3, help="detections drawn (default: score ≥ 0.3)")
     frame.add_argument("--extent", type=float, default=None, help="half-width in metres (default: the grid's, or 50)")
     frame.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the model runs (default: cpu)")
+    frame.add_argument("--no-cameras", action="store_true", help="with --root: the bird's-eye view only (no images)")
     frame.set_defaults(run=run_frame)
 
 
@@ -52,10 +55,10 @@ def run_frame(args: argparse.Namespace) -> int:
     from drivetrain.engine.build import build_dataset
     from drivetrain.engine.checkpoint import CheckpointError
     from drivetrain.engine.config import ConfigError
-    from drivetrain.engine.evaluation import model_from_checkpoint
+    from drivetrain.engine.evaluation import _streaming_state_aside, model_from_checkpoint
     from drivetrain.viz.lidar import bev_png, write_ply
 
-    model, extent, use_dim = None, args.extent, (0, 1, 2, 3, 4)
+    model, cfg, extent, use_dim = None, None, args.extent, (0, 1, 2, 3, 4)
     try:
         if args.checkpoint is not None:
             try:
@@ -77,33 +80,58 @@ def run_frame(args: argparse.Namespace) -> int:
                 raise SystemExit(f"viz frame: --root: {index} not found; build it with drivetrain data index")
             split = args.split or "mini_val"
             dataset = frames(str(index), str(args.root), split, load_points=True, num_sweeps=args.sweeps,
-                             load_images=False)  # fmt: skip
+                             load_images=not args.no_cameras)  # fmt: skip
     except (ConfigError, DataError) as err:
         raise SystemExit(f"viz frame: {err}") from None
     if not 0 <= args.frame < len(dataset):
         raise SystemExit(f"viz frame: --frame {args.frame}: split {split!r} has frames 0..{len(dataset) - 1}")
     batch = dataset.collate([dataset[args.frame]])
-    if batch.points is None:
-        raise SystemExit("viz frame: the run's data loads no lidar points (a camera model); nothing to draw")
-    points = batch.points.to_list()[0].numpy()
+    if batch.points is None and batch.images is None:
+        raise SystemExit("viz frame: the frame has neither lidar points nor camera images to draw")
+    points = batch.points.to_list()[0].numpy() if batch.points is not None else None
     gt = batch.gt_boxes.to_list()[0].numpy()
-    pred = scores = None
+    gt_labels = batch.gt_labels.to_list()[0].numpy()
+    pred = scores = labels = None
     if model is not None:
         if not callable(getattr(model, "detect", None)):
             raise SystemExit(f"viz frame: {type(model).__name__} has no detect(batch)")
         device = torch.device(args.device)
-        boxes, det_scores, _ = model.to(device).detect(batch.to(device))
+        model_batch = batch.to(device)
+        if cfg.data.augment is not None:  # a camera model trained on augmented images: its test-time transform
+            from drivetrain.pipeline.camera_aug import CameraAugConfig, CameraAugment
+
+            model_batch = CameraAugment(CameraAugConfig.from_dict(cfg.data.augment)).test_time(model_batch)
+        # One frame alone: a streaming model starts from an empty memory (its training memory is set aside).
+        model_batch = dataclasses.replace(model_batch, prev_exists=torch.zeros_like(model_batch.prev_exists))
+        with torch.no_grad(), _streaming_state_aside(model):
+            boxes, det_scores, det_labels = model.to(device).eval().detect(model_batch)
         boxes, det_scores = boxes.to_list()[0].cpu().numpy(), det_scores.to_list()[0].cpu().numpy()
+        det_labels = det_labels.to_list()[0].cpu().numpy()
         keep = det_scores >= args.score_threshold
-        pred, scores = boxes[keep], det_scores[keep]
+        pred, scores, labels = boxes[keep], det_scores[keep], det_labels[keep]
     time_column = use_dim.index(4) if 4 in use_dim else None
     token = batch.sample_tokens[0]
-    title = f"{split} frame {args.frame} ({token[:8]}…): {len(points)} points, {len(gt)} GT boxes"
+    what = f"{len(points)} points, " if points is not None else ""
+    title = f"{split} frame {args.frame} ({token[:8]}…): {what}{len(gt)} GT boxes"
     if pred is not None:
         title += f", {len(pred)} detections with score ≥ {args.score_threshold:g}"
-    png = bev_png(args.png or Path(f"frame-{args.frame}.png"), points, gt, pred, scores, time_column=time_column,
-                  extent=extent or 50.0, title=title)  # fmt: skip
+    out = args.png or Path(f"frame-{args.frame}.png")
+    if batch.images is not None:
+        from drivetrain.data.nuscenes_format import CLASSES
+        from drivetrain.viz.camera import frame_png
+
+        meta = getattr(getattr(getattr(dataset, "frames", None), "index", None), "meta", {})
+        images = batch.images[0].permute(0, 2, 3, 1).numpy()  # (N, H, W, 3)
+        png = frame_png(
+            out, images, batch.lidar2img[0].numpy(), gt, gt_labels, pred, labels, points=points,
+            time_column=time_column, extent=extent or 50.0, camera_names=meta.get("cameras"),
+            class_names=meta.get("classes", CLASSES), title=title,
+        )  # fmt: skip
+    else:
+        png = bev_png(out, points, gt, pred, scores, time_column=time_column, extent=extent or 50.0, title=title)
     print(f"wrote {png}")
+    if args.ply is not None and points is None:
+        raise SystemExit("viz frame: --ply: the frame has no lidar points (a camera model's data)")
     if args.ply is not None:
         print(f"wrote {write_ply(args.ply, points, gt, pred, scores, time_column=time_column)}")
     return 0

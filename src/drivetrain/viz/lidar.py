@@ -9,12 +9,13 @@ a warm colour (orange to red by score).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from drivetrain.geometry.rigid import box_corners
 
-__all__ = ["BOX_FACES", "bev_png", "write_ply"]
+__all__ = ["BOX_FACES", "bev_png", "draw_bev", "write_ply"]
 
 GT_COLOUR = (40, 180, 60)
 # The six quads of a box over the corners of drivetrain.geometry.rigid.box_corners (bit 0: x, 1: y, 2: z).
@@ -137,11 +138,33 @@ def bev_png(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    dpi = 100
+    fig, ax = plt.subplots(figsize=(size_px / dpi, size_px / dpi), dpi=dpi)
+    gt, pred = draw_bev(ax, points, gt_boxes, pred_boxes, pred_scores, time_column=time_column, extent=extent)
+    ax.set_title(title or f"{len(gt)} ground-truth boxes (green), {len(pred)} predictions (orange → red by score)",
+                 fontsize=9, loc="left")  # fmt: skip
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
+def draw_bev(
+    ax: Any,
+    points: np.ndarray,
+    gt_boxes: np.ndarray | None = None,
+    pred_boxes: np.ndarray | None = None,
+    pred_scores: np.ndarray | None = None,
+    *,
+    time_column: int | None = None,
+    extent: float = 50.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Draw the bird's-eye view of :func:`bev_png` on the matplotlib axis ``ax``; returns the checked boxes."""
     points = np.asarray(points, dtype=np.float64)
     gt, pred = _check_boxes("gt_boxes", gt_boxes), _check_boxes("pred_boxes", pred_boxes)
     scores = np.ones(len(pred)) if pred_scores is None else np.asarray(pred_scores, dtype=np.float64)
-    dpi = 100
-    fig, ax = plt.subplots(figsize=(size_px / dpi, size_px / dpi), dpi=dpi)
     ax.set_facecolor("black")
     near = (np.abs(points[:, 0]) <= extent) & (np.abs(points[:, 1]) <= extent)
     ax.scatter(points[near, 0], points[near, 1], s=1.2, c=_point_colours(points[near], time_column) / 255.0, lw=0)
@@ -160,11 +183,4 @@ def bev_png(
     ax.set_aspect("equal")
     ax.set_xlabel("x (m)")
     ax.set_ylabel("y (m)")
-    ax.set_title(title or f"{len(gt)} ground-truth boxes (green), {len(pred)} predictions (orange → red by score)",
-                 fontsize=9, loc="left")  # fmt: skip
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
-    return path
+    return gt, pred
