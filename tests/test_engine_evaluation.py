@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -134,3 +135,21 @@ def test_evaluation_during_training_is_refused_where_it_cannot_run(tmp_path):
     cfg = load_config(ROOT / "configs" / "smoke.yaml", [f"run.out_dir={tmp_path}", "eval.every=5"])
     with pytest.raises(ConfigError, match="no detect"):
         Trainer(cfg)
+
+
+def test_evaluation_puts_the_first_frame_with_its_boxes_into_tensorboard(synth_index, synth_root, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import IMAGES, EventAccumulator
+
+    index = synth_root / "drivetrain_index.npz"
+    _train(tmp_path / "run", index, "eval.every=4", "log.tensorboard=true")
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"), size_guidance={IMAGES: 0})
+    events.Reload()
+    assert "eval/frame-0" in events.Tags()["images"]
+    image = events.Images("eval/frame-0")[-1]
+    assert image.step == 4 and (image.width, image.height) == (3 * 160, 2 * 90)  # six 160×90 cameras, 3 × 2
+    import io
+
+    from PIL import Image
+
+    pixels = np.asarray(Image.open(io.BytesIO(image.encoded_image_string)))
+    assert pixels.std() > 10  # the camera images, not a blank canvas

@@ -79,3 +79,15 @@ def test_viz_frame_cli_writes_png_and_ply(synth_index, synth_root, tmp_path, cap
         main(["viz", "frame", "--root", str(synth_root), "--frame", "999"])
     with pytest.raises(SystemExit, match="not found"):
         main(["viz", "frame", "--root", str(tmp_path), "--frame", "0"])
+
+
+def test_bev_array_is_the_png_picture_as_pixels():
+    pytest.importorskip("matplotlib")
+    from drivetrain.viz.lidar import GT_COLOUR, bev_array
+
+    picture = bev_array(np.zeros((0, 3)), BOX, extent=10.0, size_px=400)
+    assert picture.shape == (400, 400, 3) and picture.dtype == np.uint8
+    green = (np.abs(picture.astype(int) - np.array(GT_COLOUR)).max(-1) <= 30).sum()
+    assert green > 50
+    assert (np.abs(bev_array(np.zeros((0, 3)), extent=10.0, size_px=400).astype(int) - np.array(GT_COLOUR))
+            .max(-1) <= 30).sum() == 0  # fmt: skip

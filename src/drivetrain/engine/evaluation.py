@@ -89,6 +89,7 @@ def predict(
     progress: bool = True,
     lyft_classes: tuple[str, ...] | None = None,
     transform: Callable[[Any], Any] | None = None,
+    on_frame: Callable[[int, Any, np.ndarray, np.ndarray, np.ndarray], None] | None = None,
 ) -> tuple[dict[str, Any], int]:
     """The submission of ``model`` on every frame of ``dataset``, in its (scene) order, one frame at a time.
 
@@ -102,6 +103,8 @@ def predict(
         lyft_classes: write Lyft box records (labels index these names) instead of nuScenes ones.
         transform: applied to each frame's batch on ``device`` before ``detect`` (the test-time camera
             transform of a run trained with ``data.augment``, ``CameraAugment.test_time``).
+        on_frame: called as ``on_frame(frame, batch, boxes, scores, labels)`` after each frame with the batch as
+            loaded (before ``transform``) and the detections as NumPy arrays (e.g. to draw one for TensorBoard).
 
     Returns:
         The submission dict (``meta``, ``results`` keyed by sample token) and the number of unreadable frames
@@ -124,12 +127,13 @@ def predict(
                     results[sample.token] = []
                     skipped += 1
                     continue
-                batch = dataset.collate([sample]).to(device)
-                if transform is not None:
-                    batch = transform(batch)
+                loaded = dataset.collate([sample]).to(device)
+                batch = transform(loaded) if transform is not None else loaded
                 boxes, scores, labels = detect(batch)
                 # sync: the frame's detections go to the host once, for the submission file
                 boxes, scores, labels = _host(boxes)[0], _host(scores)[0], _host(labels)[0]
+                if on_frame is not None:
+                    on_frame(frame, loaded, boxes, scores, labels)
                 token = batch.sample_tokens[0]
                 pose = batch.ego_pose[0].cpu().numpy().astype(np.float64)
                 if lyft_classes is None:
@@ -155,6 +159,7 @@ def evaluate_model(
     quiet: bool = False,
     lyft_footprint: str = "heading",
     transform: Callable[[Any], Any] | None = None,
+    on_frame: Callable[[int, Any, np.ndarray, np.ndarray, np.ndarray], None] | None = None,
 ) -> EvalResult:
     """Predict every frame of ``dataset`` (see :func:`predict`), write ``out_dir/results.json`` and score it.
 
@@ -171,6 +176,7 @@ def evaluate_model(
         quiet: send the devkit's printed tables to ``out_dir/devkit.log`` instead of stdout (during training).
         lyft_footprint: the Lyft metric's footprint convention (see :func:`~drivetrain.data.lyft_eval.evaluate_lyft`).
         transform: the per-frame batch transform (see :func:`predict`).
+        on_frame: the per-frame callback (see :func:`predict`).
     """
     start = time.perf_counter()
     frames = getattr(dataset, "frames", dataset)
@@ -179,7 +185,9 @@ def evaluate_model(
     version = version if version is not None else meta.get("version", "v1.0-mini")
     lyft = dataset_of(meta) == "lyft"
     classes = tuple(meta["classes"]) if lyft else None
-    submission, skipped = predict(model, dataset, device, progress=progress, lyft_classes=classes, transform=transform)
+    submission, skipped = predict(
+        model, dataset, device, progress=progress, lyft_classes=classes, transform=transform, on_frame=on_frame
+    )
     out = Path(out_dir)
     path = write_submission(submission, out / "results.json")
     with contextlib.ExitStack() as stack:

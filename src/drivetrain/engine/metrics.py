@@ -146,6 +146,12 @@ class MetricsLogger:
                     self._tb.add_scalar(key, value, step)
             self._tb.flush()
 
+    def image(self, tag: str, picture: Any, step: int) -> None:
+        """A uint8 ``(H, W, 3)`` picture in TensorBoard under ``tag`` (rank 0; nothing without TensorBoard)."""
+        if self.enabled and self._tb is not None:
+            self._tb.add_image(tag, picture, step, dataformats="HWC")
+            self._tb.flush()
+
     def message(self, text: str) -> None:
         """Print a line on rank 0 without breaking the progress bar."""
         if not self.enabled:

@@ -311,11 +311,22 @@ class Trainer:
         if self.ctx.is_main:
             out = self.out_dir / "eval" / f"step-{step:08d}"
             try:
+                first: dict[str, Any] = {}
+
+                def keep_first(frame: int, batch: Any, boxes: Any, scores: Any, labels: Any) -> None:
+                    if frame == 0:
+                        first.update(batch=batch.to("cpu"), boxes=boxes, scores=scores, labels=labels)
+
                 result = evaluate_model(
                     self.model, self.eval_data, self.device, out, split=self.cfg.eval.split,
                     progress=self.cfg.eval.progress, quiet=True,
-                    transform=self.augment.test_time if self.augment is not None else None,
+                    transform=self.augment.test_time if self.augment is not None else None, on_frame=keep_first,
                 )  # fmt: skip
+                if first:
+                    try:
+                        log.image("eval/frame-0", _frame_picture(**first), step)
+                    except ImportError as err:  # a lidar frame's picture needs matplotlib
+                        log.message(f"drivetrain train: no frame picture in TensorBoard ({err})")
             except DataError as err:
                 log.message(f"drivetrain train: evaluation at step {step} failed, training goes on: {err}")
             else:
@@ -613,3 +624,21 @@ class Trainer:
             closing()
         self.strategy.wrapped = self.model  # drop the DDP wrapper (its reducer holds the process group) first
         teardown(self.ctx)
+
+
+def _frame_picture(batch: Any, boxes: Any, scores: Any, labels: Any, threshold: float = 0.3) -> Any:
+    """The first evaluation frame for TensorBoard: its cameras with ground truth (thick) and the detections
+    scoring at least ``threshold`` (thin) projected, or, for a lidar frame, its bird's-eye view."""
+    import numpy as np
+
+    keep = scores >= threshold
+    gt, gt_labels = batch.gt_boxes.to_list()[0].numpy(), batch.gt_labels.to_list()[0].numpy()
+    if batch.images is not None:
+        from drivetrain.viz.camera import camera_grid
+
+        images = batch.images[0].permute(0, 2, 3, 1).numpy()
+        return camera_grid(images, batch.lidar2img[0].numpy(), gt, gt_labels, boxes[keep], labels[keep])
+    from drivetrain.viz.lidar import bev_array
+
+    points = batch.points.to_list()[0].numpy() if batch.points is not None else np.zeros((0, 3))
+    return bev_array(points, gt, boxes[keep], scores[keep])

@@ -16,7 +16,7 @@ import numpy as np
 
 from drivetrain.geometry.rigid import box_corners
 
-__all__ = ["CLASS_COLOURS", "NEAR", "draw_boxes", "frame_png", "project_box_edges"]
+__all__ = ["CLASS_COLOURS", "NEAR", "camera_grid", "draw_boxes", "frame_png", "project_box_edges"]
 
 NEAR = 0.1  # metres in front of the camera an edge's ends must be
 # One colour per class index (nuScenes' 10 detection classes in drivetrain's order; more indices cycle).
@@ -58,6 +58,30 @@ def draw_boxes(
         for (x0, y0), (x1, y1) in edges.tolist():
             pen.line([(x0, y0), (x1, y1)], fill=colour, width=width)
     return np.asarray(picture)
+
+
+def camera_grid(
+    images: np.ndarray,
+    lidar2img: np.ndarray,
+    gt_boxes: np.ndarray,
+    gt_labels: np.ndarray,
+    pred_boxes: np.ndarray | None = None,
+    pred_labels: np.ndarray | None = None,
+    columns: int = 3,
+) -> np.ndarray:
+    """The cameras with projected boxes tiled into one uint8 ``(rows·H, columns·W, 3)`` array (no matplotlib):
+    what TensorBoard shows at evaluation time."""
+    cameras, height, width = images.shape[:3]
+    columns = min(columns, cameras)
+    rows = -(-cameras // columns)
+    out = np.zeros((rows * height, columns * width, 3), dtype=np.uint8)
+    for n in range(cameras):
+        picture = draw_boxes(images[n], lidar2img[n], gt_boxes, gt_labels, width=3)
+        if pred_boxes is not None and len(pred_boxes):
+            picture = draw_boxes(picture, lidar2img[n], pred_boxes, pred_labels, width=1)
+        r, c = divmod(n, columns)
+        out[r * height : (r + 1) * height, c * width : (c + 1) * width] = picture
+    return out
 
 
 def frame_png(

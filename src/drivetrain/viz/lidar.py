@@ -15,7 +15,7 @@ import numpy as np
 
 from drivetrain.geometry.rigid import box_corners
 
-__all__ = ["BOX_FACES", "bev_png", "draw_bev", "write_ply"]
+__all__ = ["BOX_FACES", "bev_array", "bev_png", "draw_bev", "write_ply"]
 
 GT_COLOUR = (40, 180, 60)
 # The six quads of a box over the corners of drivetrain.geometry.rigid.box_corners (bit 0: x, 1: y, 2: z).
@@ -184,3 +184,28 @@ def draw_bev(
     ax.set_xlabel("x (m)")
     ax.set_ylabel("y (m)")
     return gt, pred
+
+
+def bev_array(
+    points: np.ndarray,
+    gt_boxes: np.ndarray | None = None,
+    pred_boxes: np.ndarray | None = None,
+    pred_scores: np.ndarray | None = None,
+    *,
+    extent: float = 50.0,
+    size_px: int = 600,
+) -> np.ndarray:
+    """:func:`bev_png`'s picture as a uint8 ``(H, W, 3)`` array (for TensorBoard)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dpi = 100
+    fig, ax = plt.subplots(figsize=(size_px / dpi, size_px / dpi), dpi=dpi)
+    draw_bev(ax, points, gt_boxes, pred_boxes, pred_scores, extent=extent)
+    fig.tight_layout()
+    fig.canvas.draw()
+    picture = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
+    plt.close(fig)
+    return picture
