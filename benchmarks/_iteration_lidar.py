@@ -122,7 +122,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--config", type=Path, default=None, help="run config (default: by --model and --size)")
     parser.add_argument("--data-root", type=Path, default=None, help="dataset folder (default: the config's root)")
     parser.add_argument("--scenes", type=int, default=None, help="only the first N scenes of the preset (quick runs)")
-    parser.add_argument("--png", type=Path, default=None, help="also write a bar chart here (--save: next to the JSON)")
     args = parser.parse_args(argv)
     if args.size not in ("tiny", "full"):
         raise SystemExit(f"--size: unknown size {args.size!r}; available: tiny, full")
@@ -244,7 +243,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         args.json = args.json or RESULTS_DIR / f"{stem}.json"
         args.md = args.md or RESULTS_DIR / f"{stem}.md"
         args.png = args.png or RESULTS_DIR / f"{stem}.png"
-    emit(result, args)
+    emit(result, args, chart=False)
     print("\n".join(result.extra["published_layout"]))
     if args.png is not None and (path := base.write_png(result, args.png)) is not None:
         print(f"wrote {path}")

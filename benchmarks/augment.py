@@ -226,7 +226,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         help="the frozen image encoder of the training runs (default: resnet50 on CUDA, else tiny)",
     )
     parser.add_argument("--data-dir", type=Path, default=None, help="keep the generated datasets here (default: temp)")
-    parser.add_argument("--png", type=Path, default=None, help="also write a chart here (--save: next to the JSON)")
     args = parser.parse_args(argv)
     device = setup_bench(args)
     batches = [int(b) for b in args.batch.split(",")]
@@ -305,7 +304,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             "CPU: the device is the CPU, so there is no side stream and nothing to overlap; the loader workers share "
             "the machine's cores with the main process."
         )
-    written = emit(result, args)
+    written = emit(result, args, chart=False)
     for path in written:
         if path.suffix == ".json":
             args.png = args.png or path.with_suffix(".png")

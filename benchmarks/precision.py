@@ -131,7 +131,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset (default: all)")
     parser.add_argument("--model", default="smoke", choices=("smoke", "ssn", "pointpillars"), help="(default: smoke)")
     parser.add_argument("--size", default="tiny", choices=("tiny", "full"), help="lidar config size (default: tiny)")
-    parser.add_argument("--png", type=Path, default=None, help="also write a chart here (--save: next to the JSON)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     steps = args.warmup + args.repeat
@@ -188,7 +187,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "On a CPU, fp16/bf16 autocast has no tensor cores to gain from and FSDP CPU offload has nowhere to "
         "offload to; the GPU table is the one that corresponds to the published V100 numbers."
     )
-    written = emit(result, args)
+    written = emit(result, args, chart=False)
     print("\n".join(table))
     for path in written:
         if path.suffix == ".md":

@@ -90,7 +90,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--steps", type=int, default=300, help="training steps per sweep count (default: 300)")
     parser.add_argument("--data-root", default=None, help=f"dataset folder (default: {DATA_ROOT})")
     parser.add_argument("--scenes", type=int, default=None, help="only the first N scenes of the preset (quick runs)")
-    parser.add_argument("--png", type=Path, default=None, help="also write a chart here (--save: next to the JSON)")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     root = str(args.data_root or ROOT / DATA_ROOT)
@@ -158,7 +157,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "full schedule; ours: the tiny model's mini_val mAP after a fixed budget (a trade-off, not the same "
         "numbers)."
     )
-    written = emit(result, args)
+    written = emit(result, args, chart=False)
     print("\n".join(table))
     for path in written:
         if path.suffix == ".md":

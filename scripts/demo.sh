@@ -3,7 +3,8 @@
 #
 # Steps: set-up → `drivetrain train` (configs/streampetr_tiny.yaml, batched loss path; the initial weights are
 # evaluated first as the baseline, then every DEMO_EVAL_EVERY steps) → `drivetrain eval --checkpoint` (the
-# devkit's tables) → losses.png → `drivetrain bench iteration` (reference vs batched loss path) → summary.
+# devkit's tables) → `drivetrain report` (curves, report.md) → `drivetrain viz frame` (a frame's cameras with
+# boxes) → `drivetrain bench iteration` (reference vs batched loss path) → summary.
 # Environment: DEMO_RUN (run directory, default runs/demo; replaced on each demo run), DEMO_STEPS (default 600),
 # DEMO_EVAL_EVERY (default 200). Extra arguments are config overrides for the training, e.g. optim.lr=2e-3.
 set -euo pipefail
@@ -27,8 +28,10 @@ echo "demo: training StreamPETR-tiny for $steps steps on the CPU → $run"
   eval.every="$every" eval.at_start=true "$@"
 echo "demo: evaluating the trained model on mini_val"
 "$drivetrain" eval --checkpoint "$run" --device cpu
-"$venv/bin/python" -m drivetrain.viz.curves "$run" >/dev/null
-echo "demo: loss curves → $run/losses.png"
+"$drivetrain" report "$run" >/dev/null
+echo "demo: the run's curves (loss, terms, lr, throughput, data wait, memory, mAP/NDS) → $run/report.md"
+"$drivetrain" viz frame --checkpoint "$run" --frame 1 --png "$run/frame-1.png" >/dev/null
+echo "demo: mini_val frame 1, its six cameras with ground truth and detections → $run/frame-1.png"
 echo "demo: one training iteration, reference vs batched loss path (batch 2, the same weights and frames)"
 "$drivetrain" bench iteration --model streampetr --size tiny --batch 2 --repeat 5 --warmup 2 --device cpu
 "$venv/bin/python" - "$run" "$start" <<'PY'

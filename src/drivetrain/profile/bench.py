@@ -36,6 +36,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser, *, repeat: int = 20, wa
         action="store_true",
         help=f"write both to {RESULTS_DIR}/<benchmark>-<device>.{{json,md}} (the committed results)",
     )
+    parser.add_argument("--png", type=Path, default=None, help="also write a chart here (--save: next to the JSON)")
     parser.add_argument("--nvtx", action="store_true", help="emit NVTX ranges per region (CUDA only)")
     parser.add_argument(
         "--malloc",
@@ -102,8 +103,10 @@ def rows_from_profilers(reference: Profiler, batched: Profiler) -> list[Row]:
     return rows
 
 
-def emit(result: BenchResult, args: argparse.Namespace) -> list[Path]:
-    """Print the table and write the files the options ask for; return the paths written."""
+def emit(result: BenchResult, args: argparse.Namespace, *, chart: bool = True) -> list[Path]:
+    """Print the table and write the files the options ask for (JSON, Markdown and, with ``chart``, the
+    :func:`~drivetrain.profile.charts.bench_chart` PNG at ``--png`` or, with ``--save``, next to the JSON);
+    return the paths written. Benchmarks that draw a picture of their own pass ``chart=False``."""
     if hasattr(args, "malloc"):
         result.config.setdefault("malloc", args.malloc)
     print(result.render_table())
@@ -113,6 +116,12 @@ def emit(result: BenchResult, args: argparse.Namespace) -> list[Path]:
         json_path = json_path or RESULTS_DIR / f"{stem}.json"
         md_path = md_path or RESULTS_DIR / f"{stem}.md"
     written = result.write(json_path, md_path)
+    png = getattr(args, "png", None) or (Path(json_path).with_suffix(".png") if args.save and json_path else None)
+    if chart and png is not None:
+        from drivetrain.profile.charts import bench_chart
+
+        if bench_chart(result, png) is not None:
+            written.append(Path(png))
     for path in written:
         print(f"wrote {path}")
     return written
