@@ -6,12 +6,12 @@ import argparse
 import sys
 
 import drivetrain
-from drivetrain.cli import bench, data, report, train, tune, viz
+from drivetrain.cli import bench, data, doctor, report, train, tune, viz
 from drivetrain.cli import eval as eval_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``drivetrain`` argument parser with its subcommands (bench, train, data, eval, viz, tune, report)."""
+    """The ``drivetrain`` argument parser with its subcommands (bench, train, data, eval, viz, tune, report, doctor)."""
     parser = argparse.ArgumentParser(
         prog="drivetrain",
         description=(
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     viz.add_parser(sub)
     tune.add_parser(sub)
     report.add_parser(sub)
+    doctor.add_parser(sub)
     return parser
 
 

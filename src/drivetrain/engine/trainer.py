@@ -47,6 +47,7 @@ from drivetrain.losses.weights import base_name, resolve_weights, weighted_total
 from drivetrain.pipeline.camera_aug import CameraAugConfig, CameraAugment
 from drivetrain.pipeline.prefetch import DevicePrefetcher
 from drivetrain.pipeline.transfer import to_device
+from drivetrain.profile.timer import region, step_active
 
 __all__ = ["NonFiniteLossError", "TrainState", "Trainer"]
 
@@ -346,12 +347,15 @@ class Trainer:
     def _iteration(self, log: MetricsLogger) -> str | None:
         """One optimizer iteration; returns the name of a received stop signal (agreed across ranks)."""
         t_start = time.perf_counter()
-        micro = self._forward_backward()
-        grad_norm, grads_bad = self.strategy.unscale_and_clip()
-        decision = self._decide(grads_bad, micro)
-        lr = self._set_lr(self.state.step)
-        overflow = grads_bad & ~micro.loss_bad.any()  # a bad loss is not an fp16 overflow
-        grad_norm, scale, applied = self.strategy.step(decision.apply, overflow, grad_norm)
+        with region("step"):  # profiled regions (drivetrain doctor): no-ops unless a profiler is active
+            micro = self._forward_backward()
+            with region("optimizer"):
+                grad_norm, grads_bad = self.strategy.unscale_and_clip()
+                decision = self._decide(grads_bad, micro)
+                lr = self._set_lr(self.state.step)
+                overflow = grads_bad & ~micro.loss_bad.any()  # a bad loss is not an fp16 overflow
+                grad_norm, scale, applied = self.strategy.step(decision.apply, overflow, grad_norm)
+        step_active()
         self._advance(applied, decision)
         self._record(log, micro, grad_norm, scale, lr, time.perf_counter() - t_start)
         return decision.stop
@@ -366,16 +370,19 @@ class Trainer:
         )
         for micro in range(accum):
             t0 = time.perf_counter()
-            batch, indices = self.data.next()
-            batch = to_device(batch, self.device, cfg.speed.channels_last)
+            with region("data"):
+                batch, indices = self.data.next()
+                batch = to_device(batch, self.device, cfg.speed.channels_last)
             out.data_wait += time.perf_counter() - t0
             out.indices.append(indices)
             with self.strategy.sync_grads(enabled=micro == accum - 1):
-                with autocast(cfg.precision.mode, self.device):
+                with region("forward"), autocast(cfg.precision.mode, self.device):
                     outputs = self.strategy.wrapped(batch)
-                terms = self.model.loss(fp32_outputs(outputs), batch)  # losses in fp32, outside autocast
-                loss = weighted_total(terms, self._weights_for(terms)).float()
-                self.strategy.backward(loss / accum)
+                with region("loss"):
+                    terms = self.model.loss(fp32_outputs(outputs), batch)  # losses in fp32, outside autocast
+                    loss = weighted_total(terms, self._weights_for(terms)).float()
+                with region("backward"):
+                    self.strategy.backward(loss / accum)
             out.loss_sum += loss.detach()
             for name, term in terms.items():
                 out.term_sums[name] = out.term_sums.get(name, 0) + term.detach().float()

@@ -1,0 +1,68 @@
+"""``drivetrain doctor RUN_DIR``: what bounds the run's training step and which switch addresses it."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["add_parser"]
+
+EPILOG = """\
+examples:
+  drivetrain doctor runs/streampetr-tiny                      # the run's metrics + a 5-step profiled window
+  drivetrain doctor runs/demo --no-profile                    # the run's metrics alone (no training)
+  drivetrain doctor runs/x --memory-budget-mb 16000 train.device=cpu   # overrides for the profiled window
+
+Writes RUN_DIR/doctor.md (and doctor.json): the run's medians, the profiled window's breakdown (data, forward,
+loss, backward, optimizer; host syncs per step on CUDA) and the findings with the switches to try.
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register the ``doctor`` subcommand on ``sub``."""
+    parser = sub.add_parser(
+        "doctor",
+        help="what bounds a run's step (data wait, loss, memory, host syncs) and which switch addresses it",
+        description="Read a run's metrics, profile a few steps of its config, and say what bounds the step — data "
+        "wait, the loss, memory, host syncs or the network — with the numbers and the drivetrain switches to try.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory (metrics.jsonl, config.yaml)")
+    parser.add_argument("--steps", type=int, default=5, help="profiled steps (default: 5)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them (default: 2)")
+    parser.add_argument("--no-profile", action="store_true", help="the run's metrics only; train nothing")
+    parser.add_argument("--memory-budget-mb", type=float, default=None,
+                        help="memory the run may use (default: the GPU's memory, or the machine's RAM)")  # fmt: skip
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides for the profiled window")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Diagnose ``args.run_dir``; print and write the report."""
+    from drivetrain import doctor
+    from drivetrain.engine import ConfigError
+
+    try:
+        summary = doctor.run_summary(args.run_dir)
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"doctor: {err}") from None
+    window = None
+    if not args.no_profile:
+        if args.steps < 1 or args.warmup < 0:
+            raise SystemExit("doctor: --steps must be ≥ 1 and --warmup ≥ 0")
+        print(f"doctor: profiling {args.warmup}+{args.steps} steps of {args.run_dir / 'config.yaml'} ...", flush=True)
+        try:
+            window = doctor.profile_window(args.run_dir, steps=args.steps, warmup=args.warmup,
+                                           overrides=args.overrides)  # fmt: skip
+        except ConfigError as err:
+            raise SystemExit(f"doctor: the run's config does not train here: {err}") from None
+    device = window["device"] if window else str((summary["config"].get("train") or {}).get("device", "cpu"))
+    budget = args.memory_budget_mb or doctor.memory_budget_mb(device)
+    findings = doctor.diagnose(summary, window, memory_budget_mb=budget)
+    text = doctor.render(summary, window, findings, args.run_dir)
+    (args.run_dir / "doctor.md").write_text(text)
+    (args.run_dir / "doctor.json").write_text(doctor.to_json(summary, window, findings))
+    print(text, end="")
+    print(f"doctor: wrote {args.run_dir / 'doctor.md'}")
+    return 0

@@ -1,0 +1,33 @@
+"""Runs made deliberately slow in one place, for ``drivetrain doctor``'s tests: a dataset that sleeps in
+``__getitem__`` (data-bound with ``num_workers=0``) and a smoke model whose loss sleeps (loss-bound)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from drivetrain.engine.smoke import SmokeDataset, SmokeModel
+
+
+class SlowData(SmokeDataset):
+    """The smoke dataset, ``delay_s`` seconds per sample."""
+
+    def __init__(self, delay_s: float = 0.01, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.delay_s = delay_s
+
+    def __getitem__(self, index: int) -> Any:
+        time.sleep(self.delay_s)
+        return super().__getitem__(index)
+
+
+class SlowLoss(SmokeModel):
+    """The smoke model, ``delay_s`` seconds in every loss call."""
+
+    def __init__(self, delay_s: float = 0.05, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.delay_s = delay_s
+
+    def loss(self, outputs: Any, batch: Any) -> Any:
+        time.sleep(self.delay_s)
+        return super().loss(outputs, batch)
