@@ -77,4 +77,5 @@ def test_viz_frame_draws_cameras_and_a_streampetr_checkpoints_detections(synth_i
     changed = (np.abs(with_pred - without).max(-1) > 0.1).sum()
     assert changed > 500  # the detections' thin boxes
     with pytest.raises(SystemExit, match="--ply"):
-        main([*argv, "--ply", str(tmp_path / "x.ply")])
+        main([*argv, "--png", str(tmp_path / "x.png"), "--ply", str(tmp_path / "x.ply")])
+    assert not (tmp_path / "x.png").exists()  # refused before drawing anything

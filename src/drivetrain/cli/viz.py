@@ -88,6 +88,8 @@ def run_frame(args: argparse.Namespace) -> int:
     batch = dataset.collate([dataset[args.frame]])
     if batch.points is None and batch.images is None:
         raise SystemExit("viz frame: the frame has neither lidar points nor camera images to draw")
+    if args.ply is not None and batch.points is None:
+        raise SystemExit("viz frame: --ply: the frame has no lidar points (a camera model's data)")
     points = batch.points.to_list()[0].numpy() if batch.points is not None else None
     gt = batch.gt_boxes.to_list()[0].numpy()
     gt_labels = batch.gt_labels.to_list()[0].numpy()
@@ -130,8 +132,6 @@ def run_frame(args: argparse.Namespace) -> int:
     else:
         png = bev_png(out, points, gt, pred, scores, time_column=time_column, extent=extent or 50.0, title=title)
     print(f"wrote {png}")
-    if args.ply is not None and points is None:
-        raise SystemExit("viz frame: --ply: the frame has no lidar points (a camera model's data)")
     if args.ply is not None:
         print(f"wrote {write_ply(args.ply, points, gt, pred, scores, time_column=time_column)}")
     return 0

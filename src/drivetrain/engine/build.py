@@ -180,7 +180,11 @@ def apply_speed(model: nn.Module, cfg: SpeedConfig) -> nn.Module:
     """Apply memory and speed switches in place: memory format, activation checkpointing, compile, cuDNN/TF32."""
     if cfg.channels_last != "none":
         fmt = torch.channels_last if cfg.channels_last == "2d" else torch.channels_last_3d
-        model.to(memory_format=fmt)
+        rank = 4 if cfg.channels_last == "2d" else 5
+        with torch.no_grad():  # only the tensors of that rank: a model mixing 2D and 3D convolutions keeps the rest
+            for param in model.parameters():
+                if param.dim() == rank:
+                    param.data = param.data.contiguous(memory_format=fmt)
     for path in cfg.activation_checkpointing:
         module = _submodule(model, path, "speed.activation_checkpointing")
         module.forward = _checkpointed(module.forward)  # recomputed in backward; RNG state preserved

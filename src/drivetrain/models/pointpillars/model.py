@@ -36,6 +36,7 @@ from drivetrain.match.max_iou import (
 from drivetrain.models.pointpillars.anchors import AnchorConfig, grid_anchors, per_class_anchors
 from drivetrain.models.pointpillars.backbone import SECOND, SECONDFPN
 from drivetrain.models.pointpillars.head import Anchor3DHead, ShapeAwareHead
+from drivetrain.models.pointpillars.middle import DenseMiddleEncoder, scatter_to_volume
 from drivetrain.models.pointpillars.postprocess import DecodeConfig, decode, reference_decode
 from drivetrain.models.pointpillars.tta import TTAConfig, detect_tta
 from drivetrain.models.pointpillars.voxel_encoder import HardVFE
@@ -113,6 +114,9 @@ class PointPillars(nn.Module):
         seed: seed of the augmentation generator.
         impl: ``batched`` or ``reference`` assignment, losses and decoding.
         chunk: anchors per IoU slice in the batched assignment (None: all at once).
+        middle: :class:`~.middle.DenseMiddleEncoder` arguments (``base_channels``, ``blocks``): a dense 3D
+            convolutional middle encoder between the voxel encoder and the BEV backbone (the voxel size must cut
+            z into several cells); None: PointPillars' BEV scatter.
     """
 
     def __init__(
@@ -144,6 +148,7 @@ class PointPillars(nn.Module):
         seed: int = 0,
         impl: str = "batched",
         chunk: int | None = None,
+        middle: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if impl not in ("batched", "reference"):
@@ -171,7 +176,12 @@ class PointPillars(nn.Module):
         self._generator: torch.Generator | None = None
         self._generator_state: torch.Tensor | None = None
         self.vfe = HardVFE(point_dims, tuple(vfe_channels), self.grid)
-        self.backbone = SECOND(vfe_channels[-1], tuple(backbone_channels), tuple(layer_nums), tuple(layer_strides))
+        self.middle = None
+        bev_channels = vfe_channels[-1]
+        if middle is not None:  # a dense 3D middle encoder over a voxel grid with several cells along z
+            self.middle = DenseMiddleEncoder(vfe_channels[-1], self.grid.grid_size[2], **middle)
+            bev_channels = self.middle.out_channels
+        self.backbone = SECOND(bev_channels, tuple(backbone_channels), tuple(layer_nums), tuple(layer_strides))
         self.neck = SECONDFPN(tuple(backbone_channels), tuple(neck_channels), tuple(upsample_strides))
         if self.tasks is None:
             num_anchors = len(anchor_sizes) * len(rotations)
@@ -260,7 +270,10 @@ class PointPillars(nn.Module):
             x = lidar_input(batch, grid, self.augment if training else None, generator)
         with region("encoder"):
             feats = self.vfe(x.voxels, x.num_points, x.coors)  # (V, C)
-            canvas = scatter_to_bev(feats, x.coors, x.batch_size, grid)  # (B, C, ny, nx)
+            if self.middle is None:
+                canvas = scatter_to_bev(feats, x.coors, x.batch_size, grid)  # (B, C, ny, nx)
+            else:
+                canvas = self.middle(scatter_to_volume(feats, x.coors, x.batch_size, grid.grid_size))  # (B, C', ny, nx)
         with region("backbone + neck"):
             neck = self.neck(self.backbone(canvas))  # (B, ΣC, H, W)
         with region("head"):
