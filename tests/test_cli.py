@@ -50,7 +50,8 @@ def test_bench_ragged_checks_both_paths_and_writes_results(tmp_path, capsys):
     assert {"gather", "scatter", "write", "map_pairs", "mean", "sum", "L1 loss forward+backward"} <= set(names)
     for row in data["rows"]:
         assert row["reference_ms"] > 0 and row["batched_ms"] > 0
-        assert row["speedup"] == pytest.approx(row["reference_ms"] / row["batched_ms"], rel=1e-3)
+        # the JSON keeps 4 decimals of the speedup (±5e-5) and 6 of the times: a small speedup is only that close
+        assert row["speedup"] == pytest.approx(row["reference_ms"] / row["batched_ms"], rel=1e-3, abs=5e-5)
     assert data["config"]["layers"] == 2 and len(data["config"]["gt_per_sample"]) == 3
     assert "| gather |" in md_path.read_text()
 
