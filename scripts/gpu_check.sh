@@ -106,6 +106,14 @@ if [ "$device" = cuda ]; then augment_opts="--train"; else augment_opts="--batch
 # shellcheck disable=SC2086  # augment_opts is a list of options
 step bench-augment 2400 "$py" -m drivetrain.cli.main bench augment --device "$device" $augment_opts \
   --json "$out/augment-$device.json" --md "$out/augment-$device.md" --png "$out/augment-$device.png"
+# Every speed/memory switch on our models (each variant its own training process), the 3D CNN's base_channels table.
+if [ "$device" = cuda ]; then switch_opts="--repeat 3"; else switch_opts="--variants channels_last --steps 2 --warmup 1 --repeat 1 --no-ddp --no-schedule --no-channels-table"; fi
+for model in voxelnet streampetr pointpillars; do
+  # shellcheck disable=SC2086  # switch_opts is a list of options
+  step "bench-switches-$model" 2400 "$py" -m drivetrain.cli.main bench switches --model "$model" --device "$device" \
+    $switch_opts --json "$out/switches-$model-$device.json" --md "$out/switches-$model-$device.md" \
+    --png "$out/switches-$model-$device.png"
+done
 # The loader runs on the host CPU: measured here for the record, never saved over the CPU machine's results.
 step bench-data 900 "$py" -m drivetrain.cli.main bench data --device cpu --repeat 2 \
   --json "$out/data-gpu-host.json" --md "$out/data-gpu-host.md"
@@ -115,7 +123,7 @@ fi
 if [ $save -eq 1 ] && [ "$device" = cuda ]; then
   for what in ragged loss precision lidar-data copy iteration-streampetr-tiny iteration-streampetr-full \
       iteration-pointpillars-tiny iteration-pointpillars-full iteration-ssn-tiny iteration-ssn-full \
-      precision-ssn-full sweeps-ssn augment; do
+      precision-ssn-full sweeps-ssn augment switches-voxelnet switches-streampetr switches-pointpillars; do
     for ext in json md png; do
       [ -f "$out/$what-cuda.$ext" ] && cp "$out/$what-cuda.$ext" "benchmarks/results/$what-cuda.$ext"
     done

@@ -1,0 +1,49 @@
+"""``drivetrain bench switches``: a small run measures the baseline and a switch in their own processes, writes the
+guide's table and the files, and --write-config writes the fastest variant within the memory budget as a config
+overlay that a config loads with."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from drivetrain.cli.main import main
+from drivetrain.engine import load_config
+
+
+def test_bench_switches_measures_variants_and_writes_the_fastest_fitting_one(tmp_path, capsys):
+    argv = ["bench", "switches", "--model", "pointpillars", "--variants", "channels_last,act_ckpt", "--steps", "2",
+            "--warmup", "1", "--repeat", "1", "--no-ddp", "--no-schedule", "--no-channels-table",
+            "--json", str(tmp_path / "r.json"), "--md", str(tmp_path / "r.md"),
+            "--write-config", str(tmp_path / "best.yaml")]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| switch | step ms (spread) |" in printed and "−30–40 % memory" in printed.replace("-", "−")
+    data = json.loads((tmp_path / "r.json").read_text())
+    measured = data["measured"]
+    assert {"baseline", "channels_last", "act_ckpt"} <= set(measured)
+    for m in measured.values():
+        assert m["step_ms"] > 0 and m["memory_mb"] > 0 and m["spread_ms"][0] <= m["step_ms"] <= m["spread_ms"][1]
+    overlay = yaml.safe_load((tmp_path / "best.yaml").read_text()) or {}
+    fastest = min(measured, key=lambda n: measured[n]["step_ms"])
+    expected = measured[fastest]["overrides"]
+    assert _flatten(overlay) == {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in expected)}
+    load_config("configs/pointpillars_tiny.yaml", expected)  # the overlay's keys are the model config's
+    assert "## Switches (the performance guide's table, measured)" in (tmp_path / "r.md").read_text()
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def test_unknown_variants_are_named():
+    with pytest.raises(SystemExit, match="channels_last_3d"):
+        main(["bench", "switches", "--model", "pointpillars", "--variants", "channels_last_3d"])
