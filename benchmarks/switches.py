@@ -189,8 +189,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             result.add(Row(f"{name}: step ms", reference["step_ms"], m["step_ms"]))
         memory = {n: round(m["memory_mb"] / (measured["ddp"] if n == "ddp_static" else base)["memory_mb"] - 1, 4)
                   for n, m in measured.items() if n not in ("baseline", "ddp")}  # fmt: skip
-        result.extra["measured"] = {n: {k: (round(v, 3) if isinstance(v, float) else v) for k, v in m.items()}
-                                    for n, m in measured.items()}  # fmt: skip
+        result.extra["measured"] = {n: {k: _rounded(v) for k, v in m.items()} for n, m in measured.items()}
         result.extra["memory_change"] = memory
         result.extra["guide"] = {n: GUIDE[n] for n in measured if n in GUIDE}
         if args.schedule:
@@ -215,6 +214,15 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if args.write_config is not None:
         write_config(measured, args)
     return 0
+
+
+def _rounded(value: Any) -> Any:
+    """Floats (also inside lists) to 3 decimals, for the JSON."""
+    if isinstance(value, float):
+        return round(value, 3)
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
 
 
 def summary_table(measured: dict[str, dict[str, Any]]) -> list[str]:
