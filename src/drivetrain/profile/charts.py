@@ -3,7 +3,7 @@
 Left panel: each row's median time, reference and batched side by side (log scale; children indented under
 their parent, as in the Markdown table). Right panel: each row's speedup (reference / batched), a line at ×1
 and, where the benchmark names a published figure for a row (``BenchResult.extra["published"]``: row name →
-``(speedup, source)``), a diamond at that figure. Every ``drivetrain bench`` writes it next to its JSON with
+``(speedup, source)``), a line with a diamond at that figure. Every ``drivetrain bench`` writes it next to its JSON with
 ``--save`` (or where ``--png`` says); benchmarks with a picture of their own (iteration, sweeps, precision of the
 lidar detector, augment) draw that instead. Needs matplotlib (the ``viz`` extra); without it a note is printed.
 
@@ -61,6 +61,7 @@ def bench_chart(result: BenchResult, path: str | Path) -> Path | None:
     for row, position in zip(rows, positions, strict=True):
         if row.name in published:
             figure, source = published[row.name]
+            right.plot([figure, figure], [position - 0.45, position + 0.45], color=ANCHOR, lw=2.5)  # the anchor line
             right.plot([figure], [position], marker="D", color=ANCHOR, ms=7)
             right.annotate(f"published ×{figure:g} ({source})", (figure, position), xytext=(4, 6),
                            textcoords="offset points", fontsize=6, color=ANCHOR)  # fmt: skip
