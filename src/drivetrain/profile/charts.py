@@ -40,8 +40,9 @@ def bench_chart(result: BenchResult, path: str | Path) -> Path | None:
     depth: dict[str, int] = {}
     for row in rows:
         depth[row.name] = 0 if row.parent is None else depth[row.parent] + 1
-    labels = [("   " * depth[r.name]) + (r.name.rsplit("/", 1)[-1] if r.parent else r.name) for r in rows]
-    labels = [label if len(label) <= 60 else label[:57] + "…" for label in labels]
+    # tick labels are right-aligned: nesting shows as the parent's name before the child's
+    labels = [r.name.replace("/", " › ") if r.parent else r.name for r in rows]
+    labels = [label if len(label) <= 60 else "…" + label[-57:] for label in labels]
     published = result.extra.get("published", {})
     height = 1.2 + 0.32 * len(rows)
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, height), dpi=100, sharey=True,
