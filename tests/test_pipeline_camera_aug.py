@@ -355,3 +355,24 @@ def test_cuda_side_stream_augmentation_and_encoder_overlap_match_the_inline_run(
     for name, extra in (("inline", inline), ("ahead", ahead)):
         Trainer(load_config(config, _aug_overrides(tmp_path / name, synth_root, *frozen, *extra))).fit()
     assert_same_weights(final_state(tmp_path / "ahead")["model"], final_state(tmp_path / "inline")["model"])
+
+
+def test_eval_cli_runs_an_augmented_runs_test_time_transform(synth_index, synth_root, tmp_path, monkeypatch, capsys):
+    """``drivetrain eval --checkpoint`` of a run trained with data.augment feeds the model the test-time transform
+    of the recipe (the images at the model's size, normalised) — spied on the model's detect."""
+    from drivetrain.cli.main import main
+    from drivetrain.models import StreamPETR
+
+    config = ROOT / "configs" / "streampetr_tiny_aug.yaml"
+    Trainer(load_config(config, _aug_overrides(tmp_path / "run", synth_root, "train.steps=2"))).fit()
+    seen = []
+    original = StreamPETR.detect
+
+    def spy(self, batch):
+        seen.append((tuple(batch.images.shape[-2:]), batch.images_normalized))
+        return original(self, batch)
+
+    monkeypatch.setattr(StreamPETR, "detect", spy)
+    assert main(["eval", "--checkpoint", str(tmp_path / "run"), "--device", "cpu"]) == 0
+    assert seen and set(seen) == {((48, 128), True)}
+    assert '"mAP"' in capsys.readouterr().out
