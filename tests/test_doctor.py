@@ -12,6 +12,7 @@ import pytest
 from drivetrain import doctor
 from drivetrain.cli.main import main
 from drivetrain.engine import Trainer, load_config
+from helpers import doctor_cases  # noqa: F401 - registers slow-data and slow-loss
 from helpers.engine import FAST, SMOKE
 
 SMALL = ["train.steps=6", "checkpoint.every=6", "data.batch_size=4", "data.args.num_samples=64"]
@@ -30,7 +31,7 @@ def _kinds(run: Path, *args: str) -> dict[str, dict]:
 
 
 def test_a_data_bound_run_is_named_with_the_loader_switches(tmp_path):
-    run = _run(tmp_path / "data", "data.name=helpers.doctor_cases:SlowData", "data.args.delay_s=0.02",
+    run = _run(tmp_path / "data", "data.name=slow-data", "data.args.delay_s=0.02",
                "data.args.seed=0")  # fmt: skip
     kinds = _kinds(run)
     assert "data-bound" in kinds and "loss-bound" not in kinds
@@ -41,7 +42,7 @@ def test_a_data_bound_run_is_named_with_the_loader_switches(tmp_path):
 
 
 def test_a_loss_bound_run_is_named_with_its_share(tmp_path):
-    run = _run(tmp_path / "loss", "model.name=helpers.doctor_cases:SlowLoss", "model.args.delay_s=0.05")
+    run = _run(tmp_path / "loss", "model.name=slow-loss", "model.args.delay_s=0.05")
     kinds = _kinds(run)
     assert "loss-bound" in kinds and "data-bound" not in kinds
     window = json.loads((run / "doctor.json").read_text())["window"]

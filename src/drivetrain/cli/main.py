@@ -30,6 +30,15 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_parser(sub)
     report.add_parser(sub)
     doctor.add_parser(sub)
+    for command in sub.choices.values():
+        command.add_argument(
+            "--plugin",
+            metavar="MODULE",
+            action="append",
+            default=[],
+            help="import this Python module first so that it registers its models/datasets (repeatable; the only "
+            "way besides installed entry points: a config or run directory never names code; docs/engine.md)",
+        )
     return parser
 
 
@@ -50,6 +59,15 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     _one_line_warnings()
+    if args.plugin:
+        from drivetrain.engine.config import ConfigError
+        from drivetrain.engine.registry import load_plugins
+
+        try:
+            load_plugins(args.plugin)
+        except ConfigError as err:
+            print(f"drivetrain {args.command}: {err}", file=sys.stderr)
+            return 2
     return args.run(args)
 
 

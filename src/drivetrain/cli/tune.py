@@ -164,17 +164,20 @@ def run(args: argparse.Namespace) -> int:
 
     from drivetrain.engine import ConfigError, load_config
     from drivetrain.engine.config import config_to_dict
+    from drivetrain.engine.registry import canonical_name, lookup
     from drivetrain.pipeline.dali import dali_available
 
     try:
         base = load_config(args.config, args.overrides)
+        lookup("model", base.model.name)  # an unregistered name is one config error, not one per setting
+        lookup("data", base.data.name)
     except ConfigError as err:
         print(f"drivetrain tune loader: config error: {err}", file=sys.stderr)
         return 2
     if args.steps < 1 or args.warmup < 0:
         raise SystemExit("tune loader: --steps must be ≥ 1 and --warmup ≥ 0")
     cuda = base.train.device != "cpu" and torch.cuda.is_available()
-    dali = dali_available() and base.data.name.endswith((":frames", ":synthetic"))
+    dali = dali_available() and canonical_name("data", base.data.name) in ("frames", "synthetic")
     settings = grid(args, cuda, dali)
     print(f"tune loader: {len(settings)} settings × {args.warmup}+{args.steps} steps of {args.config}", flush=True)
     rows = []

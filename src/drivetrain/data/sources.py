@@ -4,8 +4,8 @@
 ``collate``, the protocol of :mod:`drivetrain.engine.batches`), so the trainer walks scenes in order per
 batch slot and resumes mid-epoch exactly. Builders for a run config's ``data.name``:
 
-- ``drivetrain.data.sources:frames`` — an existing frame index (``data.args.index``);
-- ``drivetrain.data.sources:synthetic`` — the synthetic dataset under ``data.args.root``, generated and
+- ``frames`` — an existing frame index (``data.args.index``);
+- ``synthetic`` — the synthetic dataset under ``data.args.root``, generated and
   indexed on first use (deterministic for the seed), then reused — only if its recorded generator settings
   (``drivetrain_synth.json``) are the ones asked for; otherwise an error names the differing settings.
 

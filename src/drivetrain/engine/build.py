@@ -1,20 +1,16 @@
 """Build the pieces of a run from its config: model, dataset, AdamW with parameter groups, speed switches.
 
-Models and datasets are named either ``smoke`` (built in, :mod:`drivetrain.engine.smoke`) or
-``package.module:name``; the named class or function gets ``args`` as keyword arguments and returns an
-``nn.Module`` following the engine protocol (``forward(batch)``, ``loss(outputs, batch) -> {name: scalar}``)
-or a map-style ``Dataset``.
-
-A config is code: naming ``package.module:name`` imports that module. To keep a mistyped or hostile name from
-running anything, the name must be a class of the right kind (an ``nn.Module`` subclass for ``model``, a
-class with ``__getitem__`` and ``__len__`` for ``data``) or a function whose return annotation is such a
-class; anything else (``os:system``, ``subprocess:run``, ...) is a ConfigError before it is called.
+``model.name`` and ``data.name`` are short names looked up in :mod:`drivetrain.engine.registry` (``streampetr``,
+``pointpillars``, ``ssn``, ``focal2d``, ``smoke``; ``synthetic``, ``frames``, ``smoke``; plus installed plugins).
+The builder gets ``args`` as keyword arguments — each checked against its signature and plain scalar
+annotations first — and returns an ``nn.Module`` following the engine protocol (``forward(batch)``,
+``loss(outputs, batch) -> {name: scalar}``) or a map-style ``Dataset``. A config never names code: a name the
+registry does not hold is a ConfigError before anything is imported or called.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import types
 import typing
@@ -25,58 +21,18 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from drivetrain.engine import registry
 from drivetrain.engine.config import ConfigError, DataConfig, ModelConfig, OptimConfig, SpeedConfig
-from drivetrain.engine.smoke import SmokeDataset, SmokeModel
 
 __all__ = ["apply_speed", "build_dataset", "build_model", "build_optimizer"]
 
-_BUILTIN: dict[str, dict[str, Callable[..., Any]]] = {
-    "model": {"smoke": SmokeModel},
-    "data": {"smoke": SmokeDataset},
-}
-
-
-def _builder(section: str, name: str) -> Callable[..., Any]:
-    if name in _BUILTIN[section]:
-        return _BUILTIN[section][name]
-    module_name, sep, attr = name.partition(":")
-    if not sep:
-        known = ", ".join(_BUILTIN[section])
-        raise ConfigError(f"{section}.name: {name!r} is neither built in ({known}) nor 'package.module:name'")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
-        raise ConfigError(f"{section}.name: cannot import {name!r} ({err})") from None
-    built = fn if inspect.isclass(fn) else _return_class(fn)
-    if built is None or not _builds(section, built):
-        kind = "an nn.Module" if section == "model" else "a dataset (__getitem__ and __len__)"
-        raise ConfigError(
-            f"{section}.name: {name!r} is not a class building {kind}, nor a function annotated to return one; "
-            "refused before calling it (a config is code: it may only name model and dataset builders)"
-        )
-    return fn
-
-
-def _return_class(fn: Any) -> type | None:
-    """The class a function's return annotation names, or None."""
-    if not inspect.isfunction(fn):
-        return None  # builtins and other callables (os.system, functools.partial, ...) carry no checkable promise
-    try:
-        hint = typing.get_type_hints(fn).get("return")
-    except (NameError, TypeError, AttributeError):  # an annotation that does not resolve is no promise either
-        return None
-    return hint if inspect.isclass(hint) else None
-
-
-def _builds(section: str, cls: type) -> bool:
-    if section == "model":
-        return issubclass(cls, nn.Module)
-    return hasattr(cls, "__getitem__") and hasattr(cls, "__len__")
-
 
 def _call(section: str, name: str, args: dict[str, Any]) -> Any:
-    fn = _builder(section, name)
-    params = inspect.signature(fn).parameters
+    fn = registry.lookup(section, name)
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builder without an inspectable signature checks its own arguments
+        params = {"kwargs": inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)}
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         for key in args:
             if key not in params:

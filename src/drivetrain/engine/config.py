@@ -75,7 +75,7 @@ class RunConfig:
 class ModelConfig:
     """Section ``model``: the model builder, its arguments and loss-weight overrides."""
 
-    name: str = "smoke"  # "smoke" (built-in) or "package.module:function" returning an nn.Module
+    name: str = "smoke"  # a registered model name (drivetrain.engine.registry): streampetr, pointpillars, ssn, ...
     args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the builder
     # Overrides of the model's declared loss weights, by base term (``loss_cls`` also weighs ``d3.loss_cls``);
     # a name the model does not declare is an error.
@@ -94,7 +94,7 @@ class ModelConfig:
 class DataConfig:
     """Section ``data``: the dataset builder and how it is batched and loaded."""
 
-    name: str = "smoke"  # "smoke" (generated tensors) or "package.module:function" returning a Dataset
+    name: str = "smoke"  # a registered dataset name (drivetrain.engine.registry): synthetic, frames, smoke, ...
     args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the builder
     batch_size: int = 8  # samples per micro-batch per rank
     shuffle: bool = True  # reshuffle every epoch (permutation drawn from seed and epoch only)
@@ -492,12 +492,17 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
 
 def config_diff(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
     """Dotted keys whose values differ, as ``key: saved → current`` (keys in RESUME_MUTABLE are ignored)."""
+    from drivetrain.engine.registry import canonical_name
+
     out: list[str] = []
     for name in sorted(set(saved) | set(current)):
         key = _join(prefix, name)
         if any(key == m or (m.endswith(".") and key.startswith(m)) for m in RESUME_MUTABLE):
             continue
         a, b = saved.get(name, "<absent>"), current.get(name, "<absent>")
+        if key in ("model.name", "data.name") and isinstance(a, str) and isinstance(b, str):
+            kind = key.split(".")[0]  # an old spelling of the same builder is the same builder
+            a, b = canonical_name(kind, a), canonical_name(kind, b)
         if isinstance(a, dict) and isinstance(b, dict) and not key.endswith(".args"):
             out += config_diff(a, b, key)
         elif a != b:
