@@ -142,3 +142,41 @@ def test_shape_aware_head_anchor_counts_layout_and_init():
     assert branch.shared_conv[1].eps == 1e-5 and branch.shared_conv[1].momentum == 0.1  # BN2d defaults, as mmdet3d
     with pytest.raises(ValueError, match="add up"):
         ShapeAwareHead(32, SSN_TASKS, num_classes=9)
+
+
+def test_hard_vfe_gradients_equal_the_original_within_the_summation_order_bound(voxels):
+    """Our BatchNorm backward gets a contiguous gradient; the original's a transposed one. The two differ only in
+    the order of BatchNorm's per-channel sums Σg and Σg·x̂ over N = V·T slots. dx = w·σ⁻¹/N · (N·g − Σg − x̂·Σg·x̂),
+    and recursive summation in any order is within γ_N·Σ|·| of the exact sum (γ_N = N·ε/(1 − N·ε)), so two orders
+    differ by at most 2·γ_N·Σ|·|, per channel; the first layer's gradient is checked against that bound (the
+    later layers' gradients feed it, so it carries their differences too — checked on the last layer alone)."""
+    torch.manual_seed(0)
+    vfe = HardVFE(4, (16,), GRID).train()
+    port = HardVFE(4, (16,), GRID).train()
+    port.load_state_dict(vfe.state_dict())
+    feats = vfe.decorate(voxels.voxels, voxels.num_points, voxels.coors).detach()  # (V, T, 10)
+    grad_out = torch.randn(feats.shape[0], 16, generator=torch.Generator().manual_seed(1))
+    ours_in, theirs_in = feats.clone().requires_grad_(), feats.clone().requires_grad_()
+    vfe.layers[0](ours_in).backward(grad_out)
+    layer = port.layers[0]
+    x = layer.norm(layer.linear(theirs_in).permute(0, 2, 1).contiguous()).permute(0, 2, 1).contiguous()
+    torch.relu(x).max(dim=1).values.backward(grad_out)
+    assert not torch.equal(ours_in.grad, torch.zeros_like(ours_in.grad))
+    # the bound, through the linear layer: |Δdx_in| ≤ |Δdy| @ |Wᵀ|
+    with torch.no_grad():
+        y = layer.linear(feats).permute(0, 2, 1)  # (V, C, T)
+        n = y.shape[0] * y.shape[2]
+        var, mean = torch.var_mean(y, dim=(0, 2), correction=0)
+        inv = torch.rsqrt(var + layer.norm.eps)  # (C,)
+        xhat = (y - mean[None, :, None]) * inv[None, :, None]
+        out = torch.relu(xhat * layer.norm.weight[None, :, None] + layer.norm.bias[None, :, None])
+        # the gradient reaching BatchNorm: grad_out at each channel's argmax slot, through the ReLU
+        g = torch.zeros_like(out).scatter_(2, out.argmax(dim=2, keepdim=True), grad_out.unsqueeze(2))
+        g = g * (out > 0)
+        eps = torch.finfo(torch.float32).eps
+        gamma = n * eps / (1 - n * eps)
+        delta_sums = 2 * gamma * (g.abs().sum(dim=(0, 2)) + xhat.abs().amax(dim=(0, 2)) * (g * xhat).abs().sum((0, 2)))
+        delta_dy = layer.norm.weight.abs() * inv / n * delta_sums  # (C,), per slot
+        bound = (delta_dy[None, None, :] @ layer.linear.weight.abs()).expand_as(feats)  # (V, T, 10)
+    diff = (ours_in.grad - theirs_in.grad).abs()
+    assert bool((diff <= bound + 1e-30).all()), float((diff - bound).max())
