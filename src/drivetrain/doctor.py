@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import statistics
 import tempfile
 import warnings
@@ -101,6 +100,7 @@ def profile_window(
     from drivetrain.engine import Trainer, load_config
     from drivetrain.profile import Profiler
     from drivetrain.profile.timer import active
+    from drivetrain.safe_files import remove_path
 
     run_dir = Path(run_dir)
     with tempfile.TemporaryDirectory() as tmp:
@@ -128,7 +128,7 @@ def profile_window(
             syncs = sum("synchroniz" in str(w.message).lower() for w in caught)
         finally:
             trainer.close()
-            shutil.rmtree(Path(tmp) / "run", ignore_errors=True)
+            remove_path(Path(tmp) / "run", ignore_errors=True)
     summary = profiler.summary()
     inner = {name: stats.median for name, stats in summary.items() if name.startswith("step/")}
     parts = {part: inner.get(f"step/{part}", 0.0) for part in PARTS}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import shutil
 import time
 from pathlib import Path
 
@@ -75,8 +74,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     synth.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace the synthetic dataset already in --out (its tables, samples/, sweeps/, maps/, index and "
-        "settings are deleted first); without it a non-empty --out is refused",
+        help="replace the synthetic dataset already in --out (its tables, the files they list under samples/, "
+        "sweeps/, maps/, its index and settings are deleted first, nothing else; a folder without "
+        "drivetrain_synth.json is refused); without it a non-empty --out is refused",
     )
     synth.add_argument("--quiet", action="store_true", help="no progress bar")
     synth.set_defaults(run=_synth)
@@ -127,20 +127,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_cache_parser(data_sub)
 
 
-# What `data synth` writes into its folder (and `--overwrite` deletes first); v1.01-train, images, lidar: --format lyft.
-SYNTH_OUTPUTS = (
-    "v1.0-mini",
-    "samples",
-    "sweeps",
-    "maps",
-    "drivetrain_synth.json",
-    "drivetrain_index.npz",
-    "v1.01-train",
-    "images",
-    "lidar",
-)
-
-
 def _synth(args: argparse.Namespace) -> int:
     from drivetrain.data.synth import PRESETS, generate
 
@@ -181,7 +167,8 @@ def _synth(args: argparse.Namespace) -> int:
 
 
 def _clear_for_synth(root: Path, overwrite: bool) -> None:
-    """Refuse a non-empty output folder, or with ``overwrite`` delete the synthetic dataset in it."""
+    """Refuse a non-empty output folder, or with ``overwrite`` delete the synthetic dataset in it: only what the
+    generator made there (:mod:`drivetrain.data.synth.outputs`); a folder without its settings is refused."""
     if root.exists() and not root.is_dir():
         raise SystemExit(f"data synth: --out {root} exists and is not a folder")
     if not root.is_dir() or not any(root.iterdir()):
@@ -191,16 +178,15 @@ def _clear_for_synth(root: Path, overwrite: bool) -> None:
             f"data synth: --out {root} is not empty; pass --overwrite to replace the dataset there, or choose an "
             "empty folder (files of an earlier, larger dataset would otherwise remain beside the new one)"
         )
-    if not (root / "drivetrain_synth.json").is_file():
-        raise SystemExit(
-            f"data synth: --out {root} holds no synthetic dataset (no drivetrain_synth.json); not touching it"
-        )
-    for name in SYNTH_OUTPUTS:
-        path = root / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
+    from drivetrain.data.errors import DataError
+    from drivetrain.data.synth.outputs import remove_generated
+
+    try:
+        remove_generated(root)
+    except DataError as err:
+        raise SystemExit(f"data synth: {err}") from None
+    except OSError as err:
+        raise SystemExit(f"data synth: cannot delete {err.filename} ({err.strerror})") from None
 
 
 def _index(args: argparse.Namespace) -> int:

@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     """Diagnose ``args.run_dir``; print and write the report."""
     from drivetrain import doctor
     from drivetrain.engine import ConfigError
+    from drivetrain.safe_files import replace_text
 
     try:
         summary = doctor.run_summary(args.run_dir)
@@ -61,8 +62,10 @@ def run(args: argparse.Namespace) -> int:
     budget = args.memory_budget_mb or doctor.memory_budget_mb(device)
     findings = doctor.diagnose(summary, window, memory_budget_mb=budget)
     text = doctor.render(summary, window, findings, args.run_dir)
-    (args.run_dir / "doctor.md").write_text(text)
-    (args.run_dir / "doctor.json").write_text(doctor.to_json(summary, window, findings))
+    # Only these two files of the run directory are written, each replaced whole (a link there is replaced, not
+    # written through: a run directory may come from someone else).
+    replace_text(args.run_dir / "doctor.md", text)
+    replace_text(args.run_dir / "doctor.json", doctor.to_json(summary, window, findings))
     print(text, end="")
     print(f"doctor: wrote {args.run_dir / 'doctor.md'}")
     return 0

@@ -18,7 +18,6 @@ import argparse
 import itertools
 import json
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -121,6 +120,7 @@ def measure(
     """Train ``warmup + steps`` steps with ``setting``; medians over the timed steps."""
     from drivetrain.engine import Trainer, load_config
     from drivetrain.profile import ResourceMonitor
+    from drivetrain.safe_files import remove_path
 
     out = folder / "run"
     data = [f"data.{key}={'null' if value is None else json.dumps(value)}" for key, value in setting.items()]
@@ -139,7 +139,7 @@ def measure(
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     timed = [r for r in records if "step_time_s" in r][warmup:]
     assert monitor.result is not None
-    shutil.rmtree(out, ignore_errors=True)
+    remove_path(out, ignore_errors=True)  # our scratch run (under a temporary folder we made)
     return {
         "step_ms": statistics.median(r["step_time_s"] for r in timed) * 1e3,
         "wait_ms": statistics.median(r["data_wait_s"] for r in timed) * 1e3,

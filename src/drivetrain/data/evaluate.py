@@ -20,6 +20,7 @@ from drivetrain.data.errors import DataError
 from drivetrain.data.index import FrameIndex, check_root
 from drivetrain.data.nuscenes_format import ATTRIBUTES, CLASSES
 from drivetrain.geometry.rigid import matrix_to_quaternion
+from drivetrain.safe_files import replace_text
 
 __all__ = [
     "boxes_to_submission",
@@ -199,8 +200,7 @@ def write_submission(submission: dict[str, Any], path: str | Path) -> Path:
     """Write ``submission`` as JSON to ``path`` (parent folders created); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(submission))
-    return path
+    return replace_text(path, json.dumps(submission))  # a link at the name is replaced, never written through
 
 
 def evaluate(

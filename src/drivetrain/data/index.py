@@ -30,6 +30,11 @@ The index also records what it was built from, so that it cannot silently descri
 - the devkit's scene splits (``mini_train``, ``mini_val``, ``train``, ``val``, ...) restricted to the
   indexed scenes, so training and evaluation can take disjoint scenes without the devkit
   (:meth:`FrameIndex.split`).
+
+File names stay inside the root: :func:`check_root` refuses a ``sample_data`` or ``map`` file name that is
+absolute or has a ``..`` part (naming the table, the row and the value) before the devkit or the walk looks for
+any file, and loading an index refuses such a name in its metadata (:mod:`drivetrain.data.table_paths`). The
+root itself is the one the index was built from, or the one the caller names.
 """
 
 from __future__ import annotations
@@ -56,7 +61,9 @@ from drivetrain.data.lyft_format import (
 )
 from drivetrain.data.lyft_splits import LYFT_SPLITS
 from drivetrain.data.nuscenes_format import ATTRIBUTES, CAMERAS, CATEGORY_TO_CLASS, CLASSES, LIDAR, TABLES
+from drivetrain.data.table_paths import PATH_FIELDS, check_table_paths
 from drivetrain.geometry.rigid import invert, transform, yaw_from_matrix
+from drivetrain.safe_files import replacing
 
 __all__ = ["FrameIndex", "build_index", "check_root", "load_index", "save_index", "table_fingerprint"]
 
@@ -178,7 +185,8 @@ def table_fingerprint(root: str | Path, version: str) -> dict[str, list[int | st
 
 
 def check_root(root: str | Path, version: str) -> Path:
-    """Raise :class:`DataError` unless ``root/version`` holds every nuScenes table as valid JSON."""
+    """Raise :class:`DataError` unless ``root/version`` holds every nuScenes table as valid JSON, whose file names
+    (``sample_data`` and ``map``) stay inside ``root`` (see :mod:`drivetrain.data.table_paths`)."""
     root = Path(root)
     if not root.is_dir():
         raise DataError("dataset root does not exist or is not a folder", root)
@@ -204,6 +212,8 @@ def check_root(root: str | Path, version: str) -> Path:
         for i, row in enumerate(rows):
             if not isinstance(row, dict) or not isinstance(row.get("token"), str):
                 raise DataError(f"record {i} is not an object with a string 'token'", path)
+        if name in PATH_FIELDS:  # before the devkit looks for a map file or we open a data file
+            check_table_paths(rows, PATH_FIELDS[name], path)
     return root
 
 
@@ -486,7 +496,7 @@ def save_index(index: FrameIndex, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = dict(index.meta, root_from_index=os.path.relpath(index.meta["root"], path.parent.resolve()))
     meta = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    with path.open("wb") as f:
+    with replacing(path) as f:  # a link at the index's name (a dataset folder may come from anyone) is replaced
         np.savez(f, meta_json=meta, **index.arrays)
     return path
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from drivetrain.data.errors import DataError
+from drivetrain.data.table_paths import path_problem
 
 __all__ = ["check_index"]
 
@@ -88,6 +89,22 @@ def check_index(arrays: dict[str, np.ndarray], meta: Any, path: str | Path) -> N
         )
     ):
         raise DataError(f"index metadata field 'image_files' must list {sizes['N']} file names per frame", path)
+    _check_file_names(meta, path)
+
+
+def _check_file_names(meta: dict[str, Any], path: str | Path) -> None:
+    """DataError naming the field, the row and the value of a file name that is absolute or has a '..' part."""
+    lists = {"image_files": meta["image_files"], "lidar_files": meta["lidar_files"], "sweep_files": meta["sweep_files"]}
+    for key, values in lists.items():
+        for row, value in enumerate(values):
+            for name in value if isinstance(value, list) else [value]:
+                problem = path_problem(name)
+                if problem is not None:
+                    raise DataError(
+                        f"index metadata {key}[{row}] {name!r} {problem}; the index's file names must be relative "
+                        "to the dataset root and stay inside it (rebuild the index from trusted tables)",
+                        path,
+                    )
 
 
 def _rows(arrays: dict[str, np.ndarray], name: str, path: str | Path) -> int:

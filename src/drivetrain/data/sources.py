@@ -173,7 +173,10 @@ def _write_index(path: Path) -> None:
 @contextlib.contextmanager
 def _node_lock(path: Path) -> Iterator[None]:
     """Ranks of one node take this lock around writing the dataset: one of them does it, the others wait."""
-    with open(path / ".generate.lock", "w") as lock:
+    lock_path = path / ".generate.lock"
+    if lock_path.is_symlink():  # opening it for writing would create or truncate the link's target
+        lock_path.unlink()
+    with open(lock_path, "a") as lock:
         with contextlib.suppress(OSError):
             fcntl.flock(lock, fcntl.LOCK_EX)
         yield

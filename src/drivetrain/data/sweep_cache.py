@@ -21,6 +21,11 @@ in ``../shared/reference/seeds/`` pre-processed them into Python pickles (large,
 ``shard-00000.json``
     that shard's manifest entry, written after its files: what makes a shard count as done, so an
     interrupted build resumes from the shards that are finished (and verified).
+``build.json``
+    the manifest without its shards, written first when a build starts. These two files, with their format
+    marker, are what makes a folder a sweep cache: a build writes only into an empty folder or a cache, a
+    ``manifest.json`` or ``build.json`` of another format is refused (never deleted), and ``--rebuild`` deletes
+    only the files they name and the temporary files of our writers, never another file of the folder.
 
 Loading (:class:`SweepCache`) checks that the cache was built with the settings asked for and that every
 frame's digest matches the index in use; anything else is a :class:`DataError` that says which setting
@@ -33,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,12 +49,21 @@ import numpy as np
 from drivetrain.data.errors import DataError
 from drivetrain.data.index import FrameIndex
 from drivetrain.data.sweeps import DT_COLUMN, SweepConfig, merge_sweeps
+from drivetrain.safe_files import replace_text
 
 __all__ = ["CACHE_FORMAT", "BuildReport", "SweepCache", "build_cache", "frame_digests", "verify_cache"]
 
 CACHE_FORMAT = "drivetrain-sweep-cache"
 CACHE_VERSION = 1
 MANIFEST = "manifest.json"
+BUILD = "build.json"  # the head of the build under way (the manifest without its shards), written first
+# The files of a cache, and the temporary files its writers leave when killed (see _build_shard, _write_json).
+_SHARD = re.compile(r"^shard-\d{5}\.(points|npz|json)$")
+_TEMP = re.compile(
+    r"^(shard-\d{5}\.(points\.tmp|tmp\.npz)"
+    r"|\.(shard-\d{5}|manifest|build)\.json\.tmp-\d+"  # safe_files.replace_text's
+    r"|(shard-\d{5}|manifest|build)\.json\.tmp)$"  # of drivetrain before it
+)
 DTYPES = ("float32", "float16")
 
 
@@ -125,6 +140,8 @@ def build_cache(
         raise ValueError(f"dtype: expected one of {DTYPES}, got {dtype!r}")
     if frames_per_shard < 1 or workers < 1:
         raise ValueError(f"frames_per_shard and workers must be ≥ 1, got {frames_per_shard}, {workers}")
+    if out.exists() and not out.is_dir():
+        raise DataError("exists and is not a folder; choose a folder for the sweep cache", out)
     out.mkdir(parents=True, exist_ok=True)
     head = _head(index, config, dtype, frames_per_shard)
     _claim(out, head, rebuild)
@@ -163,12 +180,14 @@ def _head(index: FrameIndex, config: SweepConfig, dtype: str, frames_per_shard: 
 
 
 def _claim(out: Path, head: dict[str, Any], rebuild: bool) -> None:
-    """Make ``out`` a cache of ``head``: keep finished shards of the same build, refuse or clear others."""
-    claim = out / "build.json"
-    previous = _read_json(claim) if claim.is_file() else None
-    if previous is None and (out / MANIFEST).is_file():
-        previous = _read_json(out / MANIFEST)
-    if previous is not None:
+    """Make ``out`` a cache of ``head``: keep finished shards of the same build, refuse or clear others.
+
+    Only a folder that is empty or holds a sweep cache (a ``build.json`` or ``manifest.json`` of our format) is
+    written to; ``rebuild`` deletes the files of the cache there (see :func:`_remove_cache`) and nothing else.
+    """
+    records = _cache_records(out)
+    if records:
+        previous = records[0]  # build.json (the build under way) before manifest.json (the finished one)
         same = all(previous.get(k) == head[k] for k in ("format", "version", "settings", "frames", "frames_per_shard"))
         if not same and not rebuild:
             raise DataError(
@@ -177,13 +196,64 @@ def _claim(out: Path, head: dict[str, Any], rebuild: bool) -> None:
                 out,
             )
         if not same:
-            for p in out.iterdir():
-                if p.name.startswith("shard-") or p.name in (MANIFEST, "build.json"):
-                    p.unlink()
-    elif any(out.iterdir()) and not rebuild:
-        raise DataError("is not empty and holds no sweep cache; choose an empty or new --out", out)
+            _remove_cache(out, records)
+    elif any(out.iterdir()):
+        raise DataError(
+            "is not empty and holds no sweep cache (no build.json or manifest.json); choose an empty or new --out "
+            "(--rebuild replaces only a sweep cache)",
+            out,
+        )
     (out / MANIFEST).unlink(missing_ok=True)  # the manifest is rewritten once every shard is there
-    _write_json(claim, head)
+    _write_json(out / BUILD, head)
+
+
+def _cache_records(out: Path) -> list[dict[str, Any]]:
+    """The ``build.json`` and ``manifest.json`` in ``out`` (those present, in that order); DataError naming one
+    that is not a sweep-cache record of ours (unreadable, or without our format marker)."""
+    records = []
+    for name in (BUILD, MANIFEST):
+        path = out / name
+        if not (path.exists() or path.is_symlink()):
+            continue
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise DataError(
+                f"is not a drivetrain sweep-cache file (unreadable: {err}); not touching its folder", path
+            ) from None
+        found = record.get("format") if isinstance(record, dict) else type(record).__name__
+        if found != CACHE_FORMAT:
+            raise DataError(
+                f"is not a drivetrain sweep-cache file (format {found!r}, expected {CACHE_FORMAT!r}); not touching "
+                "its folder",
+                path,
+            )
+        records.append(record)
+    return records
+
+
+def _remove_cache(out: Path, records: list[dict[str, Any]]) -> None:
+    """Delete the files of the cache in ``out`` that ``records`` describe, and nothing else: each shard's files
+    the manifest lists, the shards ``frames`` / ``frames_per_shard`` imply (an unfinished build), our temporary
+    files, and the records themselves. Only names of our own pattern are deleted; a link is unlinked, never
+    followed; a folder of such a name is left alone."""
+    names = {BUILD, MANIFEST}
+    for record in records:
+        shards = record.get("shards")
+        for entry in shards if isinstance(shards, list) else []:
+            files = entry.get("files") if isinstance(entry, dict) else None
+            if isinstance(files, dict):
+                names.add(f"{entry.get('name')}.json")
+                names.update(str(name) for name in files)
+        frames, per_shard = record.get("frames"), record.get("frames_per_shard")
+        tokens = frames.get("tokens") if isinstance(frames, dict) else None
+        if isinstance(tokens, list) and isinstance(per_shard, int) and per_shard > 0:
+            for k in range(-(-len(tokens) // per_shard)):
+                names.update(f"shard-{k:05d}{suffix}" for suffix in (".points", ".npz", ".json"))
+    for path in out.iterdir():
+        listed = path.name in names and (path.name in (BUILD, MANIFEST) or _SHARD.match(path.name))
+        if (listed or _TEMP.match(path.name)) and (path.is_symlink() or path.is_file()):
+            path.unlink()
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any]) -> str:
@@ -250,7 +320,8 @@ def _build_shard(
     point_offset, part_offset, part_count, part_dt = [0], [0], [], []
     name = f"shard-{k:05d}"
     tmp = out / f"{name}.points.tmp"
-    with open(tmp, "wb") as fh:
+    tmp.unlink(missing_ok=True)  # a leftover (or a link: writing would go into its target)
+    with open(tmp, "xb") as fh:
         for f in range(start, stop):
             points, parts = merge_sweeps(index, f, root, config, read)
             fh.write(np.ascontiguousarray(points[:, columns], dtype=np.dtype(dtype).newbyteorder("<")).tobytes())
@@ -262,6 +333,7 @@ def _build_shard(
         os.fsync(fh.fileno())
     os.replace(tmp, out / f"{name}.points")
     tmp_npz = out / f"{name}.tmp.npz"
+    tmp_npz.unlink(missing_ok=True)
     np.savez(
         tmp_npz,
         point_offset=np.asarray(point_offset, np.int64),
@@ -290,9 +362,7 @@ def _file_digest(path: Path) -> tuple[int, str]:
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
+    replace_text(path, json.dumps(obj, indent=1))
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -307,6 +377,8 @@ def verify_cache(path: Path) -> list[str]:
     manifest = _read_json(path / MANIFEST) if (path / MANIFEST).is_file() else None
     if manifest is None:
         return [f"{path / MANIFEST}: missing (an unfinished build; run `drivetrain data cache` again)"]
+    if not isinstance(manifest, dict) or manifest.get("format") != CACHE_FORMAT:
+        return [f"{path / MANIFEST}: not a drivetrain sweep-cache manifest (no format {CACHE_FORMAT!r})"]
     problems = []
     for entry in manifest["shards"]:
         for name, meta in entry["files"].items():

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from drivetrain.safe_files import remove_path
+
 __all__ = ["CheckpointError", "CheckpointWarning", "Checkpointer"]
 
 MARKER = "COMMITTED"
@@ -39,6 +41,7 @@ CORRUPT = "corrupt"  # committed checkpoints that failed to load, moved aside
 SUPERSEDED = "superseded"  # checkpoints newer than the one a run resumed from, moved aside
 STATE_FILE = "state.pt"
 _NAME = re.compile(r"^step-(\d+)$")
+_TMP = re.compile(r"^\.step-\d+\.tmp-\d+$")  # a save's temporary directory (see save)
 # Test hook: seconds to sleep inside a save (after the state file is written, and again after the rename),
 # so that a test can kill the process while a checkpoint is half written.
 DELAY_ENV = "DRIVETRAIN_TEST_CHECKPOINT_DELAY_S"
@@ -95,8 +98,7 @@ class Checkpointer:
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / self.name(step)
         tmp = self.root / f".{final.name}.tmp-{os.getpid()}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        remove_path(tmp)  # a leftover of this pid's killed save (a link there is unlinked, never followed)
         tmp.mkdir()
         state_path = tmp / STATE_FILE
         try:
@@ -105,12 +107,11 @@ class Checkpointer:
                 f.flush()
                 os.fsync(f.fileno())
         except (OSError, RuntimeError) as err:  # torch reports a full disk as "unexpected pos N vs M"
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_path(tmp, ignore_errors=True)
             raise CheckpointError(self._write_failure(err)) from None
         _fsync_dir(tmp)
         self._sleep()
-        if final.exists():  # an uncommitted or superseded attempt at the same step
-            shutil.rmtree(final)
+        remove_path(final)  # an uncommitted or superseded attempt at the same step
         os.replace(tmp, final)
         _fsync_dir(self.root)
         self._sleep()
@@ -156,12 +157,12 @@ class Checkpointer:
         """
         counted = [(step, path) for step, path in self.committed() if newest is None or step <= newest]
         for _, path in counted[: -self.keep]:
-            shutil.rmtree(path, ignore_errors=True)
+            remove_path(path, ignore_errors=True)  # a linked checkpoint loses its link, its target stays
         for path in self.root.iterdir():
-            is_tmp = path.name.startswith(".step-") and ".tmp-" in path.name
+            is_tmp = _TMP.match(path.name) is not None
             uncommitted = _NAME.match(path.name) is not None and not (path / MARKER).is_file()
             if path.is_dir() and (is_tmp or uncommitted):
-                shutil.rmtree(path, ignore_errors=True)
+                remove_path(path, ignore_errors=True)
 
     def load(self, path: str | Path) -> dict[str, Any]:
         """Load one checkpoint directory (marker and checksum verified); raises CheckpointError."""

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from drivetrain.safe_files import replace_text
+
 __all__ = ["MetricsLogger", "peak_memory_mb", "truncate_metrics"]
 
 
@@ -44,9 +46,7 @@ def truncate_metrics(path: Path, last_step: int) -> None:
             continue
         if record.get("step", 0) <= last_step:
             kept.append(line)
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(f"{line}\n" for line in kept))
-    tmp.replace(path)
+    replace_text(path, "".join(f"{line}\n" for line in kept))
 
 
 class MetricsLogger:
@@ -85,6 +85,8 @@ class MetricsLogger:
         if start == 0 and path.exists():
             path.unlink()
         truncate_metrics(path, start)
+        if path.is_symlink():  # appending would write into the link's target: keep our records in our own file
+            path.unlink()
         self._file = open(path, "a")  # noqa: SIM115 - kept open for the whole run
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter

@@ -1,4 +1,15 @@
-"""One training process per run directory: an advisory lock on ``<run.out_dir>/.drivetrain.lock``.
+"""Run directories: drivetrain writes only into its own, one training process at a time.
+
+**Marker.** A run directory is recognised by ``<run.out_dir>/.drivetrain-run``, a small JSON document
+``{"format": "drivetrain-run", "version": 1, "drivetrain": "<version>", "created": "<UTC time>"}`` that the trainer
+writes (atomically) as soon as it holds the directory's lock. :func:`check_run_dir` runs before anything is
+written: a ``run.out_dir`` that is missing or empty becomes a run; one that holds the marker is a run; any other
+existing folder is refused with one :class:`ConfigError` line naming it, so that training never writes
+``config.yaml``, ``metrics.jsonl`` or checkpoints among someone else's files. A run of a drivetrain older than
+the marker (``config.yaml`` and committed checkpoints, no marker) is refused too, with the way to adopt it:
+create an empty ``.drivetrain-run`` (``touch DIR/.drivetrain-run``); the next run there writes the full marker.
+
+**Lock.** One training process per run directory: an advisory lock on ``<run.out_dir>/.drivetrain.lock``.
 
 Two ``drivetrain train`` processes writing the same run directory would interleave metrics lines and
 checkpoints. Rank 0 takes an exclusive ``flock`` on the lock file when the trainer is built and keeps it
@@ -13,17 +24,32 @@ from __future__ import annotations
 import atexit
 import errno
 import fcntl
+import json
 import os
 import socket
+import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
+import drivetrain
 from drivetrain.engine.config import ConfigError
+from drivetrain.safe_files import replace_text
 
-__all__ = ["LOCK_FILE", "RunDirLock", "prepare_run_dir"]
+__all__ = [
+    "LOCK_FILE",
+    "RUN_FORMAT",
+    "RUN_MARKER",
+    "RunDirLock",
+    "check_run_dir",
+    "prepare_run_dir",
+    "write_run_marker",
+]
 
 LOCK_FILE = ".drivetrain.lock"
-_HELD: dict[Path, IO[str]] = {}  # run directories this process holds, by resolved path
+RUN_MARKER = ".drivetrain-run"
+RUN_FORMAT = "drivetrain-run"
+RUN_VERSION = 1
+_HELD: dict[Path, IO[str]] = {}  # run directories this process holds, by their lock file's path (resolved folder)
 
 
 @atexit.register
@@ -47,17 +73,90 @@ def prepare_run_dir(out_dir: Path) -> Path:
     return out_dir
 
 
+def check_run_dir(out_dir: Path) -> None:
+    """ConfigError (one line, naming the folder) unless ``out_dir`` may be written by a run: it is missing, empty,
+    or a drivetrain run (its marker). Reads only; see the module docstring."""
+    out_dir = Path(out_dir)
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise ConfigError(f"run.out_dir: {out_dir} exists and is not a folder")
+    marker = out_dir / RUN_MARKER
+    if marker.exists() or marker.is_symlink():
+        _read_marker(marker)
+        return
+    try:
+        entries = [p for p in out_dir.iterdir() if p.name != LOCK_FILE]
+    except OSError as err:
+        raise ConfigError(f"run.out_dir: cannot list {out_dir} ({err.strerror})") from None
+    if not entries:
+        return
+    if (out_dir / "config.yaml").is_file() and any((out_dir / "checkpoints").glob("step-*/COMMITTED")):
+        raise ConfigError(
+            f"run.out_dir: {out_dir} holds a run of an older drivetrain (config.yaml and checkpoints, no {RUN_MARKER} "
+            f"marker); if it is yours, adopt it with `touch {marker}` and run again, or choose another run.out_dir"
+        )
+    raise ConfigError(
+        f"run.out_dir: {out_dir} is not empty and is not a drivetrain run (no {RUN_MARKER}); choose a new or empty "
+        "folder"
+    )
+
+
+def _read_marker(marker: Path) -> dict[str, Any] | None:
+    """The marker's content; None for an empty marker (a run adopted with ``touch``); ConfigError if not ours."""
+    try:
+        text = marker.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) else "not text"
+        raise ConfigError(f"run.out_dir: {marker} is not a drivetrain run marker ({reason})") from None
+    if not text.strip():
+        return None
+    try:
+        content = json.loads(text)
+    except ValueError:
+        content = None
+    if not isinstance(content, dict) or content.get("format") != RUN_FORMAT:
+        raise ConfigError(
+            f"run.out_dir: {marker} is not a drivetrain run marker (expected JSON with format {RUN_FORMAT!r}); not "
+            f"writing into {marker.parent}"
+        )
+    return content
+
+
+def write_run_marker(out_dir: Path) -> Path:
+    """Write ``out_dir``'s marker (atomically) unless it is there already; returns its path.
+
+    An empty marker (a run adopted with ``touch``) is replaced by the full one. Call after :func:`check_run_dir`
+    and with the directory's lock held.
+    """
+    marker = Path(out_dir) / RUN_MARKER
+    if (marker.exists() or marker.is_symlink()) and _read_marker(marker) is not None:
+        return marker
+    content = {
+        "format": RUN_FORMAT,
+        "version": RUN_VERSION,
+        "drivetrain": drivetrain.__version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    try:
+        return replace_text(marker, json.dumps(content, indent=1) + "\n")
+    except OSError as err:
+        raise ConfigError(f"run.out_dir: cannot write {marker} ({err.strerror})") from None
+
+
 class RunDirLock:
     """The exclusive lock of one run directory (take it with :meth:`acquire`, give it back with :meth:`release`)."""
 
     def __init__(self, out_dir: Path) -> None:
         self.path = prepare_run_dir(Path(out_dir)) / LOCK_FILE
-        self.key = self.path.resolve()
+        self.key = self.path.parent.resolve() / LOCK_FILE  # the run directory's, not a link's target
 
     def acquire(self) -> None:
         """Take the lock (no-op if this process holds it); ConfigError naming the holder if another does."""
         if self.key in _HELD:
             return
+        if self.path.is_symlink():  # writing our pid through it would overwrite the link's target
+            self.path.unlink()
         try:
             f = open(self.path, "a+")  # noqa: SIM115 - held open for the life of the run
         except OSError as err:

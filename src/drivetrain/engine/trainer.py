@@ -40,7 +40,7 @@ from drivetrain.engine.evaluation import evaluate_model
 from drivetrain.engine.metrics import MetricsLogger, peak_memory_mb
 from drivetrain.engine.precision import autocast, fp32_outputs
 from drivetrain.engine.rng import capture_rng, restore_rng, seed_all
-from drivetrain.engine.rundir import RunDirLock
+from drivetrain.engine.rundir import RunDirLock, check_run_dir, write_run_marker
 from drivetrain.engine.schedule import lr_factor
 from drivetrain.engine.strategy import build_strategy
 from drivetrain.losses.weights import base_name, resolve_weights, weighted_total
@@ -48,6 +48,7 @@ from drivetrain.pipeline.camera_aug import CameraAugConfig, CameraAugment
 from drivetrain.pipeline.prefetch import DevicePrefetcher
 from drivetrain.pipeline.transfer import to_device
 from drivetrain.profile.timer import region, step_active
+from drivetrain.safe_files import replace_text
 
 __all__ = ["NonFiniteLossError", "TrainState", "Trainer"]
 
@@ -113,6 +114,10 @@ class TrainingDataError(RuntimeError):
 class Trainer:
     """Builds everything a run needs from ``cfg`` and trains with :meth:`fit`.
 
+    ``cfg.run.out_dir`` must be new, empty or a drivetrain run (its ``.drivetrain-run`` marker, written when the
+    trainer takes the directory's lock): anything else is a ConfigError before a file is written
+    (:mod:`drivetrain.engine.rundir`).
+
     Args:
         cfg: the run's configuration.
         resume: None (fresh run), ``"auto"`` (newest committed checkpoint of the run, if any) or the path
@@ -138,6 +143,8 @@ class Trainer:
 
     def _build(self, resume: str | None) -> None:
         cfg = self.cfg
+        if self.ctx.is_main:  # before anything is built or written: only into a new, empty or drivetrain run dir
+            check_run_dir(self.out_dir)
         self.checkpointer = Checkpointer(self.out_dir / "checkpoints", keep=cfg.checkpoint.keep)
         if resume is None and self.checkpointer.committed():
             raise ConfigError(
@@ -182,6 +189,7 @@ class Trainer:
         if self.ctx.is_main:  # one training process per run directory, from before anything is written
             self._lock = RunDirLock(self.out_dir)
             self._lock.acquire()
+            write_run_marker(self.out_dir)
         self.resumed_from: Path | None = None
         self._resume_note: str | None = None
         if resume is not None:
@@ -189,7 +197,7 @@ class Trainer:
         self.ctx.barrier()  # every rank has read its checkpoint before rank 0 moves any aside
         if self.ctx.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            (self.out_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+            replace_text(self.out_dir / "config.yaml", yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
             self._set_aside_unusable()
         self.ctx.barrier()
         self._stop_signal: str | None = None

@@ -12,12 +12,16 @@ is skipped), its ``config.yaml`` and the versions recorded in its newest checkpo
 - ``report.md``: the pictures, a table of each run's last values (loss, throughput, data wait share, memory,
   last metrics), each run's config and versions.
 
+Only these files are written (each replaced whole: a link at one of these names is replaced, never written
+through), nothing else in the folder is touched.
+
 A quantity no run logged (e.g. the loss scale of an fp32 run never changes) still gets its picture; a metric
 no run has (no evaluation yet) gets none. matplotlib comes with the ``viz`` and ``nuscenes`` extras.
 """
 
 from __future__ import annotations
 
+import io
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from drivetrain.safe_files import replace_bytes, replace_text
 from drivetrain.viz.curves import _moving_average, read_metrics
 
 __all__ = ["RunRecords", "load_run", "write_report"]
@@ -117,7 +122,9 @@ def write_report(runs: Sequence[str | Path], out: str | Path | None = None, *, s
         draw(list(axes[0]) if panels else axes[0][0])
         fig.suptitle(title, fontsize=10)
         fig.tight_layout()
-        fig.savefig(out / name)
+        png = io.BytesIO()
+        fig.savefig(png, format="png")
+        replace_bytes(out / name, png.getvalue())  # a link at the name is replaced, its target never written
         plt.close(fig)
         pictures.append((name, title))
 
@@ -192,9 +199,7 @@ def write_report(runs: Sequence[str | Path], out: str | Path | None = None, *, s
                 ax.legend(fontsize=7)
 
         figure("eval.png", "evaluation over steps", evaluation, panels=len(headline))
-    path = out / "report.md"
-    path.write_text(_markdown(records, pictures, metrics))
-    return path
+    return replace_text(out / "report.md", _markdown(records, pictures, metrics))
 
 
 def _markdown(records: Sequence[RunRecords], pictures: list[tuple[str, str]], metrics: list[str]) -> str:
