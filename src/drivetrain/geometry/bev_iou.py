@@ -17,7 +17,7 @@ import math
 
 import torch
 
-__all__ = ["limit_period", "nearest_bev_boxes", "nearest_bev_iou"]
+__all__ = ["limit_period", "nearest_bev_boxes", "nearest_bev_dims", "nearest_bev_iou"]
 
 IOU_EPS = 1e-6
 
@@ -25,6 +25,17 @@ IOU_EPS = 1e-6
 def limit_period(value: torch.Tensor, offset: float = 0.5, period: float = math.pi) -> torch.Tensor:
     """Fold ``value`` into ``[-offset·period, (1 − offset)·period)``: ``v − floor(v / period + offset)·period``."""
     return value - torch.floor(value / period + offset) * period  # (...)
+
+
+def nearest_bev_dims(boxes: torch.Tensor) -> torch.Tensor:
+    """Width and height ``(..., 2)`` (float32) of the axis-aligned BEV rectangles :func:`nearest_bev_boxes` makes:
+    ``(dx, dy)``, swapped where ``|limit_period(yaw)| > π/4``."""
+    if boxes.shape[-1] < 7:
+        raise ValueError(f"boxes: need at least 7 values per box (x, y, z, dx, dy, dz, yaw), got {tuple(boxes.shape)}")
+    boxes = boxes.float()
+    yaw = limit_period(boxes[..., 6], 0.5, math.pi).abs()  # (...)
+    across = (yaw > math.pi / 4)[..., None]  # (..., 1)
+    return torch.where(across, boxes[..., [4, 3]], boxes[..., [3, 4]])  # (..., 2)
 
 
 def nearest_bev_boxes(boxes: torch.Tensor) -> torch.Tensor:
@@ -36,13 +47,8 @@ def nearest_bev_boxes(boxes: torch.Tensor) -> torch.Tensor:
     Returns:
         float32 ``(..., 4)`` (x1, y1, x2, y2) with ``dx``/``dy`` swapped where ``|limit_period(yaw)| > π/4``.
     """
-    if boxes.shape[-1] < 7:
-        raise ValueError(f"boxes: need at least 7 values per box (x, y, z, dx, dy, dz, yaw), got {tuple(boxes.shape)}")
-    boxes = boxes.float()
-    yaw = limit_period(boxes[..., 6], 0.5, math.pi).abs()  # (...)
-    across = (yaw > math.pi / 4)[..., None]  # (..., 1)
-    dims = torch.where(across, boxes[..., [4, 3]], boxes[..., [3, 4]])  # (..., 2)
-    centres = boxes[..., :2]  # (..., 2)
+    dims = nearest_bev_dims(boxes)  # (..., 2)
+    centres = boxes[..., :2].float()  # (..., 2)
     return torch.cat([centres - dims / 2, centres + dims / 2], dim=-1)  # (..., 4)
 
 

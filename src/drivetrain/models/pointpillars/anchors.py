@@ -23,10 +23,13 @@ Layouts:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from drivetrain.match.anchor_window import AnchorGrid
 
 __all__ = [
     "NUS_PP_ANCHORS",
@@ -34,9 +37,11 @@ __all__ = [
     "NUS_SSN_FEATURE_SIZES",
     "AnchorConfig",
     "grid_anchors",
+    "grid_layout",
     "num_grid_anchors",
     "num_per_class_anchors",
     "per_class_anchors",
+    "per_class_layout",
 ]
 
 
@@ -242,3 +247,50 @@ def _check_per_class(cfg: AnchorConfig, feature_sizes: tuple[tuple[int, int], ..
             f"feature_sizes: the per-class generator needs one feature size and one range per size; got "
             f"{len(feature_sizes)} feature sizes, {len(cfg.ranges)} ranges, {cfg.num_sizes} sizes"
         )
+
+
+def _type_geometry(cfg: AnchorConfig, size_index: int, rotation: float, feature_size: tuple[int, int]) -> dict:
+    """Cell origin and step, and the half extents of the nearest-BEV rectangle, of one (size, rotation) type."""
+    height, width = feature_size
+    lo_x, lo_y, _, hi_x, hi_y, _ = cfg.range_of(size_index)
+    step_x, step_y = (hi_x - lo_x) / width, (hi_y - lo_y) / height
+    shift = 0.0 if cfg.align_corner else 0.5
+    dx, dy = cfg.sizes[size_index][:2]
+    folded = rotation - math.floor(rotation / math.pi + 0.5) * math.pi  # limit_period(yaw, 0.5, π)
+    if abs(folded) > math.pi / 4:  # the rectangle lies across the axes (nearest_bev_boxes)
+        dx, dy = dy, dx
+    return {
+        "x0": lo_x + shift * step_x, "y0": lo_y + shift * step_y, "step_x": step_x, "step_y": step_y,
+        "nx": width, "ny": height, "half_x": dx / 2, "half_y": dy / 2,
+    }  # fmt: skip
+
+
+def _grid(types: list[dict]) -> AnchorGrid:
+    return AnchorGrid(**{key: tuple(t[key] for t in types) for key in types[0]})
+
+
+def grid_layout(cfg: AnchorConfig, feature_size: tuple[int, int]) -> AnchorGrid:
+    """Where :func:`grid_anchors` puts each anchor, for the windowed assignment (one type per size and rotation,
+    all in group 0: class-agnostic)."""
+    width = feature_size[1]
+    per_cell = cfg.num_sizes * cfg.num_rotations
+    types = []
+    for s in range(cfg.num_sizes):
+        for r, rotation in enumerate(cfg.rotations):
+            geometry = _type_geometry(cfg, s, rotation, feature_size)
+            types.append({**geometry, "base": s * cfg.num_rotations + r, "stride_x": per_cell,
+                          "stride_y": width * per_cell, "group": 0})  # fmt: skip
+    return _grid(types)
+
+
+def per_class_layout(cfg: AnchorConfig, feature_sizes: tuple[tuple[int, int], ...]) -> AnchorGrid:
+    """Where :func:`per_class_anchors` puts each anchor (one type per class and rotation, grouped by class)."""
+    _check_per_class(cfg, feature_sizes)
+    types, offset = [], 0
+    for c, (height, width) in enumerate(feature_sizes):
+        for r, rotation in enumerate(cfg.rotations):
+            geometry = _type_geometry(cfg, c, rotation, (height, width))
+            types.append({**geometry, "base": offset + r * height * width, "stride_x": 1, "stride_y": width,
+                          "group": c})  # fmt: skip
+        offset += cfg.num_rotations * height * width
+    return _grid(types)

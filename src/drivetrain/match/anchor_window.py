@@ -1,0 +1,331 @@
+"""Max-IoU anchor assignment over the anchor windows each ground truth can reach: the same assignments as
+:func:`~drivetrain.match.max_iou.batched_max_iou_assign` (and so as the original per-sample loop), bit for bit,
+at a fraction of the pairs.
+
+Anchors sit on regular grids: an :class:`AnchorGrid` describes ``T`` anchor *types* (one size and rotation, for
+SSN also one class), each a ``ny × nx`` grid of cell centres and a formula for the anchor index of cell
+``(iy, ix)``. The nearest-BEV IoU of a GT and an anchor is non-zero only if their axis-aligned BEV rectangles
+overlap, i.e. ``|x_a − x_g| < w_a/2 + w_g/2`` and likewise in y; so each GT is compared only with the cells of a
+window around its own cell, ``(2·h_y + 1) × (2·h_x + 1)`` cells per type with ``h = ⌈(w_a/2 + w_max/2) / step⌉ + 1``
+(one cell of margin for rounding), where ``w_max`` is the widest GT rectangle of the batch (per class for SSN).
+Windows are concatenated over the types a GT is compared with (all types; for SSN the types of its class), so
+the IoU tensor is ``(B, G, K)`` instead of ``(B, A, G)``: at the nuScenes configurations ~5–30× fewer pairs, and
+no ``(B, A, G)`` tensor is ever formed.
+
+Every anchor outside a GT's window has IoU exactly 0 with it, which the steps of the original use as follows
+(``−1`` ignored, ``0`` negative, ``k ≥ 1`` GT ``k − 1``; see :mod:`drivetrain.match.max_iou`):
+
+- an anchor's best IoU is the maximum over its window pairs, or 0 when it has any GT (of its class);
+- its first best GT is the smallest GT index among window pairs reaching that maximum — or, when the maximum
+  is 0, the first GT of its class (every GT then ties at 0);
+- a GT's best IoU over all anchors is its window maximum, or 0;
+- low-quality matches (the last GT in order wins): a GT whose best IoU is positive can only match anchors in
+  its window; a GT whose best IoU is 0 (it overlaps no anchor) matches every anchor of its class when the
+  anchor's ``min_pos_iou ≤ 0``. Both are scatter-reductions.
+
+Sizing the windows reads one small tensor on the host (each class's widest GT): the one host sync of the
+assignment, ``# sync:`` marked. The IoU of each pair is computed by the same float32 operations as the dense
+path, so equality tests of IoUs (ties, low-quality matches) behave identically.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from drivetrain.geometry.bev_iou import IOU_EPS, nearest_bev_boxes, nearest_bev_dims
+from drivetrain.match.max_iou import AnchorThresholds, _check_inputs
+from drivetrain.ragged import RaggedBatch
+
+__all__ = ["AnchorGrid", "WindowedAnchors", "windowed_max_iou_assign"]
+
+
+@dataclass(frozen=True)
+class AnchorGrid:
+    """Where the anchors sit: ``T`` types, each a regular grid of cells (build with the model's anchor layout).
+
+    Per type ``t`` (tuples of length ``T``): cell ``(iy, ix)`` with ``0 ≤ iy < ny[t]``, ``0 ≤ ix < nx[t]`` has its
+    anchor at index ``base[t] + iy·stride_y[t] + ix·stride_x[t]`` and its centre near
+    ``(x0[t] + ix·step_x[t], y0[t] + iy·step_y[t])`` (within rounding); ``half_x[t]``, ``half_y[t]`` bound the half
+    width and height of its anchors' nearest-BEV rectangles; ``group[t]`` is the class of the type's anchors for
+    per-class assignment (SSN) and 0 for class-agnostic assignment (PointPillars).
+    """
+
+    x0: tuple[float, ...]
+    y0: tuple[float, ...]
+    step_x: tuple[float, ...]
+    step_y: tuple[float, ...]
+    nx: tuple[int, ...]
+    ny: tuple[int, ...]
+    base: tuple[int, ...]
+    stride_x: tuple[int, ...]
+    stride_y: tuple[int, ...]
+    half_x: tuple[float, ...]
+    half_y: tuple[float, ...]
+    group: tuple[int, ...]
+    _tables: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        sizes = {len(getattr(self, name)) for name in ("x0", "y0", "step_x", "step_y", "nx", "ny", "base")}
+        sizes |= {len(getattr(self, name)) for name in ("stride_x", "stride_y", "half_x", "half_y", "group")}
+        if len(sizes) != 1 or not self.x0:
+            raise ValueError("AnchorGrid: every per-type tuple needs the same, non-zero length")
+        if min(self.step_x) <= 0 or min(self.step_y) <= 0 or min(self.nx) < 1 or min(self.ny) < 1:
+            raise ValueError("AnchorGrid: cell steps must be > 0 and grids hold at least one cell")
+
+    @property
+    def num_types(self) -> int:
+        """T."""
+        return len(self.x0)
+
+    @property
+    def num_anchors(self) -> int:
+        """Anchors the grid addresses (the largest index + 1)."""
+        return (
+            max(
+                b + (ny - 1) * sy + (nx - 1) * sx
+                for b, ny, nx, sy, sx in zip(self.base, self.ny, self.nx, self.stride_y, self.stride_x, strict=True)
+            )
+            + 1
+        )
+
+    def index(self, device: torch.device) -> torch.Tensor:
+        """int64 ``(T, 6)`` per type: nx, ny, base, stride_x, stride_y, group (cached per device)."""
+        key = ("index", device)
+        if key not in self._tables:
+            rows = list(zip(self.nx, self.ny, self.base, self.stride_x, self.stride_y, self.group, strict=True))
+            self._tables[key] = torch.tensor(rows, dtype=torch.int64, device=device)  # (T, 6)
+        return self._tables[key]
+
+    def origin(self, device: torch.device) -> torch.Tensor:
+        """float32 ``(T, 4)`` per type: x0, y0, step_x, step_y (cached per device)."""
+        key = ("origin", device)
+        if key not in self._tables:
+            rows = list(zip(self.x0, self.y0, self.step_x, self.step_y, strict=True))
+            self._tables[key] = torch.tensor(rows, dtype=torch.float32, device=device)  # (T, 4)
+        return self._tables[key]
+
+
+def _window_table(
+    grid: AnchorGrid, gt_half: list[tuple[float, float]], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Window entries per group: int64 ``(num_groups, K, 6)`` (type, dy, dx, index offset ``dy·stride_y +
+    dx·stride_x``, nx, ny of the type) and bool ``(num_groups, K)`` valid (groups are padded to the longest)."""
+    per_group: list[list[torch.Tensor]] = [[] for _ in gt_half]
+    for t in range(grid.num_types):
+        g = grid.group[t]
+        if g >= len(gt_half) or gt_half[g][0] < 0:
+            continue  # no GT of this class in the batch: its anchors have no window pair
+        hx = math.ceil((grid.half_x[t] + gt_half[g][0]) / grid.step_x[t]) + 1
+        hy = math.ceil((grid.half_y[t] + gt_half[g][1]) / grid.step_y[t]) + 1
+        hx, hy = min(hx, grid.nx[t]), min(hy, grid.ny[t])  # a window never needs more than the grid
+        dy, dx = torch.meshgrid(torch.arange(-hy, hy + 1), torch.arange(-hx, hx + 1), indexing="ij")
+        columns = [torch.full_like(dy, t), dy, dx, dy * grid.stride_y[t] + dx * grid.stride_x[t]]
+        columns += [torch.full_like(dy, grid.nx[t]), torch.full_like(dy, grid.ny[t])]
+        per_group[g].append(torch.stack(columns, dim=-1).reshape(-1, 6))  # (k, 6)
+    width = max([sum(len(p) for p in parts) for parts in per_group] + [1])
+    table = torch.zeros(len(per_group), width, 6, dtype=torch.int64)  # (num_groups, K, 6)
+    valid = torch.zeros(len(per_group), width, dtype=torch.bool)  # (num_groups, K)
+    for g, parts in enumerate(per_group):
+        if parts:
+            rows = torch.cat(parts)  # (k_g, 6)
+            table[g, : len(rows)] = rows
+            valid[g, : len(rows)] = True
+    return table.to(device), valid.to(device)
+
+
+def _type_half_dims(anchors: torch.Tensor, grid: AnchorGrid) -> torch.Tensor:
+    """float32 ``(T, 2)``: half the nearest-BEV width and height of each type's anchors, as the dense path's
+    ``nearest_bev_boxes`` computes them (``dims / 2``), read from each type's first anchor (on the device)."""
+    first = anchors[grid.index(anchors.device)[:, 2]]  # (T, ≥7)
+    return nearest_bev_dims(first) / 2  # (T, 2)
+
+
+@dataclass(frozen=True)
+class WindowedAnchors:
+    """What the windowed assignment needs of one anchor set, computed once (build with :meth:`build`; the model
+    keeps it with its anchors): the centres, each type's half rectangle, each anchor's group and its *zero code*
+    (whether a best IoU of 0 is negative, positive, and may be claimed by a GT that overlaps no anchor)."""
+
+    anchors: torch.Tensor  # (A, ≥7)
+    grid: AnchorGrid
+    thresholds: AnchorThresholds
+    anchor_classes: torch.Tensor | None  # (A,) or None (class-agnostic)
+    centres: torch.Tensor  # float32 (A, 2)
+    half_dims: torch.Tensor  # float32 (T, 2)
+    group: torch.Tensor  # int64 (A,)
+    zero_ok: torch.Tensor  # bool (A,)
+    code: torch.Tensor  # int64 (A,): group·8 + neg0 + 2·pos0 + 4·zero_ok
+
+    @staticmethod
+    @torch.no_grad()
+    def build(
+        anchors: torch.Tensor,
+        grid: AnchorGrid,
+        thresholds: AnchorThresholds,
+        anchor_classes: torch.Tensor | None = None,
+    ) -> WindowedAnchors:
+        """Check that ``grid`` addresses ``anchors`` and precompute the per-anchor tables (device ops only)."""
+        if grid.num_anchors != anchors.shape[0]:
+            raise ValueError(f"grid: addresses {grid.num_anchors} anchors, but anchors has {anchors.shape[0]}")
+        device = anchors.device
+        group = anchor_classes if anchor_classes is not None else torch.zeros(anchors.shape[0], dtype=torch.long)
+        group = group.to(device)  # (A,)
+        neg0 = (thresholds.neg_low <= 0) & (thresholds.neg_high > 0)  # (A,)
+        pos0 = thresholds.pos <= 0  # (A,)
+        zero_ok = (thresholds.min_pos <= 0) & thresholds.low_quality  # (A,)
+        code = group * 8 + neg0.long() + pos0.long() * 2 + zero_ok.long() * 4  # (A,)
+        centres = anchors[:, :2].float().contiguous()  # (A, 2)
+        return WindowedAnchors(
+            anchors, grid, thresholds, anchor_classes, centres, _type_half_dims(anchors, grid), group, zero_ok, code
+        )
+
+
+@torch.no_grad()
+def windowed_max_iou_assign(
+    anchors: torch.Tensor,
+    grid: AnchorGrid,
+    gt_boxes: RaggedBatch,
+    gt_labels: RaggedBatch,
+    thresholds: AnchorThresholds,
+    *,
+    anchor_classes: torch.Tensor | None = None,
+    prepared: WindowedAnchors | None = None,
+) -> torch.Tensor:
+    """Assign the anchors of every sample, comparing each GT only with the anchors its window reaches.
+
+    Args:
+        anchors: ``(A, ≥7)`` anchors laid out as ``grid`` says.
+        grid: the anchors' layout; its groups are classes when ``anchor_classes`` is given, else all 0.
+        gt_boxes: RaggedBatch ``(B, G, ≥7)`` padded ground-truth boxes.
+        gt_labels: RaggedBatch ``(B, G)`` int classes.
+        thresholds: per-anchor thresholds (:func:`~drivetrain.match.max_iou.anchor_thresholds`).
+        anchor_classes: int ``(A,)`` class per anchor for per-class assignment (SSN); None: class-agnostic.
+        prepared: :meth:`WindowedAnchors.build` of these anchors, grid, thresholds and classes (built here if
+            None; a training loop keeps it with its anchors).
+
+    Returns:
+        int64 ``(B, A)``: −1 ignored, 0 negative, ``k ≥ 1`` GT ``k − 1``; equal to
+        :func:`~drivetrain.match.max_iou.batched_max_iou_assign`.
+
+    Example:
+        >>> grid = grid_layout(NUS_PP_ANCHORS, (200, 200))   # drivetrain.models.pointpillars.anchors
+        >>> assigned = windowed_max_iou_assign(anchors, grid, gt_boxes, gt_labels, thresholds)  # (B, A)
+    """
+    _check_inputs(anchors, gt_boxes, gt_labels, thresholds, anchor_classes)
+    if prepared is None:
+        prepared = WindowedAnchors.build(anchors, grid, thresholds, anchor_classes)
+    device = anchors.device
+    num_samples, num_gts = gt_boxes.shape[:2]
+    num_anchors = anchors.shape[0]
+    if num_gts == 0 or num_anchors == 0:
+        return torch.zeros(num_samples, num_anchors, dtype=torch.long, device=device)  # (B, A)
+    per_class = anchor_classes is not None
+    num_groups = max(grid.group) + 1
+    valid = gt_boxes.mask  # (B, G)
+    gt_rect = nearest_bev_boxes(gt_boxes.tensor)  # (B, G, 4)
+    gt_group = gt_labels.tensor.clamp(0, num_groups - 1) if per_class else torch.zeros_like(gt_labels.tensor)
+    gt_group = torch.where(valid, gt_group, 0)  # (B, G)
+    in_range = valid & ((gt_labels.tensor >= 0) & (gt_labels.tensor < num_groups) if per_class else valid)  # (B, G)
+    half = torch.where(in_range[..., None], (gt_rect[..., 2:] - gt_rect[..., :2]) / 2, -1.0)  # (B, G, 2)
+    widest = torch.full((num_groups, 2), -1.0, device=device).scatter_reduce_(
+        0, gt_group.flatten()[:, None].expand(-1, 2), half.reshape(-1, 2), "amax"
+    )  # (num_groups, 2)
+    gt_half = [tuple(row) for row in widest.tolist()]  # sync: each class's widest GT sizes the windows
+    table, table_valid = _window_table(grid, gt_half, device)  # (num_groups, K, 6), (num_groups, K)
+
+    # the window entries of every GT: its cell per type, then the entry's cell and anchor index
+    types = grid.index(device)  # (T, 6) nx, ny, base, stride_x, stride_y, group
+    origin = grid.origin(device)  # (T, 4) x0, y0, step_x, step_y
+    centre = (gt_rect[..., :2] + gt_rect[..., 2:]) / 2  # (B, G, 2)
+    cell = torch.floor((centre[:, :, None, :] - origin[:, :2]) / origin[:, 2:] + 0.5)  # (B, G, T, 2) x, y
+    cell = cell.clamp(-(2**40), 2**40).long()  # (B, G, T, 2)
+    base = types[:, 2] + cell[..., 1] * types[:, 4] + cell[..., 0] * types[:, 3]  # (B, G, T) index of the cell
+    if per_class:
+        rows, pair_valid = table[gt_group], table_valid[gt_group] & in_range[..., None]  # (B, G, K, 6), (B, G, K)
+    else:  # one group: every GT shares its windows
+        rows, pair_valid = table[0].expand(num_samples, num_gts, -1, -1), table_valid[0] & in_range[..., None]
+    kind = rows[..., 0]  # (B, G, K)
+    ix = cell[..., 0].gather(2, kind) + rows[..., 2]  # (B, G, K)
+    iy = cell[..., 1].gather(2, kind) + rows[..., 1]  # (B, G, K)
+    pair_valid = pair_valid & (ix >= 0) & (ix < rows[..., 4]) & (iy >= 0) & (iy < rows[..., 5])  # (B, G, K)
+    anchor_index = (base.gather(2, kind) + rows[..., 3]).clamp_(0, num_anchors - 1)  # (B, G, K)
+
+    # IoU of each pair, by the dense path's float32 operations (the anchor's rectangle: centre ± half size)
+    centres = prepared.centres[anchor_index]  # (B, G, K, 2)
+    half_dims = prepared.half_dims[kind]  # (B, G, K, 2)
+    a = torch.cat([centres - half_dims, centres + half_dims], dim=-1)  # (B, G, K, 4)
+    b = gt_rect[:, :, None, :]  # (B, G, 1, 4)
+    area_a = (a[..., 2] - a[..., 0]) * (a[..., 3] - a[..., 1])  # (B, G, K)
+    area_b = (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1])  # (B, G, 1)
+    width = (torch.minimum(a[..., 2], b[..., 2]) - torch.maximum(a[..., 0], b[..., 0])).clamp_(min=0)  # (B, G, K)
+    height = (torch.minimum(a[..., 3], b[..., 3]) - torch.maximum(a[..., 1], b[..., 1])).clamp_(min=0)  # (B, G, K)
+    overlap = width.mul_(height)  # (B, G, K)
+    iou = overlap / (area_a + area_b).sub_(overlap).clamp_(min=IOU_EPS)  # (B, G, K)
+    iou = iou.masked_fill_(~pair_valid, -1.0)  # (B, G, K)
+
+    # per (sample, class): whether it has a GT, its first GT, and its last GT that overlaps no anchor at all
+    gt_number = torch.arange(1, num_gts + 1, device=device).expand(num_samples, -1)  # (B, G) 1-based
+    gt_max = iou.amax(dim=-1).clamp(min=0)  # (B, G): anchors outside the window give 0
+    per_group = torch.zeros(num_samples, num_groups, 3, dtype=torch.long, device=device)  # (B, groups, 3)
+    per_group[..., 1] = num_gts + 1
+    index = gt_group[..., None].expand(-1, -1, 3)  # (B, G, 3)
+    values = torch.stack(
+        [
+            in_range.long(),
+            torch.where(in_range, gt_number, num_gts + 1),
+            torch.where(in_range & (gt_max <= 0), gt_number, 0),
+        ],
+        dim=-1,
+    )  # (B, G, 3)
+    per_group[..., 0:1].scatter_reduce_(1, index[..., 0:1], values[..., 0:1], "amax")
+    per_group[..., 1:2].scatter_reduce_(1, index[..., 1:2], values[..., 1:2], "amin")
+    per_group[..., 2:3].scatter_reduce_(1, index[..., 2:3], values[..., 2:3], "amax")
+    has_gt, first_gt, zero_last = per_group.unbind(-1)  # 3 × (B, groups)
+
+    # anchors no window reaches: best IoU 0 (with a GT of their class), so their code is a per-(sample, class)
+    # table entry chosen by three per-anchor bits: 0 is negative, 0 is positive, a zero-IoU GT may claim it
+    anchor_group, zero_ok = prepared.group, prepared.zero_ok  # (A,), (A,)
+    bits = torch.arange(8, device=device)  # (8,) neg0 | pos0 << 1 | zero_ok << 2
+    default = torch.where(
+        ((bits & 4) > 0) & (zero_last[..., None] > 0),
+        zero_last[..., None],
+        torch.where((bits & 2) > 0, first_gt[..., None], torch.where((bits & 1) > 0, 0, -1)),
+    )  # (B, groups, 8)
+    default = torch.where(has_gt[..., None] > 0, default, 0)  # (B, groups, 8): no GT of the class: negative
+    assigned = default.flatten(1)[:, prepared.code]  # (B, A)
+
+    # anchors some window reaches: reductions over their pairs into per-anchor buffers
+    flat = (torch.arange(num_samples, device=device)[:, None, None] * num_anchors + anchor_index).flatten()  # (P,)
+    pair_iou = iou.flatten()  # (P,)
+    max_iou = torch.zeros(num_samples * num_anchors, device=device).scatter_reduce_(0, flat, pair_iou, "amax")
+    pair_max = max_iou[flat]  # (P,) the best IoU of each pair's anchor
+    pair_number = gt_number[..., None].expand_as(iou).flatten()  # (P,)
+    big = num_gts + 1
+    reaches = (pair_iou == pair_max) & pair_valid.flatten()  # (P,)
+    best = torch.full((num_samples * num_anchors,), big, device=device).scatter_reduce_(
+        0, flat, torch.where(reaches, pair_number, big), "amin"
+    )  # (B·A,) 1-based first GT at the anchor's best IoU (among window pairs)
+    low = (iou == gt_max[..., None]) & (gt_max[..., None] > 0) & pair_valid  # (B, G, K)
+    low &= (gt_max[..., None] >= thresholds.min_pos[anchor_index]) & thresholds.low_quality[anchor_index]  # (B, G, K)
+    last = torch.zeros(num_samples * num_anchors, dtype=torch.long, device=device).scatter_reduce_(
+        0, flat, torch.where(low.flatten(), pair_number, 0), "amax"
+    )  # (B·A,) 1-based last GT whose best IoU the anchor reaches
+
+    # each reached anchor's code, computed at its pairs (every pair of an anchor computes the same value)
+    pair_anchor = anchor_index.flatten()  # (P,)
+    pair_sample = torch.arange(num_samples, device=device)[:, None].expand(-1, iou.shape[1] * iou.shape[2]).flatten()
+    pair_group = anchor_group[pair_anchor]  # (P,)
+    first = first_gt[pair_sample, pair_group]  # (P,)
+    argmax_number = torch.where(pair_max > 0, best[flat], first)  # (P,) 1-based
+    value = torch.full_like(pair_number, -1)  # (P,)
+    negative = (pair_max >= thresholds.neg_low[pair_anchor]) & (pair_max < thresholds.neg_high[pair_anchor])  # (P,)
+    value = torch.where(negative, 0, value)  # (P,)
+    value = torch.where(pair_max >= thresholds.pos[pair_anchor], argmax_number, value)  # (P,)
+    zero_claim = torch.where(zero_ok[pair_anchor], zero_last[pair_sample, pair_group], 0)  # (P,)
+    final_last = torch.maximum(last[flat], zero_claim)  # (P,) the loop's last writer wins
+    value = torch.where(final_last > 0, final_last, value)  # (P,)
+    value = torch.where(has_gt[pair_sample, pair_group] > 0, value, 0)  # (P,)
+    return assigned.flatten().scatter_(0, flat, value).view(num_samples, num_anchors)  # (B, A)
