@@ -1,0 +1,460 @@
+"""The GPU check's run book: its steps in a fixed priority order, each capped to end inside a time budget.
+
+A borrowed GPU comes for minutes at a time, so ``scripts/gpu_check.sh`` spends them highest priority first:
+(1) the CUDA tests, (2) StreamPETR iterations, (3) the lidar iterations, (4) the camera data path, (5) precision
+and switches, (6) sweeps, then what is left. Each step has the time it is expected to need and a cap; it runs
+under ``timeout`` with min(cap, what remains of the budget − a reserve for packing), and a step expected to need
+more than what remains is skipped and named rather than started and cut. ``--part N`` picks one group of steps
+sized for one device command (:data:`PART_BUDGET_S`); the parts partition the steps. Everything a run writes
+goes into one ``gpu-results.tar.gz`` (kept under the 16 MiB a borrowed machine hands back) beside ``summary.md``;
+:func:`collect` (``scripts/gpu_results.sh``) copies the results out of such tarballs into ``benchmarks/results``.
+
+Only the standard library is used here: collecting results needs no torch.
+The expected seconds on CUDA are estimates until a borrowed run measures them: ``summary.md`` lists the measured
+seconds beside them, to be copied into ``_BOOK``.
+
+Run: ``python -m drivetrain.profile.runbook run --out OUT --work DIR [--budget S] [--part N] [--device cpu|cuda]``
+or ``... collect TARBALL [TARBALL ...] [--dest benchmarks/results]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+__all__ = ["PARTS", "PART_BUDGET_S", "Outcome", "Step", "collect", "pack", "plan", "run_book", "select", "summary"]
+
+RESERVE_S = 20.0  # kept back from every cap: timeout's 10 s grace before SIGKILL, then packing
+KILL_AFTER_S = 10
+SETUP_S = 30.0  # wheels, environment.txt and this module's start, before the first step (CUDA estimate)
+TARBALL = "gpu-results.tar.gz"
+TARBALL_LIMIT = 16 * 1024 * 1024  # the largest file a borrowed machine hands back
+PART_BUDGET_S = {1: 450, 2: 510, 3: 450, 4: 540}  # --budget of each part's device command (≤ 9 min)
+PARTS = {
+    1: "CUDA tests, StreamPETR iterations tiny and full, copy",
+    2: "PointPillars and SSN iterations tiny and full, camera augmentation (+ side stream, encoder ahead, DALI)",
+    3: "precision (SSN full), switches (PointPillars), sweeps (SSN), lidar-data",
+    4: "spare: switches (StreamPETR, VoxelNet), ragged, loss, the loader on the host CPU; --full: the whole suite",
+}
+RESULT = re.compile(r"[a-z0-9][a-z0-9-]*-cuda\.(json|md|png)|data-gpu-host\.(json|md)")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command of the run book.
+
+    Args:
+        name: the step's name, also its log's (``<name>.log``).
+        priority: lower runs first; steps of one priority keep their order.
+        part: the device command (``--part``) it belongs to.
+        expected_s: the least time it needs to finish; with less left it is skipped.
+        cap_s: the longest it may run.
+        argv: the command; empty when the step does not run on this device (``skip`` says why).
+        skip: why the step never runs here (e.g. a GPU-only size in the CPU dry run), or "".
+    """
+
+    name: str
+    priority: int
+    part: int
+    expected_s: float
+    cap_s: float
+    argv: tuple[str, ...]
+    skip: str = ""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one step: ``ok``, ``failed``, ``timed out`` or ``skipped`` (with its reason)."""
+
+    step: Step
+    status: str
+    seconds: float = 0.0
+    cap_s: float = 0.0
+    rc: int | None = None
+    reason: str = ""
+
+    def label(self) -> str:
+        """The status as the summary writes it, e.g. ``timed out after 120 s`` or ``skipped (GPU only)``."""
+        if self.status == "failed":
+            return f"failed ({self.rc})"
+        if self.status == "timed out":
+            return f"timed out after {self.seconds:.0f} s"
+        if self.status == "skipped":
+            return f"skipped ({self.reason})"
+        return self.status
+
+
+# The runner runs one step under a cap; it returns (exit status, seconds taken, whether the cap stopped it).
+Runner = Callable[[Step, float], tuple[int, float, bool]]
+
+
+FULL_ROOT = "data/synth-full-704"  # the root of configs/{streampetr_full,pointpillars_nus,ssn_nus}.yaml
+
+# The run book, highest priority first: name, priority, part, benchmark (None: pytest), then (expected s, cap s,
+# options) on CUDA and in the CPU dry run (None: not in the dry run). {data} is the work folder's data/: the dry
+# run generates 4 scenes there instead of the presets under the checkout's data/. CUDA seconds are estimates.
+_BOOK: list[tuple[str, int, int, str | None, tuple, tuple | None]] = [
+    ("tests-cuda", 1, 1, None, (90, 240, "-m cuda"), (20, 60, "-m cuda")),
+    # StreamPETR at the published batch 8. The full size reads the synthetic set at 704×256, which the benchmark
+    # would render on first use in one process (~4 min); "synth" renders it with a process per scene first.
+    ("iteration-streampetr-tiny", 2, 1, "iteration", (60, 150, "--model streampetr --size tiny --batch 8"),
+     (25, 60, "--model streampetr --size tiny --batch 2 --repeat 1 --warmup 0 --scenes 4 --data-root {data}/camera")),
+    ("synth-full-704", 2, 1, "synth", (60, 240, FULL_ROOT), None),
+    ("iteration-streampetr-full", 2, 1, "iteration", (120, 300, "--model streampetr --size full --batch 8"), None),
+    # PointPillars / SSN at the published batch 4: tiny, and full (the published nuScenes configs, on the same
+    # synthetic set: already there on a machine kept warm since part 1, rendered again after a cold start).
+    ("iteration-pointpillars-tiny", 3, 2, "iteration", (40, 120, "--model pointpillars --size tiny --batch 4"),
+     (10, 40, "--model pointpillars --size tiny --batch 2 --repeat 1 --warmup 0 --scenes 4 --data-root {data}/lidar")),
+    ("synth-full-704-p2", 3, 2, "synth", (5, 240, FULL_ROOT), None),
+    ("iteration-pointpillars-full", 3, 2, "iteration", (100, 240, "--model pointpillars --size full --batch 4"), None),
+    ("iteration-ssn-tiny", 3, 2, "iteration", (40, 120, "--model ssn --size tiny --batch 4"),
+     (10, 40, "--model ssn --size tiny --batch 2 --repeat 1 --warmup 0 --scenes 4 --data-root {data}/lidar")),
+    ("iteration-ssn-full", 3, 2, "iteration", (100, 240, "--model ssn --size full --batch 4"), None),
+    # The camera data path: worker vs device augmentation, + the prefetcher's side stream, + the frozen ResNet-50
+    # encoder run ahead, + DALI where its wheels are installed; then the packed host→device copy.
+    ("augment", 4, 2, "augment", (120, 240, "--train --batch 8"),
+     (80, 150, "--train --batch 1 --sizes tiny --repeat 2 --warmup 1 --data-dir {data}/augment")),
+    ("copy", 4, 1, "copy", (20, 60, ""), (5, 30, "--repeat 3 --warmup 1")),
+    ("precision-ssn-full", 5, 3, "precision", (150, 300, "--model ssn --size full --repeat 8 --warmup 3"),
+     (40, 90, "--model ssn --size tiny --repeat 3 --warmup 1 --variants 'fp32,fp32 + act. ckpt'")),
+    ("switches-pointpillars", 5, 3, "switches", (100, 180, "--model pointpillars {switches}"),
+     (40, 90, "--model pointpillars {switches_cpu}")),
+    ("sweeps-ssn", 6, 3, "sweeps", (90, 180, "--model ssn --steps 60"),
+     (80, 150, "--model ssn --steps 6 --warmup 2 --sweeps 0,5 --scenes 4 --data-root {data}/sweeps")),
+    ("lidar-data", 7, 3, "lidar-data", (60, 150, ""),
+     (20, 60, "--repeat 1 --warmup 0 --points 30000 --skip-sweeps --data-dir {data}/lidar-data")),
+    # The spare part: the switches of the other two models, ragged and loss (measured on CUDA before:
+    # benchmarks/results/{ragged,loss}-cuda.*), and the loader on the host's CPU.
+    ("switches-streampetr", 8, 4, "switches", (100, 180, "--model streampetr {switches}"),
+     (40, 90, "--model streampetr {switches_cpu}")),
+    ("switches-voxelnet", 8, 4, "switches", (100, 180, "--model voxelnet {switches}"),
+     (40, 90, "--model voxelnet {switches_cpu}")),
+    ("ragged", 8, 4, "ragged", (30, 90, ""), (10, 40, "--repeat 3 --warmup 1")),
+    ("loss", 8, 4, "loss", (40, 90, ""), (15, 60, "--repeat 2 --warmup 1")),
+    ("data-host", 8, 4, "data", (120, 300, "--repeat 2"), (120, 240, "--repeat 1 --data-dir {data}/loader")),
+]  # fmt: skip
+_SWITCHES = {  # short: one process per variant, no DDP, schedule or channels table
+    "switches": "--variants bf16,fp16,channels_last,cudnn_benchmark,tf32 --repeat 1 --no-ddp --no-schedule "
+    "--no-channels-table",
+    "switches_cpu": "--variants channels_last --steps 2 --warmup 1 --repeat 1 --no-ddp --no-schedule "
+    "--no-channels-table",
+}
+_FULL = ("tests-all", 9, 4, None, (480, 1800, ""), None)  # --full: the whole suite on the GPU machine
+
+
+def plan(device: str, python: str, work: Path, *, full: bool = False) -> list[Step]:
+    """The run book's steps for ``device`` (``cuda``, or ``cpu`` for the dry run with tiny sizes and few repeats).
+
+    Args:
+        device: ``cuda`` or ``cpu``.
+        python: the interpreter that runs pytest and ``drivetrain bench``.
+        work: the folder each step writes its log and results into.
+        full: also run the whole test suite (a part-4 step).
+
+    Returns:
+        The steps in priority order; a step with no CPU options is skipped in the dry run, named.
+    """
+    steps = []
+    for name, priority, part, what, on_cuda, on_cpu in _BOOK + ([_FULL] if full else []):
+        spec = on_cuda if device == "cuda" else on_cpu
+        if spec is None:
+            steps.append(Step(name, priority, part, 0.0, 0.0, (), skip="GPU only: not in the CPU dry run"))
+            continue
+        expected, cap, options = spec
+        opts = shlex.split(options.format(data=shlex.quote(str(work / "data")), **_SWITCHES))
+        argv = _command(name, what, opts, device, python, work)
+        steps.append(Step(name, priority, part, float(expected), float(cap), argv))
+    return sorted(steps, key=lambda s: s.priority)
+
+
+def _command(name: str, what: str | None, opts: list[str], device: str, python: str, work: Path) -> tuple[str, ...]:
+    """pytest with JUnit XML; the synthetic full set rendered and indexed unless there; or ``drivetrain bench WHAT``
+    writing ``<name>-<device>.{json,md,png}`` into ``work``."""
+    if what is None:
+        return (python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *opts,
+                "--junitxml", str(work / f"{name}.xml"), "tests")  # fmt: skip
+    if what == "synth":
+        root, cli = shlex.quote(opts[0]), f"{shlex.quote(python)} -m drivetrain.cli.main data"
+        synth = f"{cli} synth --out {root} --size full --image-size 704x256 --workers 10 --overwrite"
+        index = f"{cli} index --root {root} --quiet"
+        return ("bash", "-c", f"test -f {root}/drivetrain_index.npz || {{ {synth} && {index}; }}")
+    # The loader runs on the host CPU: on a GPU machine recorded as its host, never as the CPU machine's results.
+    host = what == "data"
+    stem = ("data-gpu-host" if device == "cuda" else f"{name}-cpu") if host else f"{name}-{device}"
+    files = ["--json", str(work / f"{stem}.json"), "--md", str(work / f"{stem}.md")]
+    files += [] if host else ["--png", str(work / f"{stem}.png")]
+    return (python, "-m", "drivetrain.cli.main", "bench", what, "--device", "cpu" if host else device, *opts, *files)
+
+
+def select(steps: Iterable[Step], part: int | None) -> list[Step]:
+    """The steps of ``part`` (all of them for None), in priority order."""
+    if part is not None and part not in PARTS:
+        raise ValueError(f"part: expected one of {sorted(PARTS)}, got {part}")
+    return [s for s in steps if part is None or s.part == part]
+
+
+def run_book(
+    steps: Iterable[Step],
+    budget_s: float,
+    runner: Runner,
+    *,
+    clock: Callable[[], float] = time.time,
+    started: float | None = None,
+    reserve_s: float = RESERVE_S,
+) -> list[Outcome]:
+    """Run ``steps`` in priority order within ``budget_s`` seconds counted from ``started`` (default: now).
+
+    Each step runs with cap min(its cap, remaining − ``reserve_s``); a step that expects to need more than that
+    is skipped and named, so nothing is cut half-way without a record. ``runner(step, cap)`` runs one step.
+    """
+    start = clock() if started is None else started
+    outcomes = []
+    for step in sorted(steps, key=lambda s: s.priority):
+        left = budget_s - (clock() - start) - reserve_s
+        if step.skip:
+            outcomes.append(Outcome(step, "skipped", reason=step.skip))
+        elif step.expected_s > left:
+            reason = f"needs ~{step.expected_s:.0f} s, {max(left, 0):.0f} s left"
+            outcomes.append(Outcome(step, "skipped", reason=reason))
+        else:
+            cap = float(int(min(step.cap_s, left)))  # whole seconds, as `timeout` takes them
+            rc, seconds, timed_out = runner(step, cap)
+            status = "timed out" if timed_out else "ok" if rc == 0 else "failed"
+            outcomes.append(Outcome(step, status, seconds=seconds, cap_s=cap, rc=rc))
+        print(f"gpu_check: {step.name}: {outcomes[-1].label()}", flush=True)
+    return outcomes
+
+
+def subprocess_runner(work: Path, *, kill_after: int = KILL_AFTER_S) -> Runner:
+    """A runner that runs each step under ``timeout`` (its process group killed at the cap), logging to
+    ``work/<name>.log``; a step stopped by its cap keeps its partial log with a closing line saying so.
+
+    ``timeout`` sends SIGTERM at the cap and SIGKILL ``kill_after`` seconds later; it exits 124 after the TERM,
+    and the KILL, sent to its whole process group, ends ``timeout`` itself too (-9 here).
+    """
+
+    def run(step: Step, cap: float) -> tuple[int, float, bool]:
+        log = work / f"{step.name}.log"
+        limit = max(1, int(cap))  # whole seconds, never 0 (which would mean no limit)
+        start = time.time()
+        with log.open("w") as f:
+            f.write(f"$ {shlex.join(step.argv)}\n(cap {limit} s)\n")
+            f.flush()
+            argv = ["timeout", f"--kill-after={kill_after}", str(limit), *step.argv]
+            rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
+        seconds = time.time() - start
+        timed_out = rc in (124, 137, -9) and seconds >= limit - 1
+        if timed_out:
+            with log.open("a") as f:
+                f.write(f"\n[gpu_check] timed out after {seconds:.0f} s (cap {limit} s): the log above is partial\n")
+        return rc, seconds, timed_out
+
+    return run
+
+
+def summary(outcomes: list[Outcome], *, title: str, environment: str = "", notes: Iterable[str] = (),
+            tails: dict[str, str] | None = None) -> str:  # fmt: skip
+    """``summary.md``: the environment, the table (step, part, status, seconds, cap, expected), the skipped
+    steps by name, ``notes`` (a sentence each) and the log tails of failed and timed-out steps."""
+    lines = [f"# {title}", ""]
+    lines += [f"    {line}" for line in environment.splitlines()] + ([""] if environment else [])
+    lines += ["| step | part | status | seconds | cap (s) | expected (s) |", "|---|---:|---|---:|---:|---:|"]
+    for o in outcomes:
+        ran = (f"{o.seconds:.0f}", f"{o.cap_s:.0f}") if o.status != "skipped" else ("–", "–")
+        expected = "–" if o.step.skip else f"{o.step.expected_s:.0f}"
+        lines.append(f"| {o.step.name} | {o.step.part} | {o.label()} | {ran[0]} | {ran[1]} | {expected} |")
+    skipped = [o.step.name for o in outcomes if o.status == "skipped"]
+    lines += ["", f"Skipped: {', '.join(skipped)}." if skipped else "Skipped: none."]
+    lines += list(notes)
+    for name, tail in (tails or {}).items():
+        lines += ["", f"## {name}: last lines of {name}.log", "", "```", tail.rstrip(), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def _tail(path: Path, max_bytes: int) -> bytes:
+    data = path.read_bytes()
+    if len(data) <= max_bytes:
+        return data
+    return b"[... %d bytes cut: the last %d follow]\n" % (len(data) - max_bytes, max_bytes) + data[-max_bytes:]
+
+
+# How much a log keeps at each packing level, and whether PNGs go in; the first level that fits is taken.
+_LEVELS = [(None, True, ""), (None, False, "dropped the PNG charts"),
+           (64 * 1024, False, "dropped the PNG charts; logs cut to their last 64 KiB"),
+           (4 * 1024, False, "dropped the PNG charts; logs cut to their last 4 KiB")]  # fmt: skip
+
+
+def pack(work: Path, tarball: Path, *, limit: int = TARBALL_LIMIT, write_summary: Callable[[list[str]], None]) -> str:
+    """Pack every file of ``work`` into ``tarball`` under ``gpu-check/``, at most ``limit`` bytes.
+
+    Over the limit, PNGs are dropped first, then the logs are cut to their tails. ``write_summary(notes)``
+    rewrites ``work/summary.md`` with the packing notes before each try, so the packed summary says what was
+    dropped. Returns the note for the level taken ("" when everything fits); raises ``RuntimeError`` when even
+    the smallest level is over ``limit`` (the tarball is left in place).
+    """
+    for keep_log, with_png, note in _LEVELS:
+        notes = [note] if note else []
+        write_summary(notes)
+        with tarfile.open(tarball, "w:gz") as tar:
+            for path in sorted(p for p in work.iterdir() if p.is_file()):
+                if path.suffix == ".png" and not with_png:
+                    continue
+                if path.suffix == ".log" and keep_log is not None:
+                    data = _tail(path, keep_log)
+                    info = tarfile.TarInfo(f"gpu-check/{path.name}")
+                    info.size, info.mtime = len(data), int(path.stat().st_mtime)
+                    tar.addfile(info, io.BytesIO(data))
+                else:
+                    tar.add(path, arcname=f"gpu-check/{path.name}", recursive=False)
+        size = tarball.stat().st_size
+        if size <= limit:
+            return note
+    raise RuntimeError(f"{tarball}: {size / 2**20:.1f} MiB even without PNGs and with logs cut (limit {limit} B)")
+
+
+def _safe_members(tar: tarfile.TarFile, name: str) -> list[tarfile.TarInfo]:
+    """The members of ``tar``, or ValueError naming the first one that could write outside the folder."""
+    members = tar.getmembers()
+    for m in members:
+        path = PurePosixPath(m.name)
+        if path.is_absolute() or ".." in path.parts or "\\" in m.name:
+            raise ValueError(f"{name}: refusing member {m.name!r} (absolute or with '..')")
+        if not (m.isfile() or m.isdir()):
+            raise ValueError(f"{name}: refusing member {m.name!r} (a link or special file)")
+    return members
+
+
+def collect(tarballs: Iterable[Path], dest: Path) -> list[Path]:
+    """Copy the CUDA results (``<what>-cuda.{json,md,png}``, ``data-gpu-host.{json,md}``) out of GPU-check
+    tarballs into ``dest``; return the paths written.
+
+    Every tarball is checked before anything is written: a member with an absolute path, a ``..`` part or a
+    link makes the whole call refuse (ValueError) and write nothing. A dry run's tarball (device cpu) gives none.
+    """
+    written = []
+    with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
+        checked = []
+        for path in map(Path, tarballs):
+            tar = stack.enter_context(tarfile.open(path, "r:gz"))
+            checked.append((path, tar, _safe_members(tar, str(path))))
+        folders = []
+        for index, (path, tar, members) in enumerate(checked):
+            folders.append((path, Path(tmp) / str(index)))
+            kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            tar.extractall(folders[-1][1], members=members, **kwargs)
+        for path, folder in folders:
+            record = _steps_record(folder)
+            if record is not None and record.get("device") != "cuda":
+                print(f"{path.name}: a {record.get('device')} dry run, no CUDA results to copy")
+                continue
+            for result in sorted(folder.rglob("*")):
+                if result.is_file() and RESULT.fullmatch(result.name):
+                    dest.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(result, dest / result.name)
+                    written.append(dest / result.name)
+                    print(f"{path.name}: wrote {dest / result.name}")
+            if record is not None:
+                print(f"{path.name}: measured {_measured(record)}")
+    return written
+
+
+def _steps_record(folder: Path) -> dict | None:
+    """The ``steps.json`` a run packed (device, part, each step's status and seconds), if any."""
+    found = sorted(folder.rglob("steps.json"))
+    return json.loads(found[0].read_text()) if found else None
+
+
+def _measured(record: dict) -> str:
+    """One line of measured seconds per step, to update the expected seconds in :func:`plan`."""
+    parts = [f"{s['name']} {s['status']} {s['seconds']:.0f} s" for s in record["steps"] if s["status"] != "skipped"]
+    return f"{record['device']} part {record['part'] or 'all'}: " + ("; ".join(parts) or "no step ran")
+
+
+def _run(args: argparse.Namespace) -> int:
+    work, out = args.work, args.out
+    work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    steps = select(plan(args.device, args.python, work, full=args.full), args.part)
+    budget = args.budget if args.budget is not None else SETUP_S + RESERVE_S + sum(s.cap_s for s in steps)
+    started = time.time() if args.started is None else args.started
+    setup = f"Setup (wheels, environment.txt) took {time.time() - started:.0f} s of the budget."
+    outcomes = run_book(steps, budget, subprocess_runner(work), started=started)
+    record = {"device": args.device, "part": args.part, "budget_s": budget, "steps": [
+        {"name": o.step.name, "part": o.step.part, "priority": o.step.priority, "status": o.status, "rc": o.rc,
+         "seconds": round(o.seconds, 1), "cap_s": round(o.cap_s, 1), "expected_s": o.step.expected_s,
+         "reason": o.reason} for o in outcomes]}  # fmt: skip
+    (work / "steps.json").write_text(json.dumps(record, indent=1) + "\n")
+    env_path = work / "environment.txt"
+    environment = env_path.read_text() if env_path.exists() else ""
+    which = f"part {args.part} ({PARTS[args.part]})" if args.part else "all parts"
+    title = f"GPU check — {which}, device {args.device}, budget {budget:.0f} s"
+    tails = {}
+    for o in outcomes:
+        log = work / f"{o.step.name}.log"
+        if o.status in ("failed", "timed out") and log.exists():
+            text = _tail(log, 4096).decode(errors="replace")
+            tails[o.step.name] = "\n".join(text.splitlines()[-15:])  # splitlines also splits progress bars' \r
+
+    def write_summary(notes: list[str]) -> None:
+        notes = [setup, *(f"Packing: {note} to stay under 16 MiB." for note in notes)]
+        text = summary(outcomes, title=title, environment=environment, notes=notes, tails=tails)
+        (work / "summary.md").write_text(text)
+
+    tarball = out / TARBALL
+    try:
+        pack(work, tarball, write_summary=write_summary)
+        packed = True
+    except RuntimeError as err:
+        print(f"gpu_check: {err}", file=sys.stderr)
+        packed = False
+    shutil.copyfile(work / "summary.md", out / "summary.md")
+    print((out / "summary.md").read_text())
+    print(f"gpu_check: {tarball} ({tarball.stat().st_size / 2**20:.2f} MiB) and {out / 'summary.md'}")
+    if args.save and args.device == "cuda" and packed:
+        collect([tarball], Path("benchmarks") / "results")
+    return 0 if packed and all(o.status in ("ok", "skipped") for o in outcomes) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m drivetrain.profile.runbook", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the steps within a budget and pack OUT/gpu-results.tar.gz + summary.md")
+    run.add_argument("--out", type=Path, required=True, help="where the tarball and summary.md go")
+    run.add_argument("--work", type=Path, required=True, help="where the steps write their logs and results")
+    run.add_argument("--budget", type=float, default=None, help="seconds for the whole run (default: every cap)")
+    run.add_argument("--started", type=float, default=None, help="epoch seconds the budget counts from (default: now)")
+    run.add_argument("--part", type=int, default=None, choices=sorted(PARTS), help="run only this part's steps")
+    run.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the dry run, tiny sizes")
+    run.add_argument("--python", default=sys.executable, help="interpreter of the steps (default: this one)")
+    run.add_argument("--full", action="store_true", help="also run the whole test suite (part 4)")
+    run.add_argument("--save", action="store_true", help="also copy the CUDA results to benchmarks/results")
+    col = sub.add_parser("collect", help="copy the CUDA results of gpu-results tarballs to benchmarks/results")
+    col.add_argument("tarballs", type=Path, nargs="+", metavar="TARBALL")
+    col.add_argument("--dest", type=Path, default=Path("benchmarks") / "results", help="(default: %(default)s)")
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return _run(args)
+    try:
+        written = collect(args.tarballs, args.dest)
+    except (ValueError, OSError, tarfile.TarError) as err:
+        print(f"gpu_results: {err}; nothing written", file=sys.stderr)
+        return 1
+    print(f"gpu_results: {len(written)} files written to {args.dest}" if written else "gpu_results: no CUDA results")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,348 @@
+"""drivetrain.profile.runbook: the GPU check's budget, caps, skips, parts, summary and tarballs, with a fake step
+runner and a fake clock (no benchmark runs here), plus scripts/gpu_results.sh on good and hostile tarballs."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from drivetrain.profile.runbook import (
+    PART_BUDGET_S,
+    PARTS,
+    RESERVE_S,
+    SETUP_S,
+    Step,
+    collect,
+    pack,
+    plan,
+    run_book,
+    select,
+    subprocess_runner,
+    summary,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class FakeMachine:
+    """A clock and a runner: each step 'takes' its scripted seconds, or its cap if that is shorter."""
+
+    def __init__(self, takes: dict[str, float], rc: dict[str, int] | None = None) -> None:
+        self.now = 1000.0
+        self.takes, self.rc = takes, rc or {}
+        self.calls: list[tuple[str, float, float]] = []  # (name, cap, clock at start)
+
+    def clock(self) -> float:
+        return self.now
+
+    def runner(self, step: Step, cap: float) -> tuple[int, float, bool]:
+        self.calls.append((step.name, cap, self.now))
+        seconds = min(self.takes[step.name], cap)
+        self.now += seconds
+        timed_out = self.takes[step.name] > cap
+        return (124 if timed_out else self.rc.get(step.name, 0)), seconds, timed_out
+
+
+def step(name: str, expected: float, cap: float, priority: int = 1, part: int = 1, skip: str = "") -> Step:
+    return Step(name, priority, part, expected, cap, ("true",) if not skip else (), skip)
+
+
+def test_a_step_that_does_not_fit_is_skipped_and_named_and_later_ones_still_run():
+    steps = [step("a", 10, 30), step("big", 50, 100), step("c", 5, 10)]
+    fake = FakeMachine({"a": 10, "big": 50, "c": 4})
+    outcomes = run_book(steps, 60, fake.runner, clock=fake.clock, reserve_s=5)
+    # After a: 60 - 10 - 5 = 45 s left, less than big's 50.
+    assert [(o.step.name, o.status) for o in outcomes] == [("a", "ok"), ("big", "skipped"), ("c", "ok")]
+    assert [name for name, _, _ in fake.calls] == ["a", "c"]
+    assert outcomes[1].label() == "skipped (needs ~50 s, 45 s left)"
+    text = summary(outcomes, title="t")
+    assert "Skipped: big." in text and "| big | 1 | skipped (needs ~50 s, 45 s left) | – | – | 50 |" in text
+
+
+def test_steps_run_in_priority_order_whatever_order_they_come_in():
+    steps = [step("late", 1, 5, priority=6), step("first", 1, 5, priority=1), step("second", 1, 5, priority=2)]
+    fake = FakeMachine({"late": 1, "first": 1, "second": 1})
+    outcomes = run_book(steps, 100, fake.runner, clock=fake.clock)
+    assert [o.step.name for o in outcomes] == ["first", "second", "late"]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_caps_never_exceed_the_step_cap_or_what_remains_of_the_budget(seed):
+    rng = random.Random(seed)
+    steps = [step(f"s{i}", rng.uniform(1, 60), rng.uniform(60, 200), priority=rng.randint(1, 6)) for i in range(12)]
+    fake = FakeMachine({s.name: rng.uniform(0, 250) for s in steps})
+    budget, reserve, started = rng.uniform(50, 600), rng.uniform(0, 30), fake.now - rng.uniform(0, 40)
+    outcomes = run_book(steps, budget, fake.runner, clock=fake.clock, started=started, reserve_s=reserve)
+    by_name = {s.name: s for s in steps}
+    for name, cap, at in fake.calls:
+        left = budget - (at - started) - reserve
+        assert cap <= by_name[name].cap_s and cap <= left + 1e-9
+        assert by_name[name].expected_s <= left  # it was expected to fit
+    # With every step held to its cap, the run ends inside the budget, leaving the reserve for packing.
+    if fake.calls:
+        assert fake.now - started <= budget - reserve + 1e-9
+    assert len(outcomes) == len(steps)
+    assert {o.status for o in outcomes} <= {"ok", "timed out", "skipped"}
+
+
+def test_a_timed_out_step_is_recorded_with_its_seconds_and_a_failed_one_with_its_rc():
+    steps = [step("slow", 10, 30), step("bad", 1, 10)]
+    fake = FakeMachine({"slow": 500, "bad": 2}, rc={"bad": 3})
+    outcomes = run_book(steps, 1000, fake.runner, clock=fake.clock)
+    assert outcomes[0].status == "timed out" and outcomes[0].label() == "timed out after 30 s"
+    assert outcomes[1].status == "failed" and outcomes[1].label() == "failed (3)"
+    text = summary(outcomes, title="t", tails={"slow": "step 3 of 10"})
+    assert "| slow | 1 | timed out after 30 s | 30 | 30 | 10 |" in text
+    assert "| bad | 1 | failed (3) | 2 | 10 | 1 |" in text
+    assert "## slow: last lines of slow.log" in text and "step 3 of 10" in text
+
+
+def test_a_step_marked_not_for_this_device_is_skipped_with_its_reason_without_running():
+    fake = FakeMachine({})
+    outcomes = run_book([step("full", 0, 0, skip="GPU only: not in the CPU dry run")], 100, fake.runner,
+                        clock=fake.clock)  # fmt: skip
+    assert fake.calls == [] and outcomes[0].label() == "skipped (GPU only: not in the CPU dry run)"
+
+
+def test_the_subprocess_runner_stops_a_step_at_its_cap_and_keeps_its_partial_log(tmp_path):
+    slow = Step("slow", 1, 1, 1, 1, ("bash", "-c", "echo started; sleep 60"))
+    rc, seconds, timed_out = subprocess_runner(tmp_path)(slow, 2)
+    log = (tmp_path / "slow.log").read_text()
+    assert timed_out and rc == 124 and 1.5 < seconds < 20
+    assert "started" in log and "timed out after" in log and "the log above is partial" in log
+    # A step that ignores SIGTERM is killed with its process group once the grace after the cap is over.
+    deaf = Step("deaf", 1, 1, 1, 1, ("bash", "-c", "trap '' TERM; echo deaf; sleep 60"))  # its sleep ignores TERM too
+    rc, seconds, timed_out = subprocess_runner(tmp_path, kill_after=1)(deaf, 1)
+    assert timed_out and rc == -9 and seconds < 20 and "deaf" in (tmp_path / "deaf.log").read_text()
+    assert "timed out after" in (tmp_path / "deaf.log").read_text()
+    bad = Step("bad", 1, 1, 1, 1, (sys.executable, "-c", "import sys; print('oops'); sys.exit(3)"))
+    rc, _, timed_out = subprocess_runner(tmp_path)(bad, 30)
+    assert (rc, timed_out) == (3, False) and "oops" in (tmp_path / "bad.log").read_text()
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+@pytest.mark.parametrize("full", [False, True])
+def test_parts_partition_the_steps_exactly_once_each(device, full, tmp_path):
+    steps = plan(device, "python3", tmp_path, full=full)
+    names = [s.name for s in steps]
+    assert len(set(names)) == len(names)
+    per_part = [s.name for part in PARTS for s in select(steps, part)]
+    assert sorted(per_part) == sorted(names)
+    assert [s.name for s in select(steps, None)] == names
+    with pytest.raises(ValueError, match="part"):
+        select(steps, 9)
+
+
+def test_the_steps_keep_the_issue_priority_order():
+    names = [s.name for s in plan("cuda", "python3", Path("w"))]
+    order = [
+        "tests-cuda",
+        "iteration-streampetr-tiny",
+        "iteration-streampetr-full",
+        "iteration-pointpillars-tiny",
+        "iteration-ssn-full",
+        "augment",
+        "copy",
+        "precision-ssn-full",
+        "switches-pointpillars",
+        "sweeps-ssn",
+    ]
+    assert [names.index(n) for n in order] == sorted(names.index(n) for n in order)
+    priorities = [s.priority for s in plan("cuda", "python3", Path("w"))]
+    assert priorities == sorted(priorities)
+
+
+@pytest.mark.parametrize("part", [1, 2, 3, 4])
+def test_each_part_is_sized_for_one_device_command_of_at_most_nine_minutes(part):
+    steps = select(plan("cuda", "python3", Path("w")), part)
+    assert PART_BUDGET_S[part] <= 540
+    assert SETUP_S + sum(s.expected_s for s in steps) <= PART_BUDGET_S[part] - RESERVE_S
+    assert all(s.cap_s >= s.expected_s for s in steps)
+
+
+def test_the_cpu_dry_run_uses_tiny_sizes_small_batches_and_the_cpu(tmp_path):
+    for s in plan("cpu", "python3", tmp_path):
+        argv = list(s.argv)
+        if s.skip:
+            assert argv == []
+            continue
+        if "--size" in argv:
+            assert argv[argv.index("--size") + 1] == "tiny", s.name
+        if "--batch" in argv:
+            assert max(int(b) for b in argv[argv.index("--batch") + 1].split(",")) <= 2, s.name
+        if "bench" in argv:
+            assert argv[argv.index("--device") + 1] == "cpu" and str(tmp_path) in argv[argv.index("--json") + 1]
+    skipped = {s.name for s in plan("cpu", "python3", tmp_path) if s.skip}
+    gpu_only = ["synth-full-704", "iteration-streampetr-full", "synth-full-704-p2", "iteration-pointpillars-full"]
+    assert skipped == {*gpu_only, "iteration-ssn-full"}
+
+
+def test_the_host_loader_result_is_named_for_the_gpu_host_only_on_cuda(tmp_path):
+    cuda = {s.name: s.argv for s in plan("cuda", "python3", tmp_path)}["data-host"]
+    cpu = {s.name: s.argv for s in plan("cpu", "python3", tmp_path)}["data-host"]
+    assert str(tmp_path / "data-gpu-host.json") in cuda and cuda[cuda.index("--device") + 1] == "cpu"
+    assert str(tmp_path / "data-host-cpu.json") in cpu
+
+
+def _work(tmp_path: Path) -> Path:
+    work = tmp_path / "work"
+    work.mkdir()
+    rng = random.Random(0)
+    (work / "chart.png").write_bytes(rng.randbytes(60_000))  # incompressible
+    (work / "bench.log").write_text("".join(f"line {i} {rng.random()}\n" for i in range(20_000)))
+    (work / "copy-cuda.json").write_text(json.dumps({"rows": []}))
+    (work / "sub").mkdir()  # generated data lives in sub-folders: never packed
+    (work / "sub" / "frame.bin").write_bytes(b"x" * 1000)
+    return work
+
+
+def _members(tarball: Path) -> dict[str, bytes]:
+    with tarfile.open(tarball) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def test_pack_keeps_everything_when_it_fits(tmp_path):
+    work = _work(tmp_path)
+    note = pack(work, tmp_path / "t.tar.gz", write_summary=lambda notes: (work / "summary.md").write_text("s\n"))
+    assert note == ""
+    expected = {f"gpu-check/{n}" for n in ("chart.png", "bench.log", "copy-cuda.json", "summary.md")}
+    assert set(_members(tmp_path / "t.tar.gz")) == expected
+
+
+def test_pack_drops_pngs_then_cuts_logs_to_stay_under_the_limit_and_says_so(tmp_path):
+    work = _work(tmp_path)
+    seen = []
+
+    def write_summary(notes):
+        seen.append(notes)
+        (work / "summary.md").write_text("packing: " + "; ".join(notes) + "\n")
+
+    limit = 40_000  # the PNG alone is 60 kB; the log compresses to more than this
+    tarball = tmp_path / "t.tar.gz"
+    note = pack(work, tarball, limit=limit, write_summary=write_summary)
+    assert tarball.stat().st_size <= limit
+    members = _members(tarball)
+    assert "gpu-check/chart.png" not in members and "gpu-check/copy-cuda.json" in members
+    log = members["gpu-check/bench.log"]
+    assert len(log) < (work / "bench.log").stat().st_size and log.endswith((work / "bench.log").read_bytes()[-1000:])
+    assert "PNG" in note and "logs cut" in note and note in members["gpu-check/summary.md"].decode()
+    assert seen[0] == [] and seen[-1] == [note]
+
+
+def test_pack_refuses_when_even_the_results_are_over_the_limit(tmp_path):
+    work = _work(tmp_path)
+    (work / "huge-cuda.json").write_bytes(random.Random(1).randbytes(50_000))
+    with pytest.raises(RuntimeError, match="limit"):
+        pack(work, tmp_path / "t.tar.gz", limit=20_000, write_summary=lambda notes: None)
+
+
+def _tarball(path: Path, files: dict[str, bytes], device: str = "cuda", extra: list[tarfile.TarInfo] = ()) -> Path:
+    files = {"gpu-check/steps.json": json.dumps({"device": device, "part": 1, "steps": [
+        {"name": "copy", "status": "ok", "seconds": 12.3}]}).encode(), **files}  # fmt: skip
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for info in extra:
+            tar.addfile(info, io.BytesIO(b"x" * info.size) if info.isfile() else None)
+    return path
+
+
+def _gpu_results(*args: str) -> subprocess.CompletedProcess:
+    cmd = ["bash", str(ROOT / "scripts" / "gpu_results.sh"), *args]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, check=False, env={**os.environ, "PYTHON": sys.executable}
+    )
+
+
+def test_gpu_results_copies_the_cuda_results_and_prints_what_it_wrote(tmp_path):
+    files = {f"gpu-check/copy-cuda.{ext}": b"r" for ext in ("json", "md", "png")}
+    files |= {"gpu-check/data-gpu-host.json": b"h", "gpu-check/copy.log": b"l", "gpu-check/tests-cuda.xml": b"x",
+              "gpu-check/copy-cpu.json": b"c", "gpu-check/summary.md": b"s"}  # fmt: skip
+    tarball = _tarball(tmp_path / "a.tar.gz", files)
+    proc = _gpu_results(str(tarball), "--dest", str(tmp_path / "dest"))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in (tmp_path / "dest").iterdir()) == [
+        "copy-cuda.json", "copy-cuda.md", "copy-cuda.png", "data-gpu-host.json"]  # fmt: skip
+    assert f"wrote {tmp_path / 'dest' / 'copy-cuda.json'}" in proc.stdout and "copy ok 12 s" in proc.stdout
+
+
+def test_gpu_results_takes_nothing_from_a_cpu_dry_run(tmp_path):
+    tarball = _tarball(tmp_path / "a.tar.gz", {"gpu-check/copy-cuda.json": b"r"}, device="cpu")
+    written = collect([tarball], tmp_path / "dest")
+    assert written == [] and not (tmp_path / "dest").exists()
+
+
+@pytest.mark.parametrize("bad", ["../x", "gpu-check/../../x", "/tmp/x", "link"])
+def test_gpu_results_refuses_a_hostile_tarball_and_writes_nothing(tmp_path, bad):
+    good = _tarball(tmp_path / "good.tar.gz", {"gpu-check/copy-cuda.json": b"r"})
+    if bad == "link":
+        info = tarfile.TarInfo("gpu-check/loss-cuda.json")
+        info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    else:
+        info = tarfile.TarInfo(bad)
+        info.size = 3
+    hostile = _tarball(tmp_path / "hostile.tar.gz", {"gpu-check/ragged-cuda.json": b"r"}, extra=[info])
+    (tmp_path / "run").mkdir()
+    proc = _gpu_results(str(good), str(hostile), "--dest", str(tmp_path / "run" / "dest"))
+    assert proc.returncode == 1
+    assert "refusing member" in proc.stderr and "nothing written" in proc.stderr
+    assert not (tmp_path / "run" / "dest").exists() and not (tmp_path / "x").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["good.tar.gz", "hostile.tar.gz", "run"]
+
+
+def _help(what: str, model: str | None, capsys) -> str:
+    from drivetrain.cli.bench import available, load
+
+    module = load(available()[what])
+    with pytest.raises(SystemExit):
+        module.main([*(["--model", model] if model else []), "--help"], prog=f"drivetrain bench {what}")
+    return capsys.readouterr().out
+
+
+def test_every_option_a_step_passes_is_one_its_benchmark_takes(tmp_path, capsys):
+    helps: dict[tuple[str, str | None], str] = {}
+    for device in ("cuda", "cpu"):
+        for s in plan(device, "python3", tmp_path):
+            if "bench" not in s.argv:
+                continue
+            what = s.argv[s.argv.index("bench") + 1]
+            model = s.argv[s.argv.index("--model") + 1] if what == "iteration" else None
+            key = (what, model if model in ("pointpillars", "ssn") else None)
+            if key not in helps:
+                helps[key] = _help(what, key[1], capsys)
+            flags = [a for a in s.argv if a.startswith("--")]
+            assert all(flag in helps[key] for flag in flags), (s.name, [f for f in flags if f not in helps[key]])
+
+
+def test_the_full_set_is_rendered_once_with_the_settings_the_full_configs_read(tmp_path, capsys):
+    """The synth steps render configs/streampetr_full.yaml's set (the lidar configs read the same root) unless its
+    index is there, with options `drivetrain data synth` and `data index` take."""
+    import yaml
+
+    from drivetrain.cli.main import main
+
+    steps = {s.name: s for s in plan("cuda", "python3", tmp_path)}
+    script = steps["synth-full-704"].argv[2]
+    assert steps["synth-full-704-p2"].argv == steps["synth-full-704"].argv
+    assert script.startswith("test -f data/synth-full-704/drivetrain_index.npz || ")
+    for name in ("streampetr_full", "pointpillars_nus", "ssn_nus"):
+        data = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())["data"]["args"]
+        assert (data["root"], data["size"], data["image_size"], data["seed"]) == ("data/synth-full-704", "full",
+                                                                                  [704, 256], 0)  # fmt: skip
+    for action, end in (("synth", "&&"), ("index", ";")):
+        with pytest.raises(SystemExit):
+            main(["data", action, "--help"])
+        flags = [w for w in re.search(f"data {action} (.*?){end}", script).group(1).split() if w.startswith("--")]
+        printed = capsys.readouterr().out
+        assert len(flags) >= 2 and all(flag in printed for flag in flags), (action, flags)
