@@ -60,12 +60,12 @@ def assert_same_run(run: Path, reference: Path) -> None:
     assert a["model"]["_extra_state"] == b["model"]["_extra_state"]  # the streaming memory's frame counter
 
 
-def test_sigterm_checkpoints_exits_zero_and_resumes_exactly(tmp_path: Path, reference: Path) -> None:
+def test_sigterm_checkpoints_exits_143_and_resumes_exactly(tmp_path: Path, reference: Path) -> None:
     proc = start(tmp_path, **{STEP_DELAY_ENV: "0.05"})
     wait_for(lambda: metric_lines(tmp_path) >= 6, proc)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+    assert proc.returncode == 128 + signal.SIGTERM, err  # checkpointed, then the conventional status
     assert "received SIGTERM" in err
     stopped_at = len(losses(tmp_path))
     assert 6 <= stopped_at < STEPS
@@ -75,6 +75,19 @@ def test_sigterm_checkpoints_exits_zero_and_resumes_exactly(tmp_path: Path, refe
     assert done.returncode == 0, done.stderr
     assert f"resumed from {tmp_path / 'checkpoints' / Checkpointer.name(stopped_at)}" in done.stderr
     assert_same_run(tmp_path, reference)
+
+
+def test_sigint_checkpoints_and_exits_130(tmp_path: Path) -> None:
+    """Ctrl-C: the step finishes, a checkpoint is written, and the status says the run was interrupted, so
+    `drivetrain train ... && drivetrain eval ...` stops there."""
+    proc = start(tmp_path, **{STEP_DELAY_ENV: "0.05"})
+    wait_for(lambda: metric_lines(tmp_path) >= 3, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert "received SIGINT" in err and "Traceback" not in err
+    stopped_at = len(losses(tmp_path))
+    assert Checkpointer(tmp_path / "checkpoints").committed()[-1][0] == stopped_at
 
 
 def test_sigkill_at_random_points_and_mid_checkpoint_resumes_exactly(tmp_path: Path, reference: Path) -> None:

@@ -86,7 +86,9 @@ def test_a_second_training_process_on_the_same_run_directory_is_refused(tmp_path
     finally:
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=60)
-    assert first.returncode == 0
+    # stopped by the signal after its checkpoint (143), or — on a slow machine — it had already finished its steps
+    # (0) or was past the loop when the signal came (the default action: -15); the lock is what this test is about
+    assert first.returncode in (128 + signal.SIGTERM, 0, -signal.SIGTERM)
     after = run_cli(*overrides(tmp_path, "train.steps=3"), "--resume", "auto")  # the lock died with its holder
     assert after.returncode == 0, after.stderr
 

@@ -3,8 +3,9 @@
 Overrides are dotted keys of the config with YAML values (``optim.lr=3e-4``,
 ``speed.activation_checkpointing=[backbone]``). ``--resume auto`` continues from the newest committed
 checkpoint of the run directory (``run.out_dir``); ``--resume DIR`` from a given checkpoint directory.
-SIGTERM/SIGINT finish the current step, write a checkpoint and exit 0. Under ``torchrun`` every rank runs
-this same command.
+SIGTERM/SIGINT finish the current step, write a checkpoint and exit with the signal's conventional status
+(143 for SIGTERM, 130 for SIGINT), so a ``train && eval`` chain stops and a scheduler can requeue the job. Under
+``torchrun`` every rank runs this same command.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Train from ``args.config`` with ``args.overrides`` and ``args.resume``; return the exit code.
 
-    0 when done, 2 on a config error, 1 on a non-finite loss, data or checkpoint error, 130 when interrupted
-    before the first step. A finished run in a process group leaves with ``os._exit(0)`` instead of returning.
+    0 when done, 2 on a config error, 1 on a non-finite loss, data or checkpoint error, 130 / 143 when SIGINT /
+    SIGTERM stopped it (after its checkpoint, or before the first step). A run in a process group leaves with
+    ``os._exit`` instead of returning.
     """
     from drivetrain.engine import (
         CheckpointError,
@@ -89,11 +91,26 @@ def run(args: argparse.Namespace) -> int:
             f"drivetrain train: {state.iteration}/{cfg.train.steps} steps ({state.step} updates, "
             f"{state.skipped} skipped) in {cfg.run.out_dir}"
         )
+    code = stop_status(trainer.stopped_by)
     if trainer.ctx.initialized:
         # Everything is written and every rank passed the last barrier. Leave without the interpreter's
         # teardown, whose destructors of torch.distributed objects can deadlock on the GIL (see
         # drivetrain.engine.distributed.teardown).
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
-    return 0
+        os._exit(code)
+    return code
+
+
+def stop_status(signal_name: str | None) -> int:
+    """The exit status of a run stopped by ``signal_name`` after its checkpoint: 128 + the signal's number (130 for
+    SIGINT, 143 for SIGTERM), as a shell reports a process the signal ended, so ``train && eval`` chains and
+    schedulers see the interruption; 0 for a run that finished. A stop another rank received counts as SIGTERM."""
+    import signal
+
+    if signal_name is None:
+        return 0
+    try:
+        return 128 + int(signal.Signals[signal_name])
+    except KeyError:
+        return 128 + int(signal.SIGTERM)

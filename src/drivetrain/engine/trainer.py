@@ -201,6 +201,7 @@ class Trainer:
             self._set_aside_unusable()
         self.ctx.barrier()
         self._stop_signal: str | None = None
+        self.stopped_by: str | None = None  # after fit(): the signal that stopped it ("SIGINT", "SIGTERM", ...)
         self._step_delay = float(os.environ.get(STEP_DELAY_ENV, "0") or 0)
 
     def _dali_stream(self, dataset: Any, shard: dict[str, int]) -> Any:
@@ -289,6 +290,7 @@ class Trainer:
                         path = self.save()
                         saved_at = done
                     if stop:
+                        self.stopped_by = stop
                         log.message(
                             f"drivetrain train: received {stop}; stopped after step {done} with checkpoint {path}; "
                             "continue with --resume auto"
