@@ -104,3 +104,26 @@ def test_resume_names_a_missing_path_and_a_run_directory(tmp_path: Path) -> None
     Trainer(load_config(SMOKE, overrides(tmp_path / "run", "train.steps=2"))).fit()
     with pytest.raises(ConfigError, match=r"is a run directory; pass --resume auto"):
         Trainer(load_config(SMOKE, overrides(tmp_path / "b")), resume=str(tmp_path / "run"))
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["data.args.num_samples=4", "data.batch_size=16"], "16 is larger than the 4 samples per rank"),
+        (["data.batch_size=100000"], "data.batch_size: 100000 per rank × 1 rank(s) does not fit SmokeDataset"),
+    ],
+)
+def test_a_batch_larger_than_the_data_is_one_config_line(tmp_path: Path, extra: list[str], message: str) -> None:
+    proc = run_cli(*overrides(tmp_path / "run", *extra))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and message in proc.stderr
+    assert not (tmp_path / "run").exists()  # refused before the run directory was made
+
+
+def test_evaluating_a_run_whose_model_makes_no_3d_detections_is_one_line(tmp_path: Path, capsys) -> None:
+    assert main(["train", "--config", str(SMOKE), *overrides(tmp_path, "train.steps=2")]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", "--checkpoint", str(tmp_path)])
+    assert "holds a smoke model, which makes no 3D detections" in str(exit_.value.code)
+    assert "\n" not in str(exit_.value.code)

@@ -193,6 +193,12 @@ def _run_checkpoint(args: argparse.Namespace) -> int:
         model, cfg, path = model_from_checkpoint(args.checkpoint)
     except CheckpointError as err:
         raise SystemExit(f"eval: --checkpoint: {err}") from None
+    if not callable(getattr(model, "detect", None)):
+        raise SystemExit(
+            f"eval: --checkpoint: {path} holds a {cfg.model.name} model, which makes no 3D detections (no "
+            "detect(batch)) to score with the nuScenes metric; drivetrain eval scores streampetr, pointpillars and ssn "
+            "runs (its training loss and curves: drivetrain report RUN)"
+        )
     if args.tta:
         if not hasattr(model, "tta_config"):
             raise SystemExit(f"eval: --tta: {type(model).__name__} has no test-time augmentation (lidar models do)")

@@ -114,9 +114,10 @@ def ground_truth_submission(index: FrameIndex, scenes: list[str] | None = None, 
     return {"meta": submission_meta(), "results": results}
 
 
-def submission_meta() -> dict[str, bool]:
-    """The submission's ``meta`` block: camera-only predictions, no external data."""
-    return {"use_camera": True, "use_lidar": False, "use_radar": False, "use_map": False, "use_external": False}
+def submission_meta(*, camera: bool = True, lidar: bool = False) -> dict[str, bool]:
+    """The submission's ``meta`` block: which sensors the predictions used (the model's ``input_modalities``), no
+    radar, map or external data."""
+    return {"use_camera": camera, "use_lidar": lidar, "use_radar": False, "use_map": False, "use_external": False}
 
 
 # Fields of a submission box: (length, element check) — the devkit's DetectionBox, checked before it runs.

@@ -39,7 +39,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from drivetrain.engine.config import DataConfig
+from drivetrain.engine.config import ConfigError, DataConfig
 from drivetrain.engine.rng import mix_seed
 
 __all__ = ["BatchSampler", "BatchStream", "ShuffledBatches", "brings_own_batching"]
@@ -211,12 +211,18 @@ class BatchStream:
     ) -> None:
         self.dataset, self.cfg, self.seed, self.rank = dataset, cfg, seed, rank
         shard = {"seed": seed, "shuffle": cfg.shuffle, "rank": rank, "world_size": world_size}
-        if brings_own_batching(dataset):
-            self.sampler: BatchSampler = dataset.batch_sampler(cfg.batch_size, **shard)
-            collate = dataset.collate
-        else:
-            self.sampler = ShuffledBatches(len(dataset), cfg.batch_size, **shard)
-            collate = None  # torch's default collate
+        try:
+            if brings_own_batching(dataset):
+                self.sampler: BatchSampler = dataset.batch_sampler(cfg.batch_size, **shard)
+                collate = dataset.collate
+            else:
+                self.sampler = ShuffledBatches(len(dataset), cfg.batch_size, **shard)
+                collate = None  # torch's default collate
+        except ValueError as err:  # the data cannot fill a batch of this size: a config mistake, said in one line
+            raise ConfigError(
+                f"data.batch_size: {cfg.batch_size} per rank × {world_size} rank(s) does not fit "
+                f"{type(dataset).__name__} ({err}); lower data.batch_size or use more data"
+            ) from None
         self._recorded = _Recorded(self.sampler, positioned=transform is not None)
         if transform is not None:
             if collate is None:

@@ -142,7 +142,9 @@ def predict(
                     results[token] = lyft_boxes_to_results(token, boxes, labels, scores, pose, lyft_classes)
     finally:
         model.train(was_training)
-    return {"meta": submission_meta(), "results": results}, skipped
+    modalities = getattr(model, "input_modalities", ("camera",))  # what the model reads: the meta block says so
+    meta = submission_meta(camera="camera" in modalities, lidar="lidar" in modalities)
+    return {"meta": meta, "results": results}, skipped
 
 
 def evaluate_model(

@@ -31,7 +31,7 @@ def _stage(c_in: int, c_out: int, stride: int) -> nn.Sequential:
 
 
 class FocalDetector2D(nn.Module):
-    """Per-camera 2D detector trained with the focal-head loss.
+    """Per-camera 2D detector trained with the focal-head loss (``input_modalities``: camera).
 
     Args:
         num_classes: ``C``.
@@ -41,6 +41,8 @@ class FocalDetector2D(nn.Module):
         sync_cls_avg_factor: average the classification count of the loss over ranks (False: the rank's own
             count, as the published StreamPETR config).
     """
+
+    input_modalities: tuple[str, ...] = ("camera",)
 
     def __init__(
         self,
