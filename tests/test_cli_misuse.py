@@ -127,3 +127,27 @@ def test_evaluating_a_run_whose_model_makes_no_3d_detections_is_one_line(tmp_pat
         main(["eval", "--checkpoint", str(tmp_path)])
     assert "holds a smoke model, which makes no 3D detections" in str(exit_.value.code)
     assert "\n" not in str(exit_.value.code)
+
+
+def test_checkpoint_paths_a_user_passes_get_the_right_word(tmp_path: Path, capsys) -> None:
+    """A run without checkpoints, a folder that is no checkpoint and a config file are named as such (not as a
+    save that did not finish); a checkpoint's state.pt is accepted for the checkpoint, by eval and --resume."""
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(SMOKE), *overrides(run, "train.steps=2")]) == 0
+    state = run / "checkpoints" / "step-00000002" / "state.pt"
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "config.yaml").write_text("run: {}\n")
+    cases = {
+        fresh: "the run has no checkpoints yet",
+        SMOKE.parent: "not a checkpoint (no state.pt, no COMMITTED marker)",
+        SMOKE: "is a file, not a checkpoint",
+        state: "holds a smoke model",  # loaded: the refusal is about the model, not the path
+    }
+    for path, message in cases.items():
+        with pytest.raises(SystemExit) as exit_:
+            main(["eval", "--checkpoint", str(path)])
+        assert message in str(exit_.value.code), (path, exit_.value.code)
+    capsys.readouterr()
+    assert main(["train", "--config", str(SMOKE), *overrides(run, "train.steps=3"), "--resume", str(state)]) == 0
+    assert f"resumed from {state.parent} at step 2" in capsys.readouterr().err

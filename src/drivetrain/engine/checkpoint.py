@@ -34,7 +34,7 @@ import torch
 
 from drivetrain.safe_files import remove_path
 
-__all__ = ["CheckpointError", "CheckpointWarning", "Checkpointer"]
+__all__ = ["CheckpointError", "CheckpointWarning", "Checkpointer", "checkpoint_dir"]
 
 MARKER = "COMMITTED"
 CORRUPT = "corrupt"  # committed checkpoints that failed to load, moved aside
@@ -69,6 +69,20 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def checkpoint_dir(path: str | Path) -> Path:
+    """The checkpoint directory a user means: ``path`` itself, or the folder of its ``state.pt`` / ``COMMITTED``
+    file (passing the weights file is the mmdetection habit). Raises CheckpointError for any other file."""
+    path = Path(path)
+    if path.is_file() or path.is_symlink():
+        if path.name in (STATE_FILE, MARKER):
+            return path.parent
+        raise CheckpointError(
+            f"{path} is a file, not a checkpoint; pass a run directory, one of its checkpoints/step-N folders or "
+            f"that folder's {STATE_FILE}"
+        )
+    return path
 
 
 class Checkpointer:
@@ -165,10 +179,18 @@ class Checkpointer:
                 remove_path(path, ignore_errors=True)
 
     def load(self, path: str | Path) -> dict[str, Any]:
-        """Load one checkpoint directory (marker and checksum verified); raises CheckpointError."""
-        path = Path(path)
+        """Load one checkpoint directory (marker and checksum verified); raises CheckpointError.
+
+        ``path`` may also be the checkpoint's ``state.pt`` or ``COMMITTED`` file (:func:`checkpoint_dir`).
+        """
+        path = checkpoint_dir(path)
         marker_path = path / MARKER
         if not marker_path.is_file():
+            if not (path / STATE_FILE).exists() and _NAME.match(path.name) is None:
+                raise CheckpointError(
+                    f"{path}: not a checkpoint (no {STATE_FILE}, no {MARKER} marker); pass a run directory, one of "
+                    f"its checkpoints/step-N folders or that folder's {STATE_FILE}"
+                )
             raise CheckpointError(f"{path}: no {MARKER} marker (the save did not finish)")
         try:
             marker = json.loads(marker_path.read_text())

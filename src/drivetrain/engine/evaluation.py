@@ -216,17 +216,21 @@ def model_from_checkpoint(path: str | Path) -> tuple[nn.Module, Any, Path]:
         CheckpointError: no checkpoint there, or it does not load (checksum, format, weights that do not fit).
     """
     from drivetrain.engine.build import build_model
-    from drivetrain.engine.checkpoint import Checkpointer, CheckpointError
+    from drivetrain.engine.checkpoint import Checkpointer, CheckpointError, checkpoint_dir
     from drivetrain.engine.config import ConfigError, TrainConfig, from_dict
 
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path} does not exist (pass a run directory or one of its checkpoints/step-N)")
+    path = checkpoint_dir(path)  # a checkpoint's state.pt means its folder
+    run_files = ("config.yaml", "metrics.jsonl", ".drivetrain-run")
     if (path / "checkpoints").is_dir():
         found = Checkpointer(path / "checkpoints").load_latest()
         if found is None:
             raise CheckpointError(f"{path}: the run has no committed checkpoint that loads")
         path, state = found
+    elif any((path / name).exists() for name in run_files):
+        raise CheckpointError(f"{path}: the run has no checkpoints yet (it writes them every checkpoint.every steps)")
     else:
         state = Checkpointer(path.parent).load(path)
     try:

@@ -33,7 +33,15 @@ import drivetrain
 from drivetrain.data.errors import DataError
 from drivetrain.engine.batches import BatchStream
 from drivetrain.engine.build import apply_speed, build_dataset, build_model, build_optimizer
-from drivetrain.engine.checkpoint import CORRUPT, MARKER, SUPERSEDED, Checkpointer, CheckpointError, CheckpointWarning
+from drivetrain.engine.checkpoint import (
+    CORRUPT,
+    MARKER,
+    SUPERSEDED,
+    Checkpointer,
+    CheckpointError,
+    CheckpointWarning,
+    checkpoint_dir,
+)
 from drivetrain.engine.config import ConfigError, TrainConfig, config_diff, config_to_dict
 from drivetrain.engine.distributed import DistContext, setup, teardown
 from drivetrain.engine.evaluation import evaluate_model
@@ -543,7 +551,10 @@ class Trainer:
                 return
             path, ckpt = found
         else:
-            path = Path(resume)
+            try:
+                path = checkpoint_dir(resume)  # a checkpoint folder or its state.pt
+            except CheckpointError as err:
+                raise ConfigError(f"--resume: {err}") from None
             if not path.exists():
                 raise ConfigError(f"--resume: {path} does not exist (pass auto, or a checkpoint directory)")
             if (path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file():
