@@ -39,7 +39,16 @@ def test_corrupt_lidar_file_is_named(broken_root):
     ds = dataset(broken_root, load_images=False, load_points=True)
     victim = broken_root / ds.index.meta["lidar_files"][0]
     victim.write_bytes(victim.read_bytes()[:-6])
-    with pytest.raises(DataError, match=rf"{victim.name}.*not a multiple of 5"):
+    with pytest.raises(DataError, match=rf"{victim.name}.*not a whole number of 20-byte points"):
+        ds[0]
+
+
+def test_a_lidar_file_cut_inside_a_float_is_refused_not_read_short(broken_root):
+    """1001 bytes would read as 250 floats = 50 whole points with the last byte dropped: refused instead."""
+    ds = dataset(broken_root, load_images=False, load_points=True)
+    victim = broken_root / ds.index.meta["lidar_files"][0]
+    victim.write_bytes(victim.read_bytes()[:1001])
+    with pytest.raises(DataError, match=rf"{victim.name}.*1001 bytes is not a whole number of 20-byte points"):
         ds[0]
 
 

@@ -14,6 +14,7 @@ replaced by a :class:`Skipped` marker and a warning; ``collate`` drops it and li
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,11 +132,14 @@ def read_image(path: Path, size: tuple[int, int] | None = None) -> np.ndarray:
 def read_points(path: Path, dims: int = 5) -> np.ndarray:
     """Read a nuScenes ``.pcd.bin`` (float32 × ``dims`` per point) → ``(P, dims)``; DataError if bad."""
     try:
-        raw = np.fromfile(path, dtype=np.float32)
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            record = 4 * dims  # float32 × dims per point
+            if size % record:  # a truncated or padded file: trailing bytes are not silently dropped
+                raise DataError(f"corrupt lidar file: {size} bytes is not a whole number of {record}-byte points", path)
+            raw = np.fromfile(f, dtype=np.float32)
     except OSError as err:
         raise DataError(f"cannot read lidar file ({err.strerror or err})", path) from None
-    if raw.size % dims:
-        raise DataError(f"corrupt lidar file: {raw.size} floats is not a multiple of {dims}", path)
     points = raw.reshape(-1, dims)
     if not np.isfinite(points[:, :3]).all():
         raise DataError("corrupt lidar file: non-finite coordinates", path)
