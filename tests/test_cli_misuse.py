@@ -151,3 +151,11 @@ def test_checkpoint_paths_a_user_passes_get_the_right_word(tmp_path: Path, capsy
     capsys.readouterr()
     assert main(["train", "--config", str(SMOKE), *overrides(run, "train.steps=3"), "--resume", str(state)]) == 0
     assert f"resumed from {state.parent} at step 2" in capsys.readouterr().err
+
+
+def test_a_python_config_is_not_read_and_the_yaml_equivalents_are_named(tmp_path: Path) -> None:
+    config = tmp_path / "pointpillars_mm.py"
+    config.write_text("_base_ = ['../_base_/models/hv_pointpillars_fpn_nus.py']\nmodel = dict(type='MVXFasterRCNN')\n")
+    with pytest.raises(ConfigError, match=r"a Python config .* is not read") as err:
+        load_config(config)
+    assert "configs/" in str(err.value) and "\n" not in str(err.value)

@@ -466,6 +466,12 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"{path}: config file not found")
+        if path.suffix == ".py":
+            raise ConfigError(
+                f"{path}: a Python config (mmdetection3d / mmengine style) is not read — drivetrain configs are YAML "
+                "data and never run code; start from the YAML equivalent in configs/ (pointpillars_nus.yaml, "
+                "ssn_nus.yaml, streampetr_full.yaml; `ls configs/`)"
+            )
         try:
             data = yaml.safe_load(path.read_text(encoding="utf-8"))
         except UnicodeDecodeError:
