@@ -153,3 +153,27 @@ def test_evaluation_puts_the_first_frame_with_its_boxes_into_tensorboard(synth_i
 
     pixels = np.asarray(Image.open(io.BytesIO(image.encoded_image_string)))
     assert pixels.std() > 10  # the camera images, not a blank canvas
+
+
+@pytest.mark.parametrize("train_split", ["mini_val", None])
+def test_training_on_the_evaluated_scenes_is_warned_about(synth_index, synth_root, tmp_path, train_split):
+    index = synth_root / "drivetrain_index.npz"
+    split = "null" if train_split is None else train_split  # null: every scene, the evaluated ones too
+    cfg = load_config(
+        CONFIG,
+        [f"run.out_dir={tmp_path}", "log.tensorboard=false", "data.name=frames", "train.device=cpu",
+         f"data.args={{index: {index}, split: {split}}}", "eval.every=2", "eval.split=mini_val"],
+    )  # fmt: skip
+    with pytest.warns(RuntimeWarning, match=r"eval.split: 'mini_val' is also what the run trains on"):
+        Trainer(cfg).close()
+
+
+def test_training_on_another_split_is_not_warned_about(synth_index, synth_root, tmp_path, recwarn):
+    index = synth_root / "drivetrain_index.npz"
+    cfg = load_config(
+        CONFIG,
+        [f"run.out_dir={tmp_path}", "log.tensorboard=false", "data.name=frames", "train.device=cpu",
+         f"data.args={{index: {index}, split: mini_train}}", "eval.every=2"],
+    )  # fmt: skip
+    Trainer(cfg).close()
+    assert not [w for w in recwarn if "also what the run trains on" in str(w.message)]

@@ -13,6 +13,7 @@ Resuming restores all of it (RNG last, after the data pipeline is built) and con
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import platform
@@ -117,6 +118,17 @@ class TrainingDataError(RuntimeError):
         self.message, self.checkpoint = message, checkpoint
         kept = f"; saved checkpoint {checkpoint} (fix the data, then --resume auto)" if checkpoint else ""
         super().__init__(f"{message}; set data.args.on_error=skip to skip unreadable frames (warned and counted){kept}")
+
+
+def _default_split(data_name: str) -> Any:
+    """The ``split`` a registered data builder uses when the config names none (``"?"`` if it takes no split)."""
+    from drivetrain.engine.registry import lookup
+
+    try:
+        parameter = inspect.signature(lookup("data", data_name)).parameters.get("split")
+    except (TypeError, ValueError):
+        return "?"
+    return "?" if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
 
 
 class Trainer:
@@ -317,6 +329,15 @@ class Trainer:
         if not callable(getattr(self.model, "detect", None)):
             raise ConfigError(f"eval.every: {self.cfg.model.name} has no detect(batch) method to evaluate with")
         args = {**self.cfg.data.args, "split": self.cfg.eval.split}
+        trained_on = self.cfg.data.args.get("split", _default_split(self.cfg.data.name))
+        if trained_on is None or trained_on == self.cfg.eval.split:  # None: every scene, the evaluated ones too
+            warnings.warn(
+                f"eval.split: {self.cfg.eval.split!r} is also what the run trains on (data.args.split={trained_on!r}): "
+                "its scores measure memorisation, not detection of unseen scenes; train on another split "
+                "(mini_train, train) or evaluate another (eval.split=mini_val, val)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         with torch.random.fork_rng(devices=[]):  # building it draws nothing from the run's RNG
             return build_dataset(replace(self.cfg.data, args=args))
 
