@@ -265,6 +265,14 @@ def test_parallel_build_writes_the_same_bytes(synth_root, synth_index, tmp_path)
         assert p.read_bytes() == (tmp_path / "two" / p.name).read_bytes(), p.name
 
 
+def test_a_cache_worker_that_dies_is_reported_not_waited_for(synth_root, synth_index, tmp_path):
+    from helpers.dying import read_points_then_die
+
+    with pytest.raises(DataError, match="a cache worker process died"):
+        build_cache(synth_index, synth_root, tmp_path / "c", PP, read_points_then_die, frames_per_shard=5, workers=2)
+    _build(synth_root, synth_index, tmp_path / "c")  # the same command again finishes the cache
+
+
 def test_loader_batches_points_from_the_cache(synth_root, synth_index, tmp_path):
     _build(synth_root, synth_index, tmp_path / "c")
     dataset = _dataset(synth_root, cache=tmp_path / "c")

@@ -294,14 +294,29 @@ def _run(jobs: list[tuple[Any, ...]], workers: int) -> Iterator[tuple[int, dict[
             yield _build_shard(*job)
         return
     import multiprocessing as mp
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
 
+    # An executor, not multiprocessing.Pool: a worker that dies (killed, out of memory) breaks the pool and is
+    # reported here, where Pool would wait for its result forever. Finished shards stay: a rerun resumes.
     ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
-    with ctx.Pool(min(workers, len(jobs))) as pool:
-        yield from pool.imap_unordered(_build_shard_star, jobs)
+    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx) as pool:
+        pending = {pool.submit(_build_shard, *job) for job in jobs}
+        try:
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    yield future.result()
+        except BrokenProcessPool:
+            raise DataError(
+                "a cache worker process died (killed or out of memory); the shards written so far are kept — run the "
+                "same command again to finish the cache",
+                None,
+            ) from None
+        finally:
+            for future in pending:
+                future.cancel()
 
-
-def _build_shard_star(job: tuple[Any, ...]) -> tuple[int, dict[str, Any]]:
-    return _build_shard(*job)
 
 
 def _build_shard(
