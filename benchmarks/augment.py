@@ -50,7 +50,18 @@ from drivetrain.engine.config import DataConfig
 from drivetrain.pipeline.camera_aug import CameraAugConfig, CameraAugment
 from drivetrain.pipeline.dali import DaliStream, dali_available
 from drivetrain.pipeline.prefetch import DevicePrefetcher
-from drivetrain.profile import BenchResult, ResourceMonitor, Row, add_bench_arguments, device_name, emit, setup_bench
+from drivetrain.profile import (
+    BenchResult,
+    ResourceMonitor,
+    Row,
+    active,
+    add_bench_arguments,
+    device_name,
+    emit,
+    setup_bench,
+)
+from drivetrain.profile.costmodel import count_call
+from drivetrain.profile.stepcost import step_cost, step_profiler
 from drivetrain.profile.timer import synchronize
 
 DESCRIPTION = __doc__.splitlines()[0]
@@ -128,8 +139,9 @@ def _closed(source: Any, measured: dict[str, float]) -> dict[str, float]:
     return measured
 
 
-def _timed(source: Any, batch: int, device: torch.device, warmup: int, repeat: int) -> dict[str, float]:
-    """Pull ``warmup`` then ``repeat`` timed batches from ``source``; ms and CPU seconds per frame."""
+def _timed(source: Any, batch: int, device: torch.device, warmup: int, repeat: int) -> dict[str, Any]:
+    """Pull ``warmup`` then ``repeat`` timed batches from ``source``; ms and CPU seconds per frame, and the kernels
+    and host syncs per frame of one more batch, untimed (the main process only: loader workers are not seen)."""
     for _ in range(warmup):  # starts the workers, fills their queues
         source.next()
     synchronize(device)
@@ -141,7 +153,10 @@ def _timed(source: Any, batch: int, device: torch.device, warmup: int, repeat: i
         wall = time.perf_counter() - start
     assert monitor.result is not None and out.images.dtype == torch.float32
     frames = repeat * batch
-    return {"ms_per_frame": wall * 1e3 / frames, "cpu_s_per_frame": monitor.result.cpu_cores * wall / frames}
+    cost = count_call(source.next).per(batch)
+    synchronize(device)
+    return {"ms_per_frame": wall * 1e3 / frames, "cpu_s_per_frame": monitor.result.cpu_cores * wall / frames,
+            "cost": cost}  # fmt: skip
 
 
 def training(
@@ -184,8 +199,10 @@ def training(
         overrides.append("model.args.backbone_args={}")
     cfg = load_config(ROOT / "configs" / "streampetr_tiny_aug.yaml", overrides)
     trainer = Trainer(cfg)
+    # the last warm-up step's kernels and syncs, its data region included: the device variants augment there
+    profiler = step_profiler(trainer.device, warmup, data=True)
     try:
-        with ResourceMonitor(device) as monitor:
+        with ResourceMonitor(device) as monitor, active(profiler):
             trainer.fit()
     finally:
         trainer.close()
@@ -197,13 +214,18 @@ def training(
     step = statistics.median(r["step_time_s"] for r in steps)
     wait = statistics.median(r["data_wait_s"] for r in steps)
     assert monitor.result is not None
-    return {"ms_per_frame": step * 1e3 / batch, "data_wait_ms": wait * 1e3, "cpu_cores": monitor.result.cpu_cores}
+    cost = step_cost(profiler)
+    return {"ms_per_frame": step * 1e3 / batch, "data_wait_ms": wait * 1e3, "cpu_cores": monitor.result.cpu_cores,
+            "cost": cost.per(batch) if cost is not None else None}  # fmt: skip
 
 
-def variant_row(name: str, measured: dict[str, dict[str, float]], batched: str) -> Row:
-    """A row of every variant's ms per frame: reference = ``worker``, batched = ``batched``."""
+def variant_row(name: str, measured: dict[str, dict[str, Any]], batched: str) -> Row:
+    """A row of every variant's ms per frame (and kernels and syncs per frame): reference = ``worker``, batched =
+    ``batched``."""
     per_frame = {k: v["ms_per_frame"] for k, v in measured.items()}
-    return Row(name, per_frame["worker"], per_frame[batched], variants=per_frame, baseline="worker")
+    costs = {k: v.get("cost") for k, v in measured.items()}
+    return Row(name, per_frame["worker"], per_frame[batched], variants=per_frame, baseline="worker",
+               reference_cost=costs["worker"], batched_cost=costs[batched], variant_costs=costs)  # fmt: skip
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -278,7 +300,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                 tname = f"{label}, B={batch}: training ms/frame ({encoder} encoder, frozen)"
                 result.add(variant_row(tname, runs, "device+stream+encoder"))
                 cpu[tname] = {
-                    f"{k} {m}": round(val, 3) for k, v in runs.items() for m, val in v.items() if m != "ms_per_frame"
+                    f"{k} {m}": round(val, 3)
+                    for k, v in runs.items()
+                    for m, val in v.items()
+                    if m not in ("ms_per_frame", "cost")
                 }
                 print(
                     f"{tname}: "

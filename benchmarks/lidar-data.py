@@ -48,6 +48,7 @@ from drivetrain.pipeline.voxelize import (
 )
 from drivetrain.profile import BenchResult, Row, add_bench_arguments, device_name, emit, setup_bench
 from drivetrain.profile.bench import compare
+from drivetrain.profile.costmodel import count_call
 from drivetrain.ragged import RaggedBatch
 
 DESCRIPTION = __doc__.splitlines()[0]
@@ -217,12 +218,15 @@ def bench_voxels(args: argparse.Namespace, device: torch.device, result: BenchRe
             start = time.perf_counter()
             reference_hard_voxelize_batch([c.cpu() for c in clouds], grid)
             loop_ms.append((time.perf_counter() - start) * 1e3)
+        loop_cost = count_call(lambda c=clouds, g=grid: reference_hard_voxelize_batch([x.cpu() for x in c], g))
         label = f"{name} grid {grid.grid_size[0]}×{grid.grid_size[1]}, B = {args.batch} × {num_points // 1000}k points"
         parent = result.add(
             Row(
                 name=f"{label}: hard voxelization vs the reference loop",
                 reference_ms=statistics.median(loop_ms),
                 batched_ms=statistics.median(bat_ms),
+                reference_cost=loop_cost,
+                batched_cost=bat_ms.cost,
             )
         )
         result.add(
@@ -231,6 +235,8 @@ def bench_voxels(args: argparse.Namespace, device: torch.device, result: BenchRe
                 reference_ms=statistics.median(ref_ms),
                 batched_ms=statistics.median(bat_ms),
                 parent=parent.name,
+                reference_cost=ref_ms.cost,
+                batched_cost=bat_ms.cost,
             )
         )
         feats = torch.randn(batched.coors.shape[0], 64, generator=gen).to(device)  # (V, 64) pillar features
@@ -249,6 +255,8 @@ def bench_voxels(args: argparse.Namespace, device: torch.device, result: BenchRe
                 name=f"{name} grid: pillar scatter to BEV (64 channels)",
                 reference_ms=statistics.median(ref_ms),
                 batched_ms=statistics.median(bat_ms),
+                reference_cost=ref_ms.cost,
+                batched_cost=bat_ms.cost,
             )
         )
 
@@ -279,7 +287,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             "batched = the float32 sweep cache (equal points, checked); ms per frame in this process (CPU), median "
             "over passes after a warm-up pass with the files in the page cache; `sweeps` in the JSON has frames/s, "
             "points/s, CPU ms per frame (process time) and bytes per frame (merged float32 array = what a pickle "
-            "of the points holds, before the pickle's own overhead)."
+            "of the points holds, before the pickle's own overhead). No kernel or sync counts (–): reading and "
+            "merging sweeps is host work on any machine."
         )
     bench_voxels(args, device, result)
     result.notes.append(

@@ -26,7 +26,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-from drivetrain.profile import BenchResult, ResourceMonitor, Row, add_bench_arguments, device_name, emit, setup_bench
+from drivetrain.profile import (
+    BenchResult,
+    ResourceMonitor,
+    Row,
+    active,
+    add_bench_arguments,
+    device_name,
+    emit,
+    setup_bench,
+)
+from drivetrain.profile.costmodel import Cost
+from drivetrain.profile.stepcost import step_cost, step_profiler
 
 DESCRIPTION = __doc__.splitlines()[0]
 
@@ -79,18 +90,22 @@ def child(variant: str, device: str, steps: int, warmup: int, seed: int, model: 
     baseline_mb = psutil.Process().memory_info().rss / 2**20
     with ResourceMonitor(device, interval=0.01) as mon:
         trainer = Trainer(load_config(config, [*base, *VARIANTS[variant], *extra]))
-        trainer.fit()
+        profiler = step_profiler(trainer.device, warmup)  # counts the last warm-up step's kernels and syncs
+        with active(profiler):
+            trainer.fit()
     trainer.close()
     logged = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     logged = [r for r in logged if "step_time_s" in r]  # training steps (not evaluation records)
     records = logged[warmup:]
     usage = mon.result
     memory = usage.peak_device_mb if usage.peak_device_mb is not None else usage.peak_rss_mb - baseline_mb
+    cost = step_cost(profiler)
     return {
         "step_ms": statistics.median(1000 * (r["step_time_s"] - r["data_wait_s"]) for r in records),
         "memory_mb": memory,
         "cpu_cores": usage.cpu_cores,
         "final_loss": statistics.fmean(r["loss"] for r in logged[-5:]),
+        **({"kernels": cost.kernels, "syncs": cost.syncs} if cost is not None else {}),
     }
 
 
@@ -168,7 +183,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         name = f"precision-{args.model}-{args.size}"
     result = BenchResult(name, device_name(device), config)
     for label, m in measured.items():
-        result.add(Row(name=f"step: {label} vs fp32", reference_ms=base["step_ms"], batched_ms=m["step_ms"]))
+        result.add(Row(name=f"step: {label} vs fp32", reference_ms=base["step_ms"], batched_ms=m["step_ms"],
+                       reference_cost=Cost.from_dict(base), batched_cost=Cost.from_dict(m)))  # fmt: skip
     table = [
         "| mode | memory (MB) | improvement | time per step (ms) | improvement "
         f"| loss, last {min(5, steps)} of {steps} steps |",

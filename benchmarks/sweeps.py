@@ -26,7 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from drivetrain.profile import BenchResult, Row, add_bench_arguments, device_name, emit, setup_bench
+from drivetrain.profile import BenchResult, Row, active, add_bench_arguments, device_name, emit, setup_bench
+from drivetrain.profile.costmodel import Cost
+from drivetrain.profile.stepcost import step_cost, step_profiler
 
 DESCRIPTION = __doc__.splitlines()[0]
 
@@ -62,8 +64,11 @@ def child(args: argparse.Namespace, sweeps: int, root: str) -> dict:
     ]  # fmt: skip
     start = time.perf_counter()
     trainer = Trainer(load_config(ROOT / "configs" / f"{args.model}_tiny.yaml", overrides))
-    trainer.fit()
+    profiler = step_profiler(trainer.device, args.warmup)  # counts the last warm-up step's kernels and syncs
+    with active(profiler):
+        trainer.fit()
     trainer.close()
+    cost = step_cost(profiler)
     wall = time.perf_counter() - start
     logged = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in logged if "step_time_s" in r][args.warmup :]
@@ -77,6 +82,7 @@ def child(args: argparse.Namespace, sweeps: int, root: str) -> dict:
         "mAP": evals[-1]["eval/mAP"],
         "NDS": evals[-1]["eval/NDS"],
         "wall_s": wall,
+        **({"kernels": cost.kernels, "syncs": cost.syncs} if cost is not None else {}),
     }
 
 
@@ -133,7 +139,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
               "data": f"synthetic tiny, {RECORDED} sweeps between key frames, root {Path(root).name}"}  # fmt: skip
     result = BenchResult(f"sweeps-{args.model}", device_name(device), config)
     for n, m in measured.items():
-        result.add(Row(name=f"step: {n} vs {base_n} sweeps", reference_ms=base["step_ms"], batched_ms=m["step_ms"]))
+        result.add(Row(name=f"step: {n} vs {base_n} sweeps", reference_ms=base["step_ms"], batched_ms=m["step_ms"],
+                       reference_cost=Cost.from_dict(base), batched_cost=Cost.from_dict(m)))  # fmt: skip
         result.add(Row(name=f"data: {n} vs {base_n} sweeps", reference_ms=base["data_ms"], batched_ms=m["data_ms"]))
     table = [
         f"| sweeps | points / frame | data (ms / batch) | step (ms) | mAP after {args.steps} steps | NDS | run (s) "

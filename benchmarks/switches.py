@@ -44,7 +44,8 @@ from typing import Any
 import torch
 import yaml
 
-from drivetrain.profile import BenchResult, Row, add_bench_arguments, device_name, emit, setup_bench
+from drivetrain.profile import BenchResult, Row, add_bench_arguments, device_name, emit, setup_bench, stepcost
+from drivetrain.profile.costmodel import Cost
 
 DESCRIPTION = __doc__.splitlines()[0]
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,16 +106,43 @@ def train_once(config: Path, overrides: list[str], steps: int, warmup: int, devi
     }
 
 
-def measure(config: Path, overrides: list[str], args: argparse.Namespace, folder: Path, **kw: Any) -> dict[str, Any]:
-    """``--repeat`` processes of one variant: the median of their medians and the spread."""
+def count_step(config: Path, overrides: list[str], device: str, nproc: int = 1) -> dict[str, float] | None:
+    """Kernels and host syncs of one training step of a variant: the third step of a short run of its own
+    (``drivetrain.profile.stepcost``: data excluded, torch.compile off as it counts eagerly anyway), here or, for
+    DDP, in ``nproc`` processes; None (with a note) if it fails. Nothing is timed here."""
+    name = " ".join(overrides) or "baseline"
+    if nproc == 1:
+        try:
+            cost = stepcost.count_step(config, overrides, device)
+        except Exception as err:  # the variant's timed runs passed: a failure here only loses its counts
+            print(f"  counting {name}: failed ({type(err).__name__}: {err})", flush=True)
+            return None
+        return None if cost is None else {"kernels": cost.kernels, "syncs": cost.syncs}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
+               str(29500 + (os.getpid() + 7) % 1000), "-m", "drivetrain.profile.stepcost", str(config), *overrides,
+               "--device", device]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        print(f"  counting {name}: failed ({(done.stderr or '').strip()[-300:]})", flush=True)
+        return None
+    return json.loads(lines[0])
+
+
+def measure(
+    config: Path, overrides: list[str], args: argparse.Namespace, folder: Path, *, count: bool = True, **kw: Any
+) -> dict[str, Any]:
+    """``--repeat`` processes of one variant: the median of their medians and the spread; with ``count`` (and
+    ``--count``) the kernels and host syncs of one step."""
     runs = [
         train_once(config, overrides, args.steps, args.warmup, args.device, folder, **kw) for _ in range(args.repeat)
     ]
     steps = [r["step_ms"] for r in runs]
+    cost = count_step(config, overrides, args.device, kw.get("nproc", 1)) if count and args.count else None
     return {
         "step_ms": statistics.median(steps), "spread_ms": [min(steps), max(steps)],
         "wait_ms": statistics.median(r["wait_ms"] for r in runs),
-        "memory_mb": statistics.median(r["memory_mb"] for r in runs), "overrides": overrides,
+        "memory_mb": statistics.median(r["memory_mb"] for r in runs), "overrides": overrides, "cost": cost,
     }  # fmt: skip
 
 
@@ -135,6 +163,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "--write-config", type=Path, default=None, metavar="OUT.yaml", help="the fastest fitting variant"
     )
     parser.add_argument("--memory-budget-gb", type=float, default=None, help="memory the written config may use")
+    parser.add_argument("--count", action=argparse.BooleanOptionalAction, default=True,
+                        help="count each variant's kernels and host syncs per step in a short run of its own "
+                        "(default: on)")  # fmt: skip
     args = parser.parse_args(argv)
     device = setup_bench(args)
     args.device = device.type
@@ -186,7 +217,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             if name in ("baseline", "ddp"):
                 continue
             reference = measured["ddp"] if name == "ddp_static" else base
-            result.add(Row(f"{name}: step ms", reference["step_ms"], m["step_ms"]))
+            costs = {"reference_cost": Cost.from_dict(reference["cost"]), "batched_cost": Cost.from_dict(m["cost"])}
+            result.add(Row(f"{name}: step ms", reference["step_ms"], m["step_ms"], **costs))
         memory = {n: round(m["memory_mb"] / (measured["ddp"] if n == "ddp_static" else base)["memory_mb"] - 1, 4)
                   for n, m in measured.items() if n not in ("baseline", "ddp")}  # fmt: skip
         result.extra["measured"] = {n: {k: _rounded(v) for k, v in m.items()} for n, m in measured.items()}
@@ -262,7 +294,7 @@ def channels_table(config: Path, args: argparse.Namespace, folder: Path) -> list
             overrides = [f"model.args.middle.base_channels={channels}"]
             if ckpt:
                 overrides.append("speed.activation_checkpointing=[middle]")
-            m = measure(config, overrides, args, folder)
+            m = measure(config, overrides, args, folder, count=False)
             rows.append({"base_channels": channels, "checkpointing": ckpt, "step_ms": round(m["step_ms"], 2),
                          "memory_mb": round(m["memory_mb"], 1)})  # fmt: skip
             print(f"  base_channels {channels}, checkpointing {ckpt}: {m['step_ms']:.1f} ms, {m['memory_mb']:.0f} MB",

@@ -5,6 +5,8 @@
 - :class:`ResourceMonitor`: CPU cores used by the process tree, peak RSS, peak CUDA memory.
 - :class:`BenchResult` / :class:`Row`: the breakdown table and its JSON / Markdown files.
 - :func:`compare`, :func:`add_bench_arguments`, :func:`emit`: the plumbing shared by ``drivetrain bench``.
+- :mod:`~drivetrain.profile.costmodel`: the ATen kernels and host syncs of each path, counted on any device, and
+  the launch-bound GPU estimate every row reports beside its times.
 """
 
 from drivetrain.profile.bench import (

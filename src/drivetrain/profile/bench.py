@@ -2,7 +2,9 @@
 
 Every benchmark times its reference and batched paths in one process on the same data, after warm-up,
 with the device synchronised around each timed region; the two paths are interleaved repeat by repeat so
-drifting machine load hits both alike. Results are medians.
+drifting machine load hits both alike. Results are medians. Each path's ATen kernels and host syncs are
+counted in an untimed call of their own (:mod:`drivetrain.profile.costmodel`): :func:`compare` after timing,
+a :class:`~drivetrain.profile.Profiler` in its last warm-up step.
 """
 
 from __future__ import annotations
@@ -15,10 +17,19 @@ from typing import Any
 import torch
 
 from drivetrain.profile.allocator import retain_freed_memory
+from drivetrain.profile.costmodel import Cost, count_call
 from drivetrain.profile.report import BenchResult, Row, device_slug
 from drivetrain.profile.timer import Profiler, synchronize
 
-__all__ = ["add_bench_arguments", "compare", "emit", "resolve_device", "rows_from_profilers", "setup_bench"]
+__all__ = [
+    "Samples",
+    "add_bench_arguments",
+    "compare",
+    "emit",
+    "resolve_device",
+    "rows_from_profilers",
+    "setup_bench",
+]
 
 RESULTS_DIR = Path("benchmarks") / "results"
 
@@ -70,6 +81,13 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+class Samples(list):
+    """Per-repeat milliseconds of one path, with ``cost``: its kernels and host syncs in one untimed call (None
+    when not counted)."""
+
+    cost: Cost | None = None
+
+
 def compare(
     reference: Callable[[], Any],
     batched: Callable[[], Any],
@@ -77,11 +95,16 @@ def compare(
     device: torch.device | str,
     repeat: int,
     warmup: int,
-) -> tuple[list[float], list[float]]:
-    """Time two callables alternately; return their per-repeat milliseconds (warm-up excluded)."""
+    count: bool = True,
+) -> tuple[Samples, Samples]:
+    """Time two callables alternately; return their per-repeat milliseconds (warm-up excluded).
+
+    With ``count``, each callable then runs once more, untimed, under a
+    :class:`~drivetrain.profile.costmodel.CostCounter`; the counts are the returned lists' ``cost``.
+    """
     if repeat < 1:
         raise ValueError(f"repeat: must be ≥ 1, got {repeat}")
-    prof = Profiler(device, warmup=warmup)
+    prof = Profiler(device, warmup=warmup, count=False)
     for _ in range(warmup + repeat):
         for name, fn in (("reference", reference), ("batched", batched)):
             synchronize(prof.device)
@@ -89,17 +112,33 @@ def compare(
                 fn()
             synchronize(prof.device)
         prof.step()
-    return prof.samples("reference"), prof.samples("batched")
+    out = Samples(prof.samples("reference")), Samples(prof.samples("batched"))
+    if count:
+        for samples, fn in zip(out, (reference, batched), strict=True):
+            synchronize(prof.device)
+            samples.cost = count_call(fn)
+            synchronize(prof.device)
+    return out
 
 
 def rows_from_profilers(reference: Profiler, batched: Profiler) -> list[Row]:
-    """Rows for every region both profilers timed, parents from the ``/``-separated names."""
+    """Rows for every region both profilers timed, parents from the ``/``-separated names, with each path's
+    kernels and host syncs from its counted step (:meth:`Profiler.cost`)."""
     ref, bat = reference.summary(), batched.summary()
     rows = []
     for name in reference.names:
         if name in ref and name in bat:
             parent = name.rsplit("/", 1)[0] if "/" in name else None
-            rows.append(Row(name=name, reference_ms=ref[name].median, batched_ms=bat[name].median, parent=parent))
+            rows.append(
+                Row(
+                    name=name,
+                    reference_ms=ref[name].median,
+                    batched_ms=bat[name].median,
+                    parent=parent,
+                    reference_cost=reference.cost(name),
+                    batched_cost=batched.cost(name),
+                )
+            )
     return rows
 
 

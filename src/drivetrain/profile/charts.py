@@ -80,12 +80,12 @@ def bench_chart(result: BenchResult, path: str | Path) -> Path | None:
 
 
 def load_result(path: str | Path) -> BenchResult:
-    """A saved result (the JSON ``BenchResult.write`` wrote) back as a :class:`BenchResult` (rows and anchors)."""
+    """A saved result (the JSON ``BenchResult.write`` wrote) back as a :class:`BenchResult` (rows, their counts
+    where recorded, and anchors)."""
     data = json.loads(Path(path).read_text())
     result = BenchResult(data["benchmark"], data["device"], data.get("config", {}), date=data.get("date", ""))
     for row in data["rows"]:
-        result.add(Row(row["name"], row["reference_ms"], row["batched_ms"], parent=row.get("parent"),
-                       variants=row.get("variants"), baseline=row.get("baseline")))  # fmt: skip
+        result.add(Row.from_dict(row))  # kernels and syncs too, where the file has them
     anchors = {}
     for name, value in (data.get("published") or {}).items():  # (ratio, source) pairs; older files: a bare ratio
         if isinstance(value, (int, float)) and name in {r.name for r in result.rows}:

@@ -6,6 +6,11 @@ One format for every ``drivetrain bench <what>`` (see DESIGN.md):
 enclosing row and builds the tree). Rows that compare more than two variants add
 ``"variants": {name: ms}`` and ``"baseline"``. Extra top-level keys (``versions``, ``resources``,
 ``notes``) carry context for people and never change the meaning of the rows.
+
+Counted rows (:mod:`drivetrain.profile.costmodel`) add ``"reference_kernels"``, ``"reference_syncs"``,
+``"reference_gpu_est_ms"`` and the same three for ``batched`` (null for a path that was not counted), and
+rows with variants ``"variants_cost": {name: {"kernels", "syncs", "gpu_est_ms"}}``; the top-level
+``"cost_model"`` records the constants of the estimate. Files without these keys read as rows not counted.
 """
 
 from __future__ import annotations
@@ -21,12 +26,18 @@ from typing import Any
 
 import torch
 
+from drivetrain.profile import costmodel
+from drivetrain.profile.costmodel import LABEL, Cost
+
 __all__ = ["BenchResult", "Row", "device_name", "device_slug", "environment"]
+
+MISSING = "–"  # a path or row that was not counted
 
 
 @dataclass
 class Row:
-    """One line of the breakdown: medians of the two paths in milliseconds."""
+    """One line of the breakdown: medians of the two paths in milliseconds, and what each path costs a GPU
+    (kernels, host syncs; None when not counted)."""
 
     name: str
     reference_ms: float
@@ -34,6 +45,9 @@ class Row:
     parent: str | None = None
     variants: dict[str, float] | None = None
     baseline: str | None = None
+    reference_cost: Cost | None = None
+    batched_cost: Cost | None = None
+    variant_costs: dict[str, Cost | None] | None = None
 
     @property
     def speedup(self) -> float:
@@ -41,7 +55,8 @@ class Row:
         return self.reference_ms / self.batched_ms if self.batched_ms > 0 else float("inf")
 
     def as_dict(self) -> dict[str, Any]:
-        """The row in the JSON format; ``variants`` and ``baseline`` only when ``variants`` is set."""
+        """The row in the JSON format; ``variants`` and ``baseline`` only when ``variants`` is set, the counts
+        only when a path was counted."""
         out: dict[str, Any] = {
             "name": self.name,
             "parent": self.parent,
@@ -49,10 +64,50 @@ class Row:
             "batched_ms": round(self.batched_ms, 6),
             "speedup": round(self.speedup, 4),
         }
+        if self.reference_cost is not None or self.batched_cost is not None:
+            for path, cost in (("reference", self.reference_cost), ("batched", self.batched_cost)):
+                counts = cost.as_dict() if cost is not None else {"kernels": None, "syncs": None, "gpu_est_ms": None}
+                out.update({f"{path}_{key}": value for key, value in counts.items()})
         if self.variants is not None:
             out["variants"] = {k: round(v, 6) for k, v in self.variants.items()}
             out["baseline"] = self.baseline
+            if self.variant_costs:
+                out["variants_cost"] = {
+                    k: c.as_dict() if c is not None else None for k, c in self.variant_costs.items()
+                }
         return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Row:
+        """A row of a saved result (:meth:`as_dict`'s format; files from before the counts read as not counted)."""
+        variant_costs = {k: Cost.from_dict(v) for k, v in (data.get("variants_cost") or {}).items()} or None
+        return cls(data["name"], data["reference_ms"], data["batched_ms"], parent=data.get("parent"),
+                   variants=data.get("variants"), baseline=data.get("baseline"),
+                   reference_cost=Cost.from_dict(data, "reference_"), batched_cost=Cost.from_dict(data, "batched_"),
+                   variant_costs=variant_costs)  # fmt: skip
+
+    def cost_cells(self) -> tuple[str, str, str]:
+        """Table cells: kernels "reference / batched", syncs likewise, and the GPU estimate in ms."""
+        ref, bat = self.reference_cost, self.batched_cost
+        return (
+            f"{_count(ref, 'kernels')} / {_count(bat, 'kernels')}",
+            f"{_count(ref, 'syncs')} / {_count(bat, 'syncs')}",
+            f"{_estimate(ref)} / {_estimate(bat)}",
+        )
+
+
+def _count(cost: Cost | None, field: str) -> str:
+    if cost is None:
+        return MISSING
+    value = getattr(cost, field)
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
+
+
+def _estimate(cost: Cost | None) -> str:
+    return MISSING if cost is None else f"{cost.gpu_est_ms:.3f}"
+
+
+COST_HEADERS = ("kernels ref / bat", "syncs ref / bat", f"{LABEL} ms ref / bat")
 
 
 @dataclass
@@ -90,6 +145,12 @@ class BenchResult:
             "rows": [r.as_dict() for r in self.rows],
             "versions": self.versions,
             "notes": self.notes,
+            "cost_model": {
+                "label": LABEL,
+                "per_kernel_us": costmodel.PER_KERNEL_US,
+                "per_sync_us": costmodel.PER_SYNC_US,
+                "gpu_est_ms": "(kernels * per_kernel_us + syncs * per_sync_us) / 1000",
+            },
             **self.extra,
         }
 
@@ -99,26 +160,35 @@ class BenchResult:
             depth[r.name] = 0 if r.parent is None else depth[r.parent] + 1
         return depth
 
-    def _table_rows(self) -> list[tuple[str, str, str, str]]:
+    def _table_rows(self) -> list[tuple[str, ...]]:
         depth = self._depths()
         lines = []
         for r in self.rows:
             label = "  " * depth[r.name] + ("↳ " if depth[r.name] else "") + r.name
-            lines.append((label, f"{r.reference_ms:.3f}", f"{r.batched_ms:.3f}", f"×{r.speedup:.2f}"))
+            times = (f"{r.reference_ms:.3f}", f"{r.batched_ms:.3f}", f"×{r.speedup:.2f}")
+            lines.append((label, *times, *r.cost_cells()))
         return lines
 
     def render_table(self) -> str:
-        """Plain-text breakdown table for the console."""
-        header = ("region", "reference ms", "batched ms", "speedup")
+        """Plain-text breakdown table for the console: times, then each path's kernels, syncs and GPU estimate."""
+        header = ("region", "reference ms", "batched ms", "speedup", *COST_HEADERS)
         rows = [header, *self._table_rows()]
-        widths = [max(len(row[i]) for row in rows) for i in range(4)]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
         fmt = [f"{{:<{widths[0]}}}"] + [f"{{:>{w}}}" for w in widths[1:]]
-        out = [f"{self.benchmark} on {self.device} (medians)"]
+        out = [f"{self.benchmark} on {self.device} (medians; {self._cost_note()})"]
         for i, row in enumerate(rows):
             out.append("  ".join(f.format(c) for f, c in zip(fmt, row, strict=True)))
             if i == 0:
                 out.append("  ".join("-" * w for w in widths))
         return "\n".join(out)
+
+    @staticmethod
+    def _cost_note() -> str:
+        return (
+            f"{LABEL} = kernels × {costmodel.PER_KERNEL_US:g} µs + syncs × {costmodel.PER_SYNC_US:g} µs, "
+            f"counted in one untimed call per path: an estimate, a lower bound for launch-bound work; "
+            f"{MISSING} = not counted"
+        )
 
     def to_markdown(self) -> str:
         """Markdown report: header, breakdown table, variants table (if any), ``extra`` entries and notes."""
@@ -130,11 +200,12 @@ class BenchResult:
             f"- date: {self.date}",
             "- config: " + ", ".join(f"{k}={v}" for k, v in self.config.items()),
             "",
-            "| region | reference (ms) | batched (ms) | speedup |",
-            "|---|---:|---:|---:|",
+            "| region | reference (ms) | batched (ms) | speedup | " + " | ".join(COST_HEADERS) + " |",
+            "|---|---:|---:|---:|---:|---:|---:|",
         ]
-        for label, ref, bat, sp in self._table_rows():
-            lines.append(f"| {label.replace('  ', '&nbsp;&nbsp;')} | {ref} | {bat} | {sp} |")
+        for label, *cells in self._table_rows():
+            lines.append(f"| {label.replace('  ', '&nbsp;&nbsp;')} | " + " | ".join(cells) + " |")
+        lines += ["", f"*{self._cost_note()} (drivetrain.profile.costmodel).*"]
         if any(r.variants for r in self.rows):
             lines += ["", "| region | baseline | " + " | ".join(self._variant_names()) + " |"]
             lines.append("|---|---|" + "---:|" * len(self._variant_names()))
@@ -142,6 +213,14 @@ class BenchResult:
                 if r.variants:
                     cells = [f"{r.variants[v]:.3f}" if v in r.variants else "" for v in self._variant_names()]
                     lines.append(f"| {r.name} | {r.baseline} | " + " | ".join(cells) + " |")
+            lines += ["", f"Variants, kernels / syncs / {LABEL} ms:", ""]
+            lines += ["| region | " + " | ".join(self._variant_names()) + " |"]
+            lines.append("|---|" + "---:|" * len(self._variant_names()))
+            for r in self.rows:
+                if r.variants:
+                    costs = r.variant_costs or {}
+                    cells = [_variant_cost(costs.get(v)) if v in r.variants else "" for v in self._variant_names()]
+                    lines.append(f"| {r.name} | " + " | ".join(cells) + " |")
         for key, value in self.extra.items():
             lines += ["", f"**{key}**: `{json.dumps(value)}`"]
         if self.notes:
@@ -170,6 +249,12 @@ class BenchResult:
             path.write_text(self.to_markdown())
             written.append(path)
         return written
+
+
+def _variant_cost(cost: Cost | None) -> str:
+    if cost is None:
+        return MISSING
+    return f"{_count(cost, 'kernels')} / {_count(cost, 'syncs')} / {_estimate(cost)}"
 
 
 def device_name(device: torch.device | str) -> str:

@@ -3,6 +3,8 @@
 On a CUDA device a region records a pair of CUDA events on the current stream (no sync while timing;
 the events are resolved with one synchronisation when results are read). On the CPU it reads
 ``time.perf_counter``. Optionally each region is also an NVTX range so it shows up in Nsight Systems.
+The last warm-up step is also counted: the ATen kernels and host syncs of each region
+(:mod:`drivetrain.profile.costmodel`), in a step whose time is discarded anyway.
 
 Example:
     >>> prof = Profiler("cpu", warmup=2)
@@ -18,12 +20,15 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from drivetrain.profile import costmodel
+from drivetrain.profile.costmodel import Cost, CostCounter
 
 __all__ = ["Profiler", "Stats", "active", "region", "synchronize", "time_call"]
 
@@ -64,18 +69,34 @@ class Profiler:
         device: where the timed work runs; ``cuda`` uses CUDA events, anything else ``perf_counter``.
         warmup: number of leading steps (see :meth:`step`) whose times are discarded.
         nvtx: also emit an NVTX range per region (only on CUDA).
+        count: count the kernels and host syncs of every region in the last warm-up step (see :meth:`cost`;
+            nothing is counted with ``warmup=0``, or while another counter counts).
+        host_regions: region paths whose work is host work, not counted (e.g. the trainer's ``step/data``:
+            :func:`~drivetrain.profile.costmodel.host_work`).
 
     Region names nest with ``/``: ``region("loss")`` inside ``region("forward")`` is ``forward/loss``.
-    A region entered several times in one step adds up.
+    A region entered several times in one step adds up, in time and in counts.
     """
 
-    def __init__(self, device: torch.device | str = "cpu", *, warmup: int = 0, nvtx: bool = False) -> None:
+    def __init__(
+        self,
+        device: torch.device | str = "cpu",
+        *,
+        warmup: int = 0,
+        nvtx: bool = False,
+        count: bool = True,
+        host_regions: Collection[str] = (),
+    ) -> None:
         if warmup < 0:
             raise ValueError(f"warmup: must be ≥ 0, got {warmup}")
         self.device = torch.device(device)
         self.warmup = warmup
         self._cuda = self.device.type == "cuda"
         self._nvtx = nvtx and self._cuda
+        self._count = count and warmup > 0
+        self._counter: CostCounter | None = None
+        self._costs: dict[str, Cost | None] = {}
+        self._host_regions = frozenset(host_regions)
         self._stack: list[str] = []
         self._step = 0
         self._pending: list[tuple[int, str, Any, Any]] = []
@@ -99,6 +120,9 @@ class Profiler:
             raise ValueError(f"name: region names must be non-empty and contain no '/', got {name!r}")
         path = "/".join([*self._stack, name])
         self._times.setdefault(path, {})
+        counter = self._counting_now()
+        if counter is not None:
+            counter.push(name)
         if self._nvtx:
             torch.cuda.nvtx.range_push(path)
         if self._cuda:
@@ -107,10 +131,17 @@ class Profiler:
         else:
             t0 = time.perf_counter()
         self._stack.append(name)
+        host = costmodel.host_work() if counter is not None and path in self._host_regions else nullcontext()
         try:
-            yield
+            with host:
+                yield
+        except BaseException:
+            self._stop_counting()  # an error leaves no dispatch mode or patches behind
+            raise
         finally:
             self._stack.pop()
+            if counter is not None:
+                counter.pop()
             if self._cuda:
                 end = torch.cuda.Event(enable_timing=True)
                 end.record()
@@ -124,7 +155,29 @@ class Profiler:
         """Close one repeat (e.g. one training iteration)."""
         if self._stack:
             raise RuntimeError(f"step() called inside open region {'/'.join(self._stack)!r}")
+        self._stop_counting()
         self._step += 1
+
+    def cost(self, name: str) -> Cost | None:
+        """Kernels and host syncs of region ``name`` in the counted step (the last warm-up step); None if nothing
+        was counted there (``warmup=0``, ``count=False``, a region first entered after that step, or one that
+        only did :func:`~drivetrain.profile.costmodel.host_work`)."""
+        return self._costs.get(name)
+
+    def _counting_now(self) -> CostCounter | None:
+        """The counter of the counted step, started at its first region; None in every other step."""
+        if not self._count or self._step != self.warmup - 1:
+            return None
+        if self._counter is None and costmodel.current() is None:
+            self._counter = CostCounter()
+            self._counter.start()
+        return self._counter
+
+    def _stop_counting(self) -> None:
+        if self._counter is not None:
+            self._counter.stop()
+            self._costs = {path: cost for path, cost in self._counter.costs().items() if path}
+            self._counter = None
 
     def samples(self, name: str) -> list[float]:
         """Per-step milliseconds of region ``name`` for the steps after warm-up."""
@@ -169,7 +222,7 @@ def time_call(
     """
     if repeat < 1:
         raise ValueError(f"repeat: must be ≥ 1, got {repeat}")
-    prof = Profiler(device, warmup=warmup)
+    prof = Profiler(device, warmup=warmup, count=False)
     for _ in range(warmup + repeat):
         synchronize(prof.device)
         with prof.region("call"):
