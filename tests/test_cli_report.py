@@ -76,3 +76,21 @@ def test_report_of_a_real_run_writes_into_it_with_its_versions(tmp_path):
 def test_a_folder_without_metrics_is_named(tmp_path):
     with pytest.raises(SystemExit, match=r"metrics\.jsonl"):
         main(["report", str(tmp_path)])
+
+
+def test_a_run_on_a_read_only_mount_is_one_line_pointing_to_out(tmp_path, monkeypatch):
+    import errno
+
+    import drivetrain.viz.report as report
+
+    _write_run(tmp_path / "run", 0.0)
+
+    def read_only(path, data):  # what the kernel answers on a read-only mount (root ignores chmod, so simulate it)
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(report, "replace_bytes", read_only)
+    with pytest.raises(SystemExit) as exit_:
+        main(["report", str(tmp_path / "run")])
+    message = str(exit_.value.code)
+    assert message.startswith("report: cannot write ") and "Read-only file system" in message
+    assert "--out DIR" in message and "\n" not in message

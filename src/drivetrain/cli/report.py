@@ -41,5 +41,10 @@ def run(args: argparse.Namespace) -> int:
         path = write_report(args.runs, args.out, smooth=args.smooth)
     except (FileNotFoundError, ValueError, ImportError) as err:
         raise SystemExit(f"report: {err}") from None
+    except OSError as err:  # a run on a read-only mount (or a full disk): the pictures go elsewhere
+        where = err.filename or args.out or args.runs[0]
+        raise SystemExit(
+            f"report: cannot write {where} ({err.strerror or err}); pass --out DIR to write the report elsewhere"
+        ) from None
     print(f"report: {path}")
     return 0
