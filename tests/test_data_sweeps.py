@@ -250,6 +250,21 @@ def test_corrupt_shard_is_found_and_rebuilt(synth_root, synth_index, tmp_path):
         _dataset(synth_root, cache=out)
 
 
+def test_a_shard_holding_pickled_objects_is_a_data_error_naming_it(synth_root, synth_index, tmp_path):
+    out = tmp_path / "c"
+    _build(synth_root, synth_index, out)
+    shard = out / "shard-00000.npz"
+    size = shard.stat().st_size
+    with open(shard, "wb") as f:  # what a hostile or broken writer could leave: an object array
+        np.savez(f, point_offset=np.array([{"not": "numbers"}], dtype=object))
+    assert shard.stat().st_size <= size
+    with open(shard, "ab") as f:  # padded to the size the manifest records (a zip tolerates trailing bytes)
+        f.write(b"\0" * (size - shard.stat().st_size))
+    dataset = _dataset(synth_root, cache=out)
+    with pytest.raises(DataError, match=r"shard-00000\.npz: unreadable sweep-cache shard"):
+        dataset[0]
+
+
 def test_cache_refuses_a_folder_that_holds_something_else(synth_root, synth_index, tmp_path):
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "notes.txt").write_text("mine")

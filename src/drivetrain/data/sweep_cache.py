@@ -318,7 +318,6 @@ def _run(jobs: list[tuple[Any, ...]], workers: int) -> Iterator[tuple[int, dict[
                 future.cancel()
 
 
-
 def _build_shard(
     index: FrameIndex,
     root: Path,
@@ -481,9 +480,17 @@ class SweepCache:
     def _shard(self, k: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         if k not in self._open:  # opened lazily, so each loader worker maps its own view
             name = self._shards[k]["name"]
-            with np.load(self.path / f"{name}.npz", allow_pickle=False) as z:
-                meta = {key: z[key] for key in z.files}
-            total = int(meta["point_offset"][-1])
+            path = self.path / f"{name}.npz"
+            try:
+                with np.load(path, allow_pickle=False) as z:
+                    meta = {key: z[key] for key in z.files}
+                total = int(meta["point_offset"][-1])
+            except (ValueError, OSError, KeyError, IndexError, TypeError) as err:  # pickled objects, a bad archive
+                raise DataError(
+                    f"unreadable sweep-cache shard ({type(err).__name__}: {err}); rebuild the cache with "
+                    "drivetrain data cache --rebuild",
+                    path,
+                ) from None
             if total:
                 data = np.memmap(self.path / f"{name}.points", dtype=self.dtype, mode="r", shape=(total, self.columns))
             else:
