@@ -175,3 +175,33 @@ def test_frames_without_annotations_get_empty_ground_truth(tables_copy):
     index = build_index(tables_copy, progress=False)
     f = index.meta["sample_tokens"].index(sample)
     assert index.boxes_of(f).stop == index.boxes_of(f).start
+
+
+def test_a_renamed_category_is_counted_and_named_not_dropped_silently(tables_copy, synth_index):
+    path = tables_copy / "v1.0-mini" / "category.json"
+    categories = json.loads(path.read_text())
+    for c in categories:
+        if c["name"] == "vehicle.car":
+            c["name"] = "car"  # a converter's renamed category
+    path.write_text(json.dumps(categories))
+    expected = r"sample_annotation\.json: (\d+) of (\d+) annotations have a category"
+    with pytest.warns(RuntimeWarning, match=expected) as w:
+        index = build_index(tables_copy, progress=False)
+    message = str(w[0].message)
+    cars = int((synth_index.arrays["labels"] == CLASSES.index("car")).sum())
+    assert f": {cars} of " in message and "'car' (" in message and cars > 0
+    assert not (index.arrays["labels"] == CLASSES.index("car")).any()
+
+
+def test_boxes_of_no_extent_are_counted_and_left_out(tables_copy, synth_index):
+    path = tables_copy / "v1.0-mini" / "sample_annotation.json"
+    anns = json.loads(path.read_text())
+    indexed = {a["token"] for a in anns}  # every annotation of the synthetic set is of a detection class
+    for a in anns[:3]:
+        a["size"] = [0.0, a["size"][1], a["size"][2]]
+    anns[3]["size"] = [1.0, -2.0, 1.5]
+    path.write_text(json.dumps(anns))
+    with pytest.warns(RuntimeWarning, match=rf"4 of {len(indexed)} annotations have a size of zero or below"):
+        index = build_index(tables_copy, progress=False)
+    assert len(index.arrays["boxes"]) == len(synth_index.arrays["boxes"]) - 4
+    assert (index.arrays["boxes"][:, 3:6] > 0).all()

@@ -41,8 +41,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import warnings
 import zipfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,7 +63,15 @@ from drivetrain.data.lyft_format import (
     detect_dataset,
 )
 from drivetrain.data.lyft_splits import LYFT_SPLITS
-from drivetrain.data.nuscenes_format import ATTRIBUTES, CAMERAS, CATEGORY_TO_CLASS, CLASSES, LIDAR, TABLES
+from drivetrain.data.nuscenes_format import (
+    ATTRIBUTES,
+    CAMERAS,
+    CATEGORIES,
+    CATEGORY_TO_CLASS,
+    CLASSES,
+    LIDAR,
+    TABLES,
+)
 from drivetrain.data.table_paths import PATH_FIELDS, check_table_paths
 from drivetrain.geometry.rigid import invert, transform, yaw_from_matrix
 from drivetrain.safe_files import replacing
@@ -295,6 +306,10 @@ class _IndexWalk:
         if not lyft:  # Lyft's object_action_* attributes are not used by any detection metric
             self.attr_of = {a["token"]: ATTRIBUTES.index(a["name"]) for a in nusc.attribute if a["name"] in ATTRIBUTES}
         self.cols: dict[str, list[Any]] = {k: [] for k in ARRAYS if k not in ("box_offset", "sweep_offset")}
+        self.known_categories = set(LYFT_CLASSES if lyft else CATEGORIES)  # others are not of this format
+        self.unknown_categories: Counter[str] = Counter()  # annotations left out: a category the format lacks
+        self.bad_sizes = 0  # annotations left out: a size ≤ 0
+        self.annotations = 0
         self.box_counts: list[int] = []
         self.sweep_counts: list[int] = []
         self.instance_id: dict[str, int] = {}
@@ -384,8 +399,14 @@ class _IndexWalk:
         n_boxes = 0
         for ann_token in sample["anns"]:
             ann = nusc.get("sample_annotation", ann_token)
+            self.annotations += 1
             name = self.class_of.get(ann["category_name"])
             if name is None:
+                if ann["category_name"] not in self.known_categories:  # a renamed or foreign category: said below
+                    self.unknown_categories[ann["category_name"]] += 1
+                continue
+            if any(isinstance(v, int | float) and math.isfinite(v) and v <= 0 for v in ann["size"]):
+                self.bad_sizes += 1  # a box of no extent: nothing to learn or match; said below (NaN: refused below)
                 continue
             rot = global2lidar[:3, :3] @ transform(ann["rotation"], [0, 0, 0])[:3, :3]
             centre = global2lidar[:3, :3] @ np.asarray(ann["translation"]) + global2lidar[:3, 3]
@@ -424,6 +445,23 @@ class _IndexWalk:
 
     def finish(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """The index arrays and metadata."""
+        table = self.root / self.version / "sample_annotation.json"
+        if self.unknown_categories:
+            names = ", ".join(f"{name!r} ({n})" for name, n in self.unknown_categories.most_common(5))
+            warnings.warn(
+                f"{table}: {sum(self.unknown_categories.values())} of {self.annotations} annotations have a category "
+                f"the {'Lyft' if self.lyft else 'nuScenes'} taxonomy does not hold and are left out of the index: "
+                f"{names}; rename them to the taxonomy's categories (drivetrain.data.nuscenes_format.CATEGORIES)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        if self.bad_sizes:
+            warnings.warn(
+                f"{table}: {self.bad_sizes} of {self.annotations} annotations have a size of zero or below and are "
+                "left out of the index",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         meta = self.meta
         meta["instances"] = list(self.instance_id)
         meta["splits"] = {name: [s for s in scenes if s in meta["scenes"]] for name, scenes in meta["splits"].items()}
