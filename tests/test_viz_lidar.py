@@ -3,10 +3,13 @@ PNG draws a box where it is (coloured pixels counted), and ``drivetrain viz fram
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
 from drivetrain.cli.main import main
+from drivetrain.data import FrameDataset
 from drivetrain.geometry.rigid import box_corners
 from drivetrain.viz.lidar import BOX_FACES, GT_COLOUR, bev_png, write_ply
 
@@ -91,3 +94,16 @@ def test_bev_array_is_the_png_picture_as_pixels():
     assert green > 50
     assert (np.abs(bev_array(np.zeros((0, 3)), extent=10.0, size_px=400).astype(int) - np.array(GT_COLOUR))
             .max(-1) <= 30).sum() == 0  # fmt: skip
+
+
+def test_viz_frame_with_a_missing_file_is_one_line_naming_it(synth_index, synth_root, tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(synth_root, root)
+    frames = FrameDataset(root / "drivetrain_index.npz", split="mini_val")
+    victim = root / frames.index.meta["image_files"][1][0]  # frame 1 of mini_val, its first camera
+    victim.unlink()
+    with pytest.raises(SystemExit) as exit_:
+        main(["viz", "frame", "--root", str(root), "--frame", "1", "--png", str(tmp_path / "f.png")])
+    message = str(exit_.value.code)
+    assert message.startswith("viz frame: --frame 1: ") and victim.name in message and "\n" not in message
+    assert not (tmp_path / "f.png").exists()

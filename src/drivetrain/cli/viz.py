@@ -51,6 +51,7 @@ def run_frame(args: argparse.Namespace) -> int:
     """Draw ``args.frame``; return the exit code."""
     import torch
 
+    from drivetrain.data.dataset import Skipped
     from drivetrain.data.errors import DataError
     from drivetrain.engine.build import build_dataset
     from drivetrain.engine.checkpoint import CheckpointError
@@ -85,7 +86,13 @@ def run_frame(args: argparse.Namespace) -> int:
         raise SystemExit(f"viz frame: {err}") from None
     if not 0 <= args.frame < len(dataset):
         raise SystemExit(f"viz frame: --frame {args.frame}: split {split!r} has frames 0..{len(dataset) - 1}")
-    batch = dataset.collate([dataset[args.frame]])
+    try:
+        sample = dataset[args.frame]
+    except DataError as err:  # a missing or corrupt image or lidar file: named, as train and data inspect do
+        raise SystemExit(f"viz frame: --frame {args.frame}: {err}") from None
+    if isinstance(sample, Skipped):  # an unreadable frame skipped by the run's on_error=skip
+        raise SystemExit(f"viz frame: --frame {args.frame}: unreadable ({sample.reason})")
+    batch = dataset.collate([sample])
     if batch.points is None and batch.images is None:
         raise SystemExit("viz frame: the frame has neither lidar points nor camera images to draw")
     if args.ply is not None and batch.points is None:
