@@ -17,7 +17,17 @@ import pytest
 from drivetrain.engine import Checkpointer, CheckpointWarning, Trainer, load_config
 from drivetrain.engine.checkpoint import DELAY_ENV, MARKER
 from drivetrain.engine.trainer import STEP_DELAY_ENV
-from helpers.engine import SMOKE, assert_same_weights, cli_env, final_state, losses, overrides, run_cli, train_cmd
+from helpers.engine import (
+    SMOKE,
+    assert_same_weights,
+    cli_env,
+    final_state,
+    losses,
+    metrics,
+    overrides,
+    run_cli,
+    train_cmd,
+)
 
 STEPS = 30
 RUN = ["train.steps=30", "checkpoint.every=4", "checkpoint.keep=2"]
@@ -136,3 +146,15 @@ def test_corrupt_newest_checkpoint_is_skipped_and_resume_stays_exact(tmp_path: P
     assert trainer.state.iteration == 12
     trainer.fit()
     assert_same_run(tmp_path, reference)
+
+
+def test_metrics_deleted_mid_run_are_written_again_and_said(tmp_path: Path) -> None:
+    proc = start(tmp_path, "log.every=1", **{STEP_DELAY_ENV: "0.05"})
+    wait_for(lambda: metric_lines(tmp_path) >= 4, proc)
+    (tmp_path / "metrics.jsonl").unlink()  # a user cleaning up, a sync tool, ...
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "metrics.jsonl was deleted or replaced while the run wrote it" in err
+    steps = [record["step"] for record in metrics(tmp_path)]
+    assert steps and steps[-1] == STEPS  # the records after the deletion went to the new file, up to the end
+    assert steps == list(range(steps[0], STEPS + 1))

@@ -13,9 +13,11 @@ values are averaged with one all-reduce per flush; only rank 0 writes.
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -87,6 +89,7 @@ class MetricsLogger:
         truncate_metrics(path, start)
         if path.is_symlink():  # appending would write into the link's target: keep our records in our own file
             path.unlink()
+        self._path = path
         self._file = open(path, "a")  # noqa: SIM115 - kept open for the whole run
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -116,6 +119,7 @@ class MetricsLogger:
         stacked = self.reduce_mean(stacked.flatten()).view(len(self._pending), len(keys))
         values = stacked.tolist()  # sync: the one read of losses, norms and scales per flush
         if self.enabled:
+            self._ensure_file()
             for row, (_, host) in zip(values, self._pending, strict=True):
                 record = {"step": int(host["step"]), **dict(zip(keys, row, strict=True))}
                 record.update({k: v for k, v in host.items() if k != "step"})
@@ -124,6 +128,26 @@ class MetricsLogger:
             if self._bar is not None:  # the values just read, shown now (not at the next update)
                 self._bar.set_postfix(loss=f"{self.last['loss']:.4f}", lr=f"{self.last['lr']:.2e}", refresh=True)
         self._pending.clear()
+
+    def _ensure_file(self) -> None:
+        """Re-open ``metrics.jsonl`` by its path if it was deleted or replaced while the run writes it: appending
+        to the old, unlinked file would lose every later record without a word. Warned once per re-open."""
+        try:
+            same = os.path.samestat(os.fstat(self._file.fileno()), os.stat(self._path, follow_symlinks=False))
+        except FileNotFoundError:
+            same = False
+        if same:
+            return
+        self._file.close()
+        if self._path.is_symlink():  # never append through a link planted at the name
+            self._path.unlink()
+        self._file = open(self._path, "a")  # noqa: SIM115 - kept open for the whole run
+        warnings.warn(
+            f"{self._path} was deleted or replaced while the run wrote it; writing the next records to a new "
+            "file there (earlier records are in the run's TensorBoard log, if enabled)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def _write(self, record: dict[str, Any]) -> None:
         self.last = record
@@ -140,6 +164,7 @@ class MetricsLogger:
         if not self.enabled:
             return
         record = {"step": int(step), **{f"eval/{k}": float(v) for k, v in values.items()}}
+        self._ensure_file()
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         if self._tb is not None:
