@@ -107,3 +107,33 @@ def test_the_same_process_may_build_a_second_trainer_for_its_run(tmp_path: Path)
     second = Trainer(load_config(SMOKE, overrides(tmp_path, "train.steps=2")))  # e.g. a notebook cell re-run
     second.fit()
     first.close()
+
+
+def test_deleting_the_lock_file_mid_run_does_not_let_a_second_trainer_write_along(tmp_path: Path) -> None:
+    """Whichever process checks first holds the run directory; the other one stops with the holder named. Either
+    way one trainer writes on, never both."""
+    args = overrides(tmp_path, *RUN, "train.steps=60")
+    first = subprocess.Popen(
+        train_cmd(*args), env=cli_env(**{STEP_DELAY_ENV: "0.1"}), stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not Checkpointer(tmp_path / "checkpoints").committed():
+            assert first.poll() is None, first.stderr.read()
+            assert time.monotonic() < deadline, "the first run did not checkpoint"
+            time.sleep(0.05)
+        (tmp_path / ".drivetrain.lock").unlink()
+        second = run_cli(*args, "--resume", "auto", timeout=300)
+    finally:
+        if first.poll() is None:
+            first.send_signal(signal.SIGTERM)
+        _, first_err = first.communicate(timeout=120)
+    outcomes = ((first.returncode, first_err), (second.returncode, second.stderr))
+    refused = [(status, err) for status, err in outcomes if status in (1, 2)]  # 143: the test's own SIGTERM
+    assert len(refused) == 1, (first.returncode, first_err[-2000:], second.returncode, second.stderr[-2000:])
+    status, err = refused[0]
+    assert "is in use by another training process" in err and "Traceback" not in err
+    if status == 1:  # the first lost the directory to the second: it stopped before writing a checkpoint
+        assert "not saving step" in err
+    else:  # the first re-locked before the second came: the second was refused at start
+        assert status == 2 and "was deleted or replaced while this run held it" in first_err

@@ -28,6 +28,7 @@ import json
 import os
 import socket
 import time
+import warnings
 from pathlib import Path
 from typing import IO, Any
 
@@ -144,6 +145,14 @@ def write_run_marker(out_dir: Path) -> Path:
         raise ConfigError(f"run.out_dir: cannot write {marker} ({err.strerror})") from None
 
 
+def _same_file(f: IO[str], path: Path) -> bool:
+    """Whether the open file ``f`` is (still) the file at ``path``."""
+    try:
+        return os.path.samestat(os.fstat(f.fileno()), os.stat(path, follow_symlinks=False))
+    except FileNotFoundError:
+        return False
+
+
 class RunDirLock:
     """The exclusive lock of one run directory (take it with :meth:`acquire`, give it back with :meth:`release`)."""
 
@@ -173,11 +182,33 @@ class RunDirLock:
                     "wait for it to finish, stop it, or choose another run.out_dir"
                 ) from None
             raise ConfigError(f"run.out_dir: cannot lock {self.path} ({err.strerror})") from None
+        if not _same_file(f, self.path):  # deleted or replaced between open and lock: lock the file there now
+            f.close()
+            return self.acquire()
         f.seek(0)
         f.truncate()
         f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
         f.flush()
         _HELD[self.key] = f
+
+    def verify(self) -> None:
+        """Check that the lock file at the path is still the one this process holds (call before writing).
+
+        Someone deleting ``.drivetrain.lock`` mid-run would let a second trainer lock a new file there. The holder
+        notices at its next check: it takes the lock on the file now at the path (with a warning) — or, when
+        another process already holds that one, raises ConfigError naming it, so that only one writes on.
+        """
+        f = _HELD.get(self.key)
+        if f is None or _same_file(f, self.path):
+            return
+        del _HELD[self.key]
+        f.close()
+        warnings.warn(
+            f"{self.path} was deleted or replaced while this run held it; locking the run directory again",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        self.acquire()
 
     def release(self) -> None:
         """Give the lock back (no-op if this process does not hold it)."""

@@ -539,6 +539,11 @@ class Trainer:
         rng = self.ctx.gather_to_main(capture_rng())
         path = self.checkpointer.root / Checkpointer.name(self.state.iteration)
         if self.ctx.is_main:
+            if self._lock is not None:
+                try:
+                    self._lock.verify()  # the run directory is still ours (its lock file may have been deleted)
+                except ConfigError as err:
+                    raise CheckpointError(f"not saving step {self.state.iteration}: {err}") from None
             state = {
                 "format": CHECKPOINT_FORMAT,
                 "model": model_sd,
