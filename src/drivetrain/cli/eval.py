@@ -37,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--checkpoint",
         type=Path,
         metavar="RUN_OR_CKPT",
-        help="a run directory (its newest checkpoint) or a checkpoint directory checkpoints/step-N",
+        help="a run directory (its newest checkpoint), a checkpoint directory checkpoints/step-N or its state.pt",
     )
     what.add_argument("--predictions", type=Path, help="submission JSON to evaluate")
     parser.add_argument(

@@ -1,7 +1,7 @@
 """The sweep cache: each key frame's merged point cloud, built once, memory-mapped by the loader.
 
 Merging ten sweeps means eleven file reads and ten transforms per key frame, every epoch; the lidar paper
-in ``../shared/reference/seeds/`` pre-processed them into Python pickles (large, and unsafe to load).
+(the SSN/PointPillars Lyft paper) pre-processed them into Python pickles (large, and unsafe to load).
 ``drivetrain data cache`` writes them once into a folder the loader maps without parsing anything:
 
 ``manifest.json``
