@@ -94,3 +94,19 @@ def test_a_run_on_a_read_only_mount_is_one_line_pointing_to_out(tmp_path, monkey
     message = str(exit_.value.code)
     assert message.startswith("report: cannot write ") and "Read-only file system" in message
     assert "--out DIR" in message and "\n" not in message
+
+
+def test_fifteen_terms_get_fifteen_colours_and_an_fp32_run_no_scale_picture(tmp_path):
+    from drivetrain.viz.report import _distinct_colours
+
+    assert len(set(_distinct_colours(15))) == 15 and len(set(_distinct_colours(25))) == 25
+    cfg = load_config(SMOKE, [f"run.out_dir={tmp_path / 'run'}", *FAST, "train.steps=3", "checkpoint.every=3"])
+    Trainer(cfg).fit()  # fp32: the loss scale never moves
+    assert main(["report", str(tmp_path / "run")]) == 0
+    assert (
+        not (tmp_path / "run" / "scale.png").exists()
+        and "scale.png" not in (tmp_path / "run" / "report.md").read_text()
+    )
+    _write_run(tmp_path / "fp16", 0.0)  # a scale that backs off: fp16
+    assert main(["report", str(tmp_path / "fp16")]) == 0
+    assert (tmp_path / "fp16" / "scale.png").is_file()

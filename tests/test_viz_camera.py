@@ -79,3 +79,15 @@ def test_viz_frame_draws_cameras_and_a_streampetr_checkpoints_detections(synth_i
     with pytest.raises(SystemExit, match="--ply"):
         main([*argv, "--png", str(tmp_path / "x.png"), "--ply", str(tmp_path / "x.ply")])
     assert not (tmp_path / "x.png").exists()  # refused before drawing anything
+
+
+def test_class_colours_are_ten_distinct_hues():
+    """car, truck, trailer and construction vehicle were three near-identical oranges; now every pair of the ten
+    classes differs by at least 60 in the sum of its RGB channel differences."""
+    from itertools import combinations
+
+    from drivetrain.viz.camera import CLASS_COLOURS
+
+    assert len(set(CLASS_COLOURS)) == 10
+    closest = min(sum(abs(a - b) for a, b in zip(p, q, strict=True)) for p, q in combinations(CLASS_COLOURS, 2))
+    assert closest >= 60, closest

@@ -107,3 +107,16 @@ def test_viz_frame_with_a_missing_file_is_one_line_naming_it(synth_index, synth_
     message = str(exit_.value.code)
     assert message.startswith("viz frame: --frame 1: ") and victim.name in message and "\n" not in message
     assert not (tmp_path / "f.png").exists()
+
+
+def test_the_bev_view_fits_the_points_and_names_the_sweep_ages(tmp_path):
+    from drivetrain.viz.lidar import points_extent
+
+    points = np.array([[31.0, -2.0, 0.0, 0.5, 0.0], [-3.0, 12.0, 0.0, 0.5, 0.45]])
+    assert points_extent(points) == 35.0 and points_extent(None) == 50.0
+    with_ages = bev_png(tmp_path / "a.png", points, time_column=4, extent=35.0)
+    without = bev_png(tmp_path / "b.png", points, extent=35.0)
+    import matplotlib.image as mpimg
+
+    # the legend (white text on a dark box) is drawn only with sweep ages
+    assert (mpimg.imread(with_ages)[..., :3] > 0.95).sum() > (mpimg.imread(without)[..., :3] > 0.95).sum()

@@ -119,6 +119,10 @@ def run_frame(args: argparse.Namespace) -> int:
         keep = det_scores >= args.score_threshold
         pred, scores, labels = boxes[keep], det_scores[keep], det_labels[keep]
     time_column = use_dim.index(4) if 4 in use_dim else None
+    if extent is None and points is not None:  # no --extent and no model grid: the points' own reach
+        from drivetrain.viz.lidar import points_extent
+
+        extent = points_extent(points)
     token = batch.sample_tokens[0]
     what = f"{len(points)} points, " if points is not None else ""
     title = f"{split} frame {args.frame} ({token[:8]}…): {what}{len(gt)} GT boxes"

@@ -19,10 +19,11 @@ from drivetrain.geometry.rigid import box_corners
 __all__ = ["CLASS_COLOURS", "NEAR", "camera_grid", "draw_boxes", "frame_png", "project_box_edges"]
 
 NEAR = 0.1  # metres in front of the camera an edge's ends must be
-# One colour per class index (nuScenes' 10 detection classes in drivetrain's order; more indices cycle).
+# One colour per class index (nuScenes' 10 detection classes in drivetrain's order; more indices cycle): ten
+# distinct hues (matplotlib's tab10), so that car, truck, trailer and construction vehicle tell apart at a glance.
 CLASS_COLOURS = (
-    (255, 158, 0), (255, 99, 71), (233, 150, 70), (255, 61, 99), (255, 140, 0),
-    (220, 20, 60), (0, 0, 230), (47, 79, 79), (0, 207, 191), (112, 128, 144),
+    (31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
+    (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207),
 )  # fmt: skip
 # The 12 edges of a box over the corners of box_corners (bit 0: x, 1: y, 2: z); the first four are the front face.
 EDGES = ((1, 3), (3, 7), (7, 5), (5, 1), (0, 2), (2, 6), (6, 4), (4, 0), (0, 1), (2, 3), (4, 5), (6, 7))

@@ -15,7 +15,7 @@ import numpy as np
 
 from drivetrain.geometry.rigid import box_corners
 
-__all__ = ["BOX_FACES", "bev_array", "bev_png", "draw_bev", "write_ply"]
+__all__ = ["BOX_FACES", "bev_array", "bev_png", "draw_bev", "points_extent", "write_ply"]
 
 GT_COLOUR = (40, 180, 60)
 # The six quads of a box over the corners of drivetrain.geometry.rigid.box_corners (bit 0: x, 1: y, 2: z).
@@ -28,6 +28,9 @@ def _prediction_colour(score: float) -> tuple[int, int, int]:
     return 230, int(150 * (1.0 - s)), 20
 
 
+NEWEST, OLDEST = (210, 210, 210), (40, 70, 160)  # point colours of the key frame and of the oldest sweep
+
+
 def _point_colours(points: np.ndarray, time_column: int | None) -> np.ndarray:
     """``(N, 3)`` uint8: key-frame points light grey, older sweeps darker blue."""
     if time_column is None or points.shape[1] <= time_column:
@@ -35,8 +38,16 @@ def _point_colours(points: np.ndarray, time_column: int | None) -> np.ndarray:
     age = np.abs(points[:, time_column])
     span = max(float(age.max(initial=0.0)), 1e-6)
     t = (age / span)[:, None]  # 0 newest .. 1 oldest
-    newest, oldest = np.array([210.0, 210.0, 210.0]), np.array([40.0, 70.0, 160.0])
+    newest, oldest = np.array(NEWEST, dtype=np.float64), np.array(OLDEST, dtype=np.float64)
     return (newest * (1 - t) + oldest * t).astype(np.uint8)
+
+
+def points_extent(points: np.ndarray | None, default: float = 50.0) -> float:
+    """Half-width of a square view that holds the points: their largest |x| or |y|, rounded up to 5 m."""
+    if points is None or len(points) == 0:
+        return default
+    reach = float(np.abs(np.asarray(points)[:, :2]).max())
+    return max(5.0, 5.0 * np.ceil(reach / 5.0)) if np.isfinite(reach) else default
 
 
 def _check_boxes(name: str, boxes: np.ndarray | None) -> np.ndarray:
@@ -178,6 +189,15 @@ def draw_bev(
             ax.plot(corners[:, 0], corners[:, 1], color=rgb, lw=width)
             front = corners[2:4].mean(axis=0)  # the +x face: the box's heading
             ax.plot([box[0], front[0]], [box[1], front[1]], color=rgb, lw=width)
+    if time_column is not None and points.shape[1] > time_column and len(points):
+        from matplotlib.lines import Line2D
+
+        oldest = float(np.abs(points[:, time_column]).max())
+        handles = [
+            Line2D([], [], ls="", marker="o", ms=4, color=np.asarray(colour) / 255.0, label=label)
+            for colour, label in ((NEWEST, "key frame (Δt 0 s)"), (OLDEST, f"oldest sweep (Δt {oldest:.2f} s)"))
+        ]
+        ax.legend(handles=handles, loc="upper right", fontsize=7, facecolor="black", labelcolor="white", framealpha=0.6)
     ax.set_xlim(-extent, extent)
     ax.set_ylim(-extent, extent)
     ax.set_aspect("equal")

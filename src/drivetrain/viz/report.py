@@ -15,8 +15,9 @@ is skipped), its ``config.yaml`` and the versions recorded in its newest checkpo
 Only these files are written (each replaced whole: a link at one of these names is replaced, never written
 through), nothing else in the folder is touched.
 
-A quantity no run logged (e.g. the loss scale of an fp32 run never changes) still gets its picture; a metric
-no run has (no evaluation yet) gets none. matplotlib comes with the ``viz`` and ``nuscenes`` extras.
+``scale.png`` is drawn only when some run trained in fp16 (its config says so, or its loss scale moved): an
+fp32 or bf16 run has none to show. A quantity no run logged still gets its picture; a metric no run has (no
+evaluation yet) gets none. matplotlib comes with the ``viz`` and ``nuscenes`` extras.
 """
 
 from __future__ import annotations
@@ -35,6 +36,25 @@ from drivetrain.viz.curves import _moving_average, read_metrics
 __all__ = ["RunRecords", "load_run", "write_report"]
 
 COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray")
+
+
+def _fp16(run: RunRecords) -> bool:
+    """Whether ``run`` trained with fp16 loss scaling: its config's precision.mode, else a loss scale that moved."""
+    mode = ((run.config or {}).get("precision") or {}).get("mode") if isinstance(run.config, dict) else None
+    if mode is not None:
+        return mode == "fp16"
+    return len(set(run.series("loss_scale")[1])) > 1
+
+
+def _distinct_colours(count: int) -> list[Any]:
+    """``count`` colours no two alike: tab10 up to 10, tab20 up to 20, evenly spaced hues beyond."""
+    import matplotlib
+
+    if count <= 10:
+        return [matplotlib.colormaps["tab10"](i) for i in range(count)]
+    if count <= 20:
+        return [matplotlib.colormaps["tab20"](i) for i in range(count)]
+    return [matplotlib.colormaps["hsv"](i / count) for i in range(count)]
 
 
 class RunRecords:
@@ -149,9 +169,12 @@ def write_report(runs: Sequence[str | Path], out: str | Path | None = None, *, s
     def terms(axes: Any) -> None:
         for ax, run in zip(axes, records, strict=True):
             names = sorted({k for r in run.train for k in r if k.startswith("loss/")})
-            for name in names:
+            colours = _distinct_colours(len(names))  # one per term (a 10-colour cycle repeats past ten)
+            for name, colour in zip(names, colours, strict=True):
                 steps, values = run.series(name)
-                ax.plot(steps, _moving_average(values, smooth), lw=1.2, label=name.removeprefix("loss/"))
+                ax.plot(steps, _moving_average(values, smooth), lw=1.2, color=colour,
+                        linestyle="-" if len(names) <= 10 else ("-", "--")[names.index(name) % 2],
+                        label=name.removeprefix("loss/"))  # fmt: skip
             ax.set(title=run.name, xlabel="step", ylabel="unweighted term")
             if names:
                 ax.set_yscale("log")
@@ -165,7 +188,8 @@ def write_report(runs: Sequence[str | Path], out: str | Path | None = None, *, s
         axes[0].set_yscale("log")
         overlay(axes[1], "skipped_steps", "skipped steps (cumulative)", average=False)
 
-    figure("scale.png", "fp16 loss scale and skipped steps", scale, panels=2)
+    if any(_fp16(run) for run in records):  # an fp32/bf16 run has no loss scale to watch
+        figure("scale.png", "fp16 loss scale and skipped steps", scale, panels=2)
     figure(
         "throughput.png", f"samples/s (mean of {smooth} steps)", lambda ax: overlay(ax, "samples_per_s", "samples/s")
     )
