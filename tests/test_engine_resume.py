@@ -158,3 +158,22 @@ def test_metrics_deleted_mid_run_are_written_again_and_said(tmp_path: Path) -> N
     steps = [record["step"] for record in metrics(tmp_path)]
     assert steps and steps[-1] == STEPS  # the records after the deletion went to the new file, up to the end
     assert steps == list(range(steps[0], STEPS + 1))
+
+
+def test_a_killed_loader_worker_is_one_line_with_a_checkpoint_and_the_run_resumes(tmp_path: Path) -> None:
+    import psutil
+
+    proc = start(tmp_path, "data.num_workers=2", **{STEP_DELAY_ENV: "0.05"})
+    wait_for(lambda: metric_lines(tmp_path) >= 5, proc)
+    workers = psutil.Process(proc.pid).children(recursive=True)
+    assert workers
+    workers[0].send_signal(signal.SIGKILL)  # the OOM killer's way
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    lines = [line for line in err.splitlines() if line.startswith("drivetrain train:")]
+    assert lines and "a data loader worker process died" in lines[-1] and "Traceback" not in err, err[-3000:]
+    stopped_at = len(losses(tmp_path))
+    assert Checkpointer(tmp_path / "checkpoints").committed()[-1][0] == stopped_at  # the last completed step
+    done = run_cli(*overrides(tmp_path, *RUN, "data.num_workers=2"), "--resume", "auto")
+    assert done.returncode == 0, done.stderr
+    assert len(losses(tmp_path)) == STEPS

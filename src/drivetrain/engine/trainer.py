@@ -292,30 +292,41 @@ class Trainer:
             with self._signals():
                 if cfg.eval.at_start and self.state.iteration == 0:
                     self.evaluate(log)  # the initial weights' score, the baseline of the curve
-                while self.state.iteration < cfg.train.steps:
-                    data_state = self.data.state_dict()  # where this iteration starts reading
-                    try:
-                        stop = self._iteration(log)
-                    except DataError as err:
-                        raise self._data_failure(err, data_state) from None
-                    if self._step_delay:
-                        time.sleep(self._step_delay)
-                    done = self.state.iteration
-                    if done % cfg.log.every == 0:
-                        log.flush()
-                    if cfg.eval.every and (done % cfg.eval.every == 0 or done == cfg.train.steps):
-                        self.evaluate(log)  # before the checkpoint: a run killed during it evaluates again
-                    if stop or done % cfg.checkpoint.every == 0 or done == cfg.train.steps:
-                        log.flush()
-                        path = self.save()
-                        saved_at = done
-                    if stop:
-                        self.stopped_by = stop
-                        log.message(
-                            f"drivetrain train: received {stop}; stopped after step {done} with checkpoint {path}; "
-                            "continue with --resume auto"
-                        )
-                        break
+                started, data_state = self.state.iteration, None
+                try:
+                    while self.state.iteration < cfg.train.steps:
+                        started, data_state = self.state.iteration, self.data.state_dict()  # where it starts reading
+                        try:
+                            stop = self._iteration(log)
+                        except DataError as err:
+                            raise self._data_failure(err, data_state) from None
+                        if self._step_delay:
+                            time.sleep(self._step_delay)
+                        done = self.state.iteration
+                        if done % cfg.log.every == 0:
+                            log.flush()
+                        if cfg.eval.every and (done % cfg.eval.every == 0 or done == cfg.train.steps):
+                            self.evaluate(log)  # before the checkpoint: a run killed during it evaluates again
+                        if stop or done % cfg.checkpoint.every == 0 or done == cfg.train.steps:
+                            log.flush()
+                            path = self.save()
+                            saved_at = done
+                        if stop:
+                            self.stopped_by = stop
+                            log.message(
+                                f"drivetrain train: received {stop}; stopped after step {done} with checkpoint {path}; "
+                                "continue with --resume auto"
+                            )
+                            break
+                except RuntimeError as err:  # torch reports a dead loader worker wherever the main process is
+                    if "DataLoader worker" not in str(err):
+                        raise
+                    died = DataError(
+                        f"a data loader worker process died ({str(err).splitlines()[0].rstrip('. ')}); killed or "
+                        "out of memory — fewer data.num_workers or more memory, then --resume auto"
+                    )
+                    position = data_state if self.state.iteration == started else None  # mid-step: its start
+                    raise self._data_failure(died, position) from None
             if saved_at != self.state.iteration:  # e.g. resumed a finished run with the same steps
                 log.flush()
                 self.save()
