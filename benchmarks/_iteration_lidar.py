@@ -17,7 +17,9 @@ Rows (medians over ``--repeat`` after ``--warmup``): iteration → forward (inpu
 encoder: HardVFE + BEV scatter; backbone + neck; head) → loss (assignment; targets + loss) → optimisation
 (backward, clip, step) → remaining (data wait). The regions inside forward and loss are the library's own
 (``drivetrain.profile.region`` in ``PointPillars.forward`` / ``loss``). Before timing, a throw-away copy checks
-that both paths assign identically and give the same loss terms (≤ 1e-4 relative).
+that both paths assign identically and give the same loss terms (≤ 1e-4 relative). ``--compile`` adds a third copy
+whose batched assignment and loss run under ``torch.compile`` in one graph (the model's ``compile_loss``), as in
+``iteration.py``: its rows add ``"variants"`` (no assignment / targets rows inside the graph).
 """
 
 from __future__ import annotations
@@ -122,11 +124,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--config", type=Path, default=None, help="run config (default: by --model and --size)")
     parser.add_argument("--data-root", type=Path, default=None, help="dataset folder (default: the config's root)")
     parser.add_argument("--scenes", type=int, default=None, help="only the first N scenes of the preset (quick runs)")
+    base.add_compile_arguments(parser)
     args = parser.parse_args(argv)
     if args.size not in ("tiny", "full"):
         raise SystemExit(f"--size: unknown size {args.size!r}; available: tiny, full")
     if args.batch < 1 or args.repeat < 1 or args.warmup < 0:
         raise SystemExit("--batch and --repeat must be ≥ 1, --warmup ≥ 0")
+    if args.compile and args.warmup < 1:
+        raise SystemExit("--compile needs --warmup ≥ 1: the first iteration compiles the loss")
     device = base.setup_bench(args)
     config_path = args.config or ROOT / "configs" / f"{CONFIGS[(args.model, args.size)]}.yaml"
     cfg = load_config(config_path, [])
@@ -154,9 +159,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     num_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     num_anchors = None
     trainees = {}
-    for impl in PATHS:  # identical copies (same weights, moments and augmentation seed), made before any forward
+    variants = (*PATHS, "compiled") if args.compile else PATHS
+    for impl in variants:  # identical copies (same weights, moments and augmentation seed), made before any forward
         m, opt = copy.deepcopy((model, optimizer))
-        m.impl = impl
+        m.impl = "batched" if impl == "compiled" else impl
+        m.compile_loss = base.compile_options(args) if impl == "compiled" else None
         trainees[impl] = Trainee(m, opt, weights, cfg.optim.clip_norm)
     print(f"checking the two paths on the first batch ({num_params / 1e6:.2f} M trainable parameters) ...", flush=True)
     worst_terms = check_paths(model, first, base.relative_difference)
@@ -164,21 +171,26 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         num_anchors = int(copy.deepcopy(model).eval()(first)["anchors"].shape[0])
     del model, optimizer, first
 
-    profilers = {impl: Profiler(device, warmup=args.warmup, nvtx=args.nvtx) for impl in PATHS}
-    t0 = time.perf_counter()
+    profilers = {  # the compiled copy's kernels are not ATen ops: not counted
+        impl: Profiler(device, warmup=args.warmup, nvtx=args.nvtx, count=impl != "compiled") for impl in variants
+    }
+    t0, compile_seconds = time.perf_counter(), None
     for i in range(steps):
-        for impl in PATHS:
+        for impl in variants:
             synchronize(device)
+            start = time.perf_counter()
             with active(profilers[impl]):
                 iteration(trainees[impl], base, ds, keys[i], device, profilers[impl].region)
             synchronize(device)
+            if impl == "compiled" and i == 0:  # a warm-up iteration: the loss compiles here
+                compile_seconds = time.perf_counter() - start
             profilers[impl].step()
         done = "warm-up" if i < args.warmup else "timed"
         print(f"\r  iteration {i + 1}/{steps} ({done}) {time.perf_counter() - t0:.1f} s", end="", file=sys.stderr)
     print(file=sys.stderr)
 
     syncs: dict[str, Any] = {}
-    for impl in PATHS:
+    for impl in variants:
         if not count_syncs:
             syncs[impl] = "n/a (CPU: no device to wait for)"
             continue
@@ -191,14 +203,19 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         syncs[impl] = {"step": c[TOP] - c[DATA], "forward": c[f"{TOP}/forward"], "loss": c[f"{TOP}/loss"],
                        "optimisation": c[f"{TOP}/optimisation"], "data": c[DATA]}  # fmt: skip
 
-    totals = {impl: torch.stack(trainees[impl].totals).double().cpu() for impl in PATHS}
+    totals = {impl: torch.stack(trainees[impl].totals).double().cpu() for impl in variants}
     first_diff = base.relative_difference(totals["reference"][0], totals["batched"][0])
     if first_diff > CHECK_RTOL:
         raise SystemExit(f"first iteration: batched total loss differs from the reference by {first_diff:.1e}")
+    compiled_diff = base.relative_difference(totals["compiled"][0], totals["batched"][0]) if args.compile else 0.0
+    if compiled_diff > CHECK_RTOL:
+        raise SystemExit(f"first iteration: compiled total loss differs from the batched one by {compiled_diff:.1e}")
     all_diff = max(base.relative_difference(a, b) for a, b in zip(totals["reference"], totals["batched"], strict=True))
 
     rows = rows_from_profilers(profilers["reference"], profilers["batched"])
     rows = [r for r in rows if not r.name.startswith(DATA)] + [r for r in rows if r.name.startswith(DATA)]
+    if args.compile:
+        base.add_compiled_variant(rows, profilers["compiled"])
     grid = cfg.model.args
     config = {
         "model": args.model,
@@ -215,6 +232,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "trainable_params": num_params,
         "optimizer": f"AdamW lr {cfg.optim.lr:g}, weight decay {cfg.optim.weight_decay:g}, clip {cfg.optim.clip_norm}",
         "precision": "fp32",
+        "compile": base.compile_options(args) if args.compile else False,
         "repeat": args.repeat,
         "warmup": args.warmup,
         "seed": args.seed,
@@ -238,6 +256,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "Host syncs: counted on CUDA in one extra iteration per path with torch.cuda.set_sync_debug_mode('warn'); "
         "n/a on the CPU.",
     ]
+    if args.compile:
+        result.extra["compile_seconds"] = round(compile_seconds, 1)
+        result.notes.append(base.compiled_note(base.compile_options(args), compile_seconds, compiled_diff))
     if args.save:
         stem = f"iteration-{args.model}-{args.size}-{device_slug(device)}"
         args.json = args.json or RESULTS_DIR / f"{stem}.json"

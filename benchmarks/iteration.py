@@ -31,6 +31,12 @@ library has no region for them). Before timing, a throw-away copy checks that th
 two criteria called as ``StreamPETR.loss`` calls them) equals ``model.loss``, and that both paths give the
 same loss terms; the first iteration's totals of the two copies are compared too.
 
+With ``--compile`` a third copy, ``compiled``, trains with the batched losses under ``torch.compile`` (the
+criteria's ``compile=`` option, ``--compile-mode`` for e.g. ``reduce-overhead``); its rows add
+``"variants": {"reference", "batched", "compiled"}`` where it has them (inside a compiled loss only the solver's
+transfer and solve are timed), its first iteration (compiling the losses) is timed apart, and its first total
+loss is checked against the batched copy's. The lidar models take the same option (``compile_loss``).
+
 Host syncs per iteration (training step, data excluded) are counted on CUDA in one extra untimed
 iteration per path with ``torch.cuda.set_sync_debug_mode("warn")`` (one warning per synchronising call);
 on the CPU there is no device to wait for and they are reported as n/a. The published breakdown
@@ -81,6 +87,7 @@ from drivetrain.profile import (
     synchronize,
 )
 from drivetrain.profile.bench import RESULTS_DIR
+from drivetrain.profile.costmodel import host_work
 
 DESCRIPTION = __doc__.splitlines()[0]
 
@@ -147,11 +154,13 @@ def batch_keys(ds: Any, batch: int, steps: int, seed: int) -> list[list[Any]]:
 
 
 def fetch(ds: Any, keys: list[Any], device: torch.device) -> Any:
-    """Read, decode and collate one batch and move it to ``device``, as a loader without workers does."""
-    batch = ds.collate([ds[k] for k in keys])
-    if device.type == "cuda":
-        batch = batch.pin_memory()
-    return to_device(batch, device)
+    """Read, decode and collate one batch and move it to ``device``, as a loader without workers does (host work:
+    not counted as kernels or syncs)."""
+    with host_work():
+        batch = ds.collate([ds[k] for k in keys])
+        if device.type == "cuda":
+            batch = batch.pin_memory()
+        return to_device(batch, device)
 
 
 def wrap_in_region(obj: Any, attr: str, name: str) -> bool:
@@ -181,6 +190,40 @@ def instrument(model: StreamPETR) -> list[str]:
             if not wrap_in_region(obj, attr, name):
                 missing.append(f"{type(obj).__name__}.{attr}")
     return missing
+
+
+def add_compile_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--compile`` and ``--compile-mode`` (shared with the lidar iteration benchmark)."""
+    parser.add_argument("--compile", action="store_true", help="add a copy whose batched loss runs under torch.compile")
+    parser.add_argument("--compile-mode", default=None, help="torch.compile mode of --compile (e.g. reduce-overhead)")
+
+
+def compile_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``torch.compile`` arguments of ``--compile`` / ``--compile-mode``."""
+    return {"mode": args.compile_mode} if args.compile_mode else {}
+
+
+def add_compiled_variant(rows: list[Row], compiled: Profiler) -> None:
+    """Give every row the compiled copy also timed ``"variants": {reference, batched, compiled}`` (its kernels
+    are not counted: a compiled graph's kernels are not ATen ops)."""
+    times = compiled.summary()
+    for row in rows:
+        if row.name in times:
+            row.variants = {"reference": row.reference_ms, "batched": row.batched_ms}
+            row.variants["compiled"] = times[row.name].median
+            row.baseline = "reference"
+            row.variant_costs = {"reference": row.reference_cost, "batched": row.batched_cost}
+
+
+def compiled_note(options: dict[str, Any], seconds: float, diff: float) -> str:
+    """The result's note on the compiled copy."""
+    return (
+        f"compiled: a third copy trained with its batched losses under torch.compile({options or ''}) (one graph per "
+        "loss, a Hungarian solver inside it as a custom operator); its first iteration, a warm-up one, took "
+        f"{seconds:.1f} s with the compiling; its first total loss matched the batched copy's within {diff:.1e}. "
+        "Inside a compiled loss only the solver's transfer and solve are timed; its kernels are not counted (not "
+        "ATen ops)."
+    )
 
 
 # ------------------------------------------------------------------------------------------ the iteration
@@ -406,6 +449,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--config", type=Path, default=None, help="run config (default: configs/<model>_<size>.yaml)")
     parser.add_argument("--data-root", type=Path, default=None, help="dataset folder (default: the config's root)")
     parser.add_argument("--scenes", type=int, default=None, help="only the first N scenes of the preset (quick runs)")
+    add_compile_arguments(parser)
     args = parser.parse_args(argv)
     if args.model not in MODELS:
         raise SystemExit(f"--model: unknown model {args.model!r}; available: {', '.join(MODELS)}")
@@ -413,6 +457,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         raise SystemExit(f"--size: unknown size {args.size!r}; available: {', '.join(SIZES)}")
     if args.batch < 1 or args.repeat < 1 or args.warmup < 0:
         raise SystemExit("--batch and --repeat must be ≥ 1, --warmup ≥ 0")
+    if args.compile and args.warmup < 1:
+        raise SystemExit("--compile needs --warmup ≥ 1: the first iteration compiles the losses")
     device = setup_bench(args)
     config_path, raw = load_config(args)
 
@@ -443,32 +489,44 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     worst_terms = check_loss(model, first, args.seed)
     del first
 
+    variants = (*PATHS, "compiled") if args.compile else PATHS
     trainees: dict[str, Trainee] = {}
     missing: list[str] = []
-    for impl in PATHS:  # identical copies of the one model and optimizer (same weights, same moments)
+    for impl in variants:  # identical copies of the one model and optimizer (same weights, same moments)
         m, opt = copy.deepcopy((model, optimizer))  # one deepcopy: the copy's optimizer holds the copy's params
-        m.impl = impl
-        missing = instrument(m)
+        if impl == "compiled":  # the batched path, its losses compiled; no per-part regions (they would break it)
+            m.impl = "batched"
+            for criterion in (m.criterion, m.focal_criterion):
+                if criterion is not None:
+                    criterion.compile_options = compile_options(args)
+        else:
+            m.impl = impl
+            missing = instrument(m)
         trainees[impl] = Trainee(m, opt, weights, optim_cfg.clip_norm)
     del model, optimizer
 
-    profilers = {impl: Profiler(device, warmup=args.warmup, nvtx=args.nvtx) for impl in PATHS}
-    t0 = time.perf_counter()
+    profilers = {  # the compiled copy's kernels are not ATen ops: not counted
+        impl: Profiler(device, warmup=args.warmup, nvtx=args.nvtx, count=impl != "compiled") for impl in variants
+    }
+    t0, compile_seconds = time.perf_counter(), None
     for i in range(steps):
-        for impl in PATHS:
+        for impl in variants:
             torch.manual_seed(args.seed + 1 + i)  # same denoising noise and dropout for both paths
             synchronize(device)
             prof = profilers[impl]
+            start = time.perf_counter()
             with active(prof):
                 iteration(trainees[impl], ds, keys[i], device, prof.region)
             synchronize(device)
+            if impl == "compiled" and i == 0:  # a warm-up iteration: the losses compile here
+                compile_seconds = time.perf_counter() - start
             prof.step()
         done = "warm-up" if i < args.warmup else "timed"
         print(f"\r  iteration {i + 1}/{steps} ({done}) {time.perf_counter() - t0:.1f} s", end="", file=sys.stderr)
     print(file=sys.stderr)
 
     syncs: dict[str, Any] = {}
-    for impl in PATHS:
+    for impl in variants:
         if not count_syncs:
             syncs[impl] = "n/a (CPU: no device to wait for)"
             continue
@@ -487,14 +545,19 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             "data": c[DATA],
         }
 
-    totals = {impl: torch.stack(trainees[impl].totals).double().cpu() for impl in PATHS}
+    totals = {impl: torch.stack(trainees[impl].totals).double().cpu() for impl in variants}
     first_diff = relative_difference(totals["reference"][0], totals["batched"][0])
     if first_diff > CHECK_RTOL:
         raise SystemExit(f"first iteration: batched total loss differs from the reference by {first_diff:.1e}")
+    compiled_diff = relative_difference(totals["compiled"][0], totals["batched"][0]) if args.compile else 0.0
+    if compiled_diff > CHECK_RTOL:
+        raise SystemExit(f"first iteration: compiled total loss differs from the batched one by {compiled_diff:.1e}")
     all_diff = max(relative_difference(a, b) for a, b in zip(totals["reference"], totals["batched"], strict=True))
 
     rows = rows_from_profilers(profilers["reference"], profilers["batched"])
     rows = [r for r in rows if not r.name.startswith(DATA)] + [r for r in rows if r.name.startswith(DATA)]
+    if args.compile:
+        add_compiled_variant(rows, profilers["compiled"])
     n, _, h, w = images
     config = {
         "model": args.model,
@@ -508,6 +571,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "optimizer": f"AdamW lr {optim_cfg.lr:g} (x lr_mult per group), weight decay {optim_cfg.weight_decay:g}, "
         f"clip {optim_cfg.clip_norm}",
         "precision": "fp32",
+        "compile": compile_options(args) if args.compile else False,
         "repeat": args.repeat,
         "warmup": args.warmup,
         "seed": args.seed,
@@ -543,6 +607,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     ]
     if missing:
         result.notes.append(f"No main/dn/dn-queries regions: these methods are missing: {', '.join(missing)}.")
+    if args.compile:
+        result.extra["compile_seconds"] = round(compile_seconds, 1)
+        result.notes.append(compiled_note(compile_options(args), compile_seconds, compiled_diff))
     if args.save:
         stem = f"iteration-{args.model}-{args.size}-{device_slug(device)}"
         args.json = args.json or RESULTS_DIR / f"{stem}.json"

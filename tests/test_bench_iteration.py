@@ -115,3 +115,27 @@ def test_bench_iteration_of_the_lidar_detectors(model, tmp_path, data_root, caps
     assert set(rows) >= LIDAR_ROWS
     assert all(r["reference_ms"] > 0 and r["batched_ms"] > 0 for r in data["rows"])
     assert "identically" in (out / "r.md").read_text()  # the equality checks ran and are reported
+
+
+@pytest.mark.parametrize("model", ["streampetr", "pointpillars"])
+def test_bench_iteration_compile_needs_a_warmup_iteration(model):
+    with pytest.raises(SystemExit, match="--compile needs --warmup ≥ 1"):
+        main(["bench", "iteration", "--model", model, "--compile", "--warmup", "0"])
+
+
+@pytest.mark.slow
+def test_bench_iteration_compile_adds_the_compiled_copy_as_a_variant(tmp_path, data_root):
+    """``--compile``: a third copy with its loss under torch.compile; rows it shares carry all three variants."""
+    out = tmp_path / "out"
+    argv = ["bench", "iteration", "--model", "pointpillars", "--size", "tiny", "--batch", "2", "--repeat", "1"]
+    argv += ["--warmup", "1", "--scenes", "4", "--data-root", str(data_root.parent / "lidar"), "--compile"]
+    argv += ["--json", str(out / "r.json"), "--md", str(out / "r.md")]
+    assert main(argv) == 0
+    data = json.loads((out / "r.json").read_text())
+    assert data["config"]["compile"] == {} and data["compile_seconds"] > 0
+    rows = {row["name"]: row for row in data["rows"]}
+    for name in ("iteration", "iteration/loss", "iteration/optimisation"):
+        assert set(rows[name]["variants"]) == {"reference", "batched", "compiled"}, name
+        assert rows[name]["variants"]["compiled"] > 0 and rows[name]["baseline"] == "reference"
+    assert "variants" not in rows["iteration/loss/assignment"]  # inside the compiled graph: not timed apart
+    assert "compiled: a third copy" in (out / "r.md").read_text()

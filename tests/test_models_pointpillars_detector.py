@@ -195,3 +195,18 @@ def test_a_resumed_run_ends_bit_exactly_where_the_uninterrupted_run_does(name, s
     shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "step-00000004")  # as if killed after step 2's checkpoint
     run(tmp_path / "resumed", resume="auto")
     assert_same_weights(final_state(tmp_path / "resumed")["model"], final_state(tmp_path / "straight")["model"])
+
+
+def test_a_lidar_submission_says_it_used_the_lidar(synth_index, synth_root):
+    from drivetrain.data.sources import StreamingFrames
+    from drivetrain.engine.evaluation import predict
+    from drivetrain.models.streampetr import StreamPETR
+
+    config = DatasetConfig(load_images=False, load_points=True, num_sweeps=1, use_dim=(0, 1, 2, 4))
+    frames = StreamingFrames(FrameDataset(synth_index, config, synth_root, split="mini_val"))
+    first_two = torch.utils.data.Subset(frames, [0, 1])
+    first_two.collate = frames.collate  # predict collates with the dataset's own collate
+    submission, _ = predict(PointPillars(**TINY), first_two, "cpu", progress=False)
+    assert submission["meta"]["use_lidar"] is True and submission["meta"]["use_camera"] is False
+    assert len(submission["results"]) == 2
+    assert StreamPETR.input_modalities == ("camera",)  # a camera model's submissions say camera

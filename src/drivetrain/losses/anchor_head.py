@@ -28,15 +28,21 @@ original returns the sum of an empty selection). A sample without ground truth h
 its assignment says, as in the original. The original computes these per feature level and sums the levels;
 the nuScenes SECFPN head has one level, which is the case implemented here (the FPN variant would call this
 once per level with that level's anchors).
+
+``AnchorHeadLoss(compile=True)`` runs the batched loss through ``torch.compile`` with the ground-truth dim dynamic
+(:mod:`drivetrain.compiled`); PointPillars' ``compile_loss`` compiles the batched max-IoU assignment and this loss
+together, in one graph (neither has a host call, so there is no graph break).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from drivetrain.compiled import compile_options, compiled, ragged_dynamic
 from drivetrain.constants import constant
 from drivetrain.geometry.delta_coder import NUS_DIR_OFFSET, direction_target, encode_delta_xyzwlhr
 from drivetrain.losses.functional import class_mask, fp32, sigmoid_focal_loss, sine_difference, smooth_l1_loss
@@ -269,6 +275,8 @@ class AnchorHeadLoss(torch.nn.Module):
         alpha, gamma: sigmoid focal loss parameters (0.25, 2).
         beta: smooth-L1 transition point (1/9).
         dir_offset, dir_limit_offset, num_dir_bins: direction target (−0.7854, 0, 2).
+        compile: run the batched path through ``torch.compile``: True (its defaults) or a mapping of its keyword
+            arguments; kept in :attr:`compile_options` (None: eager).
     """
 
     def __init__(
@@ -284,9 +292,11 @@ class AnchorHeadLoss(torch.nn.Module):
         dir_offset: float = NUS_DIR_OFFSET,
         dir_limit_offset: float = 0.0,
         num_dir_bins: int = 2,
+        compile: bool | Mapping[str, Any] = False,
     ) -> None:
         super().__init__()
         _check_code(code_weights, len(code_weights))
+        self.compile_options = compile_options(compile)
         if beta <= 0:
             raise ValueError(f"beta: must be > 0 (mmdet's SmoothL1Loss asserts it), got {beta}")
         self.num_classes = num_classes
@@ -334,9 +344,11 @@ class AnchorHeadLoss(torch.nn.Module):
         if num_classes != self.num_classes:
             raise ValueError(f"pred_cls: {num_classes} classes, the loss was built for {self.num_classes}")
         if impl == "batched":
-            return batched_anchor_head_loss(
-                pred_cls, pred_boxes, pred_dir, anchors, assigned, gt_boxes, gt_labels, **self.options
-            )
+            loss = batched_anchor_head_loss
+            if self.compile_options is not None:
+                gt_boxes, gt_labels = ragged_dynamic(gt_boxes), ragged_dynamic(gt_labels)  # G
+                loss = compiled(batched_anchor_head_loss, self.compile_options)
+            return loss(pred_cls, pred_boxes, pred_dir, anchors, assigned, gt_boxes, gt_labels, **self.options)
         if impl == "reference":
             return reference_anchor_head_loss(
                 list(pred_cls.unbind(0)),

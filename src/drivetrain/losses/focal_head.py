@@ -17,7 +17,9 @@ divides it before the count is all-reduced; ``sync_cls_avg_factor=True`` average
 over ranks, as the original's option does.
 
 Terms are unweighted; :attr:`FocalHeadLoss.weights` holds the published weights (2, 5, 2, 10, 1).
-``reference`` loops over images as the original; ``batched`` treats all images at once.
+``reference`` loops over images as the original; ``batched`` treats all images at once; ``compile=True`` runs
+the batched path through ``torch.compile`` in one graph, the solver inside it as a custom operator and the
+ground-truth dim dynamic (:mod:`drivetrain.compiled`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 import torch
 
 from drivetrain import ragged
+from drivetrain.compiled import compile_options, compiled, ragged_dynamic, region
 from drivetrain.constants import constant
 from drivetrain.geometry import (
     boxes_cxcywh_to_xyxy,
@@ -42,7 +45,6 @@ from drivetrain.losses.inputs import field
 from drivetrain.losses.normalize import average_factor
 from drivetrain.losses.weights import resolve_weights, weighted_total
 from drivetrain.match import HungarianAssigner2D
-from drivetrain.profile import region
 from drivetrain.ragged import RaggedBatch
 
 __all__ = ["WEIGHTS", "FocalHeadLoss"]
@@ -70,6 +72,8 @@ class FocalHeadLoss(torch.nn.Module):
         assigner: the 2D matcher (default: published HungarianAssigner2D, ``auto`` solver backend).
         sync_cls_avg_factor: average the classification count over ranks as well (the original's option of
             that name; False, its published value, divides ``enc_loss_cls`` by this rank's count).
+        compile: run the batched path through ``torch.compile``: True (its defaults) or a mapping of its keyword
+            arguments; kept in :attr:`compile_options` (None: eager).
     """
 
     def __init__(
@@ -80,9 +84,11 @@ class FocalHeadLoss(torch.nn.Module):
         weights: Mapping[str, float] | None = None,
         assigner: HungarianAssigner2D | None = None,
         sync_cls_avg_factor: bool = False,
+        compile: bool | Mapping[str, Any] = False,
     ) -> None:
         super().__init__()
         self.num_classes, self.stride, self.beta = num_classes, stride, beta
+        self.compile_options = compile_options(compile)
         self.sync_cls_avg_factor = sync_cls_avg_factor
         self.assigner = assigner or HungarianAssigner2D()
         self.weights = resolve_weights(WEIGHTS, weights or {})
@@ -120,13 +126,15 @@ class FocalHeadLoss(torch.nn.Module):
                 f"centerness: expected (B, N, Hf, Wf) with Hf·Wf = {num_tokens}, got {tuple(centerness.shape)}"
             )
         args = (logits, boxes, centres, centerness, gt_boxes, gt_labels, gt_centres, image_size)
-        if impl == "batched":
-            terms = self._batched(*args)
-        elif impl == "reference":
-            terms = self._reference(*args)
-        else:
+        if impl == "reference":
+            return {k: torch.nan_to_num(v) for k, v in self._reference(*args).items()}
+        if impl != "batched":
             raise ValueError(f"impl: expected 'batched' or 'reference', got {impl!r}")
-        return {k: torch.nan_to_num(v) for k, v in terms.items()}
+        if self.compile_options is None:
+            return self._batched(*args)
+        gt = (ragged_dynamic(gt_boxes), ragged_dynamic(gt_labels), ragged_dynamic(gt_centres))  # G
+        batched = compiled(FocalHeadLoss._batched, self.compile_options)  # unbound: self is an argument
+        return batched(self, logits, boxes, centres, centerness, *gt, image_size)
 
     # ------------------------------------------------------------------ batched
     def _batched(
@@ -178,13 +186,14 @@ class FocalHeadLoss(torch.nn.Module):
             loss_c2d = torch.where(valid, l1_loss(matched_centres, target_centres / wh), 0.0).sum() / num_pos
             pred_heat = centerness.float().sigmoid().clamp(1e-4, 1 - 1e-4)
             loss_centerness = gaussian_focal_loss(pred_heat, heatmap).sum() / num_pos
-        return {
+        terms = {
             "enc_loss_cls": loss_cls,
             "enc_loss_bbox": loss_bbox,
             "enc_loss_iou": loss_iou,
             "centers2d_loss": loss_c2d,
             "centerness_loss": loss_centerness,
         }
+        return {k: torch.nan_to_num(v) for k, v in terms.items()}
 
     # ------------------------------------------------------------------ reference
     def _reference(

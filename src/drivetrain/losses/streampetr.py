@@ -25,6 +25,11 @@ over the ranks of the process group (``N̄⁺``, ``G̅·̅T̅``; :func:`average_
 ``nan_to_num`` as in the original. A batch without any ground truth gives exact zeros for the box and DN
 terms; the original logs other values under the DN names then (its main losses). Kept on purpose: with no
 target there is no denoising signal, and zeros leave the gradient unchanged.
+
+``compile=True`` (or a mapping of ``torch.compile`` arguments) runs the batched path through ``torch.compile``
+(:mod:`drivetrain.compiled`): assignment, targets and losses in one graph, the solver inside it as a custom
+operator, the ground-truth dim and the DN query dim dynamic (a new ground-truth count does not compile again).
+The input checks and the reference path stay eager.
 """
 
 from __future__ import annotations
@@ -35,13 +40,13 @@ from typing import Any
 import torch
 
 from drivetrain import ragged
+from drivetrain.compiled import compile_options, compiled, dense, dynamic, ragged_dynamic, region
 from drivetrain.geometry import CODE_WEIGHTS, encode_boxes_streampetr
 from drivetrain.losses.functional import class_mask, l1_loss, sigmoid_focal_loss
 from drivetrain.losses.inputs import field
 from drivetrain.losses.normalize import average_factor
 from drivetrain.losses.weights import weighted_total
 from drivetrain.match import HungarianAssigner3D
-from drivetrain.profile import region
 from drivetrain.ragged import RaggedBatch
 
 __all__ = ["StreamPETRLoss"]
@@ -65,6 +70,8 @@ class StreamPETRLoss(torch.nn.Module):
         assigner: the matcher (default: published HungarianAssigner3D on the ``auto`` solver backend).
         sync_cls_avg_factor: average the classification counts over ranks as well (the original's option of
             that name; False, its published value, divides them by this rank's count).
+        compile: run the batched path through ``torch.compile``: True (its defaults) or a mapping of its keyword
+            arguments (e.g. ``{"mode": "reduce-overhead"}``); kept in :attr:`compile_options` (None: eager).
     """
 
     def __init__(
@@ -79,9 +86,11 @@ class StreamPETRLoss(torch.nn.Module):
         dn_split: float = 0.75,
         assigner: HungarianAssigner3D | None = None,
         sync_cls_avg_factor: bool = False,
+        compile: bool | Mapping[str, Any] = False,
     ) -> None:
         super().__init__()
         self.num_classes, self.sync_cls_avg_factor = num_classes, sync_cls_avg_factor
+        self.compile_options = compile_options(compile)
         self.alpha, self.gamma, self.dn_split = alpha, gamma, dn_split
         self.assigner = assigner or HungarianAssigner3D()
         self.register_buffer("code_weights", torch.tensor(code_weights, dtype=torch.float32), persistent=False)
@@ -121,20 +130,42 @@ class StreamPETRLoss(torch.nn.Module):
             )
         if cls_logits.shape[-1] != self.num_classes:
             raise ValueError(f"cls_logits: {cls_logits.shape[-1]} classes, the loss was built for {self.num_classes}")
-        if impl == "batched":
-            terms = self._batched_main(cls_logits, box_codes, gt_boxes, gt_labels)
-        elif impl == "reference":
-            terms = self._reference_main(cls_logits, box_codes, gt_boxes, gt_labels)
-        else:
+        if impl not in ("batched", "reference"):
             raise ValueError(f"impl: expected 'batched' or 'reference', got {impl!r}")
+        dn = None
         if isinstance(outputs, Mapping) and "dn_cls_logits" in outputs:
             dn = (outputs["dn_cls_logits"], outputs["dn_box_codes"], outputs["dn_background"], outputs["dn_groups"])
             self._check_dn(*dn, cls_logits.shape[0], gt_boxes)
-            dn_terms = self._batched_dn if impl == "batched" else self._reference_dn
-            terms.update(dn_terms(*dn, gt_boxes, gt_labels))
-        return {k: torch.nan_to_num(v) for k, v in terms.items()}
+        if impl == "reference":
+            terms = self._reference_main(cls_logits, box_codes, gt_boxes, gt_labels)
+            if dn is not None:
+                terms.update(self._reference_dn(*dn, gt_boxes, gt_labels))
+            return {k: torch.nan_to_num(v) for k, v in terms.items()}
+        if self.compile_options is None:
+            return self._batched(cls_logits, box_codes, gt_boxes, gt_labels, dn)
+        gt_boxes, gt_labels = ragged_dynamic(gt_boxes), ragged_dynamic(gt_labels)  # G
+        if dn is not None:  # P = groups · G
+            dn = (dynamic(dn[0], 2), dynamic(dn[1], 2), dynamic(dn[2], 1), dn[3])
+        # The model slices the main queries out of one (L, B, P+Q, ·) tensor: their strides would hold P.
+        cls_logits, box_codes = dense(cls_logits), dense(box_codes)
+        batched = compiled(StreamPETRLoss._batched, self.compile_options)  # unbound: self is an argument
+        return batched(self, cls_logits, box_codes, gt_boxes, gt_labels, dn)
 
     # ------------------------------------------------------------------ batched
+    def _batched(
+        self,
+        cls_logits: torch.Tensor,
+        box_codes: torch.Tensor,
+        gt_boxes: RaggedBatch,
+        gt_labels: RaggedBatch,
+        dn: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None,
+    ) -> dict[str, torch.Tensor]:
+        """The batched path after the input checks: the main terms, then the DN terms (``dn`` as in forward)."""
+        terms = self._batched_main(cls_logits, box_codes, gt_boxes, gt_labels)
+        if dn is not None:
+            terms.update(self._batched_dn(*dn, gt_boxes, gt_labels))
+        return {k: torch.nan_to_num(v) for k, v in terms.items()}
+
     def _batched_main(
         self, cls_logits: torch.Tensor, box_codes: torch.Tensor, gt_boxes: RaggedBatch, gt_labels: RaggedBatch
     ) -> dict[str, torch.Tensor]:

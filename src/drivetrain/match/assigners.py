@@ -17,11 +17,11 @@ from dataclasses import dataclass
 import torch
 from scipy.optimize import linear_sum_assignment
 
+from drivetrain.compiled import region
 from drivetrain.constants import constant
 from drivetrain.geometry import CODE_WEIGHTS, boxes_xyxy_to_cxcywh, encode_boxes_streampetr, normalize_boxes
 from drivetrain.match.costs import bbox3d_l1_cost, centre_l1_cost, focal_cost, giou_cost, l1_cost
 from drivetrain.match.solve import NAN_COST, NEGINF_COST, POSINF_COST, solve
-from drivetrain.profile import region
 from drivetrain.ragged import RaggedBatch
 
 __all__ = ["HungarianAssigner2D", "HungarianAssigner3D"]

@@ -55,7 +55,7 @@ def l1_cost(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     ``|a[..., :, None] - b[..., None, :]|.sum(-1)`` by ~4× per sample and ~4× batched.
     """
     lead = torch.broadcast_shapes(pred.shape[:-2], target.shape[:-2])
-    dtype = torch.result_type(pred, target)
+    dtype = torch.promote_types(pred.dtype, target.dtype)  # torch.result_type breaks a compiled graph
     pred = pred.to(dtype).expand(*lead, *pred.shape[-2:])  # (..., Q, D)
     target = target.to(dtype).expand(*lead, *target.shape[-2:])  # (..., G, D)
     if pred.shape[-1] == 0:

@@ -13,6 +13,12 @@ Backends:
         columns get a constant cost, which leaves the optimum of the real columns unchanged (they all
         still fit, since ``G ≤ Q``).
     ``auto``: ``gpu`` when its requirements are met, else ``scipy``.
+
+Under ``torch.compile`` both solvers enter the graph as custom operators, ``drivetrain::solve_scipy`` and
+``drivetrain::solve_gpu``, whose output shapes follow from the input shapes: dynamo traces through
+:func:`solve` without a graph break. The SciPy operator still makes its one host transfer when the graph runs,
+and is tagged ``cudagraph_unsafe``, so that ``mode="reduce-overhead"`` records CUDA graphs around it, not over
+it. Eager calls skip the operator dispatch and run the same functions directly.
 """
 
 from __future__ import annotations
@@ -70,7 +76,14 @@ def solve(costs: RaggedBatch, *, backend: str = "auto", num_threads: int | None 
         backend = "gpu" if gpu_solver_available(costs.device) else "scipy"
     if backend == "gpu":
         return _solve_gpu(costs)
-    return _solve_scipy(costs, num_threads)
+    tensor = costs.tensor.detach()
+    if tensor.dtype not in (torch.float32, torch.float64):
+        tensor = tensor.float()
+    if torch.compiler.is_compiling():  # one opaque node in the graph instead of a graph break
+        pairs = torch.ops.drivetrain.solve_scipy(tensor, costs.sizes, num_threads or 0)  # (*batch, G, 2)
+    else:
+        pairs = _scipy_pairs(tensor, costs.sizes, num_threads)  # (*batch, G, 2)
+    return RaggedBatch._make(pairs, costs.sizes, costs.num_batch_dims, costs._mask)
 
 
 @lru_cache(maxsize=1)
@@ -78,6 +91,7 @@ def _has_triton_solver() -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("torch_linear_assignment", "triton"))
 
 
+@torch.compiler.assume_constant_result  # under torch.compile: evaluated once while tracing, a constant in the graph
 def gpu_solver_available(device: torch.device | str) -> bool:
     """Whether the ``gpu`` backend can run on ``device`` (CUDA, CC ≥ 8.0, package and Triton installed)."""
     device = torch.device(device)
@@ -97,22 +111,21 @@ def _pool() -> ThreadPoolExecutor:
     return _POOL
 
 
-def _solve_scipy(costs: RaggedBatch, num_threads: int | None) -> RaggedBatch:
-    batch, (q, g) = costs.batch_shape, costs.shape[-2:]
-    device = costs.device
-    tensor = costs.tensor.detach()
-    if tensor.dtype not in (torch.float32, torch.float64):
-        tensor = tensor.float()
+def _scipy_pairs(tensor: torch.Tensor, num_targets: torch.Tensor, num_threads: int | None) -> torch.Tensor:
+    """The SciPy backend on plain tensors: float ``(*batch, Q, G)`` costs and int64 ``(*batch,)`` target counts
+    → int64 ``(*batch, G, 2)`` pairs on the costs' device (rows past a problem's count are zero)."""
+    batch, (q, g) = tensor.shape[:-2], tensor.shape[-2:]
+    device = tensor.device
     with region("transfer"):
         if device.type == "cuda":
             # sync: the one host transfer of the step; both copies are queued, then waited for once
             host_costs = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-            host_sizes = torch.empty(costs.sizes.shape, dtype=torch.int64, pin_memory=True)
+            host_sizes = torch.empty(num_targets.shape, dtype=torch.int64, pin_memory=True)
             host_costs.copy_(tensor, non_blocking=True)
-            host_sizes.copy_(costs.sizes, non_blocking=True)
+            host_sizes.copy_(num_targets, non_blocking=True)
             torch.cuda.current_stream(device).synchronize()
         else:
-            host_costs, host_sizes = tensor, costs.sizes
+            host_costs, host_sizes = tensor, num_targets
     num_problems = math.prod(batch)
     flat_costs = host_costs.reshape(num_problems, q, g).numpy()  # (P, Q, G)
     sizes = host_sizes.reshape(-1).tolist()  # host memory by now (copied above on CUDA)
@@ -147,7 +160,23 @@ def _solve_scipy(costs: RaggedBatch, num_threads: int | None) -> RaggedBatch:
     if device.type == "cuda":
         with region("transfer"):
             out = out.pin_memory().to(device, non_blocking=True)
-    return RaggedBatch._make(out, costs.sizes, costs.num_batch_dims, costs._mask)
+    return out
+
+
+@torch.library.custom_op(
+    "drivetrain::solve_scipy",
+    mutates_args=(),
+    schema="(Tensor costs, Tensor num_targets, int num_threads) -> Tensor",
+    tags=(torch.Tag.cudagraph_unsafe,),  # it waits for the stream: CUDA graphs (reduce-overhead) split around it
+)
+def _solve_scipy_op(costs: torch.Tensor, num_targets: torch.Tensor, num_threads: int) -> torch.Tensor:
+    """:func:`_scipy_pairs` as an operator for compiled graphs (``num_threads`` 0: the default)."""
+    return _scipy_pairs(costs, num_targets, num_threads or None)
+
+
+@_solve_scipy_op.register_fake
+def _(costs: torch.Tensor, num_targets: torch.Tensor, num_threads: int) -> torch.Tensor:
+    return costs.new_empty((*costs.shape[:-2], costs.shape[-1], 2), dtype=torch.int64)  # (*batch, G, 2)
 
 
 # ---------------------------------------------------------------------- gpu
@@ -166,7 +195,10 @@ def _solve_gpu(costs: RaggedBatch) -> RaggedBatch:
     valid = costs.mask.unsqueeze(-2)  # (*batch, 1, G)
     clean = torch.nan_to_num(costs.tensor.detach().float(), nan=NAN_COST, posinf=POSINF_COST, neginf=NEGINF_COST)
     clean = torch.where(valid, clean, 0.0)  # (*batch, Q, G): constant padding columns keep the optimum
-    assignment = _triton_assignment(clean.reshape(math.prod(batch), q, g))  # (P, Q): column of each row or -1
+    flat = clean.reshape(math.prod(batch), q, g)  # (P, Q, G)
+    # Under torch.compile the kernel is one opaque node of the graph.
+    kernel = torch.ops.drivetrain.solve_gpu if torch.compiler.is_compiling() else _triton_assignment
+    assignment = kernel(flat)  # (P, Q): column of each row or -1
     pairs = pairs_from_assignment(assignment, costs.sizes.reshape(-1), g)  # (P, G, 2)
     return RaggedBatch._make(pairs.view(*batch, g, 2), costs.sizes, costs.num_batch_dims, costs._mask)
 
@@ -187,6 +219,17 @@ def _triton_assignment(cost: torch.Tensor) -> torch.Tensor:
         from torch_linear_assignment import batch_linear_assignment
 
         return batch_linear_assignment(cost)  # sync: the public wrapper validates on the host
+
+
+@torch.library.custom_op("drivetrain::solve_gpu", mutates_args=(), schema="(Tensor cost) -> Tensor")
+def _solve_gpu_op(cost: torch.Tensor) -> torch.Tensor:
+    """:func:`_triton_assignment` as an operator for compiled graphs."""
+    return _triton_assignment(cost)
+
+
+@_solve_gpu_op.register_fake
+def _(cost: torch.Tensor) -> torch.Tensor:
+    return cost.new_empty(cost.shape[:2], dtype=torch.int64)  # (P, Q)
 
 
 def pairs_from_assignment(assignment: torch.Tensor, num_targets: torch.Tensor, num_columns: int) -> torch.Tensor:

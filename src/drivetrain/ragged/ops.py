@@ -138,8 +138,10 @@ def take_rows(flat: torch.Tensor, rows: torch.Tensor, invalid: torch.Tensor, fil
     """
     if fill is None:
         return flat.index_select(0, rows)  # (K, R)
-    if flat.shape[0] <= 8 * rows.shape[0]:
-        # Filling the output costs ~10x a copy per element: cheaper to read padding from an extra fill row.
+    if not torch.compiler.is_compiling() and flat.shape[0] <= 8 * rows.shape[0]:
+        # Filling the output costs ~10x a copy per element (eager CPU): cheaper to read padding from an extra
+        # fill row. Not under torch.compile: the choice would be a guard on the (dynamic) lengths, and the
+        # fill below fuses into the gather there. Both give the same values and gradients.
         extended = torch.cat([flat, flat.new_full((1, flat.shape[1]), fill)])  # (T+1, R)
         return extended.index_select(0, rows.masked_fill(invalid, flat.shape[0]))  # (K, R)
     return flat.index_select(0, rows).masked_fill_(invalid.unsqueeze(1), fill)  # (K, R)

@@ -12,7 +12,8 @@ from the model's own generator, whose state is saved with the model (exact resum
 
 ``impl="reference"`` runs the assignment and the losses per sample as the originals do; ``"batched"`` all
 samples at once (the same assignments and terms; see :mod:`drivetrain.match.max_iou`,
-:mod:`drivetrain.losses.anchor_head`).
+:mod:`drivetrain.losses.anchor_head`); ``compile_loss`` runs the batched assignment and loss through
+``torch.compile`` in one graph, the ground-truth dim dynamic (:mod:`drivetrain.compiled`).
 """
 
 from __future__ import annotations
@@ -23,17 +24,26 @@ from typing import Any
 import torch
 from torch import nn
 
+from drivetrain.compiled import compile_options, compiled, ragged_dynamic
 from drivetrain.data.lyft_format import LYFT_CLASSES
 from drivetrain.data.nuscenes_format import CLASSES
-from drivetrain.losses.anchor_head import AnchorHeadLoss
+from drivetrain.losses.anchor_head import AnchorHeadLoss, batched_anchor_head_loss
+from drivetrain.match.anchor_window import WindowedAnchors, windowed_max_iou_assign
 from drivetrain.match.max_iou import (
+    AnchorThresholds,
     MaxIoUConfig,
     anchor_thresholds,
     batched_max_iou_assign,
     reference_max_iou_assign,
     reference_max_iou_assign_per_class,
 )
-from drivetrain.models.pointpillars.anchors import AnchorConfig, grid_anchors, per_class_anchors
+from drivetrain.models.pointpillars.anchors import (
+    AnchorConfig,
+    grid_anchors,
+    grid_layout,
+    per_class_anchors,
+    per_class_layout,
+)
 from drivetrain.models.pointpillars.backbone import SECOND, SECONDFPN
 from drivetrain.models.pointpillars.head import Anchor3DHead, ShapeAwareHead
 from drivetrain.models.pointpillars.middle import DenseMiddleEncoder, scatter_to_volume
@@ -86,6 +96,8 @@ def _conv_out(size: int, strides: Sequence[int]) -> int:
 class PointPillars(nn.Module):
     """The PointPillars detector; defaults are the published nuScenes SECFPN configuration.
 
+    ``input_modalities``: the sensors it reads (``("lidar",)``), written to a submission's ``meta`` block.
+
     With ``tasks`` it is SSN instead (see :class:`SSN`): a ``ShapeAwareHead`` with one branch per task, one
     anchor size per class on its task's map, and one assigner per class.
 
@@ -113,11 +125,19 @@ class PointPillars(nn.Module):
         augment: ``BevAugConfig`` fields for training (None: no augmentation).
         seed: seed of the augmentation generator.
         impl: ``batched`` or ``reference`` assignment, losses and decoding.
-        chunk: anchors per IoU slice in the batched assignment (None: all at once).
+        chunk: anchors per IoU slice in the dense batched assignment (None: all at once; with ``window=False``).
+        window: the batched assignment compares each GT only with the anchor windows it can reach
+            (:mod:`drivetrain.match.anchor_window`; the same assignments, one host read per step to size the
+            windows); False: the dense ``(B, A, G)`` IoU with no host read (:func:`~drivetrain.match.max_iou.
+            batched_max_iou_assign`).
         middle: :class:`~.middle.DenseMiddleEncoder` arguments (``base_channels``, ``blocks``): a dense 3D
             convolutional middle encoder between the voxel encoder and the BEV backbone (the voxel size must cut
             z into several cells); None: PointPillars' BEV scatter.
+        compile_loss: run the batched assignment and loss through ``torch.compile`` in one graph: True (its
+            defaults) or a mapping of its keyword arguments; kept in :attr:`compile_loss` (None: eager).
     """
+
+    input_modalities: tuple[str, ...] = ("lidar",)
 
     def __init__(
         self,
@@ -148,16 +168,20 @@ class PointPillars(nn.Module):
         seed: int = 0,
         impl: str = "batched",
         chunk: int | None = None,
+        window: bool = True,
         middle: dict[str, Any] | None = None,
+        compile_loss: bool | dict[str, Any] = False,
     ) -> None:
         super().__init__()
         if impl not in ("batched", "reference"):
             raise ValueError(f"impl: expected 'batched' or 'reference', got {impl!r}")
+        self.compile_loss = compile_options(compile_loss)
         if anchor_ranges is None or anchor_sizes is None:
             from drivetrain.models.pointpillars.anchors import NUS_PP_ANCHORS
 
             anchor_ranges, anchor_sizes = NUS_PP_ANCHORS.ranges, NUS_PP_ANCHORS.sizes
         self.impl, self.chunk, self.code_size, self.num_classes = impl, chunk, code_size, num_classes
+        self.window = bool(window)
         self.grid = VoxelGrid(tuple(point_cloud_range), tuple(voxel_size), max_points, max_voxels)  # type: ignore[arg-type]
         self.grid_test = VoxelGrid(tuple(point_cloud_range), tuple(voxel_size), max_points, max_voxels_test)  # type: ignore[arg-type]
         self.anchor_config = AnchorConfig(
@@ -192,6 +216,7 @@ class PointPillars(nn.Module):
             self.head = ShapeAwareHead(self.neck.out_channels, self.tasks, num_classes, code_size, len(rotations))
         self.criterion = AnchorHeadLoss(num_classes=num_classes, code_weights=[1.0] * 7 + [0.2] * (code_size - 7))
         self._anchors: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor | None, Any]] = {}
+        self._windows: dict[tuple[Any, ...], WindowedAnchors] = {}
 
     # ------------------------------------------------------------------------------------------ classes
     def _set_classes(self, classes: Sequence[str] | None, dataset_classes: str | Sequence[str]) -> None:
@@ -242,13 +267,31 @@ class PointPillars(nn.Module):
                 anchors, classes = grid_anchors(self.anchor_config, feature_size, device), None
                 thresholds = anchor_thresholds(self.assigners[0], num_anchors=anchors.shape[0], device=device)
             else:
-                sizes = []
-                for n, _, strides in self.tasks:
-                    sizes += [(_conv_out(feature_size[0], strides), _conv_out(feature_size[1], strides))] * n
-                anchors, classes = per_class_anchors(self.anchor_config, tuple(sizes), device)
+                anchors, classes = per_class_anchors(
+                    self.anchor_config, self._class_feature_sizes(feature_size), device
+                )
                 thresholds = anchor_thresholds(self.assigners, classes)
             self._anchors[key] = (anchors[:, : self.code_size], classes, thresholds)
         return self._anchors[key]
+
+    def _class_feature_sizes(self, feature_size: tuple[int, int]) -> tuple[tuple[int, int], ...]:
+        """SSN: each class's anchor map size on a ``feature_size`` neck map (its task's strides)."""
+        sizes: list[tuple[int, int]] = []
+        for n, _, strides in self.tasks or ():
+            sizes += [(_conv_out(feature_size[0], strides), _conv_out(feature_size[1], strides))] * n
+        return tuple(sizes)
+
+    def windowed_anchors(self, feature_size: tuple[int, int], device: torch.device) -> WindowedAnchors:
+        """The anchors of :meth:`anchor_set` prepared for the windowed assignment (cached per size and device)."""
+        key = (feature_size, str(device))
+        if key not in self._windows:
+            anchors, classes, thresholds = self.anchor_set(feature_size, device)
+            if self.tasks is None:
+                layout = grid_layout(self.anchor_config, feature_size)
+            else:
+                layout = per_class_layout(self.anchor_config, self._class_feature_sizes(feature_size))
+            self._windows[key] = WindowedAnchors.build(anchors, layout, thresholds, classes)
+        return self._windows[key]
 
     def anchors(self, feature_size: tuple[int, int], device: torch.device) -> torch.Tensor:
         """The ``(A, D)`` anchors of a ``feature_size`` neck map, in the head's output order."""
@@ -294,6 +337,11 @@ class PointPillars(nn.Module):
         """``(B, A)`` anchor assignment (−1 ignore, 0 negative, k ≥ 1 GT k−1), batched or per sample."""
         anchors, classes, thresholds = self.anchor_set(feature_size, gt_boxes.device)
         with torch.no_grad():
+            if self.impl == "batched" and self.window:
+                prepared = self.windowed_anchors(feature_size, gt_boxes.device)
+                return windowed_max_iou_assign(
+                    anchors, prepared.grid, gt_boxes, gt_labels, thresholds, anchor_classes=classes, prepared=prepared
+                )
             if self.impl == "batched":
                 return batched_max_iou_assign(
                     anchors, gt_boxes, gt_labels, thresholds, anchor_classes=classes, chunk=self.chunk
@@ -310,6 +358,13 @@ class PointPillars(nn.Module):
     def loss(self, outputs: dict[str, Any], batch: Any) -> dict[str, torch.Tensor]:
         """The unweighted terms ``loss_cls``, ``loss_bbox``, ``loss_dir``."""
         gt_boxes, gt_labels = outputs["gt_boxes"], outputs["gt_labels"]
+        if self.impl == "batched" and self.compile_loss is not None:  # one graph, timed as a whole by the caller
+            _, classes, thresholds = self.anchor_set(outputs["feature_size"], gt_boxes.device)
+            head = (outputs["cls_logits"], outputs["box_preds"], outputs["dir_logits"], outputs["anchors"])
+            gt = (ragged_dynamic(gt_boxes), ragged_dynamic(gt_labels))  # G
+            return compiled(_assign_and_loss, self.compile_loss)(
+                *head, *gt, thresholds, classes, self.chunk, self.criterion.options
+            )
         with region("assignment"):
             assigned = self.assign(outputs["feature_size"], gt_boxes, gt_labels)
         with region("targets + loss"):
@@ -367,6 +422,26 @@ class PointPillars(nn.Module):
         if self._generator is not None and self._generator_state is not None:
             self._generator.set_state(self._generator_state)
             self._generator_state = None
+
+
+def _assign_and_loss(
+    pred_cls: torch.Tensor,
+    pred_boxes: torch.Tensor,
+    pred_dir: torch.Tensor,
+    anchors: torch.Tensor,
+    gt_boxes: RaggedBatch,
+    gt_labels: RaggedBatch,
+    thresholds: AnchorThresholds,
+    anchor_classes: torch.Tensor | None,
+    chunk: int | None,
+    options: dict[str, Any],
+) -> dict[str, torch.Tensor]:
+    """The batched assignment and loss of :meth:`PointPillars.loss` as one function, which ``compile_loss``
+    compiles (shapes as :func:`~drivetrain.losses.anchor_head.batched_anchor_head_loss`)."""
+    assigned = batched_max_iou_assign(
+        anchors, gt_boxes, gt_labels, thresholds, anchor_classes=anchor_classes, chunk=chunk
+    )  # (B, A)
+    return batched_anchor_head_loss(pred_cls, pred_boxes, pred_dir, anchors, assigned, gt_boxes, gt_labels, **options)
 
 
 class SSN(PointPillars):

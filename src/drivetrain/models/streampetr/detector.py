@@ -64,6 +64,8 @@ POSITION_RANGE = (-61.2, -61.2, -10.0, 61.2, 61.2, 10.0)
 class StreamPETR(nn.Module):
     """The StreamPETR detector (see the module docstring); defaults are the published R50 704×256 config.
 
+    ``input_modalities``: the sensors it reads (``("camera",)``), written to a submission's ``meta`` block.
+
     Args:
         num_classes: ``C`` (10).
         backbone: ``tiny`` (a small conv net for CPU runs) or ``resnet50`` (random init, nothing downloaded).
@@ -91,7 +93,11 @@ class StreamPETR(nn.Module):
         freeze_backbone: a fixed image encoder (backbone and neck: no gradients, normalisation in evaluation
             mode); :meth:`encode` then runs apart from the trainable rest, so the trainer can run it for the
             next batch while this one trains (``speed.encoder_overlap``).
+        compile_loss: run both criteria's batched paths through ``torch.compile`` (their ``compile`` option):
+            True (its defaults) or a mapping of its keyword arguments.
     """
+
+    input_modalities: tuple[str, ...] = ("camera",)
 
     def __init__(
         self,
@@ -119,6 +125,7 @@ class StreamPETR(nn.Module):
         impl: str = "batched",
         sync_cls_avg_factor: bool = False,
         freeze_backbone: bool = False,
+        compile_loss: bool | dict[str, Any] = False,
     ) -> None:
         super().__init__()
         if impl not in ("batched", "reference"):
@@ -151,9 +158,16 @@ class StreamPETR(nn.Module):
         self.cls_branch = class_branch(e, num_classes)
         self.reg_branch = regression_branch(e)
         self.memory = MemoryBank(e, memory_len, topk, num_propagated, self.pc_range)
-        self.criterion = StreamPETRLoss(num_classes, dn_split=dn_split, sync_cls_avg_factor=sync_cls_avg_factor)
+        self.criterion = StreamPETRLoss(
+            num_classes, dn_split=dn_split, sync_cls_avg_factor=sync_cls_avg_factor, compile=compile_loss
+        )
         self.focal_criterion = (
-            FocalHeadLoss(num_classes=num_classes, stride=self.stride, sync_cls_avg_factor=sync_cls_avg_factor)
+            FocalHeadLoss(
+                num_classes=num_classes,
+                stride=self.stride,
+                sync_cls_avg_factor=sync_cls_avg_factor,
+                compile=compile_loss,
+            )
             if with_focal_head
             else None
         )
