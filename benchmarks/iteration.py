@@ -452,7 +452,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     add_compile_arguments(parser)
     args = parser.parse_args(argv)
     if args.model not in MODELS:
-        raise SystemExit(f"--model: unknown model {args.model!r}; available: {', '.join(MODELS)}")
+        raise SystemExit(f"--model: unknown model {args.model!r}; available: {', '.join([*MODELS, *LIDAR_MODELS])}")
     if args.size not in SIZES:
         raise SystemExit(f"--size: unknown size {args.size!r}; available: {', '.join(SIZES)}")
     if args.batch < 1 or args.repeat < 1 or args.warmup < 0:

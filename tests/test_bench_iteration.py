@@ -72,7 +72,10 @@ def test_bench_iteration_times_both_paths_and_writes_json_md_png(tmp_path, data_
 
 @pytest.mark.parametrize(
     ("option", "value", "message"),
-    [("--model", "petr", "unknown model 'petr'"), ("--size", "huge", "unknown size 'huge'")],
+    [
+        ("--model", "petr", "unknown model 'petr'; available: streampetr, pointpillars, ssn"),
+        ("--size", "huge", "unknown size 'huge'"),
+    ],
 )
 def test_bench_iteration_names_unknown_model_or_size(option, value, message):
     with pytest.raises(SystemExit, match=message):
