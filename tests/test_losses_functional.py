@@ -16,6 +16,7 @@ from drivetrain.losses import (
     l1_loss,
     quality_focal_loss,
     sigmoid_focal_loss,
+    sigmoid_focal_loss_sum,
     sine_difference,
     smooth_l1_loss,
 )
@@ -57,6 +58,54 @@ def test_sigmoid_focal_loss_matches_torchvision_formula(alpha: float, gamma: flo
             alpha_t = alpha * t + (1 - alpha) * (1 - t)
             expected = alpha_t * bce(x, t) * (1 - p_t) ** gamma
             assert loss[i, c].item() == pytest.approx(expected, rel=1e-4, abs=1e-6)
+
+
+def _focal64(logits: torch.Tensor, targets: torch.Tensor, alpha: float, gamma: float) -> torch.Tensor:
+    """The focal loss per element in float64, written out (the ``fp32`` wrapper keeps the library's in float32)."""
+    prob = logits.sigmoid()
+    pt = (1 - prob) * targets + prob * (1 - targets)
+    weight = (alpha * targets + (1 - alpha) * (1 - targets)) * pt.pow(gamma)
+    return F.binary_cross_entropy_with_logits(logits, targets, reduction="none") * weight
+
+
+@pytest.mark.parametrize(("alpha", "gamma"), [(0.25, 2.0), (0.5, 1.5)])
+@pytest.mark.parametrize("scale", [1.0, 8.0, 30.0])
+def test_focal_loss_sum_equals_the_elementwise_loss_summed(
+    alpha: float, gamma: float, scale: float, gen: torch.Generator
+) -> None:
+    # Rows: labels in [0, C), background (C), a negative label (background too), zero and fractional weights.
+    rows, classes = 600, 7
+    logits = (torch.randn(rows, classes, generator=gen) * scale).requires_grad_()
+    labels = torch.randint(0, classes, (rows,), generator=gen)
+    labels[::3], labels[1::7] = classes, -1
+    weights = torch.rand(rows, generator=gen).round()
+    weights[::5] = 0.5
+    one_hot = (labels[:, None] == torch.arange(classes)).float()
+    summed = (sigmoid_focal_loss(logits, one_hot, alpha, gamma) * weights[:, None]).sum()
+    fused = sigmoid_focal_loss_sum(logits, labels, weights, alpha, gamma)
+    (want,) = torch.autograd.grad(summed, logits)
+    (got,) = torch.autograd.grad(fused, logits)
+    # Two formulas per element, ≤ ~16 u apart (u = 2^-24), and sums in another order (≤ ⌈log2 4200⌉ eps): 1e-5.
+    torch.testing.assert_close(fused, summed, rtol=1e-5, atol=0.0)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-9)
+    # and against float64: the value within the sum's rounding (⌈log2 4200⌉ + 1 eps), every gradient entry within
+    # 16 u (a handful of roundings) of it — down to 1e-20, below which float32 sigmoids of |s| > 25 lose digits
+    x64 = logits.detach().double().requires_grad_()
+    exact = (_focal64(x64, one_hot.double(), alpha, gamma) * weights[:, None].double()).sum()
+    (grad64,) = torch.autograd.grad(exact, x64)
+    assert abs(float(fused.detach()) - float(exact)) <= 14 * 2**-23 * float(exact)
+    assert bool(((got.double() - grad64).abs() <= 16 * 2**-24 * grad64.abs() + 1e-20).all())
+
+
+def test_focal_loss_sum_broadcasts_leading_dims_and_keeps_the_weights_out_of_autograd(gen: torch.Generator) -> None:
+    logits = torch.randn(2, 5, 3, generator=gen).requires_grad_()
+    labels = torch.tensor([[0, 3, 2, 1, 3], [3, 3, 0, 0, 2]])
+    weights = torch.ones(2, 5, requires_grad=True)
+    flat = sigmoid_focal_loss_sum(logits.reshape(10, 3), labels.reshape(10), weights.detach().reshape(10))
+    total = sigmoid_focal_loss_sum(logits, labels, weights)
+    assert float(total) == float(flat)
+    total.backward()
+    assert weights.grad is None and logits.grad is not None and bool(logits.grad.ne(0).all())
 
 
 def test_sigmoid_focal_loss_broadcasts_targets_over_layers(gen: torch.Generator) -> None:

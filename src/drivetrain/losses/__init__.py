@@ -8,6 +8,7 @@ from drivetrain.losses.functional import (
     l1_loss,
     quality_focal_loss,
     sigmoid_focal_loss,
+    sigmoid_focal_loss_sum,
     sine_difference,
     smooth_l1_loss,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "quality_focal_loss",
     "reference_anchor_head_loss",
     "sigmoid_focal_loss",
+    "sigmoid_focal_loss_sum",
     "sine_difference",
     "smooth_l1_loss",
 ]
