@@ -24,13 +24,17 @@ TERMS = ("loss_cls", "loss_bbox", "loss_dir")
 NUM_CLASSES = 10
 NUM_ANCHORS = 96
 
-# Tolerance. Both paths compute every per-element loss (and every gradient entry) with the same float32 ops on
-# the same values, so elements agree bit for bit; only the order of the final sums differs ((B·A, C) rows
-# concatenated vs a (B, A, C) tensor, positives selected vs masked). Every summand is ≥ 0, and torch reduces
-# float32 in blocked/pairwise order, so each sum carries a relative error ≤ ⌈log2 K⌉·eps with K ≤ 3·96·10 < 2^12
-# summands: ≤ 12 · 1.2e-7 ≈ 1.4e-6 per path, ≤ 2.9e-6 between the two, under the 1e-5 bound used here.
-# Gradients are elementwise (∂ℓ_i/∂x_i / N with the same N) and need no sum: they get the same relative bound
-# and an absolute floor of 1e-9 for the entries that are zero in one path and zero in the other.
+# Tolerance. The box and direction summands are the same float32 ops on the same values (bit for bit); the
+# focal summands come from two formulas (the reference's BCE·(αt + (1−α)(1−t))·pt^γ; the batched path's
+# (1−α)σ(s)^γ softplus(s), or ασ(−s)^γ softplus(−s) at the label), each a product of ≤ 7 correctly rounded or
+# ≤ 2-ulp library results of non-negative factors: ≤ ~16 u = 9.6e-7 relative apart per element (u = 2^-24).
+# The order of the final sums differs too ((B·A, C) rows concatenated vs per-row sums of a (B, A, C) tensor,
+# positives selected vs masked); every summand is ≥ 0 and torch reduces float32 in blocked/pairwise order, so
+# each sum carries ≤ ⌈log2 K⌉·eps with K ≤ 3·96·10 < 2^12 summands: ≤ 1.4e-6 per path. In all ≤ ~3.8e-6
+# between the two paths, under the 1e-5 bound used here. Gradients are elementwise (∂ℓ_i/∂x_i / N with
+# the same N; the batched path's in closed form, a sum of same-sign terms, no cancellation) and need no sum: the
+# same relative bound, with an absolute floor of 1e-9 for entries near zero (where the reference's autograd
+# chain, through 1 − σ(s) rounded near s ≫ 0, is the less accurate of the two; measured against float64).
 RTOL = 1e-5
 GRAD_ATOL = 1e-9
 
@@ -136,6 +140,24 @@ def test_no_positive_gives_zero_box_and_dir_terms_with_zero_gradient(sizes: list
         assert all(g is None or not bool(g.any()) for g in grads)
     # N = Σ_b max(0, 1) = B: the classification term is the focal sum over non-ignored anchors divided by B.
     assert float(terms["loss_cls"].detach()) > 0
+
+
+def test_non_finite_predictions_of_non_positive_anchors_do_not_reach_the_box_terms() -> None:
+    # The original never reads the box and direction predictions of non-positive anchors: an inf or a NaN there
+    # must leave the batched box and direction terms and their gradients as they were.
+    gen = torch.Generator().manual_seed(8)
+    inputs = list(_batch([4, 2], gen))
+    clean = batched_anchor_head_loss(*inputs)
+    grads = _grads(clean["loss_bbox"] + clean["loss_dir"], inputs[1:3])
+    outside = inputs[4] <= 0  # (B, A) ignored and negative anchors
+    boxes, dirs = inputs[1].detach().clone(), inputs[2].detach().clone()
+    boxes[outside], dirs[outside] = float("nan"), float("inf")
+    inputs[1], inputs[2] = boxes.requires_grad_(), dirs.requires_grad_()
+    dirty = batched_anchor_head_loss(*inputs)
+    for name in ("loss_bbox", "loss_dir"):
+        torch.testing.assert_close(dirty[name], clean[name], rtol=0, atol=0)
+    for got, want in zip(_grads(dirty["loss_bbox"] + dirty["loss_dir"], inputs[1:3]), grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def test_hand_worked_two_anchors_one_gt() -> None:

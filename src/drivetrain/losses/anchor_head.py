@@ -8,7 +8,10 @@ Two implementations of one specification (see DESIGN.md, "The two paths"):
     batch, then positives selected again by their label and the three losses computed on them.
 ``batched``: targets for every anchor of every sample at once by gathering the matched ground truth;
     non-positive anchors are switched off with masks (``torch.where``), never selected, so nothing reads a
-    value on the host.
+    value on the host. The focal term is :func:`~drivetrain.losses.functional.sigmoid_focal_loss_sum` (the
+    label's entry gathered instead of a one-hot target, the gradient in closed form) and the box and direction
+    terms one autograd function (:class:`_BoxDirSum`): a few passes over ``(B, A, ·)`` where autograd through
+    the elementwise formulas makes ~3× as many.
 
 Inputs come from an anchor assigner: ``assigned`` is int64 per anchor, ``-1`` ignore, ``0`` negative and
 ``k ≥ 1`` positive, matched to ground truth ``k − 1``. Anchors and ground truths are gravity-centre boxes
@@ -45,7 +48,14 @@ import torch.nn.functional as F
 from drivetrain.compiled import compile_options, compiled, ragged_dynamic
 from drivetrain.constants import constant
 from drivetrain.geometry.delta_coder import NUS_DIR_OFFSET, direction_target, encode_delta_xyzwlhr
-from drivetrain.losses.functional import class_mask, fp32, sigmoid_focal_loss, sine_difference, smooth_l1_loss
+from drivetrain.losses.functional import (
+    class_mask,
+    fp32,
+    sigmoid_focal_loss,
+    sigmoid_focal_loss_sum,
+    sine_difference,
+    smooth_l1_loss,
+)
 from drivetrain.losses.weights import weighted_total
 from drivetrain.ragged import RaggedBatch
 
@@ -239,28 +249,71 @@ def batched_anchor_head_loss(
     label_weights = (positive | negative).float()  # (B, A): 0 for ignored anchors
     gt_index = (assigned - 1).clamp(min=0)  # (B, A): ignored and negative anchors read slot 0, masked below
     gt_table = _padded(gt_boxes, 1.0).float()  # (B, G', D): padding 1 keeps the masked-out logs finite
-    matched = gt_table.gather(1, gt_index.unsqueeze(-1).expand(batch, num_anchors, dim))  # (B, A, D)
+    row = (torch.arange(batch, device=assigned.device)[:, None] * gt_table.shape[1] + gt_index).flatten()  # (B·A,)
+    matched = gt_table.flatten(0, 1).index_select(0, row).view(batch, num_anchors, dim)  # (B, A, D)
     label_table = _padded(gt_labels, num_classes).long()  # (B, G')
-    labels = torch.where(positive, label_table.gather(1, gt_index), num_classes)  # (B, A)
+    labels = torch.where(positive, label_table.flatten().index_select(0, row).view_as(gt_index), num_classes)  # (B, A)
 
-    deltas = encode_delta_xyzwlhr(anchors, matched)  # (B, A, D)
-    yaw = deltas[..., 6] + anchors[..., 6]  # (B, A): the original's target yaw (delta + anchor)
-    dir_targets = direction_target(yaw, dir_offset, dir_limit_offset, num_dir_bins)  # (B, A)
-    targets = torch.where(positive.unsqueeze(-1), deltas, 0.0)  # (B, A, D)
+    with torch.no_grad():  # targets carry no gradient
+        deltas = encode_delta_xyzwlhr(anchors, matched)  # (B, A, D): finite everywhere (padding 1)
+        yaw = deltas[..., 6] + anchors[..., 6]  # (B, A): the original's target yaw (delta + anchor)
+        dir_targets = direction_target(yaw, dir_offset, dir_limit_offset, num_dir_bins)  # (B, A)
     # The original selects positives by label again; identical unless a GT label lies outside [0, C).
     box_mask = (labels >= 0) & (labels < num_classes)  # (B, A)
     num_pos = positive.sum(-1)  # (B,) on the device
     avg_factor = num_pos.clamp(min=1).sum().float() + AVG_EPS  # ()
 
-    focal = sigmoid_focal_loss(pred_cls, class_mask(labels, num_classes).float(), alpha, gamma)  # (B, A, C)
-    loss_cls = (focal * label_weights.unsqueeze(-1)).sum() / avg_factor  # ()
+    loss_cls = sigmoid_focal_loss_sum(pred_cls, labels, label_weights, alpha, gamma) / avg_factor  # ()
     weights = constant(tuple(code_weights), dtype=torch.float32, device=pred_boxes.device)  # (D,)
-    pred_sin, target_sin = sine_difference(pred_boxes, targets)  # (B, A, D), (B, A, D)
-    per_entry = smooth_l1_loss(pred_sin, target_sin, beta, weights)  # (B, A, D)
-    loss_bbox = torch.where(box_mask.unsqueeze(-1), per_entry, 0.0).sum() / avg_factor  # ()
-    ce = F.cross_entropy(pred_dir.reshape(-1, num_dir_bins), dir_targets.reshape(-1), reduction="none")  # (B*A,)
-    loss_dir = torch.where(box_mask, ce.view(batch, num_anchors), 0.0).sum() / avg_factor  # ()
-    return {"loss_cls": loss_cls, "loss_bbox": loss_bbox, "loss_dir": loss_dir}
+    loss_bbox, loss_dir = _BoxDirSum.apply(pred_boxes, pred_dir, deltas, dir_targets, box_mask, weights, beta)
+    return {"loss_cls": loss_cls, "loss_bbox": loss_bbox / avg_factor, "loss_dir": loss_dir / avg_factor}
+
+
+class _BoxDirSum(torch.autograd.Function):
+    """The masked sums of the box and direction terms over the ``(B, A)`` anchors in a few passes, with the
+    gradient in closed form (autograd through the same formulas makes ~3× the passes over ``(B, A, D)``).
+
+    Forward, per anchor where ``mask``: ``Σ_k c_k SmoothL1_β(d_k)`` with ``d = pred − target`` except
+    ``d_6 = sin p_6 cos t_6 − cos p_6 sin t_6`` (:func:`~drivetrain.losses.functional.sine_difference` and
+    :func:`~drivetrain.losses.functional.smooth_l1_loss` by the same float32 operations, so the summands agree
+    with the reference bit for bit), and ``CE(l, bin) = m + log Σ_j exp(l_j − m) − l_bin`` with ``m = max_j l_j``
+    (``F.cross_entropy``'s log-softmax in another order: a few ulps). Anchors outside ``mask`` are selected out
+    (``torch.where``), so a non-finite prediction there cannot reach the sums, as in the original, which never
+    reads them.
+
+    Backward: ``∂/∂d = d/β`` below β, ``sign(d)`` above, times ``c_k``; slot 6 through ``∂d_6/∂p_6 = cos p cos t +
+    sin p sin t``; ``∂CE/∂l = softmax(l) − onehot(bin)``; zero outside ``mask``.
+    """
+
+    @staticmethod
+    def forward(ctx, pred, logits, target, bins, mask, weights, beta):  # type: ignore[no-untyped-def, override]
+        sin_p, cos_p = pred[..., 6].sin(), pred[..., 6].cos()  # (B, A)
+        sin_t, cos_t = target[..., 6].sin(), target[..., 6].cos()  # (B, A)
+        diff = pred - target  # (B, A, D)
+        diff[..., 6] = sin_p * cos_t - cos_p * sin_t  # (B, A): pred_sin − target_sin
+        size = diff.abs()  # (B, A, D)
+        small = size < beta  # (B, A, D)
+        per_entry = torch.where(small, 0.5 * size * size / beta, size - 0.5 * beta).mul_(weights)  # (B, A, D)
+        loss_bbox = torch.where(mask, per_entry.sum(-1), 0.0).sum()  # ()
+        top = logits.amax(-1, keepdim=True)  # (B, A, 1)
+        exp = (logits - top).exp_()  # (B, A, bins)
+        total = exp.sum(-1, keepdim=True)  # (B, A, 1)
+        ce = (top + total.log()).squeeze(-1) - logits.gather(-1, bins.unsqueeze(-1)).squeeze(-1)  # (B, A)
+        loss_dir = torch.where(mask, ce, 0.0).sum()  # ()
+        ctx.save_for_backward(diff, small, sin_p, cos_p, sin_t, cos_t, exp.div_(total), bins, mask, weights)
+        ctx.beta = beta
+        return loss_bbox, loss_dir
+
+    @staticmethod
+    def backward(ctx, grad_bbox, grad_dir):  # type: ignore[no-untyped-def, override]
+        diff, small, sin_p, cos_p, sin_t, cos_t, softmax, bins, mask, weights = ctx.saved_tensors
+        grad_pred = torch.where(small, diff / ctx.beta, diff.sign()).mul_(weights)  # (B, A, D)
+        grad_pred[..., 6] *= cos_p * cos_t + sin_p * sin_t  # (B, A)
+        grad_pred = torch.where(mask.unsqueeze(-1), grad_pred * grad_bbox, 0.0)  # (B, A, D)
+        one = torch.full_like(softmax[..., :1], -1.0)  # (B, A, 1)
+        grad_logits = softmax.scatter_add(-1, bins.unsqueeze(-1), one)  # (B, A, bins): softmax − onehot
+        grad_logits = torch.where(mask.unsqueeze(-1), grad_logits * grad_dir, 0.0)  # (B, A, bins)
+        return grad_pred, grad_logits, None, None, None, None, None
 
 
 # ---------------------------------------------------------------------------------------------- criterion
