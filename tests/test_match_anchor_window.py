@@ -160,10 +160,10 @@ def test_the_windows_read_the_host_once(gen):
     th = anchor_thresholds(SSN_CFGS, anchor_classes=classes)
     grid = per_class_layout(TINY, PER_CLASS_SIZES)
     _ = gt_boxes.mask
-    grid.index(anchors.device), grid.origin(anchors.device)  # built once per device, outside the step
+    grid.index(anchors.device), grid.origin(anchors.device), grid.reach(anchors.device)  # once per device
     with count_host_syncs() as calls:
         windowed_max_iou_assign(anchors, grid, gt_boxes, gt_labels, th, anchor_classes=classes)
-    assert calls == ["tolist"]  # each class's widest GT, which sizes the windows
+    assert calls == ["__int__"]  # the number of window pairs, which sizes the pair tensors
 
 
 def test_a_grid_of_other_anchors_is_refused(gen):

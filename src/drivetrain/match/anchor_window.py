@@ -6,11 +6,12 @@ Anchors sit on regular grids: an :class:`AnchorGrid` describes ``T`` anchor *typ
 SSN also one class), each a ``ny × nx`` grid of cell centres and a formula for the anchor index of cell
 ``(iy, ix)``. The nearest-BEV IoU of a GT and an anchor is non-zero only if their axis-aligned BEV rectangles
 overlap, i.e. ``|x_a − x_g| < w_a/2 + w_g/2`` and likewise in y; so each GT is compared only with the cells of a
-window around its own cell, ``(2·h_y + 1) × (2·h_x + 1)`` cells per type with ``h = ⌈(w_a/2 + w_max/2) / step⌉ + 1``
-(one cell of margin for rounding), where ``w_max`` is the widest GT rectangle of the batch (per class for SSN).
-Windows are concatenated over the types a GT is compared with (all types; for SSN the types of its class), so
-the IoU tensor is ``(B, G, K)`` instead of ``(B, A, G)``: at the nuScenes configurations ~5–30× fewer pairs, and
-no ``(B, A, G)`` tensor is ever formed.
+window around its own cell, ``(2·h_y + 1) × (2·h_x + 1)`` cells per type with ``h = ⌈(w_a/2 + w_g/2) / step⌉ + 1``
+(one cell of margin for rounding; computed in float64 on the device), clipped to the type's grid. Every GT has
+its own windows, over the types it is compared with (all types; for SSN the types of its class), so the pairs
+form one ragged list, segment by segment (``repeat_interleave``): at PointPillars' tiny configuration ~39k pairs
+for a batch of 4 where a window sized by the batch's widest GT would make ~330k and the dense IoU ~3 M, and no
+``(B, A, G)`` tensor is ever formed.
 
 Every anchor outside a GT's window has IoU exactly 0 with it, which the steps of the original use as follows
 (``−1`` ignored, ``0`` negative, ``k ≥ 1`` GT ``k − 1``; see :mod:`drivetrain.match.max_iou`):
@@ -23,14 +24,13 @@ Every anchor outside a GT's window has IoU exactly 0 with it, which the steps of
   its window; a GT whose best IoU is 0 (it overlaps no anchor) matches every anchor of its class when the
   anchor's ``min_pos_iou ≤ 0``. Both are scatter-reductions.
 
-Sizing the windows reads one small tensor on the host (each class's widest GT): the one host sync of the
+Sizing the pair list reads one number on the host (how many pairs the windows hold): the one host sync of the
 assignment, ``# sync:`` marked. The IoU of each pair is computed by the same float32 operations as the dense
 path, so equality tests of IoUs (ties, low-quality matches) behave identically.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -99,6 +99,15 @@ class AnchorGrid:
             self._tables[key] = torch.tensor(rows, dtype=torch.int64, device=device)  # (T, 6)
         return self._tables[key]
 
+    def reach(self, device: torch.device) -> torch.Tensor:
+        """float64 ``(T, 4)`` per type: half_x, half_y, step_x, step_y — the window bound's operands, in the
+        precision of the host arithmetic they stand for (cached per device)."""
+        key = ("reach", device)
+        if key not in self._tables:
+            rows = list(zip(self.half_x, self.half_y, self.step_x, self.step_y, strict=True))
+            self._tables[key] = torch.tensor(rows, dtype=torch.float64, device=device)  # (T, 4)
+        return self._tables[key]
+
     def origin(self, device: torch.device) -> torch.Tensor:
         """float32 ``(T, 4)`` per type: x0, y0, step_x, step_y (cached per device)."""
         key = ("origin", device)
@@ -106,34 +115,6 @@ class AnchorGrid:
             rows = list(zip(self.x0, self.y0, self.step_x, self.step_y, strict=True))
             self._tables[key] = torch.tensor(rows, dtype=torch.float32, device=device)  # (T, 4)
         return self._tables[key]
-
-
-def _window_table(
-    grid: AnchorGrid, gt_half: list[tuple[float, float]], device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Window entries per group: int64 ``(num_groups, K, 6)`` (type, dy, dx, index offset ``dy·stride_y +
-    dx·stride_x``, nx, ny of the type) and bool ``(num_groups, K)`` valid (groups are padded to the longest)."""
-    per_group: list[list[torch.Tensor]] = [[] for _ in gt_half]
-    for t in range(grid.num_types):
-        g = grid.group[t]
-        if g >= len(gt_half) or gt_half[g][0] < 0:
-            continue  # no GT of this class in the batch: its anchors have no window pair
-        hx = math.ceil((grid.half_x[t] + gt_half[g][0]) / grid.step_x[t]) + 1
-        hy = math.ceil((grid.half_y[t] + gt_half[g][1]) / grid.step_y[t]) + 1
-        hx, hy = min(hx, grid.nx[t]), min(hy, grid.ny[t])  # a window never needs more than the grid
-        dy, dx = torch.meshgrid(torch.arange(-hy, hy + 1), torch.arange(-hx, hx + 1), indexing="ij")
-        columns = [torch.full_like(dy, t), dy, dx, dy * grid.stride_y[t] + dx * grid.stride_x[t]]
-        columns += [torch.full_like(dy, grid.nx[t]), torch.full_like(dy, grid.ny[t])]
-        per_group[g].append(torch.stack(columns, dim=-1).reshape(-1, 6))  # (k, 6)
-    width = max([sum(len(p) for p in parts) for parts in per_group] + [1])
-    table = torch.zeros(len(per_group), width, 6, dtype=torch.int64)  # (num_groups, K, 6)
-    valid = torch.zeros(len(per_group), width, dtype=torch.bool)  # (num_groups, K)
-    for g, parts in enumerate(per_group):
-        if parts:
-            rows = torch.cat(parts)  # (k_g, 6)
-            table[g, : len(rows)] = rows
-            valid[g, : len(rows)] = True
-    return table.to(device), valid.to(device)
 
 
 def _type_half_dims(anchors: torch.Tensor, grid: AnchorGrid) -> torch.Tensor:
@@ -244,47 +225,55 @@ def windowed_max_iou_assign(
     gt_group = gt_labels.tensor.clamp(0, num_groups - 1) if per_class else torch.zeros_like(gt_labels.tensor)
     gt_group = torch.where(valid, gt_group, 0)  # (B, G)
     in_range = valid & ((gt_labels.tensor >= 0) & (gt_labels.tensor < num_groups) if per_class else valid)  # (B, G)
-    half = torch.where(in_range[..., None], (gt_rect[..., 2:] - gt_rect[..., :2]) / 2, -1.0)  # (B, G, 2)
-    widest = torch.full((num_groups, 2), -1.0, device=device).scatter_reduce_(
-        0, gt_group.flatten()[:, None].expand(-1, 2), half.reshape(-1, 2), "amax"
-    )  # (num_groups, 2)
-    gt_half = [tuple(row) for row in widest.tolist()]  # sync: each class's widest GT sizes the windows
-    table, table_valid = _window_table(grid, gt_half, device)  # (num_groups, K, 6), (num_groups, K)
+    half = (gt_rect[..., 2:] - gt_rect[..., :2]).double() / 2  # (B, G, 2) as the window bound needs it
 
-    # the window entries of every GT: its cell per type, then the entry's cell and anchor index
+    # each (sample, GT, type)'s window: the cells whose anchors can overlap the GT, clipped to the type's grid
     types = grid.index(device)  # (T, 6) nx, ny, base, stride_x, stride_y, group
     origin = grid.origin(device)  # (T, 4) x0, y0, step_x, step_y
+    reach = grid.reach(device)  # float64 (T, 4) half_x, half_y, step_x, step_y
     centre = (gt_rect[..., :2] + gt_rect[..., 2:]) / 2  # (B, G, 2)
     cell = torch.floor((centre[:, :, None, :] - origin[:, :2]) / origin[:, 2:] + 0.5)  # (B, G, T, 2) x, y
     cell = cell.clamp(-(2**40), 2**40).long()  # (B, G, T, 2)
-    base = types[:, 2] + cell[..., 1] * types[:, 4] + cell[..., 0] * types[:, 3]  # (B, G, T) index of the cell
-    if per_class:
-        rows, pair_valid = _rows(table, gt_group), _rows(table_valid, gt_group) & in_range[..., None]  # (B, G, K, ·)
-    else:  # one group: every GT shares its windows
-        rows, pair_valid = table[0].expand(num_samples, num_gts, -1, -1), table_valid[0] & in_range[..., None]
-    kind = rows[..., 0]  # (B, G, K)
-    ix = cell[..., 0].gather(2, kind) + rows[..., 2]  # (B, G, K)
-    iy = cell[..., 1].gather(2, kind) + rows[..., 1]  # (B, G, K)
-    pair_valid = pair_valid & (ix >= 0) & (ix < rows[..., 4]) & (iy >= 0) & (iy < rows[..., 5])  # (B, G, K)
-    anchor_index = (base.gather(2, kind) + rows[..., 3]).clamp_(0, num_anchors - 1)  # (B, G, K)
+    span = (torch.ceil((reach[:, :2] + half[:, :, None, :]) / reach[:, 2:]) + 1).long()  # (B, G, T, 2) x, y
+    size = types[:, :2]  # (T, 2) nx, ny
+    low = (cell - span).clamp(min=0)  # (B, G, T, 2)
+    width = (torch.minimum(cell + span, size - 1) - low + 1).clamp(min=0)  # (B, G, T, 2) cells per axis
+    compared = in_range[..., None] & (gt_group[..., None] == types[:, 5] if per_class else True)  # (B, G, T)
+    counts = torch.where(compared, width[..., 0] * width[..., 1], 0).flatten()  # (S,) S = B·G·T
+    num_pairs = int(counts.sum())  # sync: the number of window pairs sizes the pair tensors
+
+    # the pairs, segment by segment: pair j of segment (b, g, t) is cell (low_x + j mod w_x, low_y + j div w_x)
+    num_types = grid.num_types
+    segment = torch.repeat_interleave(torch.arange(counts.shape[0], device=device), counts, output_size=num_pairs)
+    columns = torch.stack([low[..., 0].flatten(), low[..., 1].flatten(), width[..., 0].flatten()], dim=-1)  # (S, 3)
+    columns = torch.cat([columns, (counts.cumsum(0) - counts)[:, None]], dim=-1)  # (S, 4) + first pair
+    low_x, low_y, width_x, first_pair = columns.index_select(0, segment).unbind(-1)  # 4 × (P,)
+    local = torch.arange(num_pairs, device=device) - first_pair  # (P,)
+    kind = segment % num_types  # (P,) anchor type
+    gt_slot = segment // num_types  # (P,) b·G + g
+    pair_sample = gt_slot // num_gts  # (P,)
+    of_type = types.index_select(0, kind)  # (P, 6)
+    iy, ix = low_y + local // width_x, low_x + local % width_x  # (P,), (P,)
+    anchor_index = of_type[:, 2] + iy * of_type[:, 4] + ix * of_type[:, 3]  # (P,)
 
     # IoU of each pair, by the dense path's float32 operations (the anchor's rectangle: centre ± half size)
-    of_anchor = _rows(prepared.pair_table, anchor_index)  # (B, G, K, 9) PAIR_COLUMNS
-    centres = of_anchor[..., :2]  # (B, G, K, 2)
-    half_dims = _rows(prepared.half_dims, kind)  # (B, G, K, 2)
-    a = torch.cat([centres - half_dims, centres + half_dims], dim=-1)  # (B, G, K, 4)
-    b = gt_rect[:, :, None, :]  # (B, G, 1, 4)
-    area_a = (a[..., 2] - a[..., 0]) * (a[..., 3] - a[..., 1])  # (B, G, K)
-    area_b = (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1])  # (B, G, 1)
-    width = (torch.minimum(a[..., 2], b[..., 2]) - torch.maximum(a[..., 0], b[..., 0])).clamp_(min=0)  # (B, G, K)
-    height = (torch.minimum(a[..., 3], b[..., 3]) - torch.maximum(a[..., 1], b[..., 1])).clamp_(min=0)  # (B, G, K)
-    overlap = width.mul_(height)  # (B, G, K)
-    iou = overlap / (area_a + area_b).sub_(overlap).clamp_(min=IOU_EPS)  # (B, G, K)
-    iou = iou.masked_fill_(~pair_valid, -1.0)  # (B, G, K)
+    of_anchor = prepared.pair_table.index_select(0, anchor_index)  # (P, 9) PAIR_COLUMNS
+    centres = of_anchor[:, :2]  # (P, 2)
+    half_dims = prepared.half_dims.index_select(0, kind)  # (P, 2)
+    a = torch.cat([centres - half_dims, centres + half_dims], dim=-1)  # (P, 4)
+    b = gt_rect.flatten(0, 1).index_select(0, gt_slot)  # (P, 4)
+    area_a = (a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1])  # (P,)
+    area_b = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])  # (P,)
+    overlap_w = (torch.minimum(a[:, 2], b[:, 2]) - torch.maximum(a[:, 0], b[:, 0])).clamp_(min=0)  # (P,)
+    overlap_h = (torch.minimum(a[:, 3], b[:, 3]) - torch.maximum(a[:, 1], b[:, 1])).clamp_(min=0)  # (P,)
+    overlap = overlap_w.mul_(overlap_h)  # (P,)
+    pair_iou = overlap / (area_a + area_b).sub_(overlap).clamp_(min=IOU_EPS)  # (P,)
 
     # per (sample, class): whether it has a GT, its first GT, and its last GT that overlaps no anchor at all
     gt_number = torch.arange(1, num_gts + 1, device=device).expand(num_samples, -1)  # (B, G) 1-based
-    gt_max = iou.amax(dim=-1).clamp(min=0)  # (B, G): anchors outside the window give 0
+    gt_max = torch.zeros(num_samples * num_gts, device=device).scatter_reduce_(0, gt_slot, pair_iou, "amax")
+    pair_gt_max = gt_max.index_select(0, gt_slot)  # (P,) the best IoU of each pair's GT
+    gt_max = gt_max.view(num_samples, num_gts)  # (B, G): anchors outside the window give 0
     per_group = torch.zeros(num_samples, num_groups, 3, dtype=torch.long, device=device)  # (B, groups, 3)
     per_group[..., 1] = num_gts + 1
     index = gt_group[..., None].expand(-1, -1, 3)  # (B, G, 3)
@@ -313,25 +302,23 @@ def windowed_max_iou_assign(
     assigned = default.flatten(1).index_select(1, prepared.code)  # (B, A)
 
     # anchors some window reaches: reductions over their pairs into per-anchor buffers
-    flat = (torch.arange(num_samples, device=device)[:, None, None] * num_anchors + anchor_index).flatten()  # (P,)
-    pair_iou = iou.flatten()  # (P,)
+    flat = pair_sample * num_anchors + anchor_index  # (P,)
     max_iou = torch.zeros(num_samples * num_anchors, device=device).scatter_reduce_(0, flat, pair_iou, "amax")
     pair_max = max_iou.index_select(0, flat)  # (P,) the best IoU of each pair's anchor
-    pair_number = gt_number[..., None].expand_as(iou).flatten()  # (P,)
+    pair_number = gt_slot % num_gts + 1  # (P,) 1-based GT
     big = num_gts + 1
-    reaches = (pair_iou == pair_max) & pair_valid.flatten()  # (P,)
+    reaches = pair_iou == pair_max  # (P,)
     best = torch.full((num_samples * num_anchors,), big, device=device).scatter_reduce_(
         0, flat, torch.where(reaches, pair_number, big), "amin"
     )  # (B·A,) 1-based first GT at the anchor's best IoU (among window pairs)
-    low = (iou == gt_max[..., None]) & (gt_max[..., None] > 0) & pair_valid  # (B, G, K)
-    low &= (gt_max[..., None] >= of_anchor[..., 5]) & (of_anchor[..., 6] > 0)  # (B, G, K): min_pos, low_quality
+    low = (pair_iou == pair_gt_max) & (pair_gt_max > 0)  # (P,)
+    low &= (pair_gt_max >= of_anchor[:, 5]) & (of_anchor[:, 6] > 0)  # (P,): min_pos, low_quality
     last = torch.zeros(num_samples * num_anchors, dtype=torch.long, device=device).scatter_reduce_(
-        0, flat, torch.where(low.flatten(), pair_number, 0), "amax"
+        0, flat, torch.where(low, pair_number, 0), "amax"
     )  # (B·A,) 1-based last GT whose best IoU the anchor reaches
 
     # each reached anchor's code, computed at its pairs (every pair of an anchor computes the same value)
-    pair_of = of_anchor.view(-1, len(PAIR_COLUMNS))  # (P, 9)
-    pair_sample = torch.arange(num_samples, device=device)[:, None].expand(-1, iou.shape[1] * iou.shape[2]).flatten()
+    pair_of = of_anchor  # (P, 9)
     pair_group = pair_of[:, 8].long()  # (P,)
     of_group = _rows(per_group.flatten(0, 1), pair_sample * num_groups + pair_group)  # (P, 3)
     pair_has_gt, first, pair_zero_last = of_group.unbind(-1)  # 3 × (P,)
