@@ -33,8 +33,8 @@ from pathlib import Path
 import torch
 
 from drivetrain.data import DatasetConfig, FrameDataset
-from drivetrain.data.dataset import read_points
 from drivetrain.data.index import build_index, save_index
+from drivetrain.data.io import read_points
 from drivetrain.data.sweep_cache import build_cache
 from drivetrain.data.sweeps import merge_sweeps
 from drivetrain.data.synth import PRESETS, generate

@@ -26,6 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from drivetrain.engine.stepcost import step_cost, step_profiler
 from drivetrain.profile import (
     BenchResult,
     ResourceMonitor,
@@ -37,7 +38,6 @@ from drivetrain.profile import (
     setup_bench,
 )
 from drivetrain.profile.costmodel import Cost
-from drivetrain.profile.stepcost import step_cost, step_profiler
 
 DESCRIPTION = __doc__.splitlines()[0]
 

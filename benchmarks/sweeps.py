@@ -26,9 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from drivetrain.engine.stepcost import step_cost, step_profiler
 from drivetrain.profile import BenchResult, Row, active, add_bench_arguments, device_name, emit, setup_bench
 from drivetrain.profile.costmodel import Cost
-from drivetrain.profile.stepcost import step_cost, step_profiler
 
 DESCRIPTION = __doc__.splitlines()[0]
 

@@ -13,10 +13,18 @@ from drivetrain.pipeline.dali import dali_available
 DALI = {"dali"} if dali_available() else set()
 
 
-@pytest.mark.parametrize("train", [False, pytest.param(True, marks=pytest.mark.slow)])
-def test_bench_augment_times_every_variant_and_writes_json_md_png(tmp_path, capsys, train):
-    argv = ["bench", "augment", "--sizes", "tiny", "--batch", "2", "--workers", "0", "--repeat", "2"]
-    argv += ["--warmup", "1", "--data-dir", str(tmp_path / "data"), "--json", str(tmp_path / "r.json")]
+# The default set's run times each variant once without warm-up; the slow set's twice after one, and trains.
+@pytest.mark.parametrize(
+    ("train", "repeat", "warmup"),
+    [
+        (False, 1, 0),
+        pytest.param(False, 2, 1, marks=pytest.mark.slow),
+        pytest.param(True, 2, 1, marks=pytest.mark.slow),
+    ],
+)
+def test_bench_augment_times_every_variant_and_writes_json_md_png(tmp_path, capsys, train, repeat, warmup):
+    argv = ["bench", "augment", "--sizes", "tiny", "--batch", "2", "--workers", "0", "--repeat", str(repeat)]
+    argv += ["--warmup", str(warmup), "--data-dir", str(tmp_path / "data"), "--json", str(tmp_path / "r.json")]
     argv += ["--md", str(tmp_path / "r.md"), "--png", str(tmp_path / "r.png"), "--train" if train else "--no-train"]
     assert main(argv) == 0
     data = json.loads((tmp_path / "r.json").read_text())

@@ -10,6 +10,22 @@ import pytest
 from drivetrain.cli.main import main
 
 
+def test_bench_precision_on_ssn_short_run_writes_the_result_files(tmp_path, capsys):
+    """The default set's run: one variant, one process, one timed step."""
+    argv = ["bench", "precision", "--model", "ssn", "--variants", "fp32", "--repeat", "1", "--warmup", "1"]
+    argv += ["--json", str(tmp_path / "r.json"), "--md", str(tmp_path / "r.md")]
+    assert main(argv) == 0
+    assert "| fp32 |" in capsys.readouterr().out
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["benchmark"] == "precision-ssn-tiny" and data["config"]["config"] == "configs/ssn_tiny.yaml"
+    measured = data["measured"]
+    assert set(measured) == {"fp32"}
+    assert measured["fp32"]["step_ms"] > 0 and measured["fp32"]["memory_mb"] > 0
+    assert 0 < measured["fp32"]["final_loss"] < 10
+    assert "## Memory and time per precision mode" in (tmp_path / "r.md").read_text()
+
+
+@pytest.mark.slow
 def test_bench_precision_on_ssn_reports_memory_time_and_loss(tmp_path, capsys):
     argv = ["bench", "precision", "--model", "ssn", "--variants", "fp32,fp32 + act. ckpt", "--repeat", "2"]
     argv += ["--warmup", "1", "--json", str(tmp_path / "r.json"), "--md", str(tmp_path / "r.md")]

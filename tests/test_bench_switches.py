@@ -13,6 +13,7 @@ from drivetrain.cli.main import main
 from drivetrain.engine import load_config
 
 
+@pytest.mark.slow
 def test_bench_switches_measures_variants_and_writes_the_fastest_fitting_one(tmp_path, capsys):
     argv = ["bench", "switches", "--model", "pointpillars", "--variants", "channels_last,act_ckpt", "--steps", "2",
             "--warmup", "1", "--repeat", "1", "--no-ddp", "--no-schedule", "--no-channels-table",
@@ -31,6 +32,30 @@ def test_bench_switches_measures_variants_and_writes_the_fastest_fitting_one(tmp
     expected = measured[fastest]["overrides"]
     assert _flatten(overlay) == {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in expected)}
     load_config("configs/pointpillars_tiny.yaml", expected)  # the overlay's keys are the model config's
+    assert "## Switches (the performance guide's table, measured)" in (tmp_path / "r.md").read_text()
+
+
+def test_bench_switches_short_run_writes_the_table_the_files_and_the_fastest_fitting_config(tmp_path, capsys):
+    """The default set's run: the baseline and one switch, one process each, one timed step, nothing counted."""
+    argv = ["bench", "switches", "--model", "pointpillars", "--variants", "act_ckpt", "--steps", "1",
+            "--warmup", "1", "--repeat", "1", "--no-ddp", "--no-schedule", "--no-channels-table", "--no-count",
+            "--json", str(tmp_path / "r.json"), "--md", str(tmp_path / "r.md"),
+            "--write-config", str(tmp_path / "best.yaml")]  # fmt: skip
+    assert main(argv) == 0
+    assert "| switch | step ms (spread) |" in capsys.readouterr().out
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["benchmark"] == "switches-pointpillars" and data["config"]["variants"] == ["baseline", "act_ckpt"]
+    measured = data["measured"]
+    assert set(measured) == {"baseline", "act_ckpt"} and measured["baseline"]["overrides"] == []
+    for m in measured.values():
+        assert m["step_ms"] > 0 and m["memory_mb"] > 0 and m["spread_ms"] == [m["step_ms"], m["step_ms"]]
+        assert m["cost"] is None  # --no-count
+    assert [row["name"] for row in data["rows"]] == ["act_ckpt: step ms"]
+    fastest = min(measured, key=lambda n: measured[n]["step_ms"])
+    overlay = yaml.safe_load((tmp_path / "best.yaml").read_text()) or {}
+    assert _flatten(overlay) == {
+        k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in measured[fastest]["overrides"])
+    }
     assert "## Switches (the performance guide's table, measured)" in (tmp_path / "r.md").read_text()
 
 

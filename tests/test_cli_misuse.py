@@ -4,8 +4,6 @@ warnings print without source lines, the progress bar moves every step. (Issue 9
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,7 @@ import torch
 from drivetrain.cli.main import main
 from drivetrain.engine import ConfigError, Trainer, load_config
 from drivetrain.engine.metrics import MetricsLogger
-from helpers.engine import SMOKE, cli_env, losses, overrides, run_cli
+from helpers.engine import SMOKE, losses, overrides, run_cli
 
 
 def test_overrides_may_follow_resume(tmp_path: Path) -> None:
@@ -33,16 +31,16 @@ def test_overrides_may_follow_resume(tmp_path: Path) -> None:
         (b"\xff\xfe\x00\x01", "not a text file"),
     ],
 )
-def test_empty_and_binary_configs_are_refused(tmp_path: Path, content: bytes, message: str) -> None:
+def test_empty_and_binary_configs_are_refused(tmp_path: Path, content: bytes, message: str, capsys) -> None:
     path = tmp_path / "config.yaml"
     path.write_bytes(content)
     with pytest.raises(ConfigError, match=message):
         load_config(path)
-    cmd = [sys.executable, "-m", "drivetrain.cli.main", "train", "--config", str(path)]
-    proc = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [
-        f"drivetrain train: config error: {path}: {message}" + proc.stderr.strip().split(message, 1)[1]
+    capsys.readouterr()
+    assert main(["train", "--config", str(path)]) == 2  # in-process: the one line `drivetrain train` prints
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        f"drivetrain train: config error: {path}: {message}" + err.strip().split(message, 1)[1]
     ]
 
 
@@ -63,7 +61,7 @@ def test_changing_train_steps_on_resume_warns_about_the_lr_jump(tmp_path: Path) 
 
 
 def test_warnings_print_one_line_without_source(tmp_path: Path) -> None:
-    assert run_cli(*overrides(tmp_path, "train.steps=4", "checkpoint.every=2")).returncode == 0
+    Trainer(load_config(SMOKE, overrides(tmp_path, "train.steps=4", "checkpoint.every=2"))).fit()
     newest = tmp_path / "checkpoints" / "step-00000004" / "state.pt"
     newest.write_bytes(newest.read_bytes()[:-10])
     proc = run_cli(*overrides(tmp_path, "train.steps=4", "checkpoint.every=2"), "--resume", "auto")
@@ -106,17 +104,26 @@ def test_resume_names_a_missing_path_and_a_run_directory(tmp_path: Path) -> None
         Trainer(load_config(SMOKE, overrides(tmp_path / "b")), resume=str(tmp_path / "run"))
 
 
+# One case through `python -m drivetrain.cli.main` (the real entry point, its own interpreter), one in-process.
 @pytest.mark.parametrize(
-    ("extra", "message"),
+    ("extra", "message", "subprocess_"),
     [
-        (["data.args.num_samples=4", "data.batch_size=16"], "16 is larger than the 4 samples per rank"),
-        (["data.batch_size=100000"], "data.batch_size: 100000 per rank × 1 rank(s) does not fit SmokeDataset"),
+        (["data.args.num_samples=4", "data.batch_size=16"], "16 is larger than the 4 samples per rank", True),
+        (["data.batch_size=100000"], "data.batch_size: 100000 per rank × 1 rank(s) does not fit SmokeDataset", False),
     ],
 )
-def test_a_batch_larger_than_the_data_is_one_config_line(tmp_path: Path, extra: list[str], message: str) -> None:
-    proc = run_cli(*overrides(tmp_path / "run", *extra))
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and message in proc.stderr
+def test_a_batch_larger_than_the_data_is_one_config_line(
+    tmp_path: Path, extra: list[str], message: str, subprocess_: bool, capsys
+) -> None:
+    if subprocess_:
+        proc = run_cli(*overrides(tmp_path / "run", *extra))
+        status, err = proc.returncode, proc.stderr
+    else:
+        capsys.readouterr()
+        status = main(["train", "--config", str(SMOKE), *overrides(tmp_path / "run", *extra)])
+        err = capsys.readouterr().err
+    assert status == 2
+    assert err.strip().splitlines() == [err.strip()] and message in err
     assert not (tmp_path / "run").exists()  # refused before the run directory was made
 
 

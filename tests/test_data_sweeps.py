@@ -13,8 +13,8 @@ import torch
 
 from drivetrain.cli.main import main
 from drivetrain.data import DataError, DatasetConfig, FrameDataset, collate
-from drivetrain.data.dataset import read_points
 from drivetrain.data.index import FrameIndex, build_index
+from drivetrain.data.io import read_points
 from drivetrain.data.sweep_cache import SweepCache, build_cache, verify_cache
 from drivetrain.data.sweeps import SweepConfig, choose_sweeps, merge_sweeps, sample_key
 

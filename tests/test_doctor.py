@@ -49,15 +49,35 @@ def test_a_loss_bound_run_is_named_with_its_share(tmp_path):
     assert window["parts"]["loss"] >= 50 and window["parts"]["loss"] / window["step_ms"] >= 0.25
 
 
-def test_a_memory_heavy_run_is_named_against_its_budget_and_a_plain_run_is_not_bound(tmp_path):
-    run = _run(tmp_path / "plain", "model.args.width=64", "data.args.size=32")  # compute well above the loading
+def test_a_memory_heavy_run_is_named_against_its_budget(tmp_path):
+    """Memory only: the run's recorded peak against a budget just above and far above it (no timing involved)."""
+    run = _run(tmp_path / "plain")
     peak = doctor.run_summary(run)["peak_memory_mb"]
     kinds = _kinds(run, "--memory-budget-mb", str(peak / 0.9))
     assert "memory-heavy" in kinds and "activation_checkpointing" in " ".join(kinds["memory-heavy"]["switches"])
     assert "precision.mode=bf16" in " ".join(kinds["memory-heavy"]["switches"])  # an fp32 run
     relaxed = _kinds(run, "--memory-budget-mb", str(peak * 100))
-    assert "memory-heavy" not in relaxed and "data-bound" not in relaxed and "loss-bound" not in relaxed
-    assert "network-bound" in relaxed
+    assert "memory-heavy" not in relaxed
+
+
+def _window(step_ms: float, **parts: float) -> dict:
+    return {"step_ms": step_ms, "parts": {p: parts.get(p, 0.0) for p in doctor.PARTS}, "inner": {},
+            "syncs_per_step": None, "device": "cpu"}  # fmt: skip
+
+
+def test_a_run_whose_forward_and_backward_dominate_is_network_bound_and_nothing_else():
+    """The plain run's verdict from its numbers (measured ones vary with the machine's load): a small data wait and
+    loss share name neither, forward + backward do; at the thresholds the other causes are named instead."""
+    summary = {"data_share": 0.05, "data_wait_ms": 1.0, "step_ms": 20.0, "peak_memory_mb": 100.0,
+               "config": {"data": {"num_workers": 0}, "model": {}}}  # fmt: skip
+    plain = doctor.diagnose(summary, _window(20.0, data=1.0, forward=8.0, loss=2.0, backward=8.0), memory_budget_mb=1e6)
+    assert [f.kind for f in plain] == ["network-bound"] and "80%" in plain[0].statement
+    loss = doctor.diagnose(summary, _window(20.0, data=1.0, forward=6.0, loss=5.0, backward=7.0), memory_budget_mb=1e6)
+    assert [f.kind for f in loss] == ["loss-bound"]  # 25 % of the step
+    data = doctor.diagnose(
+        {**summary, "data_share": 0.2}, _window(20.0, forward=8.0, backward=8.0), memory_budget_mb=1e6
+    )
+    assert [f.kind for f in data] == ["data-bound"]
 
 
 def test_doctor_names_a_folder_that_is_not_a_run(tmp_path):

@@ -101,9 +101,8 @@ def test_sigint_checkpoints_and_exits_130(tmp_path: Path) -> None:
 
 
 def test_sigkill_at_random_points_and_mid_checkpoint_resumes_exactly(tmp_path: Path, reference: Path) -> None:
-    rng = random.Random()
-    seed = rng.randrange(2**32)
-    rng.seed(seed)
+    seed = 7  # fixed: the random moment is the same on every run (test_engine_kill_anywhere.py's slow sweeps vary it)
+    rng = random.Random(seed)
     ckpt = tmp_path / "checkpoints"
     delays = {STEP_DELAY_ENV: "0.02", DELAY_ENV: "0.15"}
 

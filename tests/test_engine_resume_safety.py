@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from drivetrain.cli.main import main
 from drivetrain.engine import Checkpointer, CheckpointWarning, Trainer, load_config
 from drivetrain.engine.trainer import STEP_DELAY_ENV
 from helpers.engine import SMOKE, cli_env, losses, overrides, run_cli, train_cmd
@@ -68,36 +70,48 @@ def test_resume_from_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path: Pat
     assert resumed.resumed_from == ckpt / "step-00000006"  # this continuation's own checkpoint
 
 
-def test_a_second_training_process_on_the_same_run_directory_is_refused(tmp_path: Path) -> None:
-    args = overrides(tmp_path, "train.steps=200")
-    first = subprocess.Popen(
-        train_cmd(*args), env=cli_env(**{STEP_DELAY_ENV: "0.05"}), stderr=subprocess.PIPE, text=True
-    )
+# A process that builds a trainer (which takes the run directory's lock), says so, and holds it until killed: the
+# lock is held for as long as the test needs, however slow the machine (no race against a number of steps).
+HOLDER = """
+import sys, time
+from pathlib import Path
+from drivetrain.engine import Trainer, load_config
+config, ready, *keys = sys.argv[1:]
+trainer = Trainer(load_config(config, keys))
+Path(ready).touch()
+time.sleep(600)
+"""
+
+
+def test_a_second_training_process_on_the_same_run_directory_is_refused(tmp_path: Path, capsys) -> None:
+    """The holder is a process of its own; this test's process is the second trainer (``drivetrain train`` run
+    in-process: the lock is per process, so it is refused as any other process would be)."""
+    args = overrides(tmp_path / "run", "train.steps=3")
+    ready = tmp_path / "holder-ready"
+    cmd = [sys.executable, "-c", HOLDER, str(SMOKE), str(ready), *args]
+    first = subprocess.Popen(cmd, env=cli_env(), stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "metrics.jsonl").exists():
+        deadline = time.monotonic() + 300
+        while not ready.exists():
             assert first.poll() is None, first.stderr.read()
-            assert time.monotonic() < deadline, "the first run did not start"
+            assert time.monotonic() < deadline, "the first process did not build its trainer"
             time.sleep(0.05)
-        second = run_cli(*args, "--resume", "auto")
-        assert second.returncode == 2
-        assert f"is in use by another training process (pid {first.pid} on " in second.stderr
-        assert "Traceback" not in second.stderr
+        capsys.readouterr()
+        assert main(["train", "--config", str(SMOKE), *args, "--resume", "auto"]) == 2
+        err = capsys.readouterr().err
+        assert f"is in use by another training process (pid {first.pid} on " in err
+        assert err.startswith("drivetrain train: config error: ") and len(err.strip().splitlines()) == 1
     finally:
-        first.send_signal(signal.SIGTERM)
+        first.kill()  # SIGKILL: the holder gets no chance to release the lock itself
         first.communicate(timeout=60)
-    # stopped by the signal after its checkpoint (143), or — on a slow machine — it had already finished its steps
-    # (0) or was past the loop when the signal came (the default action: -15); the lock is what this test is about
-    assert first.returncode in (128 + signal.SIGTERM, 0, -signal.SIGTERM)
-    after = run_cli(*overrides(tmp_path, "train.steps=3"), "--resume", "auto")  # the lock died with its holder
-    assert after.returncode == 0, after.stderr
+    assert first.returncode == -signal.SIGKILL
+    assert main(["train", "--config", str(SMOKE), *args, "--resume", "auto"]) == 0  # the lock died with its holder
 
 
-def test_a_run_directory_that_cannot_be_created_is_one_line(tmp_path: Path) -> None:
+def test_a_run_directory_that_cannot_be_created_is_one_line(tmp_path: Path, capsys) -> None:
     (tmp_path / "file").write_text("not a folder")
-    proc = run_cli(*overrides(tmp_path / "file" / "run", "train.steps=1"))
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [
+    assert main(["train", "--config", str(SMOKE), *overrides(tmp_path / "file" / "run", "train.steps=1")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
         f"drivetrain train: config error: run.out_dir: cannot create {tmp_path / 'file' / 'run'} (Not a directory)"
     ]
 
@@ -113,24 +127,30 @@ def test_deleting_the_lock_file_mid_run_does_not_let_a_second_trainer_write_alon
     """Whichever process checks first holds the run directory; the other one stops with the holder named. Either
     way one trainer writes on, never both."""
     args = overrides(tmp_path, *RUN, "train.steps=60")
+    # The first runs until the test stops it (far more steps than it gets to), so that it is still training when the
+    # second comes however slow the machine; the second, if it wins the directory, trains to step 60.
     first = subprocess.Popen(
-        train_cmd(*args), env=cli_env(**{STEP_DELAY_ENV: "0.1"}), stderr=subprocess.PIPE, text=True
+        train_cmd(*args, "train.steps=100000"),
+        env=cli_env(**{STEP_DELAY_ENV: "0.1"}),
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300
         while not Checkpointer(tmp_path / "checkpoints").committed():
             assert first.poll() is None, first.stderr.read()
             assert time.monotonic() < deadline, "the first run did not checkpoint"
             time.sleep(0.05)
         (tmp_path / ".drivetrain.lock").unlink()
         second = run_cli(*args, "--resume", "auto", timeout=300)
+        second_status, second_err = second.returncode, second.stderr
     finally:
         if first.poll() is None:
             first.send_signal(signal.SIGTERM)
         _, first_err = first.communicate(timeout=120)
-    outcomes = ((first.returncode, first_err), (second.returncode, second.stderr))
+    outcomes = ((first.returncode, first_err), (second_status, second_err))
     refused = [(status, err) for status, err in outcomes if status in (1, 2)]  # 143: the test's own SIGTERM
-    assert len(refused) == 1, (first.returncode, first_err[-2000:], second.returncode, second.stderr[-2000:])
+    assert len(refused) == 1, (first.returncode, first_err[-2000:], second_status, second_err[-2000:])
     status, err = refused[0]
     assert "is in use by another training process" in err and "Traceback" not in err
     if status == 1:  # the first lost the directory to the second: it stopped before writing a checkpoint

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from drivetrain.data import DatasetConfig, FrameDataset, collate
-from drivetrain.data.dataset import read_points
 from drivetrain.data.index import build_index
+from drivetrain.data.io import read_points
 from drivetrain.data.lyft_format import LYFT_CLASSES, LYFT_VERSION
 from drivetrain.data.sweep_cache import build_cache
 from drivetrain.data.synth import SynthConfig, generate

@@ -49,11 +49,11 @@ def test_warmup_steps_are_excluded_and_medians_use_the_rest():
     prof = Profiler("cpu", warmup=2)
     for i in range(6):
         with prof.region("r"):
-            busy(0.02 if i < 2 else 0.0)  # slow warm-up steps must not show up
+            busy(0.0 if i < 2 else 0.005)  # the timed steps busy-wait ≥ 5 ms (a lower bound under any load)
         prof.step()
     samples = prof.samples("r")
     assert len(samples) == 4
-    assert max(samples) < 20.0
+    assert min(samples) >= 5.0  # no near-zero warm-up step among them
     assert prof.median("r") == Stats.of(samples).median
 
 
@@ -90,7 +90,7 @@ def test_time_call_and_compare_return_one_sample_per_repeat():
     assert len(calls) == 7
     ref, bat = compare(lambda: busy(0.003), lambda: None, device="cpu", repeat=4, warmup=1)
     assert len(ref) == len(bat) == 4
-    assert min(ref) > max(bat)
+    assert min(ref) >= 3.0 and min(bat) >= 0.0  # ms of the right call: the busy-wait's is a lower bound
 
 
 def test_rows_from_profilers_pairs_regions_and_builds_parents():
@@ -102,7 +102,8 @@ def test_rows_from_profilers_pairs_regions_and_builds_parents():
         prof.step()
     rows = rows_from_profilers(ref, bat)
     assert [(r.name, r.parent) for r in rows] == [("loss", None), ("loss/match", "loss")]
-    assert rows[1].speedup > 1.0
+    assert rows[1].reference_ms >= 4.0 and rows[1].batched_ms >= 1.0  # each path's own busy-wait (lower bounds)
+    assert rows[1].speedup == pytest.approx(rows[1].reference_ms / rows[1].batched_ms)
 
 
 def test_resource_monitor_counts_cpu_of_child_processes():

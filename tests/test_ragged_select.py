@@ -1,4 +1,4 @@
-"""drivetrain.ragged.select: select, indices_from_mask and RaggedBatch.from_mask against per-sample boolean
+"""drivetrain.ragged.select: select and indices_from_mask against per-sample boolean
 indexing; trimmed and untrimmed outputs hold the same valid entries."""
 
 from __future__ import annotations
@@ -224,15 +224,3 @@ def test_gather_at_indices_from_mask_equals_select(trim, gen):
     selected = ragged.select(x, mask, ragged_dim=layout.ragged_dim, trim=trim)
     gathered = ragged.gather(x, ragged.indices_from_mask(mask, trim=trim), dim=layout.ragged_dim)
     assert torch.equal(gathered.tensor, selected.tensor) and torch.equal(gathered.sizes, selected.sizes)
-
-
-@pytest.mark.parametrize("trim", [True, False])
-def test_from_mask_equals_select(trim, gen):
-    layout = Layout((3,), before=(2,), after=(2,))
-    x = torch.randn(layout.shape(N), generator=gen)
-    mask = random_mask(layout.batch, N, gen)
-    out = RaggedBatch.from_mask(x, mask, ragged_dim=layout.ragged_dim, trim=trim, fill=3)
-    expected = ragged.select(x, mask, ragged_dim=layout.ragged_dim, trim=trim, fill=3)
-    assert isinstance(out, RaggedBatch) and out.ragged_dim == layout.ragged_dim
-    assert torch.equal(out.tensor, expected.tensor) and torch.equal(out.sizes, expected.sizes)
-    assert_samples_equal(valid_samples(out), loop_select(x, None, mask, layout.ragged_dim))

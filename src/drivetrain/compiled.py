@@ -98,8 +98,8 @@ def dense(tensor: torch.Tensor) -> torch.Tensor:
 def ragged_dynamic(rb: RaggedBatch) -> RaggedBatch:
     """``rb`` with its padded (ragged) dim dynamic for the next compiled call: the tensor's and, when an earlier
     op cached it, the mask's (both are graph inputs). Views, no copies; ``rb`` itself is left unmarked."""
-    mask = dynamic(rb._mask, -1)  # (*batch, S)
-    return RaggedBatch._make(dynamic(rb.tensor, rb.ragged_dim), rb.sizes, rb.ragged_dim, mask)
+    mask = dynamic(rb.cached_mask, -1)  # (*batch, S)
+    return RaggedBatch.unchecked(dynamic(rb.tensor, rb.ragged_dim), rb.sizes, rb.ragged_dim, mask)
 
 
 def region(name: str) -> AbstractContextManager[None]:

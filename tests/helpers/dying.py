@@ -7,7 +7,7 @@ import multiprocessing
 import os
 import signal
 
-from drivetrain.data.dataset import read_points
+from drivetrain.data.io import read_points
 
 
 def read_points_then_die(path, dims: int = 5):

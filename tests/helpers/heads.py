@@ -3,8 +3,6 @@ batched on every term and gradient, and no host sync outside the one solver call
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import pytest
 import torch
 
@@ -13,7 +11,7 @@ from drivetrain.losses import FocalHeadLoss, StreamPETRLoss
 from drivetrain.match import HungarianAssigner2D, HungarianAssigner3D
 from drivetrain.ragged import RaggedBatch
 from helpers.boxes import random_boxes3d
-from helpers.nosync import SYNC_METHODS, HostSyncError, no_host_sync
+from helpers.nosync import HostSyncError, allow_host_sync, no_host_sync
 
 C = 10
 
@@ -111,28 +109,14 @@ def head_case(head: str, backend: str, gen: torch.Generator) -> tuple:
     return outputs, targets, FocalHeadLoss(assigner=HungarianAssigner2D(backend=backend))
 
 
-@contextmanager
-def sync_allowed(originals: dict):
-    """Temporarily restore the real Tensor methods inside a ``no_host_sync`` block."""
-    patched = {name: getattr(torch.Tensor, name) for name in SYNC_METHODS}
-    for name, original in originals.items():
-        setattr(torch.Tensor, name, original)
-    try:
-        yield
-    finally:
-        for name, value in patched.items():
-            setattr(torch.Tensor, name, value)
-
-
 def assert_syncs_only_inside_the_one_solver_call(head: str, gen: torch.Generator, monkeypatch) -> None:
     """The batched loss and its backward read nothing on the host except inside the single solver call."""
     outputs, targets, loss = head_case(head, "scipy", gen)
-    originals = {name: getattr(torch.Tensor, name) for name in SYNC_METHODS}
     real_solve, calls = assigners_module.solve, []
 
     def solve_with_sync(*args, **kwargs):
         calls.append(1)
-        with sync_allowed(originals):
+        with allow_host_sync():
             return real_solve(*args, **kwargs)
 
     monkeypatch.setattr(assigners_module, "solve", solve_with_sync)

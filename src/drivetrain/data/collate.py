@@ -83,7 +83,7 @@ def _ragged_map(rb: RaggedBatch, fn: Any) -> RaggedBatch:
         and moved.device == rb.tensor.device
         and moved.data_ptr() != rb.tensor.data_ptr()
     ):
-        return RaggedBatch._make(moved, rb.sizes, rb.ragged_dim)  # pinned copy, same device
+        return RaggedBatch.unchecked(moved, rb.sizes, rb.ragged_dim)  # pinned copy, same device
     return rb.to(moved.device, non_blocking=True) if moved.device != rb.tensor.device else rb
 
 

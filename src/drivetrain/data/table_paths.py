@@ -14,13 +14,15 @@ linked folder the system resolves ``..`` into the link target's parent, which is
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from drivetrain.data.errors import DataError
+from drivetrain.data.nuscenes_format import TABLES
 
-__all__ = ["check_table_paths", "path_problem"]
+__all__ = ["ANNOTATION_TABLES", "check_root", "check_table_paths", "path_problem"]
 
 # Tables whose rows name files under the root, and the field that names them.
 PATH_FIELDS = {"sample_data": "filename", "map": "filename"}
@@ -61,3 +63,45 @@ def check_table_paths(rows: Iterable[Any], field: str, table: str | Path) -> Non
                 "must be relative to the dataset root and stay inside it",
                 table,
             )
+
+
+ANNOTATION_TABLES = ("sample_annotation", "instance")
+"""The tables a root without annotations (e.g. a test split) may lack: indexing reads them as empty."""
+
+
+def check_root(root: str | Path, version: str, *, annotations: bool = True) -> Path:
+    """Raise :class:`DataError` unless ``root/version`` holds every nuScenes table as valid JSON, whose file names
+    (``sample_data`` and ``map``) stay inside ``root`` (see :mod:`drivetrain.data.table_paths`).
+
+    ``annotations=False`` lets the ``ANNOTATION_TABLES`` be absent (indexing a root without annotations; a metric
+    needs them)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError("dataset root does not exist or is not a folder", root)
+    tables = root / version
+    if not tables.is_dir():
+        found = sorted(p.name for p in root.iterdir() if p.is_dir() and (p / "sample.json").exists())
+        raise DataError(
+            f"not a nuScenes-format root: no table folder {version!r}"
+            + (f" (table folders found: {found}; pass --version)" if found else " (no nuScenes tables found at all)"),
+            root,
+        )
+    for name in TABLES:
+        path = tables / f"{name}.json"
+        if not path.is_file() and not annotations and name in ANNOTATION_TABLES:
+            continue  # a root without annotations
+        if not path.is_file():
+            raise DataError(f"missing nuScenes table {name!r}", path)
+        try:
+            with path.open() as f:
+                rows = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise DataError(f"table is not valid JSON ({err})", path) from None
+        if not isinstance(rows, list):
+            raise DataError(f"a table must be a JSON list of records, got a {type(rows).__name__}", path)
+        for i, row in enumerate(rows):
+            if not isinstance(row, dict) or not isinstance(row.get("token"), str):
+                raise DataError(f"record {i} is not an object with a string 'token'", path)
+        if name in PATH_FIELDS:  # before the devkit looks for a map file or we open a data file
+            check_table_paths(rows, PATH_FIELDS[name], path)
+    return root

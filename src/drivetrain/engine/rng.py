@@ -14,24 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["capture_rng", "mix_seed", "restore_rng", "seed_all"]
-
-
-# A prime multiplier: mix_seed(seed, i) differs for every (seed, i) with 0 ≤ i < 1_000_003.
-_MIX = 1_000_003
-
-
-def mix_seed(*parts: int) -> int:
-    """One seed from several integers (a run seed, a sample index, an epoch, ...), stable across runs and
-    processes: ``mix_seed(a, b) = a·1_000_003 + b``, and so on for more parts; below 2**63 (torch's range).
-
-    Example:
-        >>> torch.Generator().manual_seed(mix_seed(seed, index))  # the draws of sample ``index``
-    """
-    value = 0
-    for part in parts:
-        value = (value * _MIX + int(part)) % (2**63)
-    return value
+__all__ = ["capture_rng", "restore_rng", "seed_all"]
 
 
 def seed_all(seed: int) -> None:

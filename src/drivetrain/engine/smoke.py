@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from drivetrain.engine.rng import mix_seed
+from drivetrain.seeding import mix_seed
 
 __all__ = ["SmokeDataset", "SmokeModel"]
 

@@ -86,7 +86,7 @@ def _flatten(node: Any, leaves: list[torch.Tensor]) -> tuple:
         leaves.append(node)
         return ("tensor",)
     if isinstance(node, RaggedBatch):
-        mask = node._mask  # the cached mask travels too (else it is recomputed on the device)
+        mask = node.cached_mask  # the cached mask travels too (else it is recomputed on the device)
         parts = (node.tensor, node.sizes) if mask is None else (node.tensor, node.sizes, mask)
         return ("ragged", node.ragged_dim, [_flatten(t, leaves) for t in parts])
     if dataclasses.is_dataclass(node) and not isinstance(node, type):
@@ -107,7 +107,7 @@ def _unflatten(spec: tuple, leaves: Iterator[torch.Tensor]) -> Any:
         return next(leaves)
     if kind == "ragged":
         parts = [_unflatten(s, leaves) for s in spec[2]]
-        return RaggedBatch._make(parts[0], parts[1], spec[1], parts[2] if len(parts) == 3 else None)
+        return RaggedBatch.unchecked(parts[0], parts[1], spec[1], parts[2] if len(parts) == 3 else None)
     if kind == "dataclass":
         out = copy.copy(spec[1])
         for name, child in zip(spec[2], spec[3], strict=True):

@@ -89,18 +89,36 @@ class RaggedBatch:
         self._mask: torch.Tensor | None = None
 
     @classmethod
-    def _make(
+    def unchecked(
         cls,
         tensor: torch.Tensor,
         sizes: torch.Tensor,
-        ragged_dim: int,
+        ragged_dim: int | None = None,
         mask: torch.Tensor | None = None,
     ) -> RaggedBatch:
-        """Trusted constructor for op outputs: no checks (they would cost a launch or a sync)."""
+        """Wrap a consistent ``(tensor, sizes)`` pair without validating it: no checks, no launch, no sync.
+
+        For callers that built the pair themselves (op outputs, a transfer's unpacked parts): nothing is checked,
+        so inconsistent arguments give wrong results later rather than an error here. Everyone else uses the
+        validating constructor ``RaggedBatch(tensor, sizes, ragged_dim)``.
+
+        Args:
+            tensor: ``(*batch_shape, ..., S, ...)`` padded data.
+            sizes: int64 ``batch_shape`` on ``tensor``'s device, each in ``[0, S]``.
+            ragged_dim: the non-negative index of ``S`` in ``tensor``, after the batch dims (default: the first
+                dim after them, ``sizes.dim()``).
+            mask: the cached :attr:`mask` (bool ``(*batch_shape, S)``) if the caller has it, else None.
+
+        Returns:
+            The batch, sharing ``tensor``, ``sizes`` and ``mask``.
+
+        Example:
+            >>> RaggedBatch.unchecked(out, gt.sizes, gt.ragged_dim, gt.cached_mask)  # same samples as ``gt``
+        """
         out = cls.__new__(cls)
         out._tensor = tensor
         out._sizes = sizes
-        out._ragged_dim = ragged_dim
+        out._ragged_dim = sizes.dim() if ragged_dim is None else ragged_dim
         out._mask = mask
         return out
 
@@ -178,7 +196,7 @@ class RaggedBatch:
         target = torch.device(device) if device is not None else first.device
         padded = padded.to(target)
         sizes = sizes.to(target)
-        return cls._make(padded, sizes, num_batch_dims + sample_rd)
+        return cls.unchecked(padded, sizes, num_batch_dims + sample_rd)
 
     @classmethod
     def from_dense(cls, tensor: torch.Tensor, num_batch_dims: int = 1, ragged_dim: int | None = None) -> RaggedBatch:
@@ -192,27 +210,7 @@ class RaggedBatch:
         sizes = torch.full(
             tensor.shape[:num_batch_dims], tensor.shape[ragged_dim], dtype=torch.int64, device=tensor.device
         )
-        return cls._make(tensor, sizes, ragged_dim)
-
-    @classmethod
-    def from_mask(
-        cls,
-        tensor: torch.Tensor,
-        mask: torch.Tensor,
-        ragged_dim: int | None = None,
-        *,
-        trim: bool = True,
-        fill: float = 0,
-    ) -> RaggedBatch:
-        """Keep the entries of ``tensor`` where ``mask`` is True, compacted to the front of each sample.
-
-        Shorthand for :func:`drivetrain.ragged.select`; see there for shapes. With ``trim=True`` (the
-        default) this **synchronises with the device once** to learn the longest sample; with
-        ``trim=False`` it never does and keeps the padded length of ``tensor``.
-        """
-        from drivetrain.ragged.select import select
-
-        return select(tensor, mask, ragged_dim=ragged_dim, trim=trim, fill=fill)
+        return cls.unchecked(tensor, sizes, ragged_dim)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -231,6 +229,11 @@ class RaggedBatch:
         if self._mask is None:
             positions = torch.arange(self.max_size, device=self._sizes.device)  # (S,)
             self._mask = positions < self._sizes.unsqueeze(-1)  # (*batch, S)
+        return self._mask
+
+    @property
+    def cached_mask(self) -> torch.Tensor | None:
+        """:attr:`mask` if it has been computed (or came with the batch), else None; computes nothing."""
         return self._mask
 
     @property
@@ -303,7 +306,7 @@ class RaggedBatch:
             non_blocking = bool(kwargs.get("non_blocking", False))
             sizes = sizes.to(tensor.device, non_blocking=non_blocking)
             mask = mask.to(tensor.device, non_blocking=non_blocking) if mask is not None else None
-        return RaggedBatch._make(tensor, sizes, self._ragged_dim, mask)
+        return RaggedBatch.unchecked(tensor, sizes, self._ragged_dim, mask)
 
     def with_tensor(self, tensor: torch.Tensor, ragged_dim: int | None = None) -> RaggedBatch:
         """Wrap ``tensor`` with this batch's sizes (shared, not copied).
@@ -325,7 +328,7 @@ class RaggedBatch:
             )
         if tensor.device != self._sizes.device:
             raise ValueError(f"tensor is on {tensor.device} but sizes are on {self._sizes.device}")
-        return RaggedBatch._make(tensor, self._sizes, rd, self._mask)
+        return RaggedBatch.unchecked(tensor, self._sizes, rd, self._mask)
 
     def apply(self, fn: Callable[[torch.Tensor], torch.Tensor], ragged_dim: int | None = None) -> RaggedBatch:
         """``with_tensor(fn(tensor))``: run ``fn`` on the padded data and keep the sizes.
@@ -343,7 +346,7 @@ class RaggedBatch:
 
     def detach(self) -> RaggedBatch:
         """The batch with its data detached from the autograd graph; sizes and cached mask are shared."""
-        return RaggedBatch._make(self._tensor.detach(), self._sizes, self._ragged_dim, self._mask)
+        return RaggedBatch.unchecked(self._tensor.detach(), self._sizes, self._ragged_dim, self._mask)
 
     # ------------------------------------------------------------------ batch dims
     def flatten_batch(self) -> RaggedBatch:
@@ -352,7 +355,7 @@ class RaggedBatch:
         if nb == 1:
             return self
         mask = self._mask.flatten(0, nb - 1) if self._mask is not None else None
-        return RaggedBatch._make(
+        return RaggedBatch.unchecked(
             self._tensor.flatten(0, nb - 1), self._sizes.flatten(), self._ragged_dim - nb + 1, mask
         )
 
@@ -368,7 +371,7 @@ class RaggedBatch:
         nb = self.num_batch_dims
         tensor = self._tensor.reshape(*sizes.shape, *self._tensor.shape[nb:])
         mask = self._mask.reshape(*sizes.shape, self.max_size) if self._mask is not None else None
-        return RaggedBatch._make(tensor, sizes, self._ragged_dim - nb + sizes.dim(), mask)
+        return RaggedBatch.unchecked(tensor, sizes, self._ragged_dim - nb + sizes.dim(), mask)
 
     def expand_batch(self, *shape: int | Sequence[int]) -> RaggedBatch:
         """Broadcast the batch dims to ``shape`` without copying (``torch.expand`` rules).
@@ -386,7 +389,7 @@ class RaggedBatch:
             raise ValueError(f"shape: cannot expand batch shape {tuple(self.batch_shape)} to {shape_t}") from err
         tensor = self._tensor.expand(*sizes.shape, *self._tensor.shape[nb:])
         mask = self._mask.expand(*sizes.shape, self.max_size) if self._mask is not None else None
-        return RaggedBatch._make(tensor, sizes, self._ragged_dim - nb + sizes.dim(), mask)
+        return RaggedBatch.unchecked(tensor, sizes, self._ragged_dim - nb + sizes.dim(), mask)
 
     def __repr__(self) -> str:
         return (

@@ -198,7 +198,7 @@ def _gather(
     else:
         rows = (idx + _row_base(index.batch_shape, n, idx.device)).view(-1)  # (M*J,)
         out = take_rows(src.reshape(num_rows * n, r), rows, invalid.view(-1), fill).view(out_shape)
-    return RaggedBatch._make(movedim(out, nb, dim), index.sizes, dim, index._mask)
+    return RaggedBatch.unchecked(movedim(out, nb, dim), index.sizes, dim, index.cached_mask)
 
 
 def scatter(
@@ -396,7 +396,9 @@ def combine(parts: list[RaggedBatch], fill: float = 0) -> RaggedBatch:
     offset = torch.zeros_like(first.sizes)  # (*batch,)
     for part in parts:
         positions = torch.arange(part.max_size, device=offset.device)  # (S_k,)
-        index = RaggedBatch._make(offset.unsqueeze(-1) + positions, part.sizes, part.num_batch_dims, part._mask)
+        index = RaggedBatch.unchecked(
+            offset.unsqueeze(-1) + positions, part.sizes, part.num_batch_dims, part.cached_mask
+        )
         out = write(out, index, part.tensor, dim=dim)  # (*batch, sum S_k, *rest)
         offset = offset + part.sizes  # (*batch,)
-    return RaggedBatch._make(out, offset, dim)
+    return RaggedBatch.unchecked(out, offset, dim)

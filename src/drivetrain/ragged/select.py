@@ -91,7 +91,7 @@ def select(
         out = full_rows(src, num_rows * k + 1, r, fill)  # (M*K + 1, R): the last row takes the unselected
         out.index_copy_(0, dest, src.reshape(num_rows * n, r))
         out = out[: num_rows * k].view(out_shape)  # (*batch, K, *rest)
-    return RaggedBatch._make(movedim(out, nb, dim), counts, dim)
+    return RaggedBatch.unchecked(movedim(out, nb, dim), counts, dim)
 
 
 def _destinations(m: torch.Tensor, trim: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -134,4 +134,4 @@ def indices_from_mask(mask: RaggedBatch | torch.Tensor, *, trim: bool = True) ->
     positions = torch.arange(n, device=m.device).expand(m.shape).reshape(-1)  # (M*N,)
     out = positions.new_zeros(num_rows * k + 1)  # (M*K + 1,): padding 0, the last entry takes the unselected
     out.index_copy_(0, dest, positions)
-    return RaggedBatch._make(out[: num_rows * k].view(*m.shape[:-1], k), counts, m.dim() - 1)
+    return RaggedBatch.unchecked(out[: num_rows * k].view(*m.shape[:-1], k), counts, m.dim() - 1)

@@ -5,11 +5,11 @@ fetching and collating the batch is host work, kept out of the count (a :class:`
 ``host_regions``; ``data=True`` counts it, for batches finished on the device). It is counted in the run's last
 warm-up step, as every profiled benchmark does (:mod:`drivetrain.profile.costmodel`), so a benchmark that trains
 in-process passes :func:`step_profiler` to ``active`` around ``Trainer.fit`` and reads :func:`step_cost`; one that
-trains in a ``drivetrain train`` process calls :func:`count_step` (or ``python -m drivetrain.profile.stepcost``): a
+trains in a ``drivetrain train`` process calls :func:`count_step` (or ``python -m drivetrain.engine.stepcost``): a
 separate run of the same config that counts its third step (the first builds the optimizer's state, DDP's static
 graph settles in the second), with ``torch.compile`` off, as compiled code runs eagerly while counted anyway.
 
-Run: ``python -m drivetrain.profile.stepcost CONFIG [KEY=VALUE ...] [--device cpu|cuda]``: prints
+Run: ``python -m drivetrain.engine.stepcost CONFIG [KEY=VALUE ...] [--device cpu|cuda]``: prints
 ``{"kernels": ..., "syncs": ...}`` (under ``torch.distributed.run``, rank 0 prints).
 """
 
@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from drivetrain.engine.config import load_config
+from drivetrain.engine.trainer import Trainer
 from drivetrain.profile.costmodel import Cost
 from drivetrain.profile.timer import Profiler, active
 
@@ -57,8 +59,6 @@ def count_step(config: str | Path, overrides: list[str], device: str = "cpu", st
         device: ``train.device``.
         steps: steps to run; the last is counted.
     """
-    from drivetrain.engine import Trainer, load_config
-
     with tempfile.TemporaryDirectory(prefix="drivetrain-stepcost-") as tmp:
         keys = [
             f"run.out_dir={Path(tmp) / 'run'}", "log.progress=false", "log.tensorboard=false", "eval.every=0",
@@ -76,8 +76,8 @@ def count_step(config: str | Path, overrides: list[str], device: str = "cpu", st
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m drivetrain.profile.stepcost``: print the counted step's kernels and syncs as JSON."""
-    parser = argparse.ArgumentParser(prog="python -m drivetrain.profile.stepcost", description=__doc__.split("\n")[0])
+    """``python -m drivetrain.engine.stepcost``: print the counted step's kernels and syncs as JSON."""
+    parser = argparse.ArgumentParser(prog="python -m drivetrain.engine.stepcost", description=__doc__.split("\n")[0])
     parser.add_argument("config", type=Path, help="run config (YAML)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides")
     parser.add_argument("--device", default="cpu", help="train.device (default: cpu)")
