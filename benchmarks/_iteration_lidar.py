@@ -6,14 +6,15 @@ published nuScenes config) through the engine (``build_model``, ``build_optimize
 schedule; gradients clipped to ``optim.clip_norm``), then deep-copies model and optimizer: the two paths run on
 **identical copies**, alternating iteration by iteration (``reference`` then ``batched``) on the same batches.
 The path is ``model.impl``: per-sample (and, for SSN, per-class) max-IoU assignment and per-sample targets as
-the originals, or all samples and classes at once. Each copy draws its BEV augmentation from its own generator,
-seeded alike, so both see the same augmented points and boxes.
+the originals, or all samples and classes at once. The config's augmentation (``data.augment.lidar``) runs as the
+trainer runs it by default, on the device after the copy (:class:`drivetrain.pipeline.augmentation.Augmentation`,
+drawn per batch from the seed and the batch's position), so both copies see the same augmented points and boxes.
 
 Data: the config's synthetic set (``data.args``); batches of ``--batch`` frames in scene order, every batch
 read once before timing. **remaining (data wait)** is timed inside each iteration as a loader without workers
-costs: read the frames with their sweeps, collate, pin (CUDA) and copy to the device.
+costs: read the frames with their sweeps, collate, pin (CUDA), copy to the device and augment there.
 
-Rows (medians over ``--repeat`` after ``--warmup``): iteration → forward (input: augmentation + voxelization;
+Rows (medians over ``--repeat`` after ``--warmup``): iteration → forward (input: voxelization;
 encoder: HardVFE + BEV scatter; backbone + neck; head) → loss (assignment; targets + loss) → optimisation
 (backward, clip, step) → remaining (data wait). The regions inside forward and loss are the library's own
 (``drivetrain.profile.region`` in ``PointPillars.forward`` / ``loss``). Before timing, a throw-away copy checks
@@ -38,6 +39,7 @@ import torch
 from drivetrain.engine import load_config
 from drivetrain.engine.build import build_model, build_optimizer
 from drivetrain.losses.weights import resolve_weights, weighted_total
+from drivetrain.pipeline.augmentation import Augmentation
 from drivetrain.profile import Profiler, active, device_name, device_slug, emit, rows_from_profilers, synchronize
 from drivetrain.profile.bench import RESULTS_DIR
 
@@ -69,11 +71,16 @@ class Trainee:
         self.totals: list[torch.Tensor] = []
 
 
-def iteration(t: Trainee, base: Any, ds: Any, keys: list[Any], device: torch.device, timed: Any) -> None:
-    """One training iteration: data, forward, loss, backward, clip, step (each a region of ``timed``)."""
+def iteration(
+    t: Trainee, base: Any, ds: Any, keys: list[Any], device: torch.device, timed: Any, augment: Any = None
+) -> None:
+    """One training iteration: data (and ``augment(batch)``), forward, loss, backward, clip, step (each a region of
+    ``timed``)."""
     with timed(TOP):
         with timed("remaining (data wait)"):
             batch = base.fetch(ds, keys, device)
+            if augment is not None:  # the trainer's stage, on the device (data.augment_on=device)
+                batch = augment(batch)
         with timed("forward"):
             outputs = t.model(batch)
         with timed("loss"):
@@ -90,7 +97,7 @@ def check_paths(model: torch.nn.Module, batch: Any, relative: Any) -> float:
         assigned, terms = {}, {}
         for impl in PATHS:
             probe.impl = impl
-            assigned[impl] = probe.assign(outputs["feature_size"], outputs["gt_boxes"], outputs["gt_labels"])
+            assigned[impl] = probe.assign(outputs["feature_size"], *probe.gt_targets(batch))
             terms[impl] = probe.loss(outputs, batch)
     if not torch.equal(assigned["reference"], assigned["batched"]):
         raise SystemExit("the batched anchor assignment differs from the reference")
@@ -135,6 +142,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     device = base.setup_bench(args)
     config_path = args.config or ROOT / "configs" / f"{CONFIGS[(args.model, args.size)]}.yaml"
     cfg = load_config(config_path, [])
+    stage = Augmentation(cfg.data.augment.build(), seed=args.seed) if cfg.data.augment is not None else None
+
+    def augment_at(step: int) -> Any:
+        """The stage for the batch taken at ``step`` (its sampler position after it: epoch 0, step + 1)."""
+        return None if stage is None else (lambda batch: stage(batch, {"epoch": 0, "step": step + 1}))
 
     ds, data_args = base.build_dataset(args, dict(cfg.data.args))
     count_syncs = device.type == "cuda"
@@ -149,6 +161,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         first = batch if i == 0 else first
         print(f"\r  {i + 1}/{len(keys)} batches ({time.perf_counter() - t0:.1f} s)", end="", flush=True)
     print(flush=True)
+    if stage is not None:  # the paths are checked on the first batch as it is trained on
+        first = augment_at(0)(first)
 
     torch.manual_seed(args.seed)
     model = build_model(cfg.model).to(device).train()
@@ -180,7 +194,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             synchronize(device)
             start = time.perf_counter()
             with active(profilers[impl]):
-                iteration(trainees[impl], base, ds, keys[i], device, profilers[impl].region)
+                iteration(trainees[impl], base, ds, keys[i], device, profilers[impl].region, augment_at(i))
             synchronize(device)
             if impl == "compiled" and i == 0:  # a warm-up iteration: the loss compiles here
                 compile_seconds = time.perf_counter() - start
@@ -197,7 +211,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         counter = base.SyncCounter()
         synchronize(device)
         with counter.recording():
-            iteration(trainees[impl], base, ds, keys[steps], device, counter.region)
+            iteration(trainees[impl], base, ds, keys[steps], device, counter.region, augment_at(steps))
         synchronize(device)
         c = counter.counts
         syncs[impl] = {"step": c[TOP] - c[DATA], "forward": c[f"{TOP}/forward"], "loss": c[f"{TOP}/loss"],
@@ -246,13 +260,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     result.extra["published_layout"] = goal_table(by_name, syncs)
     result.notes += [
         "Both paths ran on identical deep copies of one model and optimizer, alternating iteration by iteration on "
-        "the same batches; each copy's BEV augmentation generator was seeded alike, so both trained on the same "
-        "augmented points and boxes. The path is model.impl (assignment and anchor-head targets/losses).",
+        "the same batches, augmented on the device by the trainer's stage (data.augment.lidar, drawn from the seed "
+        "and the batch position), so both trained on the same augmented points and boxes. The path is model.impl "
+        "(assignment and anchor-head targets/losses).",
         f"Before timing, the two paths assigned every anchor identically and their loss terms matched (worst "
         f"relative difference {worst_terms:.1e}); the first iteration's total loss matched within {first_diff:.1e}, "
         f"every iteration's within {all_diff:.1e} (the copies drift apart only by rounding).",
-        "remaining (data wait) = reading the frames and their sweeps, collating, pinning and copying to the device "
-        "(a loader without workers; every batch was read once before timing).",
+        "remaining (data wait) = reading the frames and their sweeps, collating, pinning, copying to the device and "
+        "augmenting there (a loader without workers; every batch was read once before timing).",
         "Host syncs: counted on CUDA in one extra iteration per path with torch.cuda.set_sync_debug_mode('warn'); "
         "n/a on the CPU.",
     ]

@@ -47,7 +47,9 @@ import torch
 from drivetrain.data.sources import synthetic
 from drivetrain.engine.batches import BatchStream
 from drivetrain.engine.config import DataConfig
-from drivetrain.pipeline.camera_aug import CameraAugConfig, CameraAugment
+from drivetrain.engine.stepcost import step_cost, step_profiler
+from drivetrain.pipeline.augmentation import Augmentation, AugmentConfig
+from drivetrain.pipeline.camera_aug import CameraAugConfig
 from drivetrain.pipeline.dali import DaliStream, dali_available
 from drivetrain.pipeline.prefetch import DevicePrefetcher
 from drivetrain.profile import (
@@ -61,7 +63,6 @@ from drivetrain.profile import (
     setup_bench,
 )
 from drivetrain.profile.costmodel import count_call
-from drivetrain.profile.stepcost import step_cost, step_profiler
 from drivetrain.profile.timer import synchronize
 
 DESCRIPTION = __doc__.splitlines()[0]
@@ -115,7 +116,7 @@ def pipeline(
             synthetic(**args), batch, augment=config, device=device, workers=max(workers, 1), threads=max(workers, 1)
         )
         return _closed(source, _timed(source, batch, device, warmup, repeat))
-    augment = CameraAugment(config, seed=0, on=where)
+    augment = Augmentation(AugmentConfig(camera=config), seed=0, on=where)
     data = DataConfig(
         batch_size=batch,
         num_workers=workers,
@@ -190,7 +191,7 @@ def training(
         f"data.num_workers={workers}",
         f"data.persistent_workers={str(workers > 0).lower()}",
         f"data.args={json.dumps(args)}",
-        f"data.augment.image={json.dumps(image)}",
+        f"data.augment.camera.image={json.dumps(image)}",
         "model.args.freeze_backbone=true",
         f"model.args.backbone={encoder}",
         *TRAIN_VARIANTS[variant],

@@ -97,6 +97,17 @@ def test_load_state_dict_rejects_a_state_of_another_configuration():
         SequenceSampler(LENGTHS, 2, seed=2).load_state_dict(state)
 
 
+def test_a_position_saved_on_rank_0_resumes_every_rank():
+    """A checkpoint holds rank 0's position; rank 1 continues at the same (epoch, step) with its own scenes."""
+    first, second = SequenceSampler(LENGTHS, 1, rank=0, world_size=2), SequenceSampler(LENGTHS, 1, rank=1, world_size=2)
+    iter_first, iter_second = iter(first), iter(second)
+    next(iter_first), next(iter_second)
+    state, expected = first.state_dict(), next(iter_second)
+    resumed = SequenceSampler(LENGTHS, 1, rank=1, world_size=2)
+    resumed.load_state_dict(state)
+    assert resumed.state_dict()["step"] == 1 and next(iter(resumed)) == expected
+
+
 def test_bad_arguments_are_rejected():
     with pytest.raises(ValueError, match="cannot fill"):
         SequenceSampler([3, 3], 2, world_size=2)

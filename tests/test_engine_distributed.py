@@ -1,6 +1,7 @@
 """Two processes on the gloo backend (torchrun): DDP, DDP static graph, FSDP2 and FSDP2 with CPU offload each
 match one process with the double batch (in float64: see helpers.engine.FLOAT64); a DDP run stopped and
-resumed matches an uninterrupted one exactly."""
+resumed matches an uninterrupted one exactly — the smoke model, and PointPillars with its lidar augmentation,
+whose ranks draw different parameters."""
 
 from __future__ import annotations
 
@@ -52,6 +53,33 @@ def test_ddp_resume_is_exact(runs: Path) -> None:
     assert_same_weights(final_state(runs / "ddp_resumed")["model"], final_state(runs / "ddp_full")["model"])
     rng = final_state(runs / "ddp_full")["rng"]
     assert not torch.equal(rng[0]["torch"], rng[1]["torch"])  # ranks draw different dropout masks
+
+
+@pytest.fixture(scope="module")
+def lidar_runs(tmp_path_factory: pytest.TempPathFactory, synth_index, synth_root) -> Path:
+    root = tmp_path_factory.mktemp("dist-lidar")
+    index = str(synth_root / "drivetrain_index.npz")
+    proc = torchrun(str(ROOT / "tests" / "engine_dist_worker.py"), str(root), "lidar", index, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return root
+
+
+def test_lidar_ranks_draw_their_own_augmentation_and_resume_bit_exactly(lidar_runs: Path) -> None:
+    """PointPillars tiny under DDP (2 gloo ranks, 4 steps): each rank draws its own lidar augmentation for each
+    batch; stopped after 2 steps and resumed, the draws of steps 3–4 and the final weights are the straight run's."""
+    draws = {
+        (run, rank): torch.load(lidar_runs / f"draws-{run}-rank{rank}.pt", weights_only=True)
+        for run in ("full", "resumed")
+        for rank in (0, 1)
+    }
+    for rank in (0, 1):
+        assert [(d["epoch"], d["step"]) for d in draws["full", rank]] == [(0, 1), (0, 2), (0, 3), (1, 1)]
+        for a, b in zip(draws["full", rank][2:], draws["resumed", rank], strict=True):
+            assert (a["epoch"], a["step"]) == (b["epoch"], b["step"]) and torch.equal(a["matrix"], b["matrix"])
+    for a, b in zip(draws["full", 0], draws["full", 1], strict=True):  # the same positions, other parameters
+        assert not torch.equal(a["matrix"], b["matrix"])
+    assert losses(lidar_runs / "resumed") == losses(lidar_runs / "full")
+    assert_same_weights(final_state(lidar_runs / "resumed")["model"], final_state(lidar_runs / "full")["model"])
 
 
 def test_resume_under_another_strategy_is_refused(runs: Path) -> None:

@@ -24,7 +24,6 @@ TINY_3D = dict(
     neck_channels=(32, 32, 32),
     anchor_ranges=[(-31.75, -31.75, -1.84, 31.75, 31.75, -1.84)],
     anchor_sizes=[(4.6, 1.95, 1.72), (0.73, 0.66, 1.76), (0.49, 2.49, 0.98)],
-    augment=None,
     middle=dict(base_channels=16, blocks=2),
 )
 EPS32 = torch.finfo(torch.float32).eps

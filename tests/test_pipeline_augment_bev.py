@@ -12,6 +12,8 @@ from drivetrain.pipeline.augment_bev import (
     BevAugConfig,
     BevAugParams,
     apply_bev_aug,
+    bev_config_from_dict,
+    draw_bev_params,
     make_bev_params,
     reference_bev_aug,
     sample_bev_params,
@@ -392,6 +394,19 @@ def test_draws_depend_only_on_the_generator():
     assert not torch.equal(first.angle, other.angle)
 
 
+def test_size_only_draws_are_the_sampled_ones():
+    """``draw_bev_params`` (what the trainer's stage and the workers call with the batch's sizes) draws exactly
+    what ``sample_bev_params`` draws from the points, in the same order."""
+    points, _, _ = random_scene("four", torch.Generator().manual_seed(0))
+    for config in (FULL_CONFIG, BevAugConfig(shuffle=False)):
+        sampled = sample_bev_params(points, config, torch.Generator().manual_seed(5))
+        drawn = draw_bev_params(points.batch_shape[0], points.max_size, config, torch.Generator().manual_seed(5))
+        for name in BevAugParams.__dataclass_fields__:
+            assert torch.equal(getattr(sampled, name), getattr(drawn, name)), name
+    with pytest.raises(ValueError, match="generator"):
+        draw_bev_params(2, 3, FULL_CONFIG, torch.Generator(), device="meta")
+
+
 def test_draws_respect_ranges_and_probabilities():
     points = RaggedBatch(torch.zeros(64, 3, CHANNELS), torch.full((64,), 3))
     gen = torch.Generator().manual_seed(3)
@@ -427,6 +442,19 @@ def test_draws_respect_ranges_and_probabilities():
 def test_bad_config_raises_value_error_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         BevAugConfig(**{field: value})
+
+
+def test_config_from_a_yaml_mapping_names_the_key_and_field():
+    config = bev_config_from_dict({"rot_range": [-0.1, 0.1], "object_range": None}, "data.augment.lidar")
+    assert config.rot_range == (-0.1, 0.1) and config.object_range is None and config.flip_horizontal == 0.5
+    base = BevAugConfig(flip_horizontal=0.0)
+    assert bev_config_from_dict({}, "k", base=base) == base  # fields not given keep the base's
+    with pytest.raises(ValueError, match=r"^data\.augment\.lidar\.rot_range: lower bound"):
+        bev_config_from_dict({"rot_range": [1, 0]}, "data.augment.lidar")
+    with pytest.raises(ValueError, match=r"^data\.augment\.lidar: unknown field\(s\) \['rot'\]"):
+        bev_config_from_dict({"rot": [1, 0]}, "data.augment.lidar")
+    with pytest.raises(ValueError, match=r"^data\.augment\.lidar: expected a mapping"):
+        bev_config_from_dict([1, 0], "data.augment.lidar")
 
 
 def test_config_accepts_lists_from_yaml():

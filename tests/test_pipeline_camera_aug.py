@@ -24,9 +24,9 @@ from drivetrain.pipeline.augment import (
     reference_img_transform,
     resize_crop_flip,
 )
+from drivetrain.pipeline.augmentation import Augmentation, AugmentConfig
 from drivetrain.pipeline.camera_aug import (
     CameraAugConfig,
-    CameraAugment,
     apply,
     augment_seed,
     reference_apply,
@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EPS32 = float(np.finfo(np.float32).eps)
 # The test set's 160×90 images, scaled as configs/streampetr_tiny_aug.yaml scales the published recipe.
 CFG = CameraAugConfig(image=ImageAugConfig(source_size=(160, 90), final_size=(128, 48), resize_lim=(0.76, 1.1)))
+STAGE = AugmentConfig(camera=CFG)  # the trainer's stage with this camera recipe
 # PIL resizes in two passes and stores the first pass as rounded uint8: ≤ 0.5 level, carried through the second
 # pass's kernel (absolute weight sum ≤ 1 + 2·0.0625 for the bicubic a = −0.5), ≤ 0.63 level; both results are
 # rounded to integers (≤ 0.5 each): below 2 levels, as long as no intermediate value is clipped to [0, 255] —
@@ -144,10 +145,10 @@ def test_parameters_replay_and_the_identity_recipe_changes_nothing(synth_index, 
 
 def test_test_time_parameters_draw_nothing_and_skip_the_bev_step(synth_index, synth_root):
     batch = _batch(synth_root)
-    out = CameraAugment(CFG).test_time(batch)
+    out = Augmentation(STAGE).test_time(batch)
     assert out.images.shape[-2:] == (48, 128) and torch.equal(out.ego_pose, batch.ego_pose)
     _assert_ragged_equal(out.gt_boxes, batch.gt_boxes)
-    again = CameraAugment(CFG).test_time(batch)
+    again = Augmentation(STAGE).test_time(batch)
     assert torch.equal(out.images, again.images)
 
 
@@ -233,9 +234,9 @@ def test_photometric_distortion_and_normalisation_equal_the_originals():
 
 
 def test_bad_configs_and_batches_are_named(synth_index, synth_root):
-    with pytest.raises(ValueError, match=r"data\.augment: unknown field"):
+    with pytest.raises(ValueError, match=r"data\.augment\.camera: unknown field"):
         CameraAugConfig.from_dict({"imag": {}})
-    with pytest.raises(ValueError, match=r"data\.augment\.image: .*resize_lim"):
+    with pytest.raises(ValueError, match=r"data\.augment\.camera\.image: .*resize_lim"):
         CameraAugConfig.from_dict({"image": {"resize_lim": [0, 1]}})
     with pytest.raises(ValueError, match="BEV flips"):
         CameraAugConfig.from_dict({"bev": {"flip_horizontal": 0.5}})
@@ -257,8 +258,8 @@ def test_bad_configs_and_batches_are_named(synth_index, synth_root):
 def test_both_paths_draw_the_same_parameters_for_a_batch(synth_index, synth_root):
     batch = _batch(synth_root)
     position = {"epoch": 2, "step": 5}
-    on_device = CameraAugment(CFG, seed=7, rank=1, on="device").params(batch, position)
-    in_worker = CameraAugment(CFG, seed=7, rank=1, on="worker").params(batch, position)
+    on_device = Augmentation(STAGE, seed=7, rank=1, on="device").params(batch, position).camera
+    in_worker = Augmentation(STAGE, seed=7, rank=1, on="worker").params(batch, position).camera
     assert torch.equal(on_device.image.scale, in_worker.image.scale)
     assert torch.equal(on_device.bev.matrix, in_worker.bev.matrix)
     assert augment_seed(7, 1, position) != augment_seed(7, 0, position) != augment_seed(7, 1, {"epoch": 2, "step": 6})
@@ -269,8 +270,8 @@ def _aug_overrides(out: Path, synth_root: Path, *extra: str) -> list[str]:
         f"run.out_dir={out}", "run.threads=1", "run.deterministic=true", "log.progress=false",
         "log.tensorboard=false", "log.every=1", "train.steps=4", "checkpoint.every=2", "checkpoint.keep=3",
         "data.name=drivetrain.data.sources:frames", f"data.args={{index: {synth_root / 'drivetrain_index.npz'}, "
-        "split: mini_train}", "data.augment.image.source_size=[160,90]", "data.augment.image.final_size=[128,48]",
-        "data.augment.image.resize_lim=[0.76,1.1]", *extra,
+        "split: mini_train}", "data.augment.camera.image.source_size=[160,90]",
+        "data.augment.camera.image.final_size=[128,48]", "data.augment.camera.image.resize_lim=[0.76,1.1]", *extra,
     ]  # fmt: skip
 
 
@@ -304,7 +305,7 @@ def test_evaluation_runs_the_test_time_transform(synth_index, synth_root, tmp_pa
 
     monkeypatch.setattr(model, "detect", spy)
     val = frames(str(synth_root / "drivetrain_index.npz"), split="mini_val")
-    evaluation.predict(model, val, "cpu", progress=False, transform=CameraAugment(CFG).test_time)
+    evaluation.predict(model, val, "cpu", progress=False, transform=Augmentation(STAGE).test_time)
     assert seen and all(shape == (1, 6, 3, 48, 128) and normed for shape, normed in seen)
 
 

@@ -167,7 +167,7 @@ def diagnose(
             switches.append(f"data.num_workers={min(cores, max(2, 2 * workers))} (now {workers}; {cores} cores)")
         if data_cfg.get("augment") is not None and data_cfg.get("augment_on") == "worker":
             switches.append("data.augment_on=device (the augmentation runs in the loader workers now)")
-        if data_cfg.get("loader", "torch") != "dali" and data_cfg.get("augment") is not None:
+        if data_cfg.get("loader", "torch") != "dali" and (data_cfg.get("augment") or {}).get("camera") is not None:
             switches.append("data.loader=dali")
         if cuda and not data_cfg.get("prefetch", False):
             switches.append("data.prefetch=true")

@@ -107,9 +107,10 @@ class SequenceSampler:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue at ``state["epoch"]``, ``state["step"]``; other keys, when present, must match."""
+        """Continue at ``state["epoch"]``, ``state["step"]``; other keys, when present, must match — but ``rank``:
+        the ranks move in lockstep, and a checkpoint holds one position (rank 0's) for all of them."""
         mine = self.state_dict()
-        for key in ("seed", "batch_size", "rank", "world_size", "num_frames", "num_scenes"):
+        for key in ("seed", "batch_size", "world_size", "num_frames", "num_scenes"):
             if key in state and state[key] != mine[key]:
                 raise ValueError(f"state_dict: {key} is {state[key]} in the state but {mine[key]} in this sampler")
         epoch, step = int(state["epoch"]), int(state["step"])

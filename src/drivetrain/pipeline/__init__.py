@@ -1,21 +1,24 @@
 """Preparing batches for the model: host→device transfer (per tensor, or packed), the side-stream prefetcher,
-the camera augmentation of a whole batch on its device (and its per-sample reference for the loader workers),
-the lidar input (BEV augmentation of points and boxes, voxelization, the BEV scatter)."""
+the training augmentation — one stage for camera and lidar, a whole batch on its device (and its per-sample
+reference for the loader workers) — and the lidar input (voxelization, the BEV scatter)."""
 
 from drivetrain.pipeline.augment import ImageAugConfig, ImageAugParams, ida_matrix, sample_image_params, warp_images
 from drivetrain.pipeline.augment_bev import BevAugConfig, BevAugParams, apply_bev_aug, sample_bev_params
-from drivetrain.pipeline.camera_aug import CameraAugConfig, CameraAugment, CameraAugParams
+from drivetrain.pipeline.augmentation import Augmentation, AugmentConfig, AugmentParams
+from drivetrain.pipeline.camera_aug import CameraAugConfig, CameraAugParams
 from drivetrain.pipeline.lidar import LidarInput, lidar_input
 from drivetrain.pipeline.prefetch import DevicePrefetcher
 from drivetrain.pipeline.transfer import PackedCopier, to_device
 from drivetrain.pipeline.voxelize import HardVoxels, VoxelGrid, dynamic_voxelize, hard_voxelize, scatter_to_bev
 
 __all__ = [
+    "AugmentConfig",
+    "AugmentParams",
+    "Augmentation",
     "BevAugConfig",
     "BevAugParams",
     "CameraAugConfig",
     "CameraAugParams",
-    "CameraAugment",
     "DevicePrefetcher",
     "HardVoxels",
     "ImageAugConfig",

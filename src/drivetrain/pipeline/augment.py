@@ -471,7 +471,7 @@ def filter_invisible(
     out = []
     for rb in (boxes, centers, depths, *others.values()):
         kept = select(reorder(rb.tensor), keep, trim=False)  # (I, G, ...) ragged
-        out.append(RaggedBatch._make(kept.tensor.reshape(rb.tensor.shape), kept.sizes.reshape(lead), rb.ragged_dim))
+        out.append(RaggedBatch.unchecked(kept.tensor.reshape(rb.tensor.shape), kept.sizes.reshape(lead), rb.ragged_dim))
     return out[0], out[1], out[2], dict(zip(others, out[3:], strict=True))
 
 

@@ -40,7 +40,8 @@ sizes computed on the device; the padded lengths stay the inputs' (known on the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,6 +53,8 @@ __all__ = [
     "BevAugConfig",
     "BevAugParams",
     "apply_bev_aug",
+    "bev_config_from_dict",
+    "draw_bev_params",
     "make_bev_params",
     "reference_bev_aug",
     "sample_bev_params",
@@ -216,10 +219,23 @@ def sample_bev_params(points: RaggedBatch, config: BevAugConfig, generator: torc
         BevAugParams on ``points.device``.
     """
     _check_points(points)
-    device = points.device
+    return draw_bev_params(points.batch_shape[0], points.max_size, config, generator, device=points.device)
+
+
+def draw_bev_params(
+    batch_size: int,
+    num_points: int,
+    config: BevAugConfig,
+    generator: torch.Generator,
+    *,
+    device: torch.device | str = "cpu",
+) -> BevAugParams:
+    """:func:`sample_bev_params` from the sizes alone: ``batch_size`` samples, ``num_points`` the padded point
+    count P (the shuffle keys' length; 0 without points), drawn on ``device`` (the generator's)."""
+    device = torch.device(device)
     if generator.device.type != device.type or generator.device.index not in (None, device.index):
         raise ValueError(f"generator: is on {generator.device} but points are on {device}; use one device")
-    num, length = points.batch_shape[0], points.max_size
+    num, length = batch_size, num_points
 
     def uniform(bounds: tuple[float, ...], shape: tuple[int, ...]) -> torch.Tensor:
         u = torch.rand(shape, generator=generator, device=device)  # (*shape,)
@@ -237,6 +253,29 @@ def sample_bev_params(points: RaggedBatch, config: BevAugConfig, generator: torc
     else:
         keys = torch.zeros((num, length), device=device)  # (B, P): the identity permutation
     return make_bev_params(angle, scale, translation, flip_h, flip_v, keys)
+
+
+def bev_config_from_dict(values: dict[str, Any], key: str, base: BevAugConfig | None = None) -> BevAugConfig:
+    """A :class:`BevAugConfig` from a YAML mapping, each given field replacing ``base``'s (default: the defaults).
+
+    Args:
+        values: field → value (ranges as lists; ``null`` turns a range filter off).
+        key: where the mapping sits in the run config (``data.augment.lidar``), for the error messages.
+        base: the config whose fields the mapping overrides.
+
+    Raises:
+        ValueError: ``{key}.{field}: ...`` for a bad value, ``{key}: unknown field(s)`` for a name that is none.
+    """
+    if not isinstance(values, dict):
+        raise ValueError(f"{key}: expected a mapping of BevAugConfig fields, got {type(values).__name__}")
+    known = [f.name for f in fields(BevAugConfig)]
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ValueError(f"{key}: unknown field(s) {unknown}; known: {known}")
+    try:
+        return replace(base or BevAugConfig(), **values)
+    except (TypeError, ValueError) as err:  # the messages start with the field's name
+        raise ValueError(f"{key}.{err}") from None
 
 
 def apply_bev_aug(

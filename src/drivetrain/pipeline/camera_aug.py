@@ -1,6 +1,6 @@
-"""The camera model's whole training augmentation, for a whole :class:`~drivetrain.data.Batch` at once on whatever
-device it is on — and the same augmentation per sample on the CPU, as the original pipelines run it in the
-loader workers (the reference; ``data.augment_on=worker``).
+"""The camera part of the training augmentation (``data.augment.camera``), for a whole :class:`~drivetrain.data.Batch`
+at once on whatever device it is on — and the same augmentation per sample on the CPU, as the original pipelines
+run it in the loader workers (the reference; ``data.augment_on=worker``).
 
 StreamPETR's train pipeline, in its order (``projects/configs/StreamPETR/*.py``): ``ResizeCropFlipRotImage``
 (image resize/crop/flip, intrinsics and ``lidar2img``, 2D boxes, centres and depths, the invisible-box filter),
@@ -14,16 +14,17 @@ their parameters together and applies them to a batch:
   numbers per sample and camera); :func:`apply` is deterministic, so the same parameters replay exactly;
 - :func:`reference_apply` does the same per sample and camera with the originals' code (PIL, NumPy, OpenCV,
   mmdet3d's box ops), on a CPU batch;
-- :class:`CameraAugment` is what the trainer holds: each batch's generator is seeded from the run seed, the
-  rank and the batch's sampler position (:func:`augment_seed`), which the checkpoint holds — so a resumed run
-  draws what the uninterrupted one drew, and the worker and device paths draw the *same* parameters for the
-  same batch (switching ``augment_on`` changes where the work runs, not what the model sees).
+- :func:`augment_seed` seeds each batch's generator from the run seed, the rank and the batch's sampler position,
+  which the checkpoint holds; the trainer's stage (:class:`~.augmentation.Augmentation`, camera and lidar alike)
+  draws from it — so a resumed run draws what the uninterrupted one drew, and the worker, device and DALI paths
+  draw the *same* parameters for the same batch (switching ``augment_on`` changes where the work runs, not what
+  the model sees).
 
 The BEV step moves what the lidar frame carries: boxes (centres, sizes, yaw, velocities) and points through
 :func:`~.augment_bev.apply_bev_aug`, and ``lidar2img``, ``ego_pose``, ``ego_pose_inv`` and ``lidar2ego`` through
 its matrix (:func:`~.augment.bev_aug_cameras`); 2D depths stay as loaded, as in the original. Evaluation uses
 the test-time parameters (scale ``max(fH/H, fW/W)``, centred bottom crop, no flip, no BEV step):
-:meth:`CameraAugment.test_time`.
+``sample_params(..., training=False)``.
 """
 
 from __future__ import annotations
@@ -53,8 +54,9 @@ from drivetrain.pipeline.augment_bev import (
     BevAugConfig,
     BevAugParams,
     apply_bev_aug,
+    bev_config_from_dict,
+    draw_bev_params,
     reference_bev_aug,
-    sample_bev_params,
 )
 from drivetrain.pipeline.photometric import (
     IMAGENET_MEAN,
@@ -68,12 +70,12 @@ from drivetrain.pipeline.photometric import (
     sample_photometric_params,
 )
 from drivetrain.ragged import RaggedBatch
+from drivetrain.seeding import mix_seed
 
 __all__ = [
     "STREAMPETR_BEV",
     "CameraAugConfig",
     "CameraAugParams",
-    "CameraAugment",
     "apply",
     "augment_seed",
     "draw_params",
@@ -93,7 +95,7 @@ _SALT = 0xCA3  # keeps the augmentation seeds apart from the loader's (seed, ran
 
 @dataclass(frozen=True)
 class CameraAugConfig:
-    """``data.augment``: the camera augmentation (defaults: StreamPETR's nuScenes 704×256 recipe).
+    """``data.augment.camera``: the camera augmentation (defaults: StreamPETR's nuScenes 704×256 recipe).
 
     Attributes:
         image: ``ida_aug_conf`` (:class:`~.augment.ImageAugConfig`).
@@ -115,23 +117,29 @@ class CameraAugConfig:
     def __post_init__(self) -> None:
         if self.bev is not None:
             if self.bev.flip_horizontal or self.bev.flip_vertical:
-                raise ValueError("data.augment.bev: the camera recipe has no BEV flips (set both probabilities to 0)")
+                raise ValueError(
+                    "data.augment.camera.bev: the camera recipe has no BEV flips (set both probabilities to 0)"
+                )
             if self.bev.object_range is not None:
-                raise ValueError("data.augment.bev.object_range: must be null (a dropped 3D box orphans its 2D boxes)")
+                raise ValueError(
+                    "data.augment.camera.bev.object_range: must be null (a dropped 3D box orphans its 2D boxes)"
+                )
         for name in ("mean", "std"):
             value = tuple(float(v) for v in getattr(self, name))
             if len(value) != 3 or (name == "std" and min(value) <= 0):
-                raise ValueError(f"data.augment.{name}: expected 3 numbers (std > 0), got {getattr(self, name)}")
+                raise ValueError(f"data.augment.camera.{name}: expected 3 numbers (std > 0), got {getattr(self, name)}")
             object.__setattr__(self, name, value)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> CameraAugConfig:
-        """From the YAML mapping ``data.augment`` (nested ``image``, ``bev``, ``photometric`` mappings; ``bev``
+        """From the YAML mapping ``data.augment.camera`` (nested ``image``, ``bev``, ``photometric`` mappings; ``bev``
         overrides the StreamPETR defaults field by field; ``photometric: {}`` turns on PETR's defaults)."""
+        if not isinstance(values, dict):
+            raise ValueError(f"data.augment.camera: expected a mapping, got {type(values).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(f"data.augment: unknown field(s) {unknown}; known: {sorted(known)}")
+            raise ValueError(f"data.augment.camera: unknown field(s) {unknown}; known: {sorted(known)}")
         args = dict(values)
         sections = {"image": ImageAugConfig, "photometric": PhotometricConfig}
         for name, kind in sections.items():
@@ -143,12 +151,9 @@ class CameraAugConfig:
                     section = {k: tuple(v) if isinstance(v, list) else v for k, v in section.items()}
                 args[name] = kind(**section)
             except (TypeError, ValueError) as err:
-                raise ValueError(f"data.augment.{name}: {err}") from None
+                raise ValueError(f"data.augment.camera.{name}: {err}") from None
         if args.get("bev") is not None:
-            try:
-                args["bev"] = dataclasses.replace(STREAMPETR_BEV, **args["bev"])
-            except (TypeError, ValueError) as err:
-                raise ValueError(f"data.augment.bev: {err}") from None
+            args["bev"] = bev_config_from_dict(args["bev"], "data.augment.camera.bev", base=STREAMPETR_BEV)
         return cls(**args)
 
 
@@ -181,8 +186,6 @@ class CameraAugParams:
 
 def augment_seed(seed: int, rank: int, position: dict[str, Any]) -> int:
     """The seed of a batch's augmentation: run seed, rank and the sampler position after the batch."""
-    from drivetrain.engine.rng import mix_seed  # here: drivetrain.engine imports this module
-
     return mix_seed(_SALT, seed, rank, int(position["epoch"]), int(position["step"]))
 
 
@@ -213,8 +216,9 @@ def draw_params(
         return CameraAugParams(image, None, None, training=False)
     bev = None
     if config.bev is not None:
-        dummy = RaggedBatch.from_dense(torch.zeros(batch_size, points, 3))
-        bev = sample_bev_params(dummy, config.bev, generator)
+        if generator is None:
+            raise ValueError("generator: training draws need a torch.Generator")
+        bev = draw_bev_params(batch_size, points, config.bev, generator)
     photometric = None
     if config.photometric is not None:
         photometric = sample_photometric_params(batch_size, cameras, config.photometric, generator)
@@ -273,7 +277,9 @@ def reference_apply(batch: Any, params: CameraAugParams, config: CameraAugConfig
     """
     _check_batch(batch, config)
     if bool((params.image.rotate != 0).any()):
-        raise ValueError("data.augment.image.rot_lim: the original pipeline supports no rotation (asserts (0, 0))")
+        raise ValueError(
+            "data.augment.camera.image.rot_lim: the original pipeline supports no rotation (asserts (0, 0))"
+        )
     final = config.image.final_size
     num, cameras = batch.images.shape[:2]
     images = np.zeros((num, cameras, 3, final[1], final[0]), dtype=np.float32)
@@ -301,7 +307,7 @@ def reference_geometry(batch: Any, params: CameraAugParams, config: CameraAugCon
     """
     if tuple(batch.image_size) != tuple(config.image.source_size):
         raise ValueError(
-            f"data.augment.image.source_size: is {tuple(config.image.source_size)}, but the images are "
+            f"data.augment.camera.image.source_size: is {tuple(config.image.source_size)}, but the images are "
             f"{batch.image_size[0]}×{batch.image_size[1]}"
         )
     final = config.image.final_size
@@ -398,39 +404,6 @@ def _check_batch(batch: Any, config: CameraAugConfig) -> None:
         raise ValueError("batch.images: expected the loaded uint8 images; this batch is augmented already")
     if tuple(batch.image_size) != tuple(config.image.source_size):
         raise ValueError(
-            f"data.augment.image.source_size: is {tuple(config.image.source_size)}, but the images are "
+            f"data.augment.camera.image.source_size: is {tuple(config.image.source_size)}, but the images are "
             f"{batch.image_size[0]}×{batch.image_size[1]}"
         )
-
-
-class CameraAugment:
-    """The trainer's camera augmentation: ``augment(batch, position)`` on the batch's device (``on="device"``)
-    or with the per-sample reference on the CPU (``on="worker"``, called in the loader workers), with the
-    batch's generator seeded by :func:`augment_seed`; :meth:`test_time` for evaluation.
-
-    Args:
-        config: the recipe.
-        seed, rank: the run seed and this process's rank.
-        on: ``"device"`` or ``"worker"``.
-    """
-
-    def __init__(self, config: CameraAugConfig, *, seed: int = 0, rank: int = 0, on: str = "device") -> None:
-        if on not in ("device", "worker"):
-            raise ValueError(f"data.augment_on: expected 'device' or 'worker', got {on!r}")
-        self.config, self.seed, self.rank, self.on = config, seed, rank, on
-
-    def params(self, batch: Any, position: dict[str, Any]) -> CameraAugParams:
-        """The draws of the batch taken at sampler ``position`` (the position after it)."""
-        generator = torch.Generator().manual_seed(augment_seed(self.seed, self.rank, position))
-        return sample_params(batch, self.config, generator)
-
-    def __call__(self, batch: Any, position: dict[str, Any]) -> Any:
-        """The augmented batch (see the class docstring)."""
-        params = self.params(batch, position)
-        if self.on == "worker":
-            return reference_apply(batch, params, self.config)
-        return apply(batch, params, self.config)
-
-    def test_time(self, batch: Any) -> Any:
-        """The evaluation transform: the test-time resize and crop, normalisation; nothing random."""
-        return apply(batch, sample_params(batch, self.config, training=False), self.config)

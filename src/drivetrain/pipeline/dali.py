@@ -25,6 +25,18 @@ generator seeded by the run seed, rank and batch position (:func:`~.camera_aug.a
 ``augment_on=worker|device``. So DALI's checkpointing is not needed for an exact resume — the position alone
 decides every draw — and the three paths draw the same parameters for the same batch.
 
+**Bad data.** A missing or unreadable image, a file that is not a JPEG and an image of another size than the
+index records are found where the source reads the file, from its JPEG header, before DALI decodes it; a bad
+frame (e.g. non-finite boxes) where the source reads the frame. Any failure of the pipeline reaches the trainer
+as one :class:`~drivetrain.data.DataError` naming the file, at the batch the PyTorch loader would raise it (so the
+trainer checkpoints the same completed steps and stops with the same line). DALI prepares batches ahead, so a
+failure may surface while an earlier batch is asked for: the frames of the batches in flight are then read on the
+host with the PyTorch loader's checks (this error path only), which names the file — also for a JPEG whose header
+is fine but whose data is cut short, which only the decoder sees — and finds the batch that holds it; the pipeline
+is rebuilt to hand out the batches before that one (the bad batch's samples replaced by good ones it never hands
+out), and the error is raised when the bad batch is asked for. A failure the host checks do not reproduce is
+raised at once: a worker's DataError as it is, else a one-line summary of DALI's report naming the frames.
+
 Not supported (a clear error): lidar points (the external source carries camera frames), ``on_error=skip``
 (a DALI batch cannot drop a sample), the photometric distortion and image rotation. DALI runs on Linux x86_64
 only; without a GPU it runs its CPU operators (``device_id=None``). Install with ``pip install
@@ -38,11 +50,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import simplejpeg
 import torch
 
 from drivetrain.data.collate import Batch, collate
 from drivetrain.data.dataset import FrameDataset, FrameKey
 from drivetrain.data.errors import DataError
+from drivetrain.data.io import read_image
 from drivetrain.data.sampler import SequenceSampler
 from drivetrain.pipeline.camera_aug import CameraAugConfig, augment_seed, draw_params, reference_geometry
 from drivetrain.ragged import RaggedBatch
@@ -107,11 +121,13 @@ class DaliSource:
         start: tuple[int, int],
         augment: CameraAugConfig | None,
         seed: int,
+        stop_at: int | None = None,
     ) -> None:
         self.frames = frames
         self.positions = _Positions(sampler, start)
         self.augment, self.seed = augment, seed
         self.cameras = frames.index.num_cameras
+        self.stop_at = stop_at  # batches from here on are never handed out: they repeat batch 0's frames
         self._slots: tuple[int, list[list[tuple[int, bool]]]] | None = None
 
     def key(self, iteration: int, slot: int) -> tuple[FrameKey, dict[str, int]]:
@@ -124,12 +140,13 @@ class DaliSource:
         return FrameKey(frame, prev), {"epoch": epoch, "step": step + 1}
 
     def __call__(self, info: Any) -> tuple[np.ndarray, ...]:
-        key, position = self.key(info.iteration, info.idx_in_batch)
+        stopped = self.stop_at is not None and info.iteration >= self.stop_at
+        key, position = self.key(0 if stopped else info.iteration, info.idx_in_batch)
         sample = self.frames[key]
-        files = self.frames.index.meta["image_files"][key.index]
-        encoded = [_read_bytes(self.frames.root / f) for f in files]
         batch = collate([sample])  # one sample, no images: the same matrices and ragged GT as the PyTorch loader
         width, height = batch.image_size
+        files = self.frames.index.meta["image_files"][key.index]
+        encoded = [_read_jpeg(self.frames.root / f, (width, height)) for f in files]
         resize, crop, flip = [height, width], [0, 0], False
         if self.augment is not None:
             generator = torch.Generator().manual_seed(augment_seed(self.seed, self.positions.sampler.rank, position))
@@ -157,11 +174,24 @@ class DaliSource:
         return (*encoded, *(np.ascontiguousarray(out[name]) for name, _ in _FIELDS))
 
 
-def _read_bytes(path: Path) -> np.ndarray:
+def _read_jpeg(path: Path, size: tuple[int, int]) -> np.ndarray:
+    """The encoded bytes of one image, uint8 ``(bytes,)``, after checking what can be checked without decoding.
+
+    Raises:
+        DataError: naming ``path`` (the PyTorch loader's messages): the file is missing or unreadable, its header
+            is not a JPEG's, or it holds another size than the ``(W, H)`` the index records.
+    """
     try:
-        return np.fromfile(path, dtype=np.uint8)
+        data = np.fromfile(path, dtype=np.uint8)
     except OSError as err:
         raise DataError(f"cannot read image ({err.strerror or err})", path) from None
+    try:
+        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+    except ValueError as err:
+        raise DataError(f"corrupt or non-JPEG image ({err})", path) from None
+    if (width, height) != tuple(size):
+        raise DataError(f"image is {width}×{height}, the index says {size[0]}×{size[1]}", path)
+    return data
 
 
 def _pipeline(source: DaliSource, batch_size: int, augment: CameraAugConfig | None, device_id: int | None,
@@ -257,13 +287,16 @@ class DaliStream:
         self._state = self.sampler.state_dict()
         self._iter: Any = None
         self._pipe: Any = None
+        self._stop: tuple[int, DataError] | None = None  # (batch of this pipeline, its error): see the module
 
     def _build(self) -> None:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
         self.sampler.load_state_dict(self._state)  # normalises an end-of-epoch position
         start = (self.sampler.epoch, self.sampler.step)
-        source = DaliSource(self._frames, self.sampler, start, self.augment, self.seed)
+        stop_at = None if self._stop is None else self._stop[0]
+        source = DaliSource(self._frames, self.sampler, start, self.augment, self.seed, stop_at)
+        self._source, self._positions, self._taken = source, source.positions, 0  # before DALI runs a batch
         cuda = self.device.type == "cuda"
         device_id = (
             (self.device.index if self.device.index is not None else torch.cuda.current_device()) if cuda else None
@@ -272,18 +305,64 @@ class DaliStream:
                                self.prefetch)  # fmt: skip
         names = ["images", *(name for name, _ in _FIELDS)]
         self._iter = DALIGenericIterator([self._pipe], names, auto_reset=False)
-        self._positions = source.positions
-        self._taken = 0
 
     def next(self) -> tuple[Batch, torch.Tensor]:
-        """The next batch and its frame rows (int64 ``(B,)``)."""
-        if self._iter is None:
-            self._build()
-        out = next(self._iter)[0]
+        """The next batch and its frame rows (int64 ``(B,)``).
+
+        Raises:
+            DataError: one line naming the file (or frame) when this batch cannot be read (see the module); the
+                pipeline is closed then, and the stream's position is that before the call.
+        """
+        if self._stop is not None and self._taken == self._stop[0]:
+            failure, self._stop = self._stop[1], None
+            self.close()
+            raise failure
+        try:
+            if self._iter is None:
+                self._build()  # DALI's iterator runs the first batch while it is built
+            out = next(self._iter)[0]
+        except StopIteration:
+            raise
+        except Exception as err:  # DALI: a source worker's error as a plain Exception with its traceback, or an
+            ahead, failure = self._failure(str(err))  # operator's as a RuntimeError of many lines
+            self.close()
+            if not ahead or self._stop is not None:  # this batch's, or not found on the host: raise it now
+                self._stop = None
+                raise failure from None
+            self._stop = (ahead, failure)  # batches before the bad one first, from a pipeline stopping there
+            return self.next()
         epoch, step = self._positions.at(self._taken)
         self._taken += 1
         self._state = {**self._state, "epoch": epoch, "step": step + 1}
         return self._batch(out), out["frame"][:, 0].clone()
+
+    def _failure(self, report: str) -> tuple[int | None, DataError]:
+        """One DataError for a failed pipeline run and the batch it belongs to, counted from the one asked for
+        (None: not found on the host), from DALI's multi-line ``report`` (see the module docstring)."""
+        # The failed batch is the one asked for or one DALI prepares ahead: read those frames as the PyTorch loader
+        # reads them (decoding every image), in order, on the host.
+        keys = []
+        for ahead in range(self.prefetch + 2):
+            for slot in range(self.batch_size):
+                key = self._source.key(self._taken + ahead, slot)[0]
+                keys.append(key)
+                try:
+                    sample = self._frames[key]
+                    for name in self._frames.index.meta["image_files"][key.index]:
+                        read_image(self._frames.root / name, sample.image_size)
+                except DataError as err:
+                    return ahead, err
+        lines = [line.strip() for line in report.splitlines() if line.strip()]
+        for line in reversed(lines):  # a source worker's DataError, after its traceback
+            if "DataError: " in line:
+                return None, DataError(line.split("DataError: ", 1)[1])
+        after = lines.index("encountered:") + 1 if "encountered:" in lines else 0
+        what = next((line for line in lines[after:] if "no longer valid" not in line), "no message")
+        frames = sorted({int(key.index) for key in keys})
+        return None, DataError(
+            f"the DALI pipeline failed on one of frames {frames} of {self._frames.root} ({what}), and they read "
+            "without error on the host"
+        )
 
     def _batch(self, out: dict[str, torch.Tensor]) -> Batch:
         num_gt, num_2d = out["num_gt"][:, 0], out["num_gt_2d"]  # (B,), (B, N)
@@ -313,6 +392,7 @@ class DaliStream:
         """Continue right after the batch ``state`` was taken after (the pipeline is rebuilt there)."""
         self.sampler.load_state_dict(state)
         self._state = {**self.sampler.state_dict(), "epoch": int(state["epoch"]), "step": int(state["step"])}
+        self._stop = None
         self.close()
 
     def close(self) -> None:

@@ -1,4 +1,4 @@
-"""The lidar model's input: a collated batch's points and boxes, augmented on its device, then voxelized.
+"""The lidar model's input: a collated batch's points and boxes, (augmented and) voxelized on its device.
 
 mmdetection3d runs these steps per sample — the BEV augmentation in the loader workers, the voxelization in
 the data preprocessor's loop over samples. Here they run once for the whole batch on the device the batch
@@ -9,9 +9,15 @@ is on (after ``Batch.to(device)``)::
         └ pipeline.voxelize: hard_voxelize                            (one count read: V, the output's shape)
           └ LidarInput (voxels (V, T, C), coors (V, 4) (b, z, y, x), num_points (V,), boxes, labels, params)
 
-:func:`reference_lidar_input` does the same sample by sample with the per-sample references
-(``reference_bev_aug``, ``reference_hard_voxelize_batch``) and the same parameters: the check that the
-composed batched path is the loop it replaces.
+In training the trainer's augmentation stage (:mod:`.augmentation`, ``data.augment.lidar``) has augmented the
+batch already, in the prefetcher or the loader workers, so the lidar models call :func:`lidar_input` without
+``augment``: it only voxelizes. With ``augment`` it composes both steps — the building block for code of one's
+own, and what the tests hold against :func:`reference_lidar_input`, which does the same sample by sample with
+the per-sample references (``reference_bev_aug``, ``reference_hard_voxelize_batch``) and the same parameters.
+
+Voxelization stays in the model's forward rather than moving ahead into the prefetcher (as a frozen image encoder
+can): :func:`~.voxelize.hard_voxelize` reads its voxel count on the host, which on the prefetcher's side stream
+would stall the overlap; the padded variant that reads nothing pads every sample to ``max_voxels``.
 """
 
 from __future__ import annotations

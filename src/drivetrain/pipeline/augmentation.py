@@ -1,0 +1,299 @@
+"""The training augmentation: one stage for camera and lidar, drawn per batch, applied where the trainer runs it.
+
+Configured once, as ``data.augment`` (:class:`AugmentConfig`)::
+
+    data:
+      augment:
+        camera: {image: {...}, bev: {...}, photometric: null, normalize: true}   # CameraAugConfig fields
+        lidar: {rot_range: [-0.3925, 0.3925], point_range: [...], object_range: [...]}   # BevAugConfig fields
+
+Random draws are separate from the deterministic apply (kornia's scheme, STYLE.md §5):
+
+- :func:`sample_params` draws an :class:`AugmentParams` for a batch (its sizes only) from a CPU ``torch.Generator``
+  in a fixed order: **the camera's draws first** (image, its BEV step, photometric: :func:`.camera_aug.draw_params`),
+  **then the lidar's** (angle, scale, translation, flips, shuffle keys: :func:`.augment_bev.draw_bev_params`);
+- :func:`apply` is pure: the whole batch at once on its device, no host sync; the same parameters replay exactly;
+- :func:`reference_apply` does the same per sample on a CPU batch with the originals' code (PIL, NumPy, OpenCV,
+  mmdet3d's box and point ops) — what ``data.augment_on=worker`` runs in the loader workers;
+- :func:`apply_test_time` is the evaluation transform: the camera's test-time resize/crop/normalisation; the lidar has
+  none (points outside the voxel grid are dropped by the voxelization, as mmdetection3d's test pipeline does);
+- :class:`Augmentation` is what the trainer holds: each batch's generator is seeded from the run seed, the rank
+  and the batch's sampler position after it (:func:`.camera_aug.augment_seed`), which the checkpoint holds. So the
+  ranks draw different parameters, a resumed run draws what the uninterrupted one drew, and the worker, device
+  and DALI paths draw the same parameters for the same batch.
+
+What the lidar step does to a batch: points, ``gt_boxes`` and ``gt_labels`` through
+:func:`~.augment_bev.apply_bev_aug` (rotation, scale, translation, flips, range filters, shuffle); on a batch that
+also carries images, ``lidar2img``, ``ego_pose``, ``ego_pose_inv`` and ``lidar2ego`` through the inverse of its
+matrix, so every pixel still shows the same world point. With both sections the lidar step is the BEV step of both:
+``camera.bev`` must be null (one BEV transform, not two) and ``lidar.object_range`` null (a dropped 3D box would
+orphan its 2D boxes). Models receive the augmented batch and read their ground truth from it; none draws random
+numbers for augmentation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+from drivetrain.pipeline.augment import bev_aug_cameras
+from drivetrain.pipeline.augment_bev import (
+    BevAugConfig,
+    BevAugParams,
+    apply_bev_aug,
+    bev_config_from_dict,
+    draw_bev_params,
+    reference_bev_aug,
+)
+from drivetrain.pipeline.camera_aug import CameraAugConfig, CameraAugParams, augment_seed
+from drivetrain.pipeline.camera_aug import apply as camera_apply
+from drivetrain.pipeline.camera_aug import reference_apply as camera_reference_apply
+from drivetrain.pipeline.camera_aug import sample_params as camera_sample_params
+from drivetrain.ragged import RaggedBatch
+
+__all__ = [
+    "AugmentConfig",
+    "AugmentParams",
+    "Augmentation",
+    "apply",
+    "apply_test_time",
+    "augment_seed",
+    "reference_apply",
+    "sample_params",
+]
+
+_SECTIONS = ("camera", "lidar")
+
+
+@dataclass(frozen=True)
+class AugmentConfig:
+    """``data.augment``: the training augmentation of every model (None: that modality is not augmented).
+
+    Attributes:
+        camera: the camera recipe (:class:`~.camera_aug.CameraAugConfig`: images, 2D boxes, camera matrices and,
+            with its ``bev`` step, boxes and points).
+        lidar: the lidar recipe (:class:`~.augment_bev.BevAugConfig`: points and boxes).
+    """
+
+    camera: CameraAugConfig | None = None
+    lidar: BevAugConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.camera is not None and self.lidar is not None:
+            if self.camera.bev is not None:
+                raise ValueError(
+                    "data.augment.camera.bev: must be null with data.augment.lidar (the lidar step is the BEV step "
+                    "of both: it moves the points, the boxes and the camera matrices)"
+                )
+            if self.lidar.object_range is not None:
+                raise ValueError(
+                    "data.augment.lidar.object_range: must be null with data.augment.camera (a dropped 3D box "
+                    "orphans its 2D boxes)"
+                )
+
+    @property
+    def active(self) -> bool:
+        """Whether any modality is augmented."""
+        return self.camera is not None or self.lidar is not None
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> AugmentConfig:
+        """From the YAML mapping ``data.augment`` (``camera`` and ``lidar`` sections; null or absent: off).
+
+        Raises:
+            ValueError: naming the field (``data.augment.lidar.rot_range: ...``); a camera field at the top level
+                (the spelling before the sections) says where it lives now.
+        """
+        if not isinstance(values, dict):
+            raise ValueError(f"data.augment: expected a mapping with camera and lidar sections, got {values!r}")
+        for name in values:
+            if name not in _SECTIONS:
+                raise ValueError(f"data.augment.{name}: {moved_augment_key(str(name))}")
+        camera = values.get("camera")
+        lidar = values.get("lidar")
+        return cls(
+            CameraAugConfig.from_dict(camera) if camera is not None else None,
+            bev_config_from_dict(lidar, "data.augment.lidar") if lidar is not None else None,
+        )
+
+
+def moved_augment_key(name: str) -> str:
+    """The message for a key of ``data.augment`` that is not a section: where a camera field lives now."""
+    if name in {f.name for f in fields(CameraAugConfig)}:
+        return (
+            f"the camera augmentation moved to data.augment.camera (data.augment: {{camera: {{{name}: ...}}, "
+            "lidar: {...}}); move the section's fields there"
+        )
+    return f"unknown key; known keys: {', '.join(_SECTIONS)}"
+
+
+@dataclass(frozen=True)
+class AugmentParams:
+    """One batch's draws (CPU tensors); pass them to :func:`apply` or :func:`reference_apply` to replay.
+
+    Attributes:
+        camera: the camera's (None: no camera section).
+        lidar: the lidar's per sample (None: no lidar section, or test time).
+    """
+
+    camera: CameraAugParams | None
+    lidar: BevAugParams | None
+
+
+def sample_params(
+    batch: Any, config: AugmentConfig, generator: torch.Generator | None = None, *, training: bool = True
+) -> AugmentParams:
+    """Draw the augmentation of ``batch`` (its sizes only) from a CPU ``generator``: the camera's draws, then the
+    lidar's (see the module docstring); ``training=False`` gives the test-time parameters and draws nothing.
+
+    Args:
+        batch: a collated :class:`~drivetrain.data.Batch` (uint8 images for the camera; points for the lidar).
+        config: the recipe.
+        generator: a CPU ``torch.Generator`` (needed for training draws).
+        training: training draws or test-time parameters.
+
+    Returns:
+        AugmentParams on the CPU; ``lidar`` holds ``shuffle_keys`` ``(B, P)`` for the batch's padded ``P``.
+    """
+    camera = None
+    if config.camera is not None:
+        camera = camera_sample_params(batch, config.camera, generator, training=training)
+    lidar = None
+    if config.lidar is not None and training:
+        points = _points(batch)
+        if generator is None:
+            raise ValueError("generator: training draws need a torch.Generator")
+        lidar = draw_bev_params(points.batch_shape[0], points.max_size, config.lidar, generator)
+    return AugmentParams(camera, lidar)
+
+
+def apply(batch: Any, params: AugmentParams, config: AugmentConfig) -> Any:
+    """``batch`` augmented on its device, every sample at once (no host sync): the camera step, then the lidar one.
+
+    Args:
+        batch: a collated Batch on any device: uint8 images ``(B, N, 3, H, W)`` for the camera step; points
+            RaggedBatch ``(B, P, C)``, ``gt_boxes`` ``(B, G, 9)``, ``gt_labels`` ``(B, G)`` for the lidar step.
+        params: from :func:`sample_params` (CPU tensors; copied to the batch's device).
+        config: the recipe the parameters were drawn for.
+
+    Returns:
+        A new Batch: the camera step's images, matrices and 2D annotations (:func:`.camera_aug.apply`); the lidar
+        step's points ``(B, P, C)`` (padded length kept, new sizes on the device), ``gt_boxes`` ``(B, G, D)`` and
+        ``gt_labels`` ``(B, G)``, and with images the lidar-frame camera matrices.
+    """
+    if params.camera is not None and config.camera is not None:
+        batch = camera_apply(batch, params.camera, config.camera)
+    if params.lidar is not None and config.lidar is not None:
+        points = _points(batch)
+        lidar = _to(params.lidar, points.device)
+        moved, boxes, labels = apply_bev_aug(points, batch.gt_boxes, batch.gt_labels, lidar, config.lidar)
+        batch = dataclasses.replace(batch, points=moved, gt_boxes=boxes, gt_labels=labels, **_cameras(batch, lidar))
+    return batch
+
+
+def reference_apply(batch: Any, params: AugmentParams, config: AugmentConfig) -> Any:
+    """The same augmentation per sample with the originals' code, on a CPU batch (the worker path): the camera's
+    :func:`.camera_aug.reference_apply`, then mmdet3d's lidar transforms sample by sample
+    (:func:`~.augment_bev.reference_bev_aug`); ragged outputs are padded to their longest sample.
+
+    Args:
+        batch: a collated CPU Batch (as :func:`apply`'s).
+        params: from :func:`sample_params`.
+        config: the recipe the parameters were drawn for.
+
+    Returns:
+        The augmented Batch (as :func:`apply`'s, within float32 rounding of the reference's op order).
+    """
+    if params.camera is not None and config.camera is not None:
+        batch = camera_reference_apply(batch, params.camera, config.camera)
+    if params.lidar is not None and config.lidar is not None:
+        points = _points(batch)
+        per_sample = zip(points.to_list(), batch.gt_boxes.to_list(), batch.gt_labels.to_list(), strict=True)
+        outs = [
+            reference_bev_aug(p, b, lab, params.lidar.sample(i), config.lidar)
+            for i, (p, b, lab) in enumerate(per_sample)
+        ]
+        moved, boxes, labels = (RaggedBatch.from_list([out[k] for out in outs]) for k in range(3))
+        batch = dataclasses.replace(
+            batch, points=moved, gt_boxes=boxes, gt_labels=labels, **_cameras(batch, params.lidar)
+        )
+    return batch
+
+
+def apply_test_time(batch: Any, config: AugmentConfig) -> Any:
+    """The evaluation transform: the camera's test-time resize, crop and normalisation; nothing random, and
+    nothing for the lidar.
+
+    Args:
+        batch: a collated Batch on any device.
+        config: the training recipe.
+
+    Returns:
+        The Batch the model is evaluated on.
+    """
+    return apply(batch, sample_params(batch, config, training=False), config)
+
+
+class Augmentation:
+    """The trainer's augmentation stage: ``augment(batch, position)`` on the batch's device (``on="device"``, in
+    the prefetcher) or per sample on the CPU (``on="worker"``, in the loader workers), each batch's generator
+    seeded by :func:`~.camera_aug.augment_seed` (run seed, rank, sampler position after the batch);
+    :meth:`test_time` for evaluation.
+
+    Args:
+        config: the recipe.
+        seed, rank: the run seed and this process's rank.
+        on: ``"device"`` or ``"worker"``.
+    """
+
+    def __init__(self, config: AugmentConfig, *, seed: int = 0, rank: int = 0, on: str = "device") -> None:
+        if on not in ("device", "worker"):
+            raise ValueError(f"data.augment_on: expected 'device' or 'worker', got {on!r}")
+        self.config, self.seed, self.rank, self.on = config, seed, rank, on
+
+    def params(self, batch: Any, position: dict[str, Any]) -> AugmentParams:
+        """The draws of the batch taken at sampler ``position`` (the position after it)."""
+        generator = torch.Generator().manual_seed(augment_seed(self.seed, self.rank, position))
+        return sample_params(batch, self.config, generator)
+
+    def __call__(self, batch: Any, position: dict[str, Any]) -> Any:
+        """The augmented batch (see the class docstring)."""
+        params = self.params(batch, position)
+        if self.on == "worker":
+            return reference_apply(batch, params, self.config)
+        return apply(batch, params, self.config)
+
+    def test_time(self, batch: Any) -> Any:
+        """The evaluation transform (:func:`apply_test_time`)."""
+        return apply_test_time(batch, self.config)
+
+
+def _points(batch: Any) -> RaggedBatch:
+    if batch.points is None:
+        raise ValueError(
+            "batch.points: data.augment.lidar moves lidar points, but the batch has none (load them: "
+            "data.args.load_points: true)"
+        )
+    return batch.points
+
+
+def _to(params: BevAugParams, device: torch.device) -> BevAugParams:
+    """The parameters on ``device`` (a host-to-device copy, no sync)."""
+    return BevAugParams(*(getattr(params, f.name).to(device, non_blocking=True) for f in fields(params)))
+
+
+def _cameras(batch: Any, params: BevAugParams) -> dict[str, torch.Tensor]:
+    """With images, the lidar-frame camera matrices after the lidar step's matrix ``M``: ``lidar2img · M⁻¹``,
+    ``ego_pose · M⁻¹``, ``M · ego_pose_inv``, ``lidar2ego · M⁻¹`` (float64 products, the inputs' dtypes)."""
+    if batch.images is None:  # a lidar batch: no camera reads these
+        return {}
+    lidar2img, ego_pose, ego_pose_inv = bev_aug_cameras(
+        batch.lidar2img, batch.ego_pose, batch.ego_pose_inv, params.matrix
+    )
+    m = params.matrix.to(batch.lidar2ego.device, torch.float64)  # (B, 4, 4)
+    m_inv = torch.linalg.inv_ex(m).inverse  # (B, 4, 4): scale > 0, always invertible (no error check, no sync)
+    lidar2ego = (batch.lidar2ego.double() @ m_inv).to(batch.lidar2ego.dtype)  # (B, 4, 4)
+    return {"lidar2img": lidar2img, "ego_pose": ego_pose, "ego_pose_inv": ego_pose_inv, "lidar2ego": lidar2ego}
