@@ -166,9 +166,13 @@ def test_missing_table_and_wrong_format_are_named(lyft_root, synth_root, tmp_pat
     shutil.copytree(lyft_root / LYFT_VERSION, root / LYFT_VERSION)
     (root / LYFT_VERSION / "sample_annotation.json").unlink()
     with pytest.raises(DataError, match=r"sample_annotation\.json.*missing nuScenes table"):
-        build_index(root, LYFT_VERSION, progress=False)
-    with pytest.raises(DataError, match=r"sample_annotation\.json.*missing nuScenes table"):
         evaluate_lyft(write_submission(gt, tmp_path / "gt.json"), root)
+    # a root without annotations (a test split) is indexed without boxes; any other table is required
+    shutil.copytree(lyft_root / "maps", root / "maps")  # the devkit opens the map masks
+    assert len(build_index(root, LYFT_VERSION, progress=False, check_files=False).arrays["boxes"]) == 0
+    (root / LYFT_VERSION / "ego_pose.json").unlink()
+    with pytest.raises(DataError, match=r"ego_pose\.json.*missing nuScenes table"):
+        build_index(root, LYFT_VERSION, progress=False)
     with pytest.raises(DataError, match=r"category\.json: category '[a-z.]+' is not a Lyft class .*nuScenes root\?"):
         build_index(synth_root, progress=False, dataset="lyft")
 
@@ -237,3 +241,26 @@ def test_lyft_pointpillars_is_scored_in_training_and_by_eval_checkpoint(lyft_roo
     assert set(summary) >= {"mAP", "AP", "mAP_per_iou", "num_gt"} and 0.0 <= summary["mAP"] <= 1.0
     assert summary["num_gt"] > 0
     assert (tmp_path / "run" / "eval" / "step-00000001-val" / "lyft_metrics.json").is_file()
+
+
+def test_the_lyft_index_records_its_format_and_its_writers_refuse_the_other(lyft_root, lyft_index, synth_index):
+    from drivetrain.data.evaluate import ground_truth_submission
+    from drivetrain.data.formats import LYFT, NUSCENES, detect_format
+    from drivetrain.data.index import load_index
+
+    assert lyft_index.format is LYFT and detect_format(lyft_root, LYFT_VERSION) is LYFT
+    assert load_index(lyft_root / "drivetrain_index.npz").format is LYFT
+    scenes = list(LYFT_SPLITS["val"])
+    assert lyft_index.format.ground_truth(lyft_index, scenes) == lyft_ground_truth_submission(lyft_index, scenes)
+    with pytest.raises(DataError, match="built from a Lyft Level 5 root, not a nuScenes one"):
+        ground_truth_submission(lyft_index)
+    with pytest.raises(DataError, match="built from a nuScenes root, not a Lyft one"):
+        LYFT.ground_truth(synth_index, None)
+    assert NUSCENES.ground_truth(synth_index, None)["results"]  # the same call on its own format's index
+
+
+def test_eval_checks_a_lyft_split_against_the_lyft_splits(lyft_root, lyft_index, tmp_path):
+    preds = tmp_path / "p.json"
+    preds.write_text("{}")
+    with pytest.raises(SystemExit, match=r"^eval: --split: unknown Lyft Level 5 split 'mini_val'; there are \['train'"):
+        main(["eval", "--predictions", str(preds), "--root", str(lyft_root), "--split", "mini_val"])

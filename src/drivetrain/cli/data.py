@@ -191,8 +191,8 @@ def _clear_for_synth(root: Path, overwrite: bool) -> None:
 
 def _index(args: argparse.Namespace) -> int:
     from drivetrain.data.errors import DataError
+    from drivetrain.data.formats import default_version
     from drivetrain.data.index import build_index, save_index
-    from drivetrain.data.lyft_format import default_version
 
     out = args.out or args.root / "drivetrain_index.npz"
     if args.max_sweeps < 0:

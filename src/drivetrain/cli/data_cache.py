@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-__all__ = ["add_cache_parser"]
+if TYPE_CHECKING:
+    from drivetrain.data.sweeps import SweepConfig
+
+__all__ = ["add_cache_parser", "run_args"]
 
 
 def add_cache_parser(data_sub: argparse._SubParsersAction) -> None:
@@ -15,14 +19,18 @@ def add_cache_parser(data_sub: argparse._SubParsersAction) -> None:
         help="merge each key frame's lidar sweeps once into a memory-mapped sweep cache",
         description="Merge every key frame of an index with its N most recent lidar sweeps (train: a random N when "
         "there are more, drawn once per sample; see --choice), as mmdetection3d's LoadPointsFromMultiSweeps does, and "
-        "store the merged clouds in a pickle-free cache the loader memory-maps (DatasetConfig.sweep_cache). A "
+        "store the merged clouds in a pickle-free cache the loader memory-maps. A run reads it with "
+        "data.args.sweep_cache=OUT and the same reading settings (num_sweeps, use_dim, sweep_choice, remove_close, "
+        "pad_empty_sweeps, sweep_seed), in its YAML or as overrides of drivetrain train: the command prints them. A "
         "manifest records the settings, a digest per frame and the size and SHA-256 of every shard: a cache of "
         "other settings or of a changed index is refused by the loader. An interrupted build resumes from its "
         "finished shards.",
         epilog="examples:\n"
         "  drivetrain data cache --index data/synth-tiny/drivetrain_index.npz --sweeps 10 --use-dim 0,1,2,4\n"
         "  drivetrain data cache --index INDEX --sweeps 5 --workers 2 --out /fast/cache/nus-5\n"
-        "  drivetrain data cache --out /fast/cache/nus-5 --verify",
+        "  drivetrain data cache --out /fast/cache/nus-5 --verify\n"
+        "  drivetrain train --config configs/pointpillars_tiny.yaml data.args.sweep_cache=/fast/cache/nus-5 ...  "
+        "# the printed settings",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     cache.add_argument("--index", type=Path, default=None, help="index file from `drivetrain data index`")
@@ -62,9 +70,9 @@ def add_cache_parser(data_sub: argparse._SubParsersAction) -> None:
 def _cache(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from drivetrain.data.dataset import read_points
     from drivetrain.data.errors import DataError
     from drivetrain.data.index import load_index
+    from drivetrain.data.io import read_points
     from drivetrain.data.sweep_cache import build_cache, verify_cache
     from drivetrain.data.sweeps import SweepConfig
 
@@ -122,7 +130,20 @@ def _cache(args: argparse.Namespace) -> int:
         f"({per_frame / 1024:.1f} KiB per frame; {report.shards_built} shards built, {report.shards_reused} reused) "
         f"→ {report.path}"
     )
-    print(
-        f"use it with DatasetConfig(load_points=True, num_sweeps={args.sweeps}, use_dim={use_dim}, sweep_cache='{out}')"
-    )
+    print("use it in a run (YAML data.args, or these overrides of drivetrain train):", " ".join(run_args(config, out)))
     return 0
+
+
+def run_args(config: SweepConfig, out: Path) -> list[str]:
+    """The ``data.args.KEY=VALUE`` overrides that read the cache at ``out`` built with ``config``."""
+    values = {
+        "load_points": "true",
+        "num_sweeps": config.num_sweeps,
+        "use_dim": f"[{','.join(map(str, config.use_dim))}]",
+        "sweep_choice": config.choice,
+        "remove_close": str(config.remove_close).lower(),
+        "pad_empty_sweeps": str(config.pad_empty_sweeps).lower(),
+        "sweep_seed": config.seed,
+        "sweep_cache": out,
+    }
+    return [f"data.args.{key}={value}" for key, value in values.items()]

@@ -53,10 +53,12 @@ def run_frame(args: argparse.Namespace) -> int:
 
     from drivetrain.data.dataset import Skipped
     from drivetrain.data.errors import DataError
+    from drivetrain.data.sources import StreamingFrames
     from drivetrain.engine.build import build_dataset
     from drivetrain.engine.checkpoint import CheckpointError
     from drivetrain.engine.config import ConfigError
-    from drivetrain.engine.evaluation import _streaming_state_aside, model_from_checkpoint
+    from drivetrain.engine.evaluation import model_from_checkpoint, streaming_state_aside
+    from drivetrain.engine.protocol import Detector, VoxelModel
     from drivetrain.viz.lidar import bev_png, write_ply
 
     model, cfg, extent, use_dim = None, None, args.extent, (0, 1, 2, 3, 4)
@@ -70,9 +72,9 @@ def run_frame(args: argparse.Namespace) -> int:
             data = dataclasses.replace(cfg.data, args={**cfg.data.args, "split": split})
             dataset = build_dataset(data)
             use_dim = tuple(cfg.data.args.get("use_dim", use_dim))
-            grid = getattr(model, "grid_test", None)
-            if extent is None and grid is not None:
-                extent = float(max(abs(v) for v in grid.point_cloud_range[:2] + grid.point_cloud_range[3:5]))
+            if extent is None and isinstance(model, VoxelModel):  # the range the model detects in
+                pc_range = model.grid_test.point_cloud_range
+                extent = float(max(abs(v) for v in pc_range[:2] + pc_range[3:5]))
         else:
             from drivetrain.data.sources import INDEX_FILE, frames
 
@@ -102,17 +104,17 @@ def run_frame(args: argparse.Namespace) -> int:
     gt_labels = batch.gt_labels.to_list()[0].numpy()
     pred = scores = labels = None
     if model is not None:
-        if not callable(getattr(model, "detect", None)):
+        if not isinstance(model, Detector):
             raise SystemExit(f"viz frame: {type(model).__name__} has no detect(batch)")
         device = torch.device(args.device)
         model_batch = batch.to(device)
         if cfg.data.augment is not None:  # a camera model trained on augmented images: its test-time transform
-            from drivetrain.pipeline.camera_aug import CameraAugConfig, CameraAugment
+            from drivetrain.pipeline.augmentation import Augmentation
 
-            model_batch = CameraAugment(CameraAugConfig.from_dict(cfg.data.augment)).test_time(model_batch)
+            model_batch = Augmentation(cfg.data.augment.build()).test_time(model_batch)
         # One frame alone: a streaming model starts from an empty memory (its training memory is set aside).
         model_batch = dataclasses.replace(model_batch, prev_exists=torch.zeros_like(model_batch.prev_exists))
-        with torch.no_grad(), _streaming_state_aside(model):
+        with torch.no_grad(), streaming_state_aside(model):
             boxes, det_scores, det_labels = model.to(device).eval().detect(model_batch)
         boxes, det_scores = boxes.to_list()[0].cpu().numpy(), det_scores.to_list()[0].cpu().numpy()
         det_labels = det_labels.to_list()[0].cpu().numpy()
@@ -133,7 +135,7 @@ def run_frame(args: argparse.Namespace) -> int:
         from drivetrain.data.nuscenes_format import CLASSES
         from drivetrain.viz.camera import frame_png
 
-        meta = getattr(getattr(getattr(dataset, "frames", None), "index", None), "meta", {})
+        meta = dataset.index.meta if isinstance(dataset, StreamingFrames) else {}
         images = batch.images[0].permute(0, 2, 3, 1).numpy()  # (N, H, W, 3)
         png = frame_png(
             out, images, batch.lidar2img[0].numpy(), gt, gt_labels, pred, labels, points=points,

@@ -14,22 +14,21 @@ replaced by a :class:`Skipped` marker and a warning; ``collate`` drops it and li
 
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import numpy as np
-import simplejpeg
 
 from drivetrain.data.errors import DataError
 from drivetrain.data.index import FrameIndex, load_index
+from drivetrain.data.io import read_image, read_points
 from drivetrain.data.sweep_cache import SweepCache
 from drivetrain.data.sweeps import SweepConfig, merge_sweeps
 from drivetrain.geometry.projection import Boxes2D, lidar2img, project_boxes
 
-__all__ = ["DatasetConfig", "FrameDataset", "FrameKey", "Sample", "Skipped", "read_image", "read_points"]
+__all__ = ["DatasetConfig", "FrameDataset", "FrameKey", "Sample", "Skipped"]
 
 
 class FrameKey(NamedTuple):
@@ -48,7 +47,7 @@ class DatasetConfig:
     load_points: bool = False  # read the key-frame lidar points (x, y, z, intensity, Δt)
     num_sweeps: int = 0  # previous lidar sweeps merged into the points (Δt > 0), at most what the index has
     use_dim: tuple[int, ...] = (0, 1, 2, 3, 4)  # point columns kept of (x, y, z, intensity, Δt); PointPillars 0,1,2,4
-    sweep_choice: str = "random"  # more sweeps than num_sweeps: a "random" subset per frame, or the "nearest"
+    sweep_choice: Literal["random", "nearest"] = "random"  # more sweeps than num_sweeps: a random subset, or nearest
     remove_close: bool = False  # drop sweep points within 1 m of the sensor (|x| < 1 and |y| < 1)
     pad_empty_sweeps: bool = False  # a frame without sweeps repeats its key frame num_sweeps times
     sweep_seed: int = 0  # random sweep subsets are drawn from (sweep_seed, sample token)
@@ -56,7 +55,7 @@ class DatasetConfig:
     filter_empty: bool = True  # drop GT boxes without lidar points (mmdetection3d's use_valid_flag)
     min_depth: float = 0.1  # 2D GT: box centre at least this far in front of the camera
     min_size: float = 2.0  # 2D GT: clipped box at least this many pixels wide and high
-    on_error: str = "raise"  # "raise" or "skip" (warn; collate drops and counts the sample)
+    on_error: Literal["raise", "skip"] = "raise"  # skip: warn, and collate drops and counts the sample
 
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "skip"):
@@ -112,38 +111,6 @@ class Skipped:
     index: int
     token: str
     reason: str
-
-
-def read_image(path: Path, size: tuple[int, int] | None = None) -> np.ndarray:
-    """Decode a JPEG to ``(H, W, 3)`` uint8 RGB; :class:`DataError` if missing, corrupt or of the wrong size."""
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise DataError(f"cannot read image ({err.strerror or err})", path) from None
-    try:
-        image = simplejpeg.decode_jpeg(data, colorspace="RGB")
-    except ValueError as err:
-        raise DataError(f"corrupt or non-JPEG image ({err})", path) from None
-    if size is not None and (image.shape[1], image.shape[0]) != tuple(size):
-        raise DataError(f"image is {image.shape[1]}×{image.shape[0]}, the index says {size[0]}×{size[1]}", path)
-    return image
-
-
-def read_points(path: Path, dims: int = 5) -> np.ndarray:
-    """Read a nuScenes ``.pcd.bin`` (float32 × ``dims`` per point) → ``(P, dims)``; DataError if bad."""
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            record = 4 * dims  # float32 × dims per point
-            if size % record:  # a truncated or padded file: trailing bytes are not silently dropped
-                raise DataError(f"corrupt lidar file: {size} bytes is not a whole number of {record}-byte points", path)
-            raw = np.fromfile(f, dtype=np.float32)
-    except OSError as err:
-        raise DataError(f"cannot read lidar file ({err.strerror or err})", path) from None
-    points = raw.reshape(-1, dims)
-    if not np.isfinite(points[:, :3]).all():
-        raise DataError("corrupt lidar file: non-finite coordinates", path)
-    return points
 
 
 class FrameDataset:

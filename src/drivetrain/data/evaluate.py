@@ -12,15 +12,18 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from drivetrain.data.errors import DataError
-from drivetrain.data.index import FrameIndex, check_root
 from drivetrain.data.nuscenes_format import ATTRIBUTES, CLASSES
+from drivetrain.data.table_paths import check_root
 from drivetrain.geometry.rigid import matrix_to_quaternion
 from drivetrain.safe_files import replace_text
+
+if TYPE_CHECKING:
+    from drivetrain.data.index import FrameIndex
 
 __all__ = [
     "boxes_to_submission",
@@ -99,8 +102,8 @@ def ground_truth_submission(index: FrameIndex, scenes: list[str] | None = None, 
     Boxes with fewer than ``min_points`` lidar points are left out, as the evaluation drops such GT.
     """
     arr, meta = index.arrays, index.meta
-    if meta.get("dataset") == "lyft":  # its labels index the Lyft classes: see lyft_eval.lyft_ground_truth_submission
-        raise DataError("the index was built from a Lyft Level 5 root, not a nuScenes one", meta.get("root"))
+    if index.format.classes != CLASSES:  # its labels index another format's classes: ask index.format.ground_truth
+        raise DataError(f"the index was built from a {index.format.title} root, not a nuScenes one", meta.get("root"))
     wanted = None if scenes is None else set(scenes)
     results: dict[str, list[dict[str, Any]]] = {}
     for f in range(len(index)):

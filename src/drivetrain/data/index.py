@@ -12,11 +12,18 @@ computes, per key frame (sample), in StreamPETR's conventions:
   attribute and instance; velocities from the devkit's ``box_velocity``, NaN (single annotation) → 0;
 - lidar sweeps (``prev`` chain): file, sweep-lidar → key-lidar transform and time offset.
 
-Lyft Level 5 roots (same schema, see :mod:`drivetrain.data.lyft_format`) are recognised by their category table
-(or forced with ``dataset="lyft"``) and indexed the same way, except: labels index ``LYFT_CLASSES``; velocities
-are 0 (Lyft's metric has none); attributes are −1 (none); visibility is 0 (Lyft leaves it empty);
-``num_lidar_pts`` is counted from the key-frame ``LIDAR_TOP`` sweep (Lyft's tables hold −1), so every key-frame
-lidar file is read; the splits are mmdetection3d's Lyft ``train``/``val``; ``meta["dataset"]`` is ``"lyft"``.
+A root without annotations (a test split such as nuScenes' ``v1.0-test``: its ``sample_annotation`` and
+``instance`` tables empty or absent) is indexed with no boxes, for ``drivetrain predict``.
+
+What differs between the formats of the schema is one :class:`~drivetrain.data.formats.DatasetFormat` record,
+chosen here (told from the category table, or named with ``dataset=``) and recorded in the index
+(:attr:`FrameIndex.format`): the classes labels index and the category map, the attributes kept, whether boxes
+carry velocities, where ``num_lidar_pts`` comes from and the splits. Lyft Level 5 roots (see
+:mod:`drivetrain.data.lyft_format`) are indexed the same way as nuScenes ones, except: labels index
+``LYFT_CLASSES``; velocities are 0 (Lyft's metric has none); attributes are −1 (none); visibility is 0 (Lyft leaves
+it empty); ``num_lidar_pts`` is counted from the key-frame ``LIDAR_TOP`` sweep (Lyft's tables hold −1), so every
+key-frame lidar file is read; the splits are mmdetection3d's Lyft ``train``/``val``; ``meta["dataset"]`` is
+``"lyft"``.
 
 Saved as one ``.npz`` (numeric arrays, plus the strings as a JSON document stored as bytes), loaded with
 ``allow_pickle=False``.
@@ -54,31 +61,20 @@ import numpy as np
 from tqdm import tqdm
 
 from drivetrain.data.errors import DataError
+from drivetrain.data.formats import FORMATS, DatasetFormat, detect_format, format_of, index_meta
 from drivetrain.data.index_check import check_index
-from drivetrain.data.lyft_format import (
-    DATASETS,
-    LYFT_CLASSES,
-    check_lyft_categories,
-    count_points_in_boxes,
-    detect_dataset,
-)
-from drivetrain.data.lyft_splits import LYFT_SPLITS
-from drivetrain.data.nuscenes_format import (
-    ATTRIBUTES,
-    CAMERAS,
-    CATEGORIES,
-    CATEGORY_TO_CLASS,
-    CLASSES,
-    LIDAR,
-    TABLES,
-)
-from drivetrain.data.table_paths import PATH_FIELDS, check_table_paths
+from drivetrain.data.io import read_points
+from drivetrain.data.lyft_format import count_points_in_boxes
+from drivetrain.data.nuscenes_format import CAMERAS, LIDAR, TABLES
+from drivetrain.data.table_paths import ANNOTATION_TABLES, check_root
 from drivetrain.geometry.rigid import invert, transform, yaw_from_matrix
 from drivetrain.safe_files import replacing
 
 __all__ = ["FrameIndex", "build_index", "check_root", "load_index", "save_index", "table_fingerprint"]
 
 FORMAT = "drivetrain-frame-index/3"
+# Tables a root without annotations may lack (a test split, as nuScenes' v1.0-test, ships boxes to nobody): read as
+# empty, so its key frames are indexed without ground truth.
 ARRAYS = (
     "timestamp",  # (F,) float64 seconds
     "scene_id",  # (F,) int64
@@ -113,6 +109,11 @@ class FrameIndex:
 
     def __len__(self) -> int:
         return len(self.arrays["timestamp"])
+
+    @property
+    def format(self) -> DatasetFormat:
+        """The dataset format the index was built from (its classes, splits, submission writer, metric)."""
+        return format_of(self.meta)
 
     @property
     def num_cameras(self) -> int:
@@ -195,39 +196,6 @@ def table_fingerprint(root: str | Path, version: str) -> dict[str, list[int | st
     return out
 
 
-def check_root(root: str | Path, version: str) -> Path:
-    """Raise :class:`DataError` unless ``root/version`` holds every nuScenes table as valid JSON, whose file names
-    (``sample_data`` and ``map``) stay inside ``root`` (see :mod:`drivetrain.data.table_paths`)."""
-    root = Path(root)
-    if not root.is_dir():
-        raise DataError("dataset root does not exist or is not a folder", root)
-    tables = root / version
-    if not tables.is_dir():
-        found = sorted(p.name for p in root.iterdir() if p.is_dir() and (p / "sample.json").exists())
-        raise DataError(
-            f"not a nuScenes-format root: no table folder {version!r}"
-            + (f" (table folders found: {found}; pass --version)" if found else " (no nuScenes tables found at all)"),
-            root,
-        )
-    for name in TABLES:
-        path = tables / f"{name}.json"
-        if not path.is_file():
-            raise DataError(f"missing nuScenes table {name!r}", path)
-        try:
-            with path.open() as f:
-                rows = json.load(f)
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise DataError(f"table is not valid JSON ({err})", path) from None
-        if not isinstance(rows, list):
-            raise DataError(f"a table must be a JSON list of records, got a {type(rows).__name__}", path)
-        for i, row in enumerate(rows):
-            if not isinstance(row, dict) or not isinstance(row.get("token"), str):
-                raise DataError(f"record {i} is not an object with a string 'token'", path)
-        if name in PATH_FIELDS:  # before the devkit looks for a map file or we open a data file
-            check_table_paths(rows, PATH_FIELDS[name], path)
-    return root
-
-
 def build_index(
     root: str | Path,
     version: str = "v1.0-mini",
@@ -236,12 +204,12 @@ def build_index(
     max_sweeps: int = 10,
     check_files: bool = True,
     progress: bool = True,
-    dataset: str | None = None,
+    dataset: str | DatasetFormat | None = None,
 ) -> FrameIndex:
     """Index every key frame of ``root/version`` (see the module docstring).
 
-    ``dataset`` is ``"nuscenes"``, ``"lyft"`` or None: told from the category table (every name a Lyft class:
-    Lyft).
+    ``dataset`` is a format (or its name in :data:`~drivetrain.data.formats.FORMATS`: ``"nuscenes"``, ``"lyft"``),
+    whose category check the root must pass; None tells it from the category table (every name a Lyft class: Lyft).
 
     Raises:
         DataError: naming the table folder when the tables are inconsistent (a dangling token, a missing or
@@ -249,14 +217,16 @@ def build_index(
     """
     if max_sweeps < 0:
         raise ValueError(f"max_sweeps: must be ≥ 0, got {max_sweeps}")
-    if dataset is not None and dataset not in DATASETS:
-        raise ValueError(f"dataset: expected one of {DATASETS} or None, got {dataset!r}")
-    root = check_root(root, version)
-    if dataset == "lyft":
-        check_lyft_categories(root, version)
-    dataset = dataset or detect_dataset(root, version)
+    if isinstance(dataset, str) and dataset not in FORMATS:
+        raise ValueError(f"dataset: expected one of {tuple(FORMATS)} or None, got {dataset!r}")
+    root = check_root(root, version, annotations=False)
+    if dataset is None:
+        fmt = detect_format(root, version)
+    else:  # a format named by the caller: the root must be of it
+        fmt = FORMATS[dataset] if isinstance(dataset, str) else dataset
+        fmt.check_categories(root, version)
     try:
-        return _build_index(root, version, cameras, max_sweeps, check_files, progress, dataset)
+        return _build_index(root, version, cameras, max_sweeps, check_files, progress, fmt)
     except DataError:
         raise
     except (KeyError, AssertionError, TypeError, ValueError, IndexError, AttributeError) as err:
@@ -267,14 +237,21 @@ def build_index(
 
 
 def _build_index(
-    root: Path, version: str, cameras: tuple[str, ...], max_sweeps: int, check_files: bool, progress: bool, dataset: str
-) -> FrameIndex:
+    root: Path, version: str, cameras: tuple[str, ...], max_sweeps: int, check_files: bool, progress: bool,
+    fmt: DatasetFormat,
+) -> FrameIndex:  # fmt: skip
     try:
         from nuscenes import NuScenes
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise ImportError("indexing needs the nuScenes devkit: pip install 'drivetrain[nuscenes]'") from err
-    nusc = NuScenes(version=version, dataroot=str(root), verbose=False)
-    walk = _IndexWalk(nusc, root, version, cameras, max_sweeps, dataset == "lyft")
+
+    class Tables(NuScenes):
+        def __load_table__(self, table_name: str) -> Any:  # the devkit's table reader: a missing ANNOTATION_TABLE is []
+            missing = not (Path(self.table_root) / f"{table_name}.json").is_file()
+            return [] if missing and table_name in ANNOTATION_TABLES else super().__load_table__(table_name)
+
+    nusc = Tables(version=version, dataroot=str(root), verbose=False)
+    walk = _IndexWalk(nusc, root, version, cameras, max_sweeps, fmt)
     scenes = sorted(nusc.scene, key=lambda s: s["name"])
     with tqdm(total=sum(s["nbr_samples"] for s in scenes), desc="index", unit="frame", disable=not progress) as bar:
         for scene_id, scene in enumerate(scenes):
@@ -295,18 +272,16 @@ class _IndexWalk:
     """Walks the devkit's tables scene by scene, key frame by key frame, collecting the index columns."""
 
     def __init__(
-        self, nusc: Any, root: Path, version: str, cameras: tuple[str, ...], max_sweeps: int, lyft: bool = False
+        self, nusc: Any, root: Path, version: str, cameras: tuple[str, ...], max_sweeps: int, fmt: DatasetFormat
     ) -> None:
         self.nusc, self.root, self.version, self.cameras, self.max_sweeps = nusc, root, version, cameras, max_sweeps
-        self.lyft = lyft
-        classes = LYFT_CLASSES if lyft else CLASSES
-        self.class_of = {c: c for c in LYFT_CLASSES} if lyft else CATEGORY_TO_CLASS  # category → class
-        self.label_of = {c: i for i, c in enumerate(classes)}
-        self.attr_of = {}
-        if not lyft:  # Lyft's object_action_* attributes are not used by any detection metric
-            self.attr_of = {a["token"]: ATTRIBUTES.index(a["name"]) for a in nusc.attribute if a["name"] in ATTRIBUTES}
+        self.fmt = fmt
+        self.class_of = fmt.category_to_class  # category → class
+        self.label_of = {c: i for i, c in enumerate(fmt.classes)}
+        attrs = fmt.attributes  # the attributes kept (Lyft: none, its object_action_* are in no detection metric)
+        self.attr_of = {a["token"]: attrs.index(a["name"]) for a in nusc.attribute if a["name"] in attrs}
         self.cols: dict[str, list[Any]] = {k: [] for k in ARRAYS if k not in ("box_offset", "sweep_offset")}
-        self.known_categories = set(LYFT_CLASSES if lyft else CATEGORIES)  # others are not of this format
+        self.known_categories = set(fmt.categories)  # others are not of this format
         self.unknown_categories: Counter[str] = Counter()  # annotations left out: a category the format lacks
         self.bad_sizes = 0  # annotations left out: a size ≤ 0
         self.annotations = 0
@@ -317,8 +292,8 @@ class _IndexWalk:
             "format": FORMAT,
             "root": str(root.resolve()),
             "version": version,
-            "classes": list(classes),
-            "attributes": [] if lyft else list(ATTRIBUTES),
+            "classes": list(fmt.classes),
+            "attributes": list(fmt.attributes),
             "cameras": list(cameras),
             "scenes": [],
             "scene_tokens": [],
@@ -330,10 +305,9 @@ class _IndexWalk:
             "sweep_files": [],
             "instances": [],
             "tables": table_fingerprint(root, version),
-            "splits": {k: list(v) for k, v in LYFT_SPLITS.items()} if lyft else _devkit_splits(),
+            "splits": fmt.splits(),
+            **index_meta(fmt),
         }
-        if lyft:  # a nuScenes index keeps exactly the metadata it had before Lyft support
-            self.meta["dataset"] = "lyft"
 
     def scene(self, scene_id: int, scene: dict[str, Any], bar: Any) -> None:
         self.meta["scenes"].append(scene["name"])
@@ -410,7 +384,7 @@ class _IndexWalk:
                 continue
             rot = global2lidar[:3, :3] @ transform(ann["rotation"], [0, 0, 0])[:3, :3]
             centre = global2lidar[:3, :3] @ np.asarray(ann["translation"]) + global2lidar[:3, 3]
-            velocity = np.zeros(3) if self.lyft else np.nan_to_num(nusc.box_velocity(ann_token), nan=0.0)
+            velocity = np.nan_to_num(nusc.box_velocity(ann_token), nan=0.0) if self.fmt.velocities else np.zeros(3)
             velocity = global2lidar[:3, :3] @ velocity
             w, length, h = ann["size"]
             cols["boxes"].append([*centre, length, w, h, yaw_from_matrix(rot), velocity[0], velocity[1]])
@@ -421,14 +395,12 @@ class _IndexWalk:
             cols["attribute"].append(self.attr_of.get(attrs[0], -1) if attrs else -1)
             cols["instance"].append(self.instance_id.setdefault(ann["instance_token"], len(self.instance_id)))
             n_boxes += 1
-        if self.lyft and n_boxes:
+        if self.fmt.count_points and n_boxes:
             cols["num_lidar_pts"][-n_boxes:] = self._count_points(lidar_file, cols["boxes"][-n_boxes:])
         return n_boxes
 
     def _count_points(self, lidar_file: str, boxes: list[list[float]]) -> list[int]:
         """Points of the key-frame sweep ``lidar_file`` inside each lidar-frame box (Lyft tables hold −1)."""
-        from drivetrain.data.dataset import read_points  # dataset imports this module
-
         points = read_points(self.root / lidar_file)  # (P, 5)
         return count_points_in_boxes(points[:, :3], np.asarray(boxes)[:, :7]).tolist()
 
@@ -450,7 +422,7 @@ class _IndexWalk:
             names = ", ".join(f"{name!r} ({n})" for name, n in self.unknown_categories.most_common(5))
             warnings.warn(
                 f"{table}: {sum(self.unknown_categories.values())} of {self.annotations} annotations have a category "
-                f"the {'Lyft' if self.lyft else 'nuScenes'} taxonomy does not hold and are left out of the index: "
+                f"the {self.fmt.title} taxonomy does not hold and are left out of the index: "
                 f"{names}; rename them to the taxonomy's categories (drivetrain.data.nuscenes_format.CATEGORIES)",
                 RuntimeWarning,
                 stacklevel=3,
@@ -466,13 +438,6 @@ class _IndexWalk:
         meta["instances"] = list(self.instance_id)
         meta["splits"] = {name: [s for s in scenes if s in meta["scenes"]] for name, scenes in meta["splits"].items()}
         return _assemble(self.cols, self.box_counts, self.sweep_counts, len(self.cameras)), meta
-
-
-def _devkit_splits() -> dict[str, list[str]]:
-    """The devkit's scene splits (nuScenes trainval/test/mini), by split name."""
-    from nuscenes.utils.splits import create_splits_scenes
-
-    return {name: list(scenes) for name, scenes in create_splits_scenes(verbose=False).items()}
 
 
 def _calib(nusc: Any, sd: dict[str, Any]) -> np.ndarray:
@@ -599,7 +564,8 @@ def _check_fresh(meta: dict[str, Any], path: Path) -> None:
     if not tables.is_dir():  # only the data files were copied: nothing to compare with
         return
     now = table_fingerprint(meta["root"], meta["version"])
-    changed = sorted(name for name in built if now.get(name) != built[name])
+    compared = set(built) | set(now) if built else set()  # an annotation table added since counts as a change
+    changed = sorted(name for name in compared if now.get(name) != built.get(name))
     if changed:
         raise DataError(
             f"stale index: the tables {changed} under {tables} changed since it was built "

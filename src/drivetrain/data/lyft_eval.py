@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from drivetrain.data.errors import DataError
 from drivetrain.data.evaluate import check_box_vectors, is_number, submission_boxes
-from drivetrain.data.index import FrameIndex, check_root
-from drivetrain.data.lyft_format import LYFT_CLASSES, LYFT_VERSION, dataset_of
+from drivetrain.data.lyft_format import LYFT_CLASSES, LYFT_VERSION
 from drivetrain.data.lyft_metric import IOU_THRESHOLDS, LyftBoxes, lyft_average_precisions
 from drivetrain.data.lyft_splits import LYFT_SPLITS
+from drivetrain.data.table_paths import check_root
 from drivetrain.geometry.rigid import yaw_from_matrix, yaw_quaternion
+
+if TYPE_CHECKING:
+    from drivetrain.data.index import FrameIndex
 
 __all__ = [
     "check_lyft_submission",
@@ -80,8 +83,8 @@ def lyft_boxes_to_results(
 
 def lyft_ground_truth_submission(index: FrameIndex, scenes: list[str] | None = None) -> dict[str, Any]:
     """The ground truth of a Lyft index as a predictions file (score 1), for frames of ``scenes`` (default: all)."""
-    if dataset_of(index.meta) != "lyft":
-        raise DataError("the index was built from a nuScenes root, not a Lyft one", index.meta.get("root"))
+    if index.format.classes != LYFT_CLASSES:  # its labels index another format's classes
+        raise DataError(f"the index was built from a {index.format.title} root, not a Lyft one", index.meta.get("root"))
     arr, meta = index.arrays, index.meta
     wanted = None if scenes is None else set(scenes)
     results: dict[str, list[dict[str, Any]]] = {}

@@ -15,7 +15,8 @@ of mmdetection3d's Lyft test data):
   these as ``train_data``, ``train_images``, ``train_lidar``, ``train_maps``; the ``filename`` fields name
   ``images/``, ``lidar/``, ``maps/``, so those folders must carry these names).
 
-An index built from a Lyft root records ``meta["dataset"] = "lyft"``; a nuScenes index has no such key (so that it
+These facts make up the ``LYFT`` record of :mod:`drivetrain.data.formats`, which the rest of drivetrain asks. An
+index built from a Lyft root records ``meta["dataset"] = "lyft"``; a nuScenes index has no such key (so that it
 stays what it was before Lyft support), which :func:`dataset_of` reads as ``"nuscenes"``.
 """
 
@@ -37,13 +38,11 @@ __all__ = [
     "check_lyft_categories",
     "count_points_in_boxes",
     "dataset_of",
-    "default_version",
     "detect_dataset",
 ]
 
 DATASETS = ("nuscenes", "lyft")
 LYFT_VERSION = "v1.01-train"
-NUSCENES_VERSION = "v1.0-mini"  # drivetrain's default table folder for nuScenes roots
 
 # The Lyft detection classes in the order mmdetection3d numbers them (label = position).
 LYFT_CLASSES = (
@@ -110,17 +109,6 @@ def check_lyft_categories(root: str | Path, version: str) -> None:
     unknown = [n for n in names if n not in LYFT_CLASSES]
     if unknown:
         raise DataError(f"category {unknown[0]!r} is not a Lyft class {LYFT_CLASSES} (a nuScenes root?)", path)
-
-
-def default_version(root: str | Path, dataset: str | None = None) -> str:
-    """The table folder to read when none is given: ``v1.01-train`` for Lyft (``dataset="lyft"``, or a root that
-    has ``v1.01-train/`` but no ``v1.0-mini/``), else ``v1.0-mini``."""
-    root = Path(root)
-    if dataset == "lyft":
-        return LYFT_VERSION
-    if dataset is None and not (root / NUSCENES_VERSION).is_dir() and (root / LYFT_VERSION).is_dir():
-        return LYFT_VERSION
-    return NUSCENES_VERSION
 
 
 def count_points_in_boxes(points: np.ndarray, boxes: np.ndarray) -> np.ndarray:

@@ -10,7 +10,11 @@ batch slot and resumes mid-epoch exactly. Builders for a run config's ``data.nam
   (``drivetrain_synth.json``) are the ones asked for; otherwise an error names the differing settings.
 
 Both take ``split`` (a devkit scene split such as ``mini_train`` / ``mini_val``): training configs name the
-train split so that evaluation on the val split sees scenes the model has not trained on.
+train split so that evaluation on the val split sees scenes the model has not trained on. Their ``data.args`` map
+onto a typed record, :class:`FramesArgs` / :class:`SyntheticArgs`: the source's own fields plus every reading option
+of :class:`DatasetConfig` (images, points, sweeps, the sweep cache, GT filters, ``on_error``), so each is settable
+from YAML and as a ``data.args.KEY=VALUE`` override, and checked when the config is loaded (the registry's
+``check_args``: unknown keys list the known ones, wrong types and values name ``data.args.KEY``).
 """
 
 from __future__ import annotations
@@ -18,18 +22,21 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
+import sys
 import warnings
-from collections.abc import Iterator
-from dataclasses import asdict
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from drivetrain.data.collate import Batch, collate
 from drivetrain.data.dataset import DatasetConfig, FrameDataset, FrameKey, Sample, Skipped
 from drivetrain.data.errors import DataError
-from drivetrain.data.index import load_index
+from drivetrain.data.index import FrameIndex, load_index
 from drivetrain.data.sampler import SequenceSampler
 
-__all__ = ["StreamingFrames", "frames", "synthetic"]
+__all__ = ["FramesArgs", "StreamingFrames", "SyntheticArgs", "frames", "reading_options", "synthetic"]
 
 INDEX_FILE = "drivetrain_index.npz"
 SYNTH_FILE = "drivetrain_synth.json"
@@ -47,6 +54,16 @@ class StreamingFrames:
     def __getitem__(self, key: int | FrameKey | tuple[int, bool]) -> Sample | Skipped:
         return self.frames[key]
 
+    @property
+    def index(self) -> FrameIndex:
+        """The frames' index (its :attr:`~drivetrain.data.index.FrameIndex.format` says how they are scored)."""
+        return self.frames.index
+
+    @property
+    def root(self) -> Path:
+        """The dataset root the frames are read from."""
+        return self.frames.root
+
     def batch_sampler(
         self, batch_size: int, *, seed: int, shuffle: bool, rank: int, world_size: int
     ) -> SequenceSampler:
@@ -60,76 +77,86 @@ class StreamingFrames:
         return collate(samples)
 
 
-def frames(
-    index: str,
-    root: str | None = None,
-    split: str | None = None,
-    load_points: bool = False,
-    num_sweeps: int = 0,
-    on_error: str = "raise",
-    load_images: bool = True,
-    use_dim: tuple[int, ...] = (0, 1, 2, 3, 4),
-) -> StreamingFrames:
-    """Training frames of the index file ``index``, optionally one split's scenes (see :class:`DatasetConfig`;
-    the reading options as :func:`synthetic`'s)."""
-    config = DatasetConfig(
-        load_images=load_images, load_points=load_points, num_sweeps=num_sweeps, use_dim=tuple(use_dim),
-        on_error=on_error,
-    )  # fmt: skip
-    return StreamingFrames(FrameDataset(index, config, root, split))
+@dataclass(frozen=True)
+class FramesArgs(DatasetConfig):
+    """``data.args`` of ``frames``: an indexed root's frames, and how they are read (every :class:`DatasetConfig`
+    field)."""
+
+    index: str = ""  # the index file (`drivetrain data index` writes ROOT/drivetrain_index.npz); required
+    root: str | None = None  # dataset root (default: the one the index names, relative to the index file)
+    split: str | None = None  # scene split to keep (train, val, mini_train, ...); null: every indexed scene
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.index:
+            raise ValueError("index: required, the index file of the root (drivetrain data index --root ROOT)")
 
 
-def synthetic(
-    root: str = "data/synth-tiny",
-    size: str = "tiny",
-    scenes: int | None = None,
-    frames_per_scene: int | None = None,
-    image_size: tuple[int, int] | None = None,
-    seed: int = 0,
-    split: str | None = "mini_train",
-    on_error: str = "raise",
-    load_images: bool = True,
-    load_points: bool = False,
-    num_sweeps: int = 0,
-    use_dim: tuple[int, ...] = (0, 1, 2, 3, 4),
-    sweeps_per_sample: int | None = None,
-) -> StreamingFrames:
+@dataclass(frozen=True)
+class SyntheticArgs(DatasetConfig):
+    """``data.args`` of ``synthetic``: which synthetic set (generated on first use), and how it is read (every
+    :class:`DatasetConfig` field)."""
+
+    root: str = "data/synth-tiny"  # dataset folder (a finished one with the same settings is reused)
+    size: str = "tiny"  # generator preset: tiny or full
+    scenes: int | None = None  # only the first this many scenes of the preset
+    frames_per_scene: int | None = None  # key frames per scene instead of the preset's
+    image_size: tuple[int, int] | None = None  # (W, H) of the camera images instead of the preset's (focal scales)
+    sweeps_per_sample: int | None = None  # lidar sweeps between key frames instead of the preset's (tiny: 2)
+    seed: int = 0  # generator seed
+    split: str | None = "mini_train"  # scene split to train on (mini_val is held out for evaluation); null: all
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        from drivetrain.data.synth import PRESETS
+
+        if self.size not in PRESETS:
+            raise ValueError(f"size: expected one of {sorted(PRESETS)}, got {self.size!r}")
+
+
+def reading_options(args: DatasetConfig | Mapping[str, Any], drop: tuple[str, ...] = ()) -> DatasetConfig:
+    """The :class:`DatasetConfig` part of a source's arguments (what is read and how): of a typed record such as
+    :class:`FramesArgs`, or of a run config's ``data.args`` mapping (its other keys, and those in ``drop``, left out).
+    """
+    names = [f.name for f in fields(DatasetConfig) if f.name not in drop]
+    if isinstance(args, DatasetConfig):
+        return DatasetConfig(**{name: getattr(args, name) for name in names})
+    return DatasetConfig(**_tuples({k: v for k, v in args.items() if k in names}))
+
+
+def frames(index: str, root: str | None = None, split: str | None = None, **reading: Any) -> StreamingFrames:
+    """Training frames of the index file ``index``, optionally one split's scenes, read as ``reading`` says
+    (:class:`DatasetConfig` fields; see :class:`FramesArgs`)."""
+    args = FramesArgs(index=index, root=root, split=split, **_tuples(reading))
+    return StreamingFrames(FrameDataset(args.index, reading_options(args), args.root, args.split))
+
+
+def synthetic(**options: Any) -> StreamingFrames:
     """The synthetic nuScenes-format dataset at ``root``: generated and indexed unless already there.
 
     Args:
-        root: dataset folder. A finished dataset there (its ``drivetrain_index.npz``) is reused when its
-            ``drivetrain_synth.json`` records the settings asked for; other settings are a ValueError naming
-            them (use another root, or delete the folder to regenerate). Nothing is written when the dataset
-            is reused, so it may live on a read-only mount.
-        size: preset, ``tiny`` or ``full``.
-        scenes: only the first this many scenes of the preset.
-        frames_per_scene: key frames per scene instead of the preset's.
-        image_size: ``(W, H)`` of the camera images instead of the preset's (the focal length scales along).
-        sweeps_per_sample: lidar sweeps recorded between key frames instead of the preset's (tiny: 2).
-        seed: generator seed.
-        split: devkit split of the scenes to train on (default ``mini_train``; ``mini_val`` is held out for
-            evaluation); None for every scene.
-        on_error: ``raise`` on an unreadable frame, or ``skip`` it with a warning (see :class:`DatasetConfig`).
-        load_images: decode the camera images (a lidar model: False).
-        load_points: read the lidar points (a lidar model: True).
-        num_sweeps: earlier sweeps merged into each frame's points (PointPillars: 10).
-        use_dim: point columns kept of (x, y, z, intensity, Δt) (PointPillars: 0, 1, 2, 4).
+        options: :class:`SyntheticArgs` fields: ``root`` (a finished dataset there, its ``drivetrain_index.npz``, is
+            reused when its ``drivetrain_synth.json`` records the settings asked for; other settings are a
+            ValueError naming them — use another root, or delete the folder to regenerate; nothing is written when
+            the dataset is reused, so it may live on a read-only mount), the generator's ``size``, ``scenes``,
+            ``frames_per_scene``, ``image_size``, ``sweeps_per_sample`` and ``seed``, the ``split`` trained on, and
+            every reading option of :class:`DatasetConfig` (a lidar model: ``load_images=False, load_points=True,
+            num_sweeps=10, use_dim=(0, 1, 2, 4)``).
     """
     from drivetrain.data.synth import PRESETS
 
-    if size not in PRESETS:
-        raise ValueError(f"size: expected one of {sorted(PRESETS)}, got {size!r}")
-    config = PRESETS[size].with_overrides(seed=seed)
-    if scenes is not None:
-        config = config.with_overrides(scenes=config.scenes[:scenes])
-    if frames_per_scene is not None:
-        config = config.with_overrides(samples_per_scene=frames_per_scene)
-    if sweeps_per_sample is not None:
-        config = config.with_overrides(sweeps_per_sample=sweeps_per_sample)
-    if image_size is not None:
-        width, height = (int(v) for v in image_size)
+    args = SyntheticArgs(**_tuples(options))
+    config = PRESETS[args.size].with_overrides(seed=args.seed)
+    if args.scenes is not None:
+        config = config.with_overrides(scenes=config.scenes[: args.scenes])
+    if args.frames_per_scene is not None:
+        config = config.with_overrides(samples_per_scene=args.frames_per_scene)
+    if args.sweeps_per_sample is not None:
+        config = config.with_overrides(sweeps_per_sample=args.sweeps_per_sample)
+    if args.image_size is not None:
+        width, height = (int(v) for v in args.image_size)
         config = config.with_overrides(image_width=width, image_height=height, focal=1266.0 * width / 1600)
-    path = Path(root)
+    path = Path(args.root)
     if not (path / INDEX_FILE).is_file():
         _generate_once(path, config)
     _check_settings(path, config)
@@ -140,14 +167,12 @@ def synthetic(
         with _node_lock(path):
             _write_index(path)
         index = load_index(path / INDEX_FILE)
-    config = DatasetConfig(
-        load_images=load_images,
-        load_points=load_points,
-        num_sweeps=num_sweeps,
-        use_dim=tuple(use_dim),
-        on_error=on_error,
-    )
-    return StreamingFrames(FrameDataset(index, config, split=split))
+    return StreamingFrames(FrameDataset(index, reading_options(args), split=args.split))
+
+
+def _tuples(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with the list values a YAML config gives (``use_dim``, ``image_size``) as tuples."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
 
 
 def _generate_once(path: Path, config: object) -> None:
@@ -182,6 +207,20 @@ def _node_lock(path: Path) -> Iterator[None]:
         yield
 
 
+# Float settings are products of a few float64 operations, spelt differently by the callers: the tiny preset's focal
+# is 1266.0 * 0.2 (0.2 rounded, then the product: within 2 unit roundoffs u = 2⁻⁵³ of 253.2), an image_size's is
+# 1266.0 * 320 / 1600 (an exact product, one rounding in the division: within u). The two spellings of one value
+# thus differ by at most 3u relative; 2·eps = 4u bounds that (JSON keeps a float64 exactly, adding nothing).
+_SETTING_RTOL = 2 * sys.float_info.epsilon
+
+
+def _same_setting(recorded: Any, wanted: Any) -> bool:
+    """A recorded generator setting equals the asked one: floats to :data:`_SETTING_RTOL`, the rest exactly."""
+    if isinstance(recorded, float) and isinstance(wanted, float):
+        return math.isclose(recorded, wanted, rel_tol=_SETTING_RTOL, abs_tol=0.0)
+    return recorded == wanted
+
+
 def _check_settings(path: Path, config: object) -> None:
     """ValueError naming the settings in which the dataset at ``path`` differs from ``config``."""
     recorded_file = path / SYNTH_FILE
@@ -191,7 +230,9 @@ def _check_settings(path: Path, config: object) -> None:
         raise DataError(f"not a synthetic dataset or its settings are unreadable ({err})", recorded_file) from None
     wanted = json.loads(json.dumps(asdict(config)))  # tuples → lists, as recorded
     differ = [
-        f"{k}: the data has {recorded.get(k)!r}, asked for {v!r}" for k, v in wanted.items() if recorded.get(k) != v
+        f"{k}: the data has {recorded.get(k)!r}, asked for {v!r}"
+        for k, v in wanted.items()
+        if not _same_setting(recorded.get(k), v)
     ]
     if differ:
         raise ValueError(

@@ -2,8 +2,9 @@
 
 ``model.name`` and ``data.name`` are short names looked up in :mod:`drivetrain.engine.registry` (``streampetr``,
 ``pointpillars``, ``ssn``, ``focal2d``, ``smoke``; ``synthetic``, ``frames``, ``smoke``; plus installed plugins).
-The builder gets ``args`` as keyword arguments — each checked against its signature and plain scalar
-annotations first — and returns an ``nn.Module`` following the engine protocol (``forward(batch)``,
+The builder gets ``args`` as keyword arguments — checked when the config was loaded where the builder declares
+typed arguments (``registry.check_args``), else against its signature and plain scalar annotations here — and
+returns an ``nn.Module`` following the model protocol (:class:`drivetrain.engine.protocol.Model`: ``forward(batch)``,
 ``loss(outputs, batch) -> {name: scalar}``) or a map-style ``Dataset``. A config never names code: a name the
 registry does not hold is a ConfigError before anything is imported or called.
 """
@@ -23,6 +24,7 @@ from torch.utils.checkpoint import checkpoint
 
 from drivetrain.engine import registry
 from drivetrain.engine.config import ConfigError, DataConfig, ModelConfig, OptimConfig, SpeedConfig
+from drivetrain.engine.protocol import MapDataset, missing_members
 
 __all__ = ["apply_speed", "build_dataset", "build_model", "build_optimizer"]
 
@@ -71,17 +73,23 @@ def _check_arg_types(section: str, fn: Any, args: dict[str, Any]) -> None:
 
 
 def build_model(cfg: ModelConfig) -> nn.Module:
-    """The model named by ``cfg``; it must have ``forward`` and ``loss``."""
+    """The model named by ``cfg``: an ``nn.Module`` with the required members of
+    :class:`~drivetrain.engine.protocol.Model`; a one-line ConfigError naming the builder and what it lacks."""
     model = _call("model", cfg.name, cfg.args)
-    if not isinstance(model, nn.Module) or not callable(getattr(model, "loss", None)):
-        raise ConfigError(f"model.name: {cfg.name} must build an nn.Module with loss(outputs, batch)")
+    missing = missing_members(model)
+    if not isinstance(model, nn.Module) or missing:
+        lacks = "that is not an nn.Module" if not isinstance(model, nn.Module) else f"without {' and '.join(missing)}"
+        raise ConfigError(
+            f"model.name: {cfg.name!r} ({registry.origin('model', cfg.name)}) builds a {type(model).__name__} {lacks}; "
+            "a model is an nn.Module with forward(batch) and loss(outputs, batch) (drivetrain.engine.protocol.Model)"
+        )
     return model
 
 
 def build_dataset(cfg: DataConfig) -> torch.utils.data.Dataset:
-    """The map-style dataset named by ``cfg``."""
+    """The map-style dataset named by ``cfg`` (:class:`~drivetrain.engine.protocol.MapDataset`)."""
     dataset = _call("data", cfg.name, cfg.args)
-    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+    if not isinstance(dataset, MapDataset):
         raise ConfigError(f"data.name: {cfg.name} must build a map-style Dataset (__getitem__ and __len__)")
     return dataset
 

@@ -1,35 +1,79 @@
 """A detector evaluated over a split with the official metric: every frame in scene order at batch 1 with the
-temporal memory on (as StreamPETR's test-time ``seq_mode``), the decoded boxes exported as a nuScenes
-submission, then the devkit's ``DetectionEval`` (mAP, NDS, TP errors, per-class AP). Frames of a Lyft Level 5
-root are exported as Lyft box records and scored with the Lyft metric (mAP over 3D IoU 0.5:0.95).
+temporal memory on (as StreamPETR's test-time ``seq_mode``), the decoded boxes exported as a submission, then
+scored. What the submission holds and which metric scores it is the dataset format's
+(:class:`~drivetrain.data.formats.DatasetFormat`, recorded in the frames' index): nuScenes frames give a nuScenes
+submission and the devkit's ``DetectionEval`` (mAP, NDS, TP errors, per-class AP), Lyft Level 5 frames Lyft box
+records and the Lyft metric (mAP over 3D IoU 0.5:0.95). A model without streaming state may detect several
+consecutive frames per call (:func:`predict`'s ``batch_size``, ``drivetrain predict --batch-size``).
 
-The model needs ``detect(batch) -> (boxes, scores, labels)`` beside the engine protocol: lidar-frame boxes
-``(B, K, 9)`` ``(x, y, z_centre, dx, dy, dz, yaw, vx, vy)``, scores and class indices ``(B, K)``, plain or
-:class:`~drivetrain.ragged.RaggedBatch`. Streaming state (module extra state, e.g. the memory bank) is put
+The model is a :class:`~drivetrain.engine.protocol.Detector` (``detect(batch) -> (boxes, scores, labels)``).
+Streaming state (module extra state, e.g. the memory bank) is put
 aside for the evaluation and restored after it, and the global RNG states are untouched, so a training run
 that evaluates every N steps continues exactly as one that does not.
+
+:func:`blank_inputs` is the control of an evaluation: the same frames with their sensor data blanked (grey images,
+empty point clouds), so the score a model reaches without seeing anything (its priors, or a leak) can be set beside
+its real one (``drivetrain eval --blank-inputs``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 from torch import nn
 
+from drivetrain.constants import constant
 from drivetrain.data.dataset import Skipped
-from drivetrain.data.evaluate import boxes_to_submission, evaluate, submission_meta, write_submission
-from drivetrain.data.lyft_eval import evaluate_lyft, lyft_boxes_to_results
-from drivetrain.data.lyft_format import dataset_of
+from drivetrain.data.evaluate import submission_meta, write_submission
+from drivetrain.data.formats import NUSCENES, DatasetFormat, MetricOptions
+from drivetrain.data.index import FrameIndex
+from drivetrain.engine.protocol import Detector, input_modalities
 from drivetrain.ragged import RaggedBatch
 
-__all__ = ["EvalResult", "evaluate_model", "predict"]
+__all__ = [
+    "BLANK_GREY",
+    "EvalFrames",
+    "EvalResult",
+    "blank_inputs",
+    "evaluate_model",
+    "has_streaming_state",
+    "predict",
+    "streaming_state_aside",
+]
+
+# The RGB value of a blanked image: the mean colour of the statistics the camera models normalise with (ImageNet's
+# (123.675, 116.28, 103.53), StreamPETR's img_norm_cfg), rounded to uint8. Normalised, every pixel is within
+# 0.5 / 57.1 < 0.01 of 0 in each channel: the input the network reads as "average", the value its own padding gets.
+BLANK_GREY = (124, 116, 104)
+
+
+@runtime_checkable
+class EvalFrames(Protocol):
+    """What :func:`evaluate_model` evaluates: the frames of one index, in scene order, that batch themselves (a
+    :class:`~drivetrain.data.sources.StreamingFrames`, what the ``frames`` and ``synthetic`` builders return)."""
+
+    @property
+    def index(self) -> FrameIndex:
+        """The frames' index: its format (submission writer, metric) and table folder."""
+
+    @property
+    def root(self) -> Path:
+        """The dataset root the metric reads the ground truth from."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, frame: int) -> Any: ...
+
+    def collate(self, samples: list[Any]) -> Any:
+        """One batch of the samples."""
 
 
 @dataclass(frozen=True)
@@ -37,11 +81,13 @@ class EvalResult:
     """What one evaluation produced.
 
     Attributes:
-        metrics: the devkit's summary (``mean_ap``, ``nd_score``, ``tp_errors``, ``mean_dist_aps``, ...).
+        metrics: the metric's result (nuScenes: the devkit's summary, ``mean_ap``, ``nd_score``, ``tp_errors``,
+            ``mean_dist_aps``, ...; Lyft: ``mAP``, ``AP``, ...).
         predictions: the submission file written.
         frames: frames evaluated.
         skipped: frames that could not be read (``on_error=skip``); they count as frames without detections.
         seconds: wall time of prediction and metrics.
+        dataset_format: the format that wrote the submission and scored it.
     """
 
     metrics: dict[str, Any]
@@ -49,28 +95,60 @@ class EvalResult:
     frames: int
     skipped: int
     seconds: float
+    dataset_format: DatasetFormat
 
     def summary(self) -> dict[str, float]:
         """Flat numbers for metrics.jsonl / TensorBoard: ``mAP``, ``NDS``, TP errors and ``AP/<class>`` (Lyft:
         ``mAP`` and ``AP/<class>``)."""
-        m = self.metrics
-        if "nd_score" not in m:  # the Lyft metric
-            return {"mAP": float(m["mAP"]), **{f"AP/{name}": float(v) for name, v in m["AP"].items()}}
-        out = {"mAP": float(m["mean_ap"]), "NDS": float(m["nd_score"])}
-        out.update({k: float(v) for k, v in m["tp_errors"].items()})
-        out.update({f"AP/{name}": float(v) for name, v in m["mean_dist_aps"].items()})
-        return out
+        return self.dataset_format.summary(self.metrics)
 
 
 @contextlib.contextmanager
-def _streaming_state_aside(model: nn.Module) -> Iterator[None]:
-    """Empty every module's extra state (``set_extra_state({})``) for the block, then put the saved one back."""
+def streaming_state_aside(model: nn.Module) -> Iterator[None]:
+    """Empty every module's extra state (``set_extra_state({})``) for the block, then put the saved one back.
+
+    Args:
+        model: the model whose streaming state (temporal memory, ...) is set aside.
+    """
     saved = {k: v for k, v in model.state_dict().items() if k.endswith("_extra_state")}
     try:
         model.load_state_dict({key: {} for key in saved}, strict=False)
         yield
     finally:
         model.load_state_dict(saved, strict=False)
+
+
+def has_streaming_state(model: nn.Module) -> bool:
+    """Whether a module of ``model`` keeps state between calls (module extra state, e.g. StreamPETR's memory)."""
+    return any(key.endswith("_extra_state") for key in model.state_dict())
+
+
+def blank_inputs(batch: Any, grey: tuple[int, int, int] = BLANK_GREY) -> Any:
+    """The batch with its sensor data blanked: every image pixel set to ``grey``, every point cloud emptied.
+
+    Everything else (calibration, poses, timestamps, the ground truth) is kept, so a model scores with blanked
+    inputs what it detects without looking: its priors, or what it reads from anything but the sensors.
+
+    Args:
+        batch: a collated :class:`~drivetrain.data.collate.Batch` as loaded (images ``(B, N, 3, H, W)`` uint8 or
+            float, not normalised yet; points a RaggedBatch ``(B, P, C)``); either may be None.
+        grey: RGB 0–255 of the blanked images (default :data:`BLANK_GREY`).
+
+    Returns:
+        The batch with ``images`` constant ``grey`` (same shape and dtype) and ``points`` ``(B, 0, C)`` with every
+        size 0.
+    """
+    changes: dict[str, Any] = {}
+    if batch.images is not None:
+        if batch.images_normalized:
+            raise ValueError("batch.images: normalised already; blank the batch as loaded, before the transform")
+        value = constant(grey, dtype=batch.images.dtype, device=batch.images.device)  # (3,), copied once per device
+        changes["images"] = value.view(1, 1, 3, 1, 1).expand(batch.images.shape).contiguous()  # (B, N, 3, H, W)
+    if batch.points is not None:
+        tensor = batch.points.tensor
+        empty = tensor.new_zeros(tensor.shape[0], 0, *tensor.shape[2:])  # (B, 0, C)
+        changes["points"] = RaggedBatch(empty, torch.zeros_like(batch.points.sizes))  # every size 0
+    return dataclasses.replace(batch, **changes)
 
 
 def _host(values: Any) -> list[np.ndarray]:
@@ -87,32 +165,48 @@ def predict(
     device: torch.device | str,
     *,
     progress: bool = True,
-    lyft_classes: tuple[str, ...] | None = None,
+    dataset_format: DatasetFormat = NUSCENES,
     transform: Callable[[Any], Any] | None = None,
     on_frame: Callable[[int, Any, np.ndarray, np.ndarray, np.ndarray], None] | None = None,
+    batch_size: int = 1,
+    label: str = "eval",
 ) -> tuple[dict[str, Any], int]:
-    """The submission of ``model`` on every frame of ``dataset``, in its (scene) order, one frame at a time.
+    """The submission of ``model`` on every frame of ``dataset``, in its (scene) order, one frame at a time
+    (``batch_size`` consecutive frames at a time for a model without streaming state).
 
     Args:
-        model: a detector with ``detect(batch)`` (see the module docstring); put in eval mode for the call and
-            back in its previous mode after it.
+        model: a :class:`~drivetrain.engine.protocol.Detector`; put in eval mode for the call and back in its
+            previous mode after it.
         dataset: frames with ``__len__``, ``__getitem__(frame)`` (``prev_exists`` from the frame's place in its
             scene) and ``collate(samples)``, e.g. :class:`~drivetrain.data.sources.StreamingFrames`.
         device: where the model runs.
         progress: show a progress bar.
-        lyft_classes: write Lyft box records (labels index these names) instead of nuScenes ones.
+        dataset_format: whose records are written (its ``write_boxes``; labels index its classes).
         transform: applied to each frame's batch on ``device`` before ``detect`` (the test-time camera
-            transform of a run trained with ``data.augment``, ``CameraAugment.test_time``).
+            transform of a run trained with ``data.augment``, ``Augmentation.test_time``).
         on_frame: called as ``on_frame(frame, batch, boxes, scores, labels)`` after each frame with the batch as
-            loaded (before ``transform``) and the detections as NumPy arrays (e.g. to draw one for TensorBoard).
+            loaded (before ``transform``) and the detections as NumPy arrays (e.g. to draw one for TensorBoard);
+            only with ``batch_size`` 1.
+        batch_size: frames per ``detect`` call; above 1 only for a model without streaming state (a temporal
+            memory sees one frame per call in scene order, as the :class:`~drivetrain.engine.protocol.Detector`
+            protocol says).
+        label: the progress bar's label.
 
     Returns:
-        The submission dict (``meta``, ``results`` keyed by sample token) and the number of unreadable frames
-        (listed with no detections).
+        The submission dict (``meta``, ``results`` keyed by sample token, in frame order) and the number of
+        unreadable frames (listed with no detections).
     """
-    detect = getattr(model, "detect", None)
-    if not callable(detect):
+    if not isinstance(model, Detector):
         raise TypeError(f"{type(model).__name__} has no detect(batch) method; it cannot be evaluated")
+    if batch_size < 1:
+        raise ValueError(f"batch_size: must be ≥ 1, got {batch_size}")
+    if batch_size > 1 and has_streaming_state(model):
+        raise ValueError(
+            f"batch_size: {type(model).__name__} keeps streaming state (a temporal memory) and detects one frame at "
+            f"a time in scene order; got {batch_size}"
+        )
+    if batch_size > 1 and on_frame is not None:
+        raise ValueError("on_frame: called per frame of a one-frame batch; use batch_size=1")
     from tqdm import tqdm
 
     results: dict[str, list[dict[str, Any]]] = {}
@@ -120,86 +214,85 @@ def predict(
     was_training = model.training
     model.eval()
     try:
-        with _streaming_state_aside(model), torch.random.fork_rng(devices=[]):
-            for frame in tqdm(range(len(dataset)), desc="eval", unit="frame", disable=not progress):
-                sample = dataset[frame]
-                if isinstance(sample, Skipped):  # unreadable with on_error=skip: listed without detections
-                    results[sample.token] = []
-                    skipped += 1
-                    continue
-                loaded = dataset.collate([sample]).to(device)
-                batch = transform(loaded) if transform is not None else loaded
-                boxes, scores, labels = detect(batch)
-                # sync: the frame's detections go to the host once, for the submission file
-                boxes, scores, labels = _host(boxes)[0], _host(scores)[0], _host(labels)[0]
-                if on_frame is not None:
-                    on_frame(frame, loaded, boxes, scores, labels)
-                token = batch.sample_tokens[0]
-                pose = batch.ego_pose[0].cpu().numpy().astype(np.float64)
-                if lyft_classes is None:
-                    results[token] = boxes_to_submission(token, boxes, labels, scores, pose)
-                else:
-                    results[token] = lyft_boxes_to_results(token, boxes, labels, scores, pose, lyft_classes)
+        with (
+            streaming_state_aside(model),
+            torch.random.fork_rng(devices=[]),
+            tqdm(total=len(dataset), desc=label, unit="frame", disable=not progress) as bar,
+        ):
+            for start in range(0, len(dataset), batch_size):
+                frames = range(start, min(start + batch_size, len(dataset)))
+                samples = [dataset[frame] for frame in frames]
+                for sample in samples:  # listed here, so that the results keep the frame order
+                    results[sample.token] = []  # unreadable ones (on_error=skip) stay without detections
+                    skipped += int(isinstance(sample, Skipped))
+                readable = [(f, s) for f, s in zip(frames, samples, strict=True) if not isinstance(s, Skipped)]
+                if readable:
+                    loaded = dataset.collate([s for _, s in readable]).to(device)
+                    batch = transform(loaded) if transform is not None else loaded
+                    boxes, scores, labels = model.detect(batch)
+                    # sync: the batch's detections and poses go to the host once, for the submission file
+                    boxes, scores, labels = _host(boxes), _host(scores), _host(labels)
+                    poses = batch.ego_pose.cpu().numpy().astype(np.float64)  # (B, 4, 4)
+                    for b, (frame, _) in enumerate(readable):
+                        if on_frame is not None:
+                            on_frame(frame, loaded, boxes[b], scores[b], labels[b])
+                        token = batch.sample_tokens[b]
+                        results[token] = dataset_format.write_boxes(token, boxes[b], labels[b], scores[b], poses[b])
+                bar.update(len(frames))
     finally:
         model.train(was_training)
-    modalities = getattr(model, "input_modalities", ("camera",))  # what the model reads: the meta block says so
+    modalities = input_modalities(model)  # what the model reads: the meta block says so
     meta = submission_meta(camera="camera" in modalities, lidar="lidar" in modalities)
     return {"meta": meta, "results": results}, skipped
 
 
 def evaluate_model(
     model: nn.Module,
-    dataset: Any,
+    dataset: EvalFrames,
     device: torch.device | str,
     out_dir: str | Path,
     *,
     split: str,
     root: str | Path | None = None,
-    version: str | None = None,
-    config: str = "detection_cvpr_2019",
+    options: MetricOptions | None = None,
     progress: bool = True,
     quiet: bool = False,
-    lyft_footprint: str = "heading",
     transform: Callable[[Any], Any] | None = None,
     on_frame: Callable[[int, Any, np.ndarray, np.ndarray, np.ndarray], None] | None = None,
 ) -> EvalResult:
-    """Predict every frame of ``dataset`` (see :func:`predict`), write ``out_dir/results.json`` and score it.
+    """Predict every frame of ``dataset`` (see :func:`predict`), write ``out_dir/results.json`` and score it with
+    the metric of the frames' format (``dataset.index.format``).
 
     Args:
         model: the detector.
-        dataset: the split's frames (a :class:`~drivetrain.data.sources.StreamingFrames` knows its root).
+        dataset: the split's frames (:class:`EvalFrames`: they know their index and root).
         device: where the model runs.
-        out_dir: folder of ``results.json`` and the devkit's ``metrics_summary.json``.
-        split: the devkit split the frames are (``mini_val``, ``val``, ...).
-        root: nuScenes-format root (default: the dataset's).
-        version: table folder (default: the dataset index's, e.g. ``v1.0-mini``).
-        config: the devkit's detection config.
+        out_dir: folder of ``results.json`` and the metric's files (``metrics_summary.json``, ``lyft_metrics.json``).
+        split: the split the frames are (``mini_val``, ``val``, ...).
+        root: dataset root holding the index's table folder (default: the dataset's).
+        options: the metric's options (the devkit's detection config, the Lyft footprint convention).
         progress: show a progress bar.
         quiet: send the devkit's printed tables to ``out_dir/devkit.log`` instead of stdout (during training).
-        lyft_footprint: the Lyft metric's footprint convention (see :func:`~drivetrain.data.lyft_eval.evaluate_lyft`).
         transform: the per-frame batch transform (see :func:`predict`).
         on_frame: the per-frame callback (see :func:`predict`).
     """
+    if not isinstance(dataset, EvalFrames):
+        raise TypeError(f"{type(dataset).__name__} is not the frames of an index (index, root, collate) to evaluate")
     start = time.perf_counter()
-    frames = getattr(dataset, "frames", dataset)
-    meta = getattr(getattr(frames, "index", None), "meta", {})
-    root = root if root is not None else frames.root
-    version = version if version is not None else meta.get("version", "v1.0-mini")
-    lyft = dataset_of(meta) == "lyft"
-    classes = tuple(meta["classes"]) if lyft else None
+    fmt = dataset.index.format
     submission, skipped = predict(
-        model, dataset, device, progress=progress, lyft_classes=classes, transform=transform, on_frame=on_frame
+        model, dataset, device, progress=progress, dataset_format=fmt, transform=transform, on_frame=on_frame
     )
     out = Path(out_dir)
     path = write_submission(submission, out / "results.json")
     with contextlib.ExitStack() as stack:
         if quiet:
             stack.enter_context(contextlib.redirect_stdout(stack.enter_context(open(out / "devkit.log", "w"))))
-        if lyft:
-            metrics = evaluate_lyft(path, root, version=version, split=split, out_dir=out, footprint=lyft_footprint)
-        else:
-            metrics = evaluate(path, root, version=version, split=split, out_dir=out, config=config)
-    return EvalResult(metrics, path, len(dataset), skipped, time.perf_counter() - start)
+        metrics = fmt.metric(
+            path, root if root is not None else dataset.root, version=dataset.index.meta["version"], split=split,
+            out_dir=out, options=options or MetricOptions(),
+        )  # fmt: skip
+    return EvalResult(metrics, path, len(dataset), skipped, time.perf_counter() - start, fmt)
 
 
 def model_from_checkpoint(path: str | Path) -> tuple[nn.Module, Any, Path]:
@@ -217,7 +310,7 @@ def model_from_checkpoint(path: str | Path) -> tuple[nn.Module, Any, Path]:
     """
     from drivetrain.engine.build import build_model
     from drivetrain.engine.checkpoint import Checkpointer, CheckpointError, checkpoint_dir
-    from drivetrain.engine.config import ConfigError, TrainConfig, from_dict
+    from drivetrain.engine.config import ConfigError, TrainConfig, from_dict, upgrade_saved_config
 
     path = Path(path)
     if not path.exists():
@@ -234,9 +327,12 @@ def model_from_checkpoint(path: str | Path) -> tuple[nn.Module, Any, Path]:
     else:
         state = Checkpointer(path.parent).load(path)
     try:
-        cfg = from_dict(TrainConfig, state["config"])
+        cfg = from_dict(TrainConfig, upgrade_saved_config(state["config"]))  # an older run's spelling too
         model = build_model(cfg.model)
-        model.load_state_dict(state["model"])
+        weights = state["model"]
+        if "_extra_state" in weights and type(model).get_extra_state is nn.Module.get_extra_state:
+            weights = {k: v for k, v in weights.items() if k != "_extra_state"}  # an older lidar model's generator
+        model.load_state_dict(weights)
     except (ConfigError, KeyError, RuntimeError) as err:
         raise CheckpointError(f"{path}: cannot rebuild the model from the checkpoint ({err})") from None
     return model, cfg, path

@@ -12,8 +12,12 @@ here and nothing else. Three sources fill the registry, all chosen by whoever in
    :func:`register_model` / :func:`register_dataset`.
 
 A name in none of them is a one-line :class:`ConfigError` listing the known names, raised before anything is
-imported for it. Older configs spelled our builders as ``package.module:Name``; those spellings map through the
-fixed :data:`ALIASES` table (no import is derived from the text), any other ``a.b:c`` is refused.
+imported for it. A dataset builder may declare the type of its ``data.args`` (a frozen dataclass, :data:`ARGS` for
+ours, ``register_dataset(..., args=...)`` for a plugin's): a config's ``data.args`` is then checked against it when
+the config is loaded (:func:`check_args`: unknown keys, types, values, each error naming ``data.args.KEY``).
+
+Older configs spelled our builders as ``package.module:Name``; those spellings map through the fixed :data:`ALIASES`
+table (no import is derived from the text), any other ``a.b:c`` is refused.
 
 Example (a plugin module the user passes as ``drivetrain train --plugin mypkg.detectors ...``)::
 
@@ -32,13 +36,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from drivetrain.engine.config import ConfigError
+from drivetrain.engine.errors import ConfigError
+from drivetrain.engine.typed import from_dict
 
 __all__ = [
     "ALIASES",
     "DATASETS",
     "MODELS",
     "canonical_name",
+    "check_args",
     "known_names",
     "load_plugins",
     "lookup",
@@ -67,6 +73,14 @@ DATASETS: dict[str, tuple[str, str, str]] = {
     ),
 }
 _BUILTIN = {"model": MODELS, "data": DATASETS}
+# The typed arguments of our builders: short name → (module, dataclass); data.args maps onto it (check_args).
+ARGS: dict[str, dict[str, tuple[str, str]]] = {
+    "model": {},
+    "data": {
+        "frames": ("drivetrain.data.sources", "FramesArgs"),
+        "synthetic": ("drivetrain.data.sources", "SyntheticArgs"),
+    },
+}
 
 # The spellings configs and run directories used before the registry, mapped to short names (a fixed table).
 ALIASES: dict[str, dict[str, str]] = {
@@ -99,6 +113,7 @@ class _Registered:
     builder: Callable[..., Any]
     origin: str  # "plugin MODULE" or "entry point DIST"
     summary: str
+    args: type | None = None  # the dataclass its args map onto (checked at config load), None: its signature
 
 
 _REGISTERED: dict[str, dict[str, _Registered]] = {"model": {}, "data": {}}
@@ -136,6 +151,47 @@ def describe(kind: str) -> list[tuple[str, str, str]]:
     return sorted(rows)
 
 
+def origin(kind: str, name: str) -> str:
+    """Where the builder of ``name`` comes from, for messages: ``drivetrain``, ``plugin MODULE``, ``entry point
+    DIST`` (or ``unknown``)."""
+    short = canonical_name(kind, name)
+    return next((where for found, where, _ in describe(kind) if found == short), "unknown")
+
+
+def check_args(kind: str, name: str, args: dict[str, Any]) -> None:
+    """Check ``args`` against the dataclass the builder of ``name`` declares (:data:`ARGS`, or ``args=`` when it
+    was registered): ConfigError naming ``SECTION.args.KEY`` for an unknown key (listing the known ones), a wrong
+    type or a bad value. Nothing is checked (nor imported) for a name without declared arguments: its builder's
+    signature is checked when it is built."""
+    section = "model" if kind == "model" else "data"
+    short = canonical_name(kind, name) if isinstance(name, str) else name
+    if short in ARGS[kind]:
+        module, attr = ARGS[kind][short]
+        args_type = getattr(importlib.import_module(module), attr)
+    elif short in _REGISTERED[kind] and _REGISTERED[kind][short].args is not None:
+        args_type = _REGISTERED[kind][short].args
+    else:
+        return
+    try:
+        from_dict(args_type, args, f"{section}.args")
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as err:  # a value the dataclass refuses names its field first
+        raise ConfigError(f"{section}.args.{err}") from None
+
+
+WEIGHT_MAPS = ("drivetrain.models.published", "map_state")
+"""Where our models' published-weights key maps live (``model.init_from``): the engine reaches model code only
+through this registry, imported when a run asks for it."""
+
+
+def weight_maps() -> Callable[..., Any]:
+    """``map_state(model, state, fmt, meta)`` of :data:`WEIGHT_MAPS` (raises ``ValueError`` — its ``KeyMapError``
+    — when a format does not apply to a model)."""
+    module, attr = WEIGHT_MAPS
+    return getattr(importlib.import_module(module), attr)
+
+
 def lookup(kind: str, name: str) -> Callable[..., Any]:
     """The builder registered as ``name``; ConfigError naming the field and the known names otherwise.
 
@@ -169,7 +225,7 @@ def lookup(kind: str, name: str) -> Callable[..., Any]:
     )
 
 
-def _register(kind: str, name: str, builder: Callable[..., Any] | None, summary: str) -> Any:
+def _register(kind: str, name: str, builder: Callable[..., Any] | None, summary: str, args: type | None = None) -> Any:
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(f"register: {name!r} is not a short name (lower-case letters, digits, '_' or '-')")
     if name in _BUILTIN[kind]:
@@ -183,7 +239,7 @@ def _register(kind: str, name: str, builder: Callable[..., Any] | None, summary:
         if previous is not None and previous.builder is not fn:
             raise ValueError(f"register: {kind} {name!r} is already registered by {previous.origin}")
         purpose = summary or ((fn.__doc__ or "").strip().splitlines() or [""])[0]
-        _REGISTERED[kind][name] = _Registered(fn, origin, purpose)
+        _REGISTERED[kind][name] = _Registered(fn, origin, purpose, args)
         return fn
 
     return add if builder is None else add(builder)
@@ -199,9 +255,15 @@ def register_model(name: str, builder: Callable[..., Any] | None = None, *, summ
     return _register("model", name, builder, summary)
 
 
-def register_dataset(name: str, builder: Callable[..., Any] | None = None, *, summary: str = "") -> Any:
-    """Register a dataset builder (returning a map-style dataset) as ``data.name: name``; as :func:`register_model`."""
-    return _register("data", name, builder, summary)
+def register_dataset(
+    name: str, builder: Callable[..., Any] | None = None, *, summary: str = "", args: type | None = None
+) -> Any:
+    """Register a dataset builder (returning a map-style dataset) as ``data.name: name``; as :func:`register_model`.
+
+    ``args``: a frozen dataclass of the builder's keyword arguments; a config's ``data.args`` is then checked against
+    it when the config is loaded (:func:`check_args`), not only when the dataset is built.
+    """
+    return _register("data", name, builder, summary, args)
 
 
 def load_plugins(modules: Iterable[str]) -> None:

@@ -1,0 +1,168 @@
+"""What the engine and the command line ask of a model: one declared protocol, each member documented here once.
+
+Every model the trainer builds follows :class:`Model`: ``forward(batch)`` and ``loss(outputs, batch)``. Beyond that
+a model may offer capabilities, each a small runtime-checkable protocol of its own; a model has one by having its
+members (no base class to inherit, so a plugin's model needs nothing of drivetrain). The engine and the CLI ask
+with ``isinstance(model, Capability)`` where they need it — once, when the model is built or before a command uses
+it — and call the member through the protocol, never probing the model for a name with a default:
+
+- :class:`Model` — ``forward``, ``loss`` (required): the registry's builder check, the trainer;
+- :class:`WeightedLoss` — ``loss_weights``: the trainer (the weight of each loss term);
+- :class:`LossCounts` — ``loss_counts``: the trainer (device counters logged beside the loss terms);
+- :class:`Detector` — ``detect``: evaluation in training, ``drivetrain eval`` and ``drivetrain viz frame``;
+- :class:`Sensors` — ``input_modalities``: a submission's ``meta`` block;
+- :class:`FrozenEncoder` — ``frozen_encoder``, ``encode``: ``speed.encoder_overlap``;
+- :class:`TTADetector` — ``enable_tta``: ``drivetrain eval --tta``;
+- :class:`VoxelModel` — ``grid_test``: ``drivetrain viz frame`` (the extent it draws).
+
+Members must be methods, properties, class attributes or plain instance attributes: Python 3.12+ checks protocol
+members without running ``__getattr__``, so a submodule, parameter or buffer does not count as one.
+
+Example:
+    >>> import torch
+    >>> class Net(torch.nn.Module):
+    ...     loss_weights = {"l1": 1.0}
+    ...     def forward(self, batch): return batch
+    ...     def loss(self, outputs, batch): return {"l1": outputs.abs().mean()}
+    >>> isinstance(Net(), Model), isinstance(Net(), WeightedLoss), isinstance(Net(), Detector)
+    (True, True, False)
+    >>> missing_members(torch.nn.Linear(2, 2))
+    ['loss(outputs, batch)']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import torch
+
+if TYPE_CHECKING:
+    from drivetrain.pipeline.voxelize import VoxelGrid
+
+__all__ = [
+    "Detector",
+    "FrozenEncoder",
+    "LossCounts",
+    "MapDataset",
+    "Model",
+    "Sensors",
+    "TTADetector",
+    "VoxelModel",
+    "WeightedLoss",
+    "input_modalities",
+    "missing_members",
+]
+
+
+@runtime_checkable
+class Model(Protocol):
+    """Required of every model the trainer builds (an ``nn.Module``)."""
+
+    def forward(self, batch: Any) -> Any:
+        """The outputs of one batch (whatever :meth:`loss` reads); runs under the run's autocast."""
+
+    def loss(self, outputs: Any, batch: Any) -> Mapping[str, torch.Tensor]:
+        """Named, unweighted scalar loss terms of ``outputs`` against the batch's ground truth (fp32; the engine
+        weights them with :attr:`WeightedLoss.loss_weights` when declared, else sums them)."""
+
+
+@runtime_checkable
+class WeightedLoss(Protocol):
+    """A model that declares the weight of each of its loss terms once."""
+
+    @property
+    def loss_weights(self) -> Mapping[str, float]:
+        """Weight per base term name (``loss_cls`` also weighs ``d3.loss_cls``); a run config's
+        ``model.loss_weights`` overrides them by name, and naming one not declared here is an error."""
+
+
+@runtime_checkable
+class LossCounts(Protocol):
+    """A model that counts events of its last loss call on the device."""
+
+    @property
+    def loss_counts(self) -> Mapping[str, torch.Tensor]:
+        """Device counters of the last :meth:`Model.loss` call by name (e.g. ground truths left unassigned); the
+        trainer sums them over the log interval and reads them with the loss, so they add no host read."""
+
+
+@runtime_checkable
+class Detector(Protocol):
+    """A model whose detections can be scored with a dataset's official metric."""
+
+    def detect(self, batch: Any) -> tuple[Any, Any, Any]:
+        """Detections of a batch: lidar-frame boxes ``(B, K, 9)`` ``(x, y, z_centre, dx, dy, dz, yaw, vx, vy)``,
+        scores ``(B, K)`` and labels ``(B, K)`` indexing the dataset's classes; plain tensors or
+        :class:`~drivetrain.ragged.RaggedBatch`. Called with the model in evaluation mode, one frame at a time in
+        scene order (a streaming model keeps its memory between calls)."""
+
+
+@runtime_checkable
+class Sensors(Protocol):
+    """A model that says which sensors it reads (default: ``("camera",)``, see :func:`input_modalities`)."""
+
+    input_modalities: tuple[str, ...]  # of "camera", "lidar": written to a submission's meta block
+
+
+@runtime_checkable
+class FrozenEncoder(Protocol):
+    """A model whose image encoder can run apart from the trainable rest."""
+
+    @property
+    def frozen_encoder(self) -> bool:
+        """Whether :meth:`encode` is a fixed function now (e.g. StreamPETR's ``freeze_backbone``): the trainer may
+        then run it for the next batch ahead (``speed.encoder_overlap``)."""
+
+    def encode(self, batch: Any) -> Any:
+        """The encoder's output for ``batch``; the trainer stores it as ``batch.encoded`` for :meth:`Model.forward`
+        to use instead of encoding again."""
+
+
+@runtime_checkable
+class TTADetector(Protocol):
+    """A model that can detect with test-time augmentation."""
+
+    def enable_tta(self) -> None:
+        """Make :meth:`Detector.detect` merge the detections of augmented views (the model's configured views,
+        else its defaults)."""
+
+
+@runtime_checkable
+class VoxelModel(Protocol):
+    """A lidar model reading points through a voxel grid."""
+
+    grid_test: VoxelGrid  # the grid of evaluation; its point_cloud_range bounds what the model can detect
+
+
+@runtime_checkable
+class MapDataset(Protocol):
+    """What a dataset builder returns: a map-style dataset (``torch.utils.data.Dataset``'s protocol)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, key: Any) -> Any: ...
+
+
+def input_modalities(model: Any) -> tuple[str, ...]:
+    """The sensors ``model`` reads: its :attr:`Sensors.input_modalities`, or ``("camera",)`` when undeclared."""
+    return tuple(model.input_modalities) if isinstance(model, Sensors) else ("camera",)
+
+
+@runtime_checkable
+class _Forward(Protocol):
+    def forward(self, batch: Any) -> Any: ...
+
+
+@runtime_checkable
+class _Loss(Protocol):
+    def loss(self, outputs: Any, batch: Any) -> Any: ...
+
+
+# Each required member of Model alone, with the call a message names (see missing_members).
+_REQUIRED = ((_Forward, "forward(batch)"), (_Loss, "loss(outputs, batch)"))
+
+
+def missing_members(model: Any) -> list[str]:
+    """The required members of :class:`Model` that ``model`` lacks, as calls (``["loss(outputs, batch)"]``)."""
+    return [call for member, call in _REQUIRED if not isinstance(model, member)]
