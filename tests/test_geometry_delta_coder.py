@@ -9,12 +9,12 @@ import torch
 from tests.helpers.boxes import random_boxes3d
 
 from drivetrain.geometry.delta_coder import (
-    NUS_DIR_OFFSET,
     decode_delta_xyzwlhr,
     direction_target,
     encode_delta_xyzwlhr,
     limit_period,
 )
+from drivetrain.models.pointpillars.recipe import NUS_DIR_OFFSET
 
 
 def _bottom_centre_encode(anchors_bottom: torch.Tensor, gt_bottom: torch.Tensor) -> torch.Tensor:
@@ -112,14 +112,14 @@ def test_direction_bins_at_their_edges() -> None:
         [edge0, edge0 + tiny, edge0 - tiny, edge1 - tiny, edge1 + tiny, edge0 + 2 * math.pi + tiny, 0.0, math.pi],
         dtype=torch.float64,
     )
-    assert direction_target(yaw).tolist() == [0, 0, 1, 0, 1, 0, 0, 1]
-    assert direction_target(yaw).dtype == torch.int64
+    assert direction_target(yaw, NUS_DIR_OFFSET).tolist() == [0, 0, 1, 0, 1, 0, 0, 1]
+    assert direction_target(yaw, NUS_DIR_OFFSET).dtype == torch.int64
 
 
 def test_direction_bins_follow_the_shifted_half_circle() -> None:
     yaw = torch.linspace(-3 * math.pi, 3 * math.pi, 1001, dtype=torch.float64)
     expected = (torch.remainder(yaw - NUS_DIR_OFFSET, 2 * math.pi) >= math.pi).long()
-    assert torch.equal(direction_target(yaw), expected)
+    assert torch.equal(direction_target(yaw, NUS_DIR_OFFSET), expected)
     four = direction_target(yaw, dir_offset=0.0, num_bins=4)
     assert torch.equal(four, torch.floor(torch.remainder(yaw, 2 * math.pi) / (math.pi / 2)).long().clamp(0, 3))
 

@@ -10,22 +10,24 @@ import torch
 from drivetrain.geometry.bev_iou import nearest_bev_boxes
 from drivetrain.match.anchor_window import windowed_max_iou_assign
 from drivetrain.match.max_iou import (
-    NUS_PP_ASSIGNER,
-    NUS_SSN_ASSIGNERS,
     MaxIoUConfig,
     anchor_thresholds,
     batched_max_iou_assign,
     reference_max_iou_assign,
 )
 from drivetrain.models.pointpillars.anchors import (
-    NUS_PP_ANCHORS,
-    NUS_SSN_ANCHORS,
-    NUS_SSN_FEATURE_SIZES,
     AnchorConfig,
     grid_anchors,
     grid_layout,
     per_class_anchors,
     per_class_layout,
+)
+from drivetrain.models.pointpillars.recipe import (
+    NUS_PP_ANCHORS,
+    NUS_PP_ASSIGNER,
+    NUS_SSN_ANCHORS,
+    NUS_SSN_ASSIGNERS,
+    NUS_SSN_FEATURE_SIZES,
 )
 from helpers.nosync import count_host_syncs
 from test_match_max_iou import PER_CLASS_SIZES, SSN_CFGS, TINY, batch_of, box, scene

@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from drivetrain.geometry import CODE_WEIGHTS, boxes_cxcywh_to_xyxy, giou_pairwise, unnormalize_boxes
+from drivetrain.geometry import boxes_cxcywh_to_xyxy, giou_pairwise, unnormalize_boxes
 from drivetrain.match import bbox3d_l1_cost, centre_l1_cost, focal_cost, giou_cost, l1_cost
+from drivetrain.models.streampetr.recipe import CODE_WEIGHTS
 
 
 @pytest.fixture

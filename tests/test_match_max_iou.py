@@ -6,8 +6,6 @@ import pytest
 import torch
 
 from drivetrain.match.max_iou import (
-    NUS_PP_ASSIGNER,
-    NUS_SSN_ASSIGNERS,
     MaxIoUConfig,
     anchor_thresholds,
     batched_max_iou_assign,
@@ -15,6 +13,7 @@ from drivetrain.match.max_iou import (
     reference_max_iou_assign_per_class,
 )
 from drivetrain.models.pointpillars.anchors import AnchorConfig, grid_anchors, per_class_anchors
+from drivetrain.models.pointpillars.recipe import NUS_PP_ANCHORS, NUS_PP_ASSIGNER, NUS_SSN_ASSIGNERS
 from drivetrain.ragged import RaggedBatch
 from helpers.nosync import no_host_sync
 
@@ -200,8 +199,6 @@ def test_input_checks():
 
 @pytest.mark.slow
 def test_nuscenes_scale_chunked_equals_reference(gen):
-    from drivetrain.models.pointpillars.anchors import NUS_PP_ANCHORS
-
     anchors = grid_anchors(NUS_PP_ANCHORS, (200, 200))
     samples = [scene(anchors, n, 10, gen) for n in (30, 0)]
     gt_boxes, gt_labels = batch_of(samples)

@@ -6,9 +6,6 @@ import pytest
 import torch
 
 from drivetrain.models.pointpillars.anchors import (
-    NUS_PP_ANCHORS,
-    NUS_SSN_ANCHORS,
-    NUS_SSN_FEATURE_SIZES,
     AnchorConfig,
     grid_anchors,
     num_grid_anchors,
@@ -16,6 +13,7 @@ from drivetrain.models.pointpillars.anchors import (
     per_class_anchors,
 )
 from drivetrain.models.pointpillars.head import flatten_anchor_map
+from drivetrain.models.pointpillars.recipe import NUS_PP_ANCHORS, NUS_SSN_ANCHORS, NUS_SSN_FEATURE_SIZES
 
 TINY = AnchorConfig(
     ranges=((-16, -16, -1.8, 16, 16, -1.8), (-16, -16, -1.6, 16, 16, -1.6), (-16, -16, -1.7, 16, 16, -1.7)),

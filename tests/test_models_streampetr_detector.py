@@ -19,9 +19,8 @@ import drivetrain.models.streampetr.detector as detector_module
 from drivetrain.data.sources import frames
 from drivetrain.losses.weights import weighted_total
 from drivetrain.models import StreamPETR
-from drivetrain.models.streampetr.postprocess import POST_CENTER_RANGE
-from helpers.heads import sync_allowed
-from helpers.nosync import SYNC_METHODS, no_host_sync
+from drivetrain.models.streampetr.recipe import POST_CENTER_RANGE
+from helpers.nosync import allow_host_sync, no_host_sync
 from helpers.streampetr import SMALL
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,13 +120,12 @@ def test_training_step_syncs_only_for_dn_shapes_and_the_two_solver_calls(train_f
     model = model_of(SMALL).train()
     batch = batch_of(train_frames, 0, 3)
     model(batch)  # first call: drivetrain.constants caches its per-device constants
-    originals = {name: getattr(torch.Tensor, name) for name in SYNC_METHODS}
     calls = []
 
     def allowed(name, fn):
         def run(*args, **kwargs):
             calls.append(name)
-            with sync_allowed(originals):
+            with allow_host_sync():
                 return fn(*args, **kwargs)
 
         return run

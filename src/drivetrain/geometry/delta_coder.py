@@ -20,11 +20,7 @@ import math
 
 import torch
 
-__all__ = ["NUS_DIR_OFFSET", "decode_delta_xyzwlhr", "direction_target", "encode_delta_xyzwlhr", "limit_period"]
-
-# The nuScenes PointPillars config writes ``dir_offset=-0.7854`` (its comment: -pi / 4), not -π/4 itself;
-# the literal is kept so that yaws within 1e-5 of a bin edge get the original's bin.
-NUS_DIR_OFFSET = -0.7854
+__all__ = ["decode_delta_xyzwlhr", "direction_target", "encode_delta_xyzwlhr", "limit_period"]
 
 
 def _check_pair(anchors: torch.Tensor, other: torch.Tensor, other_name: str) -> None:
@@ -94,7 +90,7 @@ def limit_period(value: torch.Tensor, offset: float = 0.5, period: float = math.
 
 
 def direction_target(
-    yaw: torch.Tensor, dir_offset: float = NUS_DIR_OFFSET, dir_limit_offset: float = 0.0, num_bins: int = 2
+    yaw: torch.Tensor, dir_offset: float, dir_limit_offset: float = 0.0, num_bins: int = 2
 ) -> torch.Tensor:
     """Direction-classifier bin of each yaw (mmdet3d ``get_direction_target``, ``one_hot=False``).
 
@@ -104,7 +100,8 @@ def direction_target(
     Args:
         yaw: ``(...)`` float. The original passes ``target_delta_yaw + anchor_yaw``; callers that mirror it
             should do the same (it differs from the GT yaw by rounding).
-        dir_offset: shift of the bin edges (the nuScenes config's ``-0.7854``; the head's default is −π/2).
+        dir_offset: shift of the bin edges, a model's constant (the nuScenes configs' ``-0.7854``:
+            :data:`drivetrain.models.pointpillars.recipe.NUS_DIR_OFFSET`; ``Anchor3DHead``'s default is −π/2).
         dir_limit_offset: ``limit_period`` offset (0).
         num_bins: number of bins over the full circle (2).
 

@@ -3,8 +3,6 @@
 from drivetrain.match.assigners import HungarianAssigner2D, HungarianAssigner3D
 from drivetrain.match.costs import bbox3d_l1_cost, centre_l1_cost, focal_cost, giou_cost, l1_cost
 from drivetrain.match.max_iou import (
-    NUS_PP_ASSIGNER,
-    NUS_SSN_ASSIGNERS,
     MaxIoUConfig,
     anchor_thresholds,
     batched_max_iou_assign,
@@ -15,8 +13,6 @@ from drivetrain.match.solve import BACKENDS, gpu_solver_available, pairs_from_as
 
 __all__ = [
     "BACKENDS",
-    "NUS_PP_ASSIGNER",
-    "NUS_SSN_ASSIGNERS",
     "HungarianAssigner2D",
     "HungarianAssigner3D",
     "MaxIoUConfig",

@@ -5,6 +5,9 @@ class logits, a box as distances (left, top, right, bottom) from the cell centre
 as an offset from the cell centre, and a centerness logit — the outputs :class:`FocalHeadLoss` takes. It is
 the smallest model that learns from the synthetic nuScenes-format data, so ``drivetrain train`` runs the
 whole loop on it in minutes on a CPU; the 3D heads come with the StreamPETR model.
+
+Its recipe is StreamPETR's focal head's (:mod:`drivetrain.models.streampetr.recipe`: image normalisation, the
+focal head's loss weights and 2D matching costs); the small backbone has no published counterpart.
 """
 
 from __future__ import annotations
@@ -16,12 +19,10 @@ import torch
 from torch import nn
 
 from drivetrain.losses import FocalHeadLoss
+from drivetrain.match import HungarianAssigner2D
+from drivetrain.models.streampetr.recipe import FOCAL_HEAD_MATCH_COSTS, FOCAL_HEAD_WEIGHTS, MEAN, STD
 
 __all__ = ["FocalDetector2D"]
-
-# ImageNet statistics in 0..255 RGB, as StreamPETR normalises its images.
-MEAN = (123.675, 116.28, 103.53)
-STD = (58.395, 57.12, 57.375)
 
 
 def _stage(c_in: int, c_out: int, stride: int) -> nn.Sequential:
@@ -68,7 +69,13 @@ class FocalDetector2D(nn.Module):
         self.centerness = nn.Conv2d(channels, 1, 1)
         nn.init.constant_(self.cls.bias, -math.log(99.0))  # prior 0.01, as the published heads
         self.stride, self.impl = stride, impl
-        self.criterion = FocalHeadLoss(num_classes=num_classes, stride=stride, sync_cls_avg_factor=sync_cls_avg_factor)
+        self.criterion = FocalHeadLoss(
+            num_classes=num_classes,
+            stride=stride,
+            weights=FOCAL_HEAD_WEIGHTS,
+            assigner=HungarianAssigner2D(**FOCAL_HEAD_MATCH_COSTS),
+            sync_cls_avg_factor=sync_cls_avg_factor,
+        )
         self.register_buffer("mean", torch.tensor(MEAN).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(STD).view(1, 3, 1, 1), persistent=False)
 

@@ -4,13 +4,16 @@ One concept per file: ``voxel_encoder.py`` (HardVFE pillar features), ``backbone
 ``head.py`` (Anchor3DHead; SSN's ShapeAwareHead), ``anchors.py`` (aligned range anchors, shared and per
 class), ``postprocess.py`` (top-k, decode, rotated NMS, direction bins), ``tta.py`` (test-time views merged),
 ``model.py`` (:class:`PointPillars`, :class:`SSN`: ``forward(batch)`` / ``loss(outputs, batch)`` /
-``detect(batch)``). Shared pieces live where DESIGN.md puts them: voxelization and the BEV scatter in
+``detect(batch)``), ``recipe.py`` (the published constants: classes, SSN's tasks, anchors, assigner thresholds,
+code and loss weights, direction offset, test settings). Shared pieces live where DESIGN.md puts them, generic
+and taking the recipe's constants as arguments: voxelization and the BEV scatter in
 :mod:`drivetrain.pipeline.voxelize`, max-IoU assignment in :mod:`drivetrain.match.max_iou`, nearest-BEV and
 rotated IoU and rotated NMS in :mod:`drivetrain.geometry`, the losses in :mod:`drivetrain.losses.anchor_head`.
 """
 
-from drivetrain.models.pointpillars.model import SSN, SSN_NUS_CLASSES, SSN_NUS_TASKS, PointPillars
+from drivetrain.models.pointpillars.model import SSN, PointPillars
 from drivetrain.models.pointpillars.postprocess import DecodeConfig, decode, reference_decode
+from drivetrain.models.pointpillars.recipe import SSN_NUS_CLASSES, SSN_NUS_TASKS
 from drivetrain.models.pointpillars.tta import TTAConfig, detect_tta
 
 __all__ = [

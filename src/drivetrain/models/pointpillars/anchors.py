@@ -32,9 +32,6 @@ import torch
 from drivetrain.match.anchor_window import AnchorGrid
 
 __all__ = [
-    "NUS_PP_ANCHORS",
-    "NUS_SSN_ANCHORS",
-    "NUS_SSN_FEATURE_SIZES",
     "AnchorConfig",
     "grid_anchors",
     "grid_layout",
@@ -52,7 +49,8 @@ class AnchorConfig:
     Args:
         ranges: per size ``(x_lo, y_lo, z_lo, x_hi, y_hi, z_hi)``; one range is shared by all sizes.
         sizes: ``(dx, dy, dz)`` per size (per class for the per-class generator).
-        rotations: yaw of the anchors at every location and size (the nuScenes configs use ``(0, 1.57)``).
+        rotations: yaw of the anchors at every location and size (the published anchor tables, in :mod:`.recipe`,
+            use ``(0, 1.57)``).
         custom_values: extra per-anchor values after yaw; only their number counts (velocity: two), since
             the original fills them with zeros; non-zero values are rejected rather than ignored.
         align_corner: put anchors on cell corners instead of cell centres (``False`` in every config).
@@ -95,58 +93,6 @@ class AnchorConfig:
     def range_of(self, size_index: int) -> tuple[float, ...]:
         """The range that size ``size_index`` is spread over."""
         return self.ranges[size_index if len(self.ranges) > 1 else 0]
-
-
-NUS_PP_ANCHORS = AnchorConfig(
-    ranges=tuple(
-        (-49.6, -49.6, z, 49.6, 49.6, z)
-        for z in (-1.80032795, -1.74440365, -1.68526504, -1.67339111, -1.61785072, -1.80984986, -1.763965)
-    ),
-    sizes=(
-        (4.60718145, 1.95017717, 1.72270761),  # car
-        (6.73778078, 2.4560939, 2.73004906),  # truck
-        (12.01320693, 2.87427237, 3.81509561),  # trailer
-        (1.68452161, 0.60058911, 1.27192197),  # bicycle
-        (0.7256437, 0.66344886, 1.75748069),  # pedestrian
-        (0.40359262, 0.39694519, 1.06232151),  # traffic cone
-        (0.48578221, 2.49008838, 0.98297065),  # barrier
-    ),
-)
-"""nuScenes PointPillars (SECFPN): 7 sizes × 2 rotations on the 200×200 map, 560,000 anchors."""
-
-NUS_SSN_ANCHORS = AnchorConfig(
-    ranges=tuple(
-        (-50.0, -50.0, z, 50.0, 50.0, z)
-        for z in (
-            -1.67339111,
-            -1.71396371,
-            -1.61785072,
-            -1.80984986,
-            -1.76396500,
-            -1.80032795,
-            -1.74440365,
-            -1.68526504,
-            -1.80673031,
-            -1.64824291,
-        )
-    ),
-    sizes=(
-        (1.68452161, 0.60058911, 1.27192197),  # bicycle
-        (2.09973778, 0.76279481, 1.44403034),  # motorcycle
-        (0.72564370, 0.66344886, 1.75748069),  # pedestrian
-        (0.40359262, 0.39694519, 1.06232151),  # traffic cone
-        (0.48578221, 2.49008838, 0.98297065),  # barrier
-        (4.60718145, 1.95017717, 1.72270761),  # car
-        (6.73778078, 2.45609390, 2.73004906),  # truck
-        (12.01320693, 2.87427237, 3.81509561),  # trailer
-        (11.1885991, 2.94046906, 3.47030982),  # bus
-        (6.38352896, 2.73050468, 3.13312415),  # construction vehicle
-    ),
-)
-"""nuScenes SSN: one size per class in SSN's class order (bicycle, motorcycle, … construction vehicle)."""
-
-NUS_SSN_FEATURE_SIZES = ((200, 200),) * 5 + ((100, 100),) * 5
-"""SSN's feature map per class: small classes at 200×200, car and large vehicles at stride 2 (100×100)."""
 
 
 def _float32(value: float) -> float:

@@ -3,7 +3,8 @@
 ``backbone`` (tiny conv net or ResNet-50 + CPFPN), ``position`` (the PETR 3D position embedding), ``embedding``
 (query-side encodings), ``memory`` (the temporal memory bank), ``denoising`` (denoising queries),
 ``decoder`` (the transformer decoder), ``heads`` (class/box branches and the 2D focal head), ``postprocess``
-(NMS-free decoding) and ``detector`` (:class:`StreamPETR`, which composes them).
+(NMS-free decoding) and ``detector`` (:class:`StreamPETR`, which composes them); ``recipe`` holds the published
+constants (classes, ranges, image normalisation, code and loss weights, matching costs).
 """
 
 from drivetrain.models.streampetr.backbone import ResNet50, ResNetBackbone, TinyBackbone, build_backbone

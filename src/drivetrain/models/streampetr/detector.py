@@ -41,6 +41,7 @@ from torch import nn
 
 from drivetrain.constants import constant
 from drivetrain.losses import FocalHeadLoss, StreamPETRLoss
+from drivetrain.match import HungarianAssigner2D, HungarianAssigner3D
 from drivetrain.models.streampetr.backbone import build_backbone
 from drivetrain.models.streampetr.decoder import Decoder
 from drivetrain.models.streampetr.denoising import make_dn_queries, reference_make_dn_queries
@@ -48,21 +49,30 @@ from drivetrain.models.streampetr.embedding import MLN, SEGate, nerf_encoding, s
 from drivetrain.models.streampetr.heads import FocalHead, box_codes, class_branch, regression_branch, token_locations
 from drivetrain.models.streampetr.memory import MemoryBank
 from drivetrain.models.streampetr.position import PositionEmbedding3D
-from drivetrain.models.streampetr.postprocess import POST_CENTER_RANGE, decode
+from drivetrain.models.streampetr.postprocess import decode
+from drivetrain.models.streampetr.recipe import (
+    CLASSES,
+    CODE_WEIGHTS,
+    FOCAL_HEAD_MATCH_COSTS,
+    FOCAL_HEAD_WEIGHTS,
+    LOSS_WEIGHTS,
+    MATCH_COSTS,
+    MAX_NUM,
+    MEAN,
+    PC_RANGE,
+    POSITION_RANGE,
+    POST_CENTER_RANGE,
+    SIZE_DIVISOR,
+    STD,
+)
 from drivetrain.ragged import RaggedBatch
 
 __all__ = ["StreamPETR"]
 
-# ImageNet statistics in 0..255 RGB (the published img_norm_cfg).
-MEAN = (123.675, 116.28, 103.53)
-STD = (58.395, 57.12, 57.375)
-SIZE_DIVISOR = 32  # PadMultiViewImage(size_divisor=32)
-PC_RANGE = (-51.2, -51.2, -5.0, 51.2, 51.2, 3.0)
-POSITION_RANGE = (-61.2, -61.2, -10.0, 61.2, 61.2, 10.0)
-
 
 class StreamPETR(nn.Module):
-    """The StreamPETR detector (see the module docstring); defaults are the published R50 704×256 config.
+    """The StreamPETR detector (see the module docstring); defaults are the published R50 704×256 config, its
+    constants (classes, ranges, image normalisation, code and loss weights, matching costs) in :mod:`.recipe`.
 
     ``input_modalities``: the sensors it reads (``("camera",)``), written to a submission's ``meta`` block.
 
@@ -101,7 +111,7 @@ class StreamPETR(nn.Module):
 
     def __init__(
         self,
-        num_classes: int = 10,
+        num_classes: int = len(CLASSES),
         backbone: str = "resnet50",
         backbone_args: dict[str, Any] | None = None,
         embed_dims: int = 256,
@@ -159,12 +169,21 @@ class StreamPETR(nn.Module):
         self.reg_branch = regression_branch(e)
         self.memory = MemoryBank(e, memory_len, topk, num_propagated, self.pc_range)
         self.criterion = StreamPETRLoss(
-            num_classes, dn_split=dn_split, sync_cls_avg_factor=sync_cls_avg_factor, compile=compile_loss
+            num_classes,
+            cls_weight=LOSS_WEIGHTS["loss_cls"],
+            bbox_weight=LOSS_WEIGHTS["loss_bbox"],
+            code_weights=CODE_WEIGHTS,
+            dn_split=dn_split,
+            assigner=HungarianAssigner3D(code_weights=CODE_WEIGHTS, **MATCH_COSTS),
+            sync_cls_avg_factor=sync_cls_avg_factor,
+            compile=compile_loss,
         )
         self.focal_criterion = (
             FocalHeadLoss(
                 num_classes=num_classes,
                 stride=self.stride,
+                weights=FOCAL_HEAD_WEIGHTS,
+                assigner=HungarianAssigner2D(**FOCAL_HEAD_MATCH_COSTS),
                 sync_cls_avg_factor=sync_cls_avg_factor,
                 compile=compile_loss,
             )
@@ -338,6 +357,15 @@ class StreamPETR(nn.Module):
             weights.update(self.focal_criterion.weights)
         return weights
 
+    @property
+    def loss_counts(self) -> dict[str, torch.Tensor]:
+        """Device counters of the last :meth:`loss` call: ground truths left unassigned (``unassigned_gt``, and
+        ``unassigned_gt_2d`` with the focal head) because a frame holds more than there are queries (tokens)."""
+        counts = dict(self.criterion.counts)
+        if self.focal_criterion is not None:
+            counts.update(self.focal_criterion.counts)
+        return counts
+
     def loss(self, outputs: dict[str, Any], batch: Any) -> dict[str, torch.Tensor]:
         """Unweighted terms of the 3D head (every layer, denoising) and of the focal head."""
         terms = self.criterion(outputs, batch, impl=self.impl)
@@ -349,7 +377,7 @@ class StreamPETR(nn.Module):
     # -------------------------------------------------------------------------------------------- inference
     @torch.no_grad()
     def detect(
-        self, batch: Any, max_num: int = 300, score_threshold: float | None = None
+        self, batch: Any, max_num: int = MAX_NUM, score_threshold: float | None = None
     ) -> tuple[RaggedBatch, RaggedBatch, RaggedBatch]:
         """Forward one frame and decode the last layer's top ``max_num`` boxes (no NMS).
 

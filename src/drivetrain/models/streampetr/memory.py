@@ -32,6 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from drivetrain.models.streampetr.recipe import PC_RANGE
+
 __all__ = ["MemoryBank"]
 
 _FIELDS = ("embedding", "reference", "age", "pose", "velocity")
@@ -46,7 +48,8 @@ class MemoryBank(nn.Module):
         topk: queries added per frame (256).
         num_propagated: entries that become queries of the next frame; at a scene start they get the pseudo
             reference points (256).
-        pc_range: ``(x_min, y_min, z_min, x_max, y_max, z_max)`` metres of the pseudo reference points.
+        pc_range: ``(x_min, y_min, z_min, x_max, y_max, z_max)`` metres of the pseudo reference points (the
+            published :data:`~.recipe.PC_RANGE`).
     """
 
     def __init__(
@@ -55,7 +58,7 @@ class MemoryBank(nn.Module):
         memory_len: int = 1024,
         topk: int = 256,
         num_propagated: int = 256,
-        pc_range: tuple[float, ...] = (-51.2, -51.2, -5.0, 51.2, 51.2, 3.0),
+        pc_range: tuple[float, ...] = PC_RANGE,
     ) -> None:
         super().__init__()
         if not 0 <= num_propagated <= memory_len or not 0 < topk <= memory_len:

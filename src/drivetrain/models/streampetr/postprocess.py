@@ -21,11 +21,10 @@ import torch
 from drivetrain import ragged
 from drivetrain.constants import constant
 from drivetrain.geometry import decode_boxes_streampetr
+from drivetrain.models.streampetr.recipe import MAX_NUM, POST_CENTER_RANGE
 from drivetrain.ragged import RaggedBatch
 
-__all__ = ["POST_CENTER_RANGE", "decode", "reference_decode"]
-
-POST_CENTER_RANGE = (-61.2, -61.2, -10.0, 61.2, 61.2, 10.0)  # the published config's post_center_range
+__all__ = ["decode", "reference_decode"]
 
 
 def _check(cls_logits: torch.Tensor, box_codes: torch.Tensor, max_num: int) -> None:
@@ -41,7 +40,7 @@ def _check(cls_logits: torch.Tensor, box_codes: torch.Tensor, max_num: int) -> N
 def decode(
     cls_logits: torch.Tensor,
     box_codes: torch.Tensor,
-    max_num: int = 300,
+    max_num: int = MAX_NUM,
     post_center_range: tuple[float, ...] = POST_CENTER_RANGE,
     score_threshold: float | None = None,
 ) -> tuple[RaggedBatch, RaggedBatch, RaggedBatch]:
@@ -78,7 +77,7 @@ def decode(
 def reference_decode(
     cls_logits: torch.Tensor,
     box_codes: torch.Tensor,
-    max_num: int = 300,
+    max_num: int = MAX_NUM,
     post_center_range: tuple[float, ...] = POST_CENTER_RANGE,
     score_threshold: float | None = None,
 ) -> list[dict[str, torch.Tensor]]:

@@ -1,0 +1,87 @@
+"""The published constants of StreamPETR: classes and their order, image normalisation, the detection, position
+and decoding ranges, code weights, loss weights and matching costs of the 3D head and of the 2D focal head.
+
+Each is cited from the published config of the StreamPETR repository (``exiawsh/StreamPETR`` at commit 95f6470),
+``projects/configs/StreamPETR/stream_petr_r50_flash_704_bs2_seq_24e.py``. The generic pieces
+(:class:`~drivetrain.losses.StreamPETRLoss`, :class:`~drivetrain.losses.FocalHeadLoss`, the Hungarian assigners of
+:mod:`drivetrain.match.assigners`) take these as arguments; :class:`~.detector.StreamPETR` and
+:class:`~drivetrain.models.focal2d.FocalDetector2D` pass them. This module holds data only.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CLASSES",
+    "CODE_WEIGHTS",
+    "FOCAL_HEAD_MATCH_COSTS",
+    "FOCAL_HEAD_WEIGHTS",
+    "LOSS_WEIGHTS",
+    "MATCH_COSTS",
+    "MAX_NUM",
+    "MEAN",
+    "PC_RANGE",
+    "POSITION_RANGE",
+    "POST_CENTER_RANGE",
+    "SIZE_DIVISOR",
+    "STD",
+]
+
+# ------------------------------------------------------------------------------------------------ classes
+CLASSES = (
+    "car", "truck", "construction_vehicle", "bus", "trailer",
+    "barrier", "motorcycle", "bicycle", "pedestrian", "traffic_cone",
+)  # fmt: skip
+"""The config's ``class_names``: the nuScenes devkit's order, which is that of drivetrain's nuScenes labels, so the
+model's class channels index the dataset's labels directly."""
+
+# ------------------------------------------------------------------------------------------------- images
+MEAN = (123.675, 116.28, 103.53)
+"""``img_norm_cfg.mean``: ImageNet statistics in 0..255 RGB (``to_rgb=True``)."""
+
+STD = (58.395, 57.12, 57.375)
+"""``img_norm_cfg.std``."""
+
+SIZE_DIVISOR = 32
+"""``PadMultiViewImage(size_divisor=32)``: images are padded at the bottom/right to a multiple of this."""
+
+# ------------------------------------------------------------------------------------------------- ranges
+PC_RANGE = (-51.2, -51.2, -5.0, 51.2, 51.2, 3.0)
+"""``point_cloud_range``: the detection range, metres; reference points and box centres are normalised by it."""
+
+POSITION_RANGE = (-61.2, -61.2, -10.0, 61.2, 61.2, 10.0)
+"""``pts_bbox_head.position_range``: metres the 3D position embedding normalises to ``[0, 1]``."""
+
+POST_CENTER_RANGE = (-61.2, -61.2, -10.0, 61.2, 61.2, 10.0)
+"""``bbox_coder.post_center_range`` (``NMSFreeCoder``): a decoded box is kept when its centre lies in it."""
+
+MAX_NUM = 300
+"""``bbox_coder.max_num``: detections decoded per sample (top (query, class) scores, no NMS)."""
+
+# ----------------------------------------------------------------------------------------------- 3D head
+CODE_WEIGHTS = (2.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)
+"""``pts_bbox_head.code_weights`` of the 10-dim box code ``(x, y, z, ln dx, ln dy, ln dz, sin, cos, vx, vy)``, in
+the L1 loss and in the matching cost (its first 8 dims: ``match_with_velo=False``)."""
+
+LOSS_WEIGHTS = {"loss_cls": 2.0, "loss_bbox": 0.25}
+"""``loss_weight`` of ``loss_cls`` (sigmoid focal, α 0.25, γ 2) and ``loss_bbox`` (L1); ``loss_iou`` is 0 and not
+computed. The denoising terms take the same weights (``dn_weight=1.0``)."""
+
+MATCH_COSTS = {"cls_weight": 2.0, "reg_weight": 0.25}
+"""``train_cfg.pts.assigner`` (``HungarianAssigner3D``): ``cls_cost`` (focal) and ``reg_cost`` (code-weighted L1)
+weights; its ``iou_cost`` weight is 0."""
+
+# --------------------------------------------------------------------------------------------- focal head
+FOCAL_HEAD_WEIGHTS = {
+    "enc_loss_cls": 2.0,
+    "enc_loss_bbox": 5.0,
+    "enc_loss_iou": 2.0,
+    "centers2d_loss": 10.0,
+    "centerness_loss": 1.0,
+}
+"""``img_roi_head``'s ``loss_cls2d`` (quality focal), ``loss_bbox2d`` (L1), ``loss_iou2d`` (GIoU),
+``loss_centers2d`` (L1) and ``loss_centerness`` (Gaussian focal) weights, by :class:`~drivetrain.losses.
+FocalHeadLoss`' term names."""
+
+FOCAL_HEAD_MATCH_COSTS = {"cls_weight": 2.0, "box_weight": 5.0, "giou_weight": 2.0, "centre_weight": 10.0}
+"""``img_roi_head.train_cfg.assigner2d`` (``HungarianAssigner2D``): ``cls_cost``, ``reg_cost`` (xywh L1),
+``iou_cost`` (GIoU) and ``centers2d_cost`` weights."""
