@@ -40,7 +40,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from drivetrain.engine.config import ConfigError, DataConfig
-from drivetrain.engine.rng import mix_seed
+from drivetrain.seeding import mix_seed
 
 __all__ = ["BatchSampler", "BatchStream", "ShuffledBatches", "brings_own_batching"]
 
@@ -130,10 +130,9 @@ class ShuffledBatches:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue at ``state["epoch"]``, ``state["step"]``; the batch size and world size must match."""
-        if "position" in state and "step" not in state:  # an older checkpoint: samples consumed, not batches
-            position, world_size = state["position"], state["num_replicas"]
-            state = {"epoch": state["epoch"], "step": position // self.batch_size, "world_size": world_size}
-            state["batch_size"] = self.batch_size if position % self.batch_size == 0 else -1
+        missing = [key for key in ("epoch", "step", "batch_size", "world_size") if key not in state]
+        if missing:
+            raise ValueError(f"sampler: the state has no {missing[0]!r} (it holds {', '.join(state)})")
         for key in ("batch_size", "world_size"):
             if state[key] != getattr(self, key):
                 raise ValueError(
@@ -195,7 +194,7 @@ class BatchStream:
         seed: shuffle seed, the same on every rank; also seeds the loader's worker seeds with the rank.
         rank, world_size: this process's shard.
         transform: ``transform(batch, position)`` run in the loader (in its workers when it has any) after
-            collating, with the sampler position after the batch (e.g. ``CameraAugment(on="worker")``); needs a
+            collating, with the sampler position after the batch (e.g. ``Augmentation(on="worker")``); needs a
             dataset that brings its own batching.
     """
 

@@ -10,16 +10,28 @@ A save writes ``.step-N.tmp-<pid>/state.pt``, fsyncs the file and the temp dir, 
 then deletes older checkpoints beyond ``keep`` and any leftovers of interrupted saves. A crash at any point
 leaves either the previous committed checkpoints untouched or a new one that is complete.
 
+A write that fails — a full disk (``ENOSPC``), an exceeded quota (``EDQUOT``), a read-only file system (``EROFS``)
+or any other error, of the state file or of the marker — raises one :class:`CheckpointError` line naming the
+folder and the reason, after removing what the save wrote: nothing of it is marked committed, and the committed
+checkpoints are those of before (one of the same step, which the trainer never writes twice, is renamed aside to
+``.step-N.old-<pid>`` while the new one is written and put back if it fails).
+
 Loading uses ``torch.load(weights_only=True)`` after checking the marker's size and SHA-256; a directory
 without a marker, with a wrong checksum or that fails to load is skipped with a :class:`CheckpointWarning`.
 Committed checkpoints that fail to load are never deleted: :meth:`Checkpointer.set_aside` moves them to
 ``checkpoints/corrupt/`` (and checkpoints of an abandoned continuation to ``checkpoints/superseded/``), where
 pruning does not see them. Pruning after a save counts only checkpoints up to the one just written, so a
 newer, bad checkpoint can never push good ones out.
+
+What the state is: a dict of stateful components (:mod:`drivetrain.engine.state`). :meth:`Checkpointer.save_state`
+writes every component's ``state_dict()`` under its name beside the metadata and the format version;
+:meth:`Checkpointer.restore` refuses another format version (:func:`check_format`) and a missing or extra component
+(:func:`check_components`), each in one line, then calls every component's ``load_state_dict`` once, in order.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -27,14 +39,33 @@ import re
 import shutil
 import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from drivetrain.engine.state import (
+    FORMAT_VERSION,
+    META_KEYS,
+    METADATA,
+    OLD_VERSION_KEY,
+    VERSION_KEY,
+    Stateful,
+    format_version,
+)
 from drivetrain.safe_files import remove_path
 
-__all__ = ["CheckpointError", "CheckpointWarning", "Checkpointer", "checkpoint_dir"]
+__all__ = [
+    "NO_ROOM",
+    "CheckpointError",
+    "CheckpointWarning",
+    "Checkpointer",
+    "check_components",
+    "check_format",
+    "checkpoint_dir",
+    "no_room",
+]
 
 MARKER = "COMMITTED"
 CORRUPT = "corrupt"  # committed checkpoints that failed to load, moved aside
@@ -45,6 +76,23 @@ _TMP = re.compile(r"^\.step-\d+\.tmp-\d+$")  # a save's temporary directory (see
 # Test hook: seconds to sleep inside a save (after the state file is written, and again after the rename),
 # so that a test can kill the process while a checkpoint is half written.
 DELAY_ENV = "DRIVETRAIN_TEST_CHECKPOINT_DELAY_S"
+# The write errors that mean "no room to write here", with the words a message gives them.
+NO_ROOM = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is exceeded",
+    errno.EROFS: "the file system is read-only",
+}
+
+
+def no_room(err: BaseException | None) -> OSError | None:
+    """The OSError of :data:`NO_ROOM` that ``err`` is or was raised from (its cause/context chain), or None."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in NO_ROOM:
+            return err
+        err = err.__cause__ or err.__context__
+    return None
 
 
 class CheckpointWarning(UserWarning):
@@ -85,6 +133,52 @@ def checkpoint_dir(path: str | Path) -> Path:
     return path
 
 
+def check_format(state: Mapping[str, Any], where: object) -> None:
+    """Raise one CheckpointError line unless ``state`` (the checkpoint ``where``) is of this format version.
+
+    The line names the checkpoint's version, this drivetrain's and what to do (the drivetrain that wrote it,
+    from the checkpoint's ``versions``, or a new run); :mod:`drivetrain.engine.state` lists the versions.
+    """
+    version = format_version(state)
+    if version == FORMAT_VERSION:
+        return
+    if version is None:
+        raise CheckpointError(
+            f"checkpoint {where}: no format version (neither {VERSION_KEY} nor {OLD_VERSION_KEY}); not a drivetrain "
+            "training checkpoint"
+        )
+    versions = state.get("versions")
+    wrote = versions.get("drivetrain") if isinstance(versions, Mapping) else None
+    by = f"drivetrain {wrote}, which wrote it," if isinstance(wrote, str) else "the drivetrain that wrote it"
+    older = isinstance(version, int) and not isinstance(version, bool) and version < FORMAT_VERSION
+    fix = f"resume it with {by} or start a new run" if older else f"resume it with {by} or a newer one"
+    raise CheckpointError(
+        f"checkpoint {where}: format version {version!r}, this drivetrain reads version {FORMAT_VERSION}; {fix}"
+    )
+
+
+def check_components(state: Mapping[str, Any], components: Mapping[str, Stateful], where: object) -> None:
+    """Raise one CheckpointError line naming the first component ``state`` lacks, or holds beyond ``components``.
+
+    Args:
+        state: the checkpoint's dict (its :data:`~drivetrain.engine.state.METADATA` keys are no components).
+        components: what the run restores, by name.
+        where: the checkpoint, for the message.
+    """
+    saved = [name for name in state if name not in METADATA]
+    missing = [name for name in components if name not in state]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {where}: no {missing[0]!r} state, which this run restores (it holds {', '.join(saved)})"
+        )
+    extra = [name for name in saved if name not in components]
+    if extra:
+        raise CheckpointError(
+            f"checkpoint {where}: holds {extra[0]!r} state, which this run has no component for (it restores "
+            f"{', '.join(components)})"
+        )
+
+
 class Checkpointer:
     """Saves and finds checkpoints in ``root``; only one process (rank 0) may call :meth:`save`.
 
@@ -107,28 +201,100 @@ class Checkpointer:
         """Directory name of the checkpoint of ``step``, e.g. ``step-00000040``."""
         return f"step-{step:08d}"
 
+    def save_state(
+        self, step: int, components: Mapping[str, Stateful], meta: Mapping[str, Any], *, write: bool = True
+    ) -> Path:
+        """Checkpoint ``components`` as step ``step``: ``{format_version, **meta, name: state_dict() ...}``.
+
+        Every rank of a run calls it, with ``write`` true on the one that writes (rank 0): a component's
+        ``state_dict()`` may be collective (the model under FSDP), so each is read on every rank, in order.
+
+        Args:
+            step: the step the checkpoint is named after.
+            components: what the run checkpoints, by name (restored in this order).
+            meta: what the checkpoint says about itself; keys from :data:`~drivetrain.engine.state.META_KEYS`.
+            write: write the checkpoint (else only read the components).
+
+        Returns:
+            The checkpoint's directory (written only when ``write``).
+
+        Raises:
+            ValueError: a ``meta`` key that is no metadata, or a component named like metadata.
+            CheckpointError: the checkpoint could not be written (see :meth:`save`).
+        """
+        unknown = [key for key in meta if key not in META_KEYS]
+        if unknown:
+            raise ValueError(f"checkpoint meta: {unknown[0]!r} is none of {', '.join(META_KEYS)}")
+        clash = [name for name in components if name in METADATA]
+        if clash:
+            raise ValueError(f"checkpoint components: {clash[0]!r} is the name of a metadata field")
+        state: dict[str, Any] = {VERSION_KEY: FORMAT_VERSION, **meta}
+        for name, component in components.items():
+            state[name] = component.state_dict()
+        return self.save(step, state) if write else self.root / self.name(step)
+
+    @staticmethod
+    def restore(state: Mapping[str, Any], components: Mapping[str, Stateful], where: object) -> None:
+        """Load a checkpoint's ``state`` into ``components``: each ``load_state_dict`` once, in the mapping's order.
+
+        Nothing is loaded unless the format version is this drivetrain's and the checkpoint holds exactly the
+        components named (each refusal is one CheckpointError line naming ``where`` and the version or name).
+        """
+        check_format(state, where)
+        check_components(state, components, where)
+        for name, component in components.items():
+            component.load_state_dict(state[name])
+
     def save(self, step: int, state: dict[str, Any]) -> Path:
-        """Write ``state`` as the checkpoint of ``step`` atomically, then prune; return its directory."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        """Write ``state`` as the checkpoint of ``step`` atomically, then prune; return its directory.
+
+        Raises:
+            CheckpointError: the checkpoint could not be written (one line naming the folder and why, e.g. a
+                full disk); nothing of this save is left or committed, the committed checkpoints are kept.
+        """
         final = self.root / self.name(step)
         tmp = self.root / f".{final.name}.tmp-{os.getpid()}"
-        remove_path(tmp)  # a leftover of this pid's killed save (a link there is unlinked, never followed)
-        tmp.mkdir()
-        state_path = tmp / STATE_FILE
         try:
-            with open(state_path, "wb") as f:
+            self.root.mkdir(parents=True, exist_ok=True)
+            remove_path(tmp)  # a leftover of this pid's killed save (a link there is unlinked, never followed)
+            tmp.mkdir()
+            with open(tmp / STATE_FILE, "wb") as f:
                 torch.save(state, f)
                 f.flush()
                 os.fsync(f.fileno())
+            _fsync_dir(tmp)
         except (OSError, RuntimeError) as err:  # torch reports a full disk as "unexpected pos N vs M"
             remove_path(tmp, ignore_errors=True)
             raise CheckpointError(self._write_failure(err)) from None
-        _fsync_dir(tmp)
         self._sleep()
-        remove_path(final)  # an uncommitted or superseded attempt at the same step
-        os.replace(tmp, final)
-        _fsync_dir(self.root)
-        self._sleep()
+        old = self.root / f".{final.name}.old-{os.getpid()}"
+        kept = (final / MARKER).is_file()  # a committed checkpoint of this step: replaced only once this one is
+        aside = False
+        try:
+            if kept:
+                remove_path(old)
+                os.replace(final, old)
+                aside = True
+            else:
+                remove_path(final)  # an uncommitted attempt at the same step
+            os.replace(tmp, final)
+            _fsync_dir(self.root)
+            self._sleep()
+            self._commit(final, step)
+        except OSError as err:
+            remove_path(tmp, ignore_errors=True)
+            if aside or not kept:  # final is this save's (renamed, not committed or its marker not durable)
+                remove_path(final, ignore_errors=True)
+            if aside:
+                os.replace(old, final)
+            raise CheckpointError(self._write_failure(err)) from None
+        remove_path(old, ignore_errors=True)
+        self.prune(newest=step)
+        return final
+
+    @staticmethod
+    def _commit(final: Path, step: int) -> None:
+        """Write the ``COMMITTED`` marker of ``final`` (temp file, fsync, rename, fsync of the folder)."""
         marker = {"step": step, "file": STATE_FILE, "size": (final / STATE_FILE).stat().st_size}
         marker["sha256"] = _sha256(final / STATE_FILE)
         marker_tmp = final / f"{MARKER}.tmp"
@@ -138,15 +304,26 @@ class Checkpointer:
             os.fsync(f.fileno())
         os.replace(marker_tmp, final / MARKER)
         _fsync_dir(final)
-        self.prune(newest=step)
-        return final
 
     def _write_failure(self, err: BaseException) -> str:
-        free = shutil.disk_usage(self.root).free
-        reason = "the disk is full" if free < (64 << 20) or getattr(err, "errno", None) == 28 else str(err)
+        """The one line of a failed save: the folder, why (the disk is full, ...) and what to do."""
+        try:
+            free: int | None = shutil.disk_usage(self.root).free
+        except OSError:  # the folder could not even be made
+            free = None
+        room = no_room(err)
+        if room is not None:
+            reason = NO_ROOM[room.errno]
+        elif free is not None and free < (64 << 20):  # torch's "unexpected pos" on a full disk names no errno
+            reason = NO_ROOM[errno.ENOSPC]
+        else:
+            reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        if free is not None:
+            reason += f"; {free / 2**20:.0f} MiB free"
+        fix = "make it writable" if room is not None and room.errno == errno.EROFS else "free space"
         return (
-            f"cannot write a checkpoint in {self.root} ({reason}; {free / 2**20:.0f} MiB free); the older "
-            "checkpoints are kept — free space, then --resume auto"
+            f"cannot write a checkpoint in {self.root} ({reason}); the older checkpoints are kept — {fix}, then "
+            "--resume auto"
         )
 
     def _sleep(self) -> None:

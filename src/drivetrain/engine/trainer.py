@@ -6,9 +6,10 @@ read (skip on non-finite gradients, preemption flag) → step → loss-scale upd
 The learning rate is a pure function of the number of applied updates, so a skipped step moves neither
 the optimizer's step counter nor the schedule.
 
-A checkpoint (every ``checkpoint.every`` iterations, at the end, and on SIGTERM/SIGINT) holds model,
-optimizer, loss scaler, train state, sampler position, every rank's RNG states, the config and versions.
-Resuming restores all of it (RNG last, after the data pipeline is built) and continues bit-for-bit.
+A checkpoint (every ``checkpoint.every`` iterations, at the end, and on SIGTERM/SIGINT) holds the state of
+:attr:`Trainer.components` — model, optimizer, loss scaler, loop counters, schedule, data position, every
+rank's RNG states — with the world size, the config and versions (:mod:`drivetrain.engine.state`). Resuming
+restores every component in that order (RNG last, after the data pipeline is built) and continues bit-for-bit.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import yaml
@@ -41,19 +42,23 @@ from drivetrain.engine.checkpoint import (
     Checkpointer,
     CheckpointError,
     CheckpointWarning,
+    check_components,
+    check_format,
     checkpoint_dir,
 )
-from drivetrain.engine.config import ConfigError, TrainConfig, config_diff, config_to_dict
+from drivetrain.engine.config import ConfigError, TrainConfig, config_diff, config_to_dict, upgrade_saved_config
 from drivetrain.engine.distributed import DistContext, setup, teardown
-from drivetrain.engine.evaluation import evaluate_model
+from drivetrain.engine.evaluation import EvalFrames, evaluate_model
 from drivetrain.engine.metrics import MetricsLogger, peak_memory_mb
 from drivetrain.engine.precision import autocast, fp32_outputs
-from drivetrain.engine.rng import capture_rng, restore_rng, seed_all
+from drivetrain.engine.protocol import Detector, FrozenEncoder, LossCounts, WeightedLoss
+from drivetrain.engine.rng import seed_all
 from drivetrain.engine.rundir import RunDirLock, check_run_dir, write_run_marker
 from drivetrain.engine.schedule import lr_factor
+from drivetrain.engine.state import FixedState, RngState, ScheduleState, Stateful, StrategyState
 from drivetrain.engine.strategy import build_strategy
 from drivetrain.losses.weights import base_name, resolve_weights, weighted_total
-from drivetrain.pipeline.camera_aug import CameraAugConfig, CameraAugment
+from drivetrain.pipeline.augmentation import Augmentation
 from drivetrain.pipeline.prefetch import DevicePrefetcher
 from drivetrain.pipeline.transfer import to_device
 from drivetrain.profile.timer import region, step_active
@@ -61,7 +66,6 @@ from drivetrain.safe_files import replace_text
 
 __all__ = ["NonFiniteLossError", "TrainState", "Trainer"]
 
-CHECKPOINT_FORMAT = 1
 # Test hook: seconds to sleep after every optimizer iteration, so a test can signal or kill mid-run.
 STEP_DELAY_ENV = "DRIVETRAIN_TEST_STEP_DELAY_S"
 
@@ -99,6 +103,7 @@ class MicroBatches:
     term_sums: dict[str, torch.Tensor]  # unweighted terms summed over the micro-batches
     loss_bad: torch.Tensor  # (accumulation,) bool: the micro-batch's loss was not finite
     indices: list[torch.Tensor] = field(default_factory=list)  # dataset indices of each micro-batch
+    count_sums: dict[str, torch.Tensor] = field(default_factory=dict)  # the model's loss_counts, summed
     data_wait: float = 0.0  # seconds spent waiting for batches
 
 
@@ -111,13 +116,23 @@ class StepDecision:
     stop: str | None  # the stop signal received (here or on another rank)
 
 
+@runtime_checkable
+class _Closing(Protocol):
+    """A batch stream holding processes or files until closed (a DALI pipeline)."""
+
+    def close(self) -> None: ...
+
+
 class TrainingDataError(RuntimeError):
     """Training stopped on unreadable data; ``checkpoint`` holds the progress made (None under torchrun)."""
 
-    def __init__(self, message: str, checkpoint: Path | None) -> None:
+    def __init__(self, message: str, checkpoint: Path | None, can_skip: bool = True) -> None:
         self.message, self.checkpoint = message, checkpoint
         kept = f"; saved checkpoint {checkpoint} (fix the data, then --resume auto)" if checkpoint else ""
-        super().__init__(f"{message}; set data.args.on_error=skip to skip unreadable frames (warned and counted){kept}")
+        skip = "set data.args.on_error=skip to skip unreadable frames (warned and counted)"
+        if not can_skip:  # a DALI batch cannot drop a sample
+            skip = "data.loader=torch with data.args.on_error=skip would skip unreadable frames"
+        super().__init__(f"{message}; {skip}{kept}")
 
 
 def _default_split(data_name: str) -> Any:
@@ -173,12 +188,18 @@ class Trainer:
             )
 
         seed_all(cfg.run.seed)  # model initialisation is identical on every rank
-        self.model = apply_speed(build_model(cfg.model), cfg.speed)
-        declared = getattr(self.model, "loss_weights", None)
+        model = build_model(cfg.model)
+        if cfg.model.init_from is not None:  # a fresh run only: a resumed one restores its own weights
+            from drivetrain.engine.init_from import init_model, starts_fresh
+
+            if starts_fresh(resume, self.checkpointer):
+                init_model(model, cfg.model.init_from, verbose=self.ctx.is_main)  # prints the report on rank 0
+        self.model = apply_speed(model, cfg.speed)
         self.loss_weights: dict[str, float] | None = None
-        if declared is not None:
+        self.counts_losses = isinstance(self.model, LossCounts)  # device counters logged beside the loss terms
+        if isinstance(self.model, WeightedLoss):
             try:
-                self.loss_weights = resolve_weights(declared, cfg.model.loss_weights)
+                self.loss_weights = resolve_weights(self.model.loss_weights, cfg.model.loss_weights)
             except KeyError as err:
                 raise ConfigError(f"model.loss_weights.{err.args[0]}") from None
         self.strategy = build_strategy(self.model, cfg, self.ctx, lambda model: build_optimizer(model, cfg.optim))
@@ -187,10 +208,10 @@ class Trainer:
         evaluates = cfg.eval.every or cfg.eval.at_start
         self.eval_data = self._build_eval_data() if evaluates and self.ctx.is_main else None
         rank, world_size = self.ctx.rank, self.ctx.world_size
-        self.augment: CameraAugment | None = None
-        if cfg.data.augment is not None:  # the camera augmentation, drawn per batch from (seed, rank, position)
-            aug_cfg = CameraAugConfig.from_dict(cfg.data.augment)
-            self.augment = CameraAugment(aug_cfg, seed=cfg.run.seed, rank=rank, on=cfg.data.augment_on)
+        self.augment: Augmentation | None = None
+        aug_cfg = cfg.data.augment.build() if cfg.data.augment is not None else None
+        if aug_cfg is not None and aug_cfg.active:  # camera and lidar, drawn per batch from (seed, rank, position)
+            self.augment = Augmentation(aug_cfg, seed=cfg.run.seed, rank=rank, on=cfg.data.augment_on)
         in_worker = self.augment if cfg.data.augment_on == "worker" else None
         shard = {"seed": cfg.run.seed, "rank": rank, "world_size": world_size}
         if cfg.data.loader == "dali":  # decoding and the camera augmentation in DALI (drivetrain.pipeline.dali)
@@ -204,7 +225,8 @@ class Trainer:
         elif cfg.data.prefetch:  # the next batch goes to the device on a side stream (a pass-through on a CPU)
             self.data = DevicePrefetcher(self.data, self.device)
         self.state = TrainState()
-        seed_all(cfg.run.seed + self.ctx.rank)  # dropout and augmentation draws differ per rank
+        self.components = self._components()
+        seed_all(cfg.run.seed + self.ctx.rank)  # dropout draws differ per rank (the augmentation seeds each batch)
 
         if self.ctx.is_main:  # one training process per run directory, from before anything is written
             self._lock = RunDirLock(self.out_dir)
@@ -224,27 +246,43 @@ class Trainer:
         self.stopped_by: str | None = None  # after fit(): the signal that stopped it ("SIGINT", "SIGTERM", ...)
         self._step_delay = float(os.environ.get(STEP_DELAY_ENV, "0") or 0)
 
+    def _components(self) -> dict[str, Stateful]:
+        """What a checkpoint holds, by name, in restore order: the RNG states last (nothing restored after them
+        may draw from the global RNGs); the schedule after the loop counters it is checked against."""
+        weights = StrategyState(self.strategy)  # model and optimizer: one collective full_state() for both
+        return {
+            "model": weights.model,
+            "optimizer": weights.optimizer,
+            "scaler": self.scaler,
+            "train": self.state,
+            "schedule": ScheduleState(self.cfg.schedule.kind, self.state),
+            "data": self.data,
+            "rng": RngState(self.ctx),
+        }
+
     def _dali_stream(self, dataset: Any, shard: dict[str, int]) -> Any:
         """``data.loader=dali``: the DALI batch stream of ``dataset`` (errors name the setting)."""
         from drivetrain.pipeline.dali import DaliStream
 
         data = self.cfg.data
+        if self.augment is not None and self.augment.config.lidar is not None:
+            raise ConfigError("data.augment.lidar: data.loader=dali carries camera frames only; use data.loader=torch")
         try:
             return DaliStream(
                 dataset, data.batch_size, shuffle=data.shuffle, **shard,
-                augment=self.augment.config if self.augment is not None else None, device=self.device,
+                augment=self.augment.config.camera if self.augment is not None else None, device=self.device,
                 workers=data.num_workers, threads=max(1, data.num_workers), prefetch=data.prefetch_factor or 2,
             )  # fmt: skip
         except (ImportError, ValueError) as err:
             raise ConfigError(str(err)) from None
 
-    def _device_transform(self, augment: CameraAugment | None) -> Callable[[Any, dict[str, Any]], Any] | None:
-        """What the prefetcher does to each batch on the device: the camera augmentation, then (with
+    def _device_transform(self, augment: Augmentation | None) -> Callable[[Any, dict[str, Any]], Any] | None:
+        """What the prefetcher does to each batch on the device: the augmentation (camera and lidar), then (with
         ``speed.encoder_overlap``) the frozen image encoder under the run's autocast; None when neither."""
         cfg = self.cfg
         encode = None
         if cfg.speed.encoder_overlap:
-            if not getattr(self.model, "frozen_encoder", False) or not callable(getattr(self.model, "encode", None)):
+            if not (isinstance(self.model, FrozenEncoder) and self.model.frozen_encoder):
                 raise ConfigError(
                     f"speed.encoder_overlap: {cfg.model.name} has no frozen encoder (needs encode(batch) and "
                     "frozen_encoder, e.g. StreamPETR with model.args.freeze_backbone=true)"
@@ -337,7 +375,7 @@ class Trainer:
 
     def _build_eval_data(self) -> Any:
         """The ``eval.split`` frames, from the training data builder with ``split`` replaced (rank 0 only)."""
-        if not callable(getattr(self.model, "detect", None)):
+        if not isinstance(self.model, Detector):
             raise ConfigError(f"eval.every: {self.cfg.model.name} has no detect(batch) method to evaluate with")
         args = {**self.cfg.data.args, "split": self.cfg.eval.split}
         trained_on = self.cfg.data.args.get("split", _default_split(self.cfg.data.name))
@@ -350,7 +388,13 @@ class Trainer:
                 stacklevel=2,
             )
         with torch.random.fork_rng(devices=[]):  # building it draws nothing from the run's RNG
-            return build_dataset(replace(self.cfg.data, args=args))
+            frames = build_dataset(replace(self.cfg.data, args=args))
+        if not isinstance(frames, EvalFrames):
+            raise ConfigError(
+                f"eval.every: data.name {self.cfg.data.name} builds no frames of an index to score (they need index, "
+                "root and collate, as the frames and synthetic sources give)"
+            )
+        return frames
 
     def evaluate(self, log: MetricsLogger) -> None:
         """Evaluate the current weights on ``eval.split`` (rank 0; the others wait) and log the metrics.
@@ -436,6 +480,9 @@ class Trainer:
             out.loss_sum += loss.detach()
             for name, term in terms.items():
                 out.term_sums[name] = out.term_sums.get(name, 0) + term.detach().float()
+            counts = self.model.loss_counts if self.counts_losses else {}  # optional: device counters
+            for name, count in counts.items():
+                out.count_sums[name] = out.count_sums.get(name, 0) + count
             out.loss_bad[micro] = ~torch.isfinite(loss.detach())
         return out
 
@@ -476,6 +523,7 @@ class Trainer:
         samples = accum * self.cfg.data.batch_size * self.ctx.world_size
         device_values = {"loss": micro.loss_sum / accum, "grad_norm": grad_norm, "loss_scale": scale}
         device_values.update({f"loss/{k}": v / accum for k, v in micro.term_sums.items()})
+        device_values.update({f"count/{k}": v for k, v in micro.count_sums.items()})  # summed over micro-batches
         host_values = {
             "step": self.state.iteration,
             "opt_step": self.state.step,
@@ -538,7 +586,7 @@ class Trainer:
             path = done if (done / MARKER).is_file() else self.save(data_state=data_state)
         # From a loader worker the message carries the worker's traceback; its last line is the error itself.
         message = (str(err).strip().splitlines() or [type(err).__name__])[-1].split("DataError: ", 1)[-1]
-        return TrainingDataError(message, path)
+        return TrainingDataError(message, path, can_skip=self.cfg.data.loader != "dali")
 
     def save(self, data_state: dict[str, Any] | None = None) -> Path:
         """Checkpoint the run now (collective: every rank calls it; rank 0 writes); returns its path.
@@ -546,33 +594,22 @@ class Trainer:
         Args:
             data_state: the data position to record (default: after the last batch read).
         """
-        model_sd, optim_sd = self.strategy.full_state()
-        rng = self.ctx.gather_to_main(capture_rng())
-        path = self.checkpointer.root / Checkpointer.name(self.state.iteration)
-        if self.ctx.is_main:
-            if self._lock is not None:
-                try:
-                    self._lock.verify()  # the run directory is still ours (its lock file may have been deleted)
-                except ConfigError as err:
-                    raise CheckpointError(f"not saving step {self.state.iteration}: {err}") from None
-            state = {
-                "format": CHECKPOINT_FORMAT,
-                "model": model_sd,
-                "optimizer": optim_sd,
-                "scaler": self.scaler.state_dict(),
-                "train": self.state.state_dict(),
-                "schedule": {"step": self.state.step, "kind": self.cfg.schedule.kind},
-                "data": self.data.state_dict() if data_state is None else data_state,
-                "rng": rng,
-                "world_size": self.ctx.world_size,
-                "config": config_to_dict(self.cfg),
-                "versions": {
-                    "drivetrain": drivetrain.__version__,
-                    "torch": str(torch.__version__),
-                    "python": platform.python_version(),
-                },
-            }
-            path = self.checkpointer.save(self.state.iteration, state)
+        if self.ctx.is_main and self._lock is not None:
+            try:
+                self._lock.verify()  # the run directory is still ours (its lock file may have been deleted)
+            except ConfigError as err:
+                raise CheckpointError(f"not saving step {self.state.iteration}: {err}") from None
+        components = self.components if data_state is None else {**self.components, "data": FixedState(data_state)}
+        meta = {
+            "world_size": self.ctx.world_size,
+            "config": config_to_dict(self.cfg),
+            "versions": {
+                "drivetrain": drivetrain.__version__,
+                "torch": str(torch.__version__),
+                "python": platform.python_version(),
+            },
+        }
+        path = self.checkpointer.save_state(self.state.iteration, components, meta, write=self.ctx.is_main)
         self.ctx.barrier()
         return path
 
@@ -603,23 +640,36 @@ class Trainer:
                 ckpt = self.checkpointer.load(path)
             except CheckpointError as err:
                 raise ConfigError(f"--resume: {err}") from None
-        diff = config_diff(ckpt["config"], config_to_dict(self.cfg))
+        try:  # before anything is read from it: another format version, a missing or an extra component
+            check_format(ckpt, path)
+            check_components(ckpt, self.components, path)
+        except CheckpointError as err:
+            raise ConfigError(f"--resume: {err}") from None
+        self._refuse_old_lidar_augmentation(path, ckpt)
+        diff = config_diff(upgrade_saved_config(ckpt["config"]), config_to_dict(self.cfg))
         if diff:
             raise ConfigError(
                 f"--resume: the config differs from the one checkpoint {path} was written with:\n  " + "\n  ".join(diff)
             )
-        self._warn_schedule_change(ckpt["config"]["train"]["steps"], ckpt["train"]["step"])
         if ckpt["world_size"] != self.ctx.world_size:
             raise ConfigError(
                 f"--resume: checkpoint {path} was written by {ckpt['world_size']} ranks, this run has "
                 f"{self.ctx.world_size}; per-rank RNG and data positions need the same number"
             )
-        self.strategy.load_full_state(ckpt["model"], ckpt["optimizer"])
-        self.scaler.load_state_dict(ckpt["scaler"])
-        self.state.load_state_dict(ckpt["train"])
-        self.data.load_state_dict(ckpt["data"])
-        restore_rng(ckpt["rng"][self.ctx.rank])  # last: nothing after this may draw from the global RNGs
+        self.checkpointer.restore(ckpt, self.components, path)  # in the mapping's order: the RNG states last
+        self._warn_schedule_change(ckpt["config"]["train"]["steps"], self.state.step)
         self.resumed_from = path
+
+    def _refuse_old_lidar_augmentation(self, path: Path, ckpt: dict[str, Any]) -> None:
+        """A checkpoint whose lidar model drew its own augmentation (its generator is the model's ``_extra_state``)
+        cannot continue exactly: the augmentation is drawn per batch from (run seed, rank, position) now."""
+        if "_extra_state" in ckpt["model"] and type(self.model).get_extra_state is torch.nn.Module.get_extra_state:
+            raise ConfigError(
+                f"--resume: checkpoint {path} holds a lidar model's own augmentation generator (model.args.augment, "
+                "model.args.seed); the augmentation lives in data.augment.lidar now, drawn per batch from run.seed, "
+                "the rank and the batch position, so the run cannot continue exactly: start a new run (drivetrain "
+                "eval --checkpoint still scores this one)"
+            )
 
     def _warn_schedule_change(self, saved_steps: int, step: int) -> None:
         """Warn when a resume with another ``train.steps`` reshapes the schedule (its length follows it)."""
@@ -684,9 +734,9 @@ class Trainer:
     def close(self) -> None:
         """Release the run directory and leave the process group (if any); the trainer cannot train after it."""
         self._release()
-        closing = getattr(self.data, "close", None) or getattr(getattr(self.data, "stream", None), "close", None)
-        if callable(closing):  # a DALI pipeline's worker processes
-            closing()
+        stream = self.data.stream if isinstance(self.data, DevicePrefetcher) else self.data
+        if isinstance(stream, _Closing):  # a DALI pipeline's worker processes
+            stream.close()
         self.strategy.wrapped = self.model  # drop the DDP wrapper (its reducer holds the process group) first
         teardown(self.ctx)
 

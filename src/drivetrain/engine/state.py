@@ -1,0 +1,202 @@
+"""What a checkpoint holds: a dict of stateful components, and the format version that says how to read it.
+
+The trainer names everything it checkpoints once, as a mapping ``{name: component}`` (model, optimizer, loss
+scaler, loop counters, schedule, data position, RNG states); every component has ``state_dict()`` and
+``load_state_dict(state)`` (:class:`Stateful`). A checkpoint is one dict: each component's state under its name,
+beside the :data:`METADATA` the trainer checks before restoring (``format_version``, ``world_size``, ``config``,
+``versions``). :class:`~drivetrain.engine.checkpoint.Checkpointer` iterates the mapping on save and restore; a
+checkpoint missing a component of the mapping, or holding one the mapping lacks, is refused in one line naming it.
+This module imports only :mod:`drivetrain.engine.rng` of drivetrain's, so the checkpointer can import it.
+
+Format versions (:data:`FORMAT_VERSION` is the one this drivetrain writes and reads):
+
+- **1** — the sampler position counted in samples (``data`` held ``position`` and ``num_replicas``); written by
+  drivetrain until 2026-11-22, with the field ``format: 1``.
+- **2** — the sampler position in batches (``epoch``, ``step``), the components above. Checkpoints written until
+  this field was named ``format_version`` say ``format: 1`` as well: drivetrain did not raise the number when the
+  sampler changed, so :func:`format_version` tells the two apart by their data position, once, here.
+
+A checkpoint of another version is refused in one line naming its version and this one
+(:func:`drivetrain.engine.checkpoint.check_format`); nothing converts old layouts on restore.
+
+The protocol is that of ``torch.distributed.checkpoint.stateful.Stateful`` (anything that satisfies one satisfies
+the other); it is declared here because importing that package costs seconds at every start of the command line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from drivetrain.engine.rng import capture_rng, restore_rng
+
+__all__ = [
+    "FORMAT_VERSION",
+    "METADATA",
+    "META_KEYS",
+    "OLD_VERSION_KEY",
+    "VERSION_KEY",
+    "FixedState",
+    "RngState",
+    "ScheduleState",
+    "Stateful",
+    "StrategyState",
+    "format_version",
+]
+
+FORMAT_VERSION = 2
+VERSION_KEY = "format_version"
+OLD_VERSION_KEY = "format"  # the version field until version 2 was named format_version (see above)
+# What a checkpoint says about itself beside the components: written by the trainer, read before restoring.
+META_KEYS = ("world_size", "config", "versions")
+METADATA = (VERSION_KEY, OLD_VERSION_KEY, *META_KEYS)
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """A checkpointed component: ``state_dict()`` returns plain data (dicts, lists, tensors, numbers, strings,
+    what ``torch.load(weights_only=True)`` reads back) and ``load_state_dict`` restores from it."""
+
+    def state_dict(self) -> Any:
+        """The component's state as plain data."""
+        ...
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        ...
+
+
+def format_version(state: Mapping[str, Any]) -> int | None:
+    """The format version of a loaded checkpoint, or None when it names none (not a training checkpoint).
+
+    Args:
+        state: the checkpoint's dict, as :meth:`Checkpointer.load` returns it.
+
+    Returns:
+        ``state["format_version"]``; for a checkpoint that says ``format: 1`` (versions 1 and 2 both did), 1 when
+        its data position counts samples and 2 otherwise.
+    """
+    if VERSION_KEY in state:
+        return state[VERSION_KEY]
+    if state.get(OLD_VERSION_KEY) == 1:
+        data = state.get("data")
+        return 1 if isinstance(data, Mapping) and "position" in data else 2
+    return None
+
+
+class StrategyState:
+    """The model and the optimizer through the run's strategy, as the two components :attr:`model` and
+    :attr:`optimizer` (in that order in the mapping).
+
+    Their full state dicts come from one ``strategy.full_state()`` (collective under FSDP and DeepSpeed, which
+    gather both at once) and go back through one ``strategy.load_full_state(model, optimizer)`` (DeepSpeed sets
+    the fp32 master weights from the model's dict): ``model.state_dict()`` reads both and ``optimizer.state_dict()``
+    hands over the second; ``model.load_state_dict`` keeps its dict until ``optimizer.load_state_dict`` loads both.
+
+    Args:
+        strategy: a :class:`~drivetrain.engine.strategy.Strategy` (or the DeepSpeed one): ``full_state()`` and
+            ``load_full_state(model_sd, optim_sd)``.
+    """
+
+    def __init__(self, strategy: Any) -> None:
+        self._strategy = strategy
+        self._optimizer_sd: dict[str, Any] | None = None  # read with the model's, not yet handed over
+        self._model_sd: dict[str, Any] | None = None  # restored, waiting for the optimizer's
+        self.model: Stateful = _Part(self._model_state, self._load_model)
+        self.optimizer: Stateful = _Part(self._optimizer_state, self._load_optimizer)
+
+    def _model_state(self) -> dict[str, Any]:
+        model_sd, self._optimizer_sd = self._strategy.full_state()
+        return model_sd
+
+    def _optimizer_state(self) -> dict[str, Any]:
+        if self._optimizer_sd is None:
+            raise RuntimeError("StrategyState: the optimizer's state is read with the model's; read 'model' first")
+        optimizer_sd, self._optimizer_sd = self._optimizer_sd, None
+        return optimizer_sd
+
+    def _load_model(self, state: dict[str, Any]) -> None:
+        self._model_sd = state
+
+    def _load_optimizer(self, state: dict[str, Any]) -> None:
+        if self._model_sd is None:
+            raise RuntimeError("StrategyState: the model's state loads with the optimizer's; restore 'model' first")
+        model_sd, self._model_sd = self._model_sd, None
+        self._strategy.load_full_state(model_sd, state)
+
+
+class _Part:
+    """A :class:`Stateful` made of two functions (the halves of :class:`StrategyState`)."""
+
+    def __init__(self, read: Any, load: Any) -> None:
+        self.state_dict, self.load_state_dict = read, load
+
+
+class ScheduleState:
+    """The learning-rate schedule: a pure function of the applied updates, so its state is a record to check.
+
+    ``state_dict()`` is ``{"step": updates applied, "kind": schedule kind}``; ``load_state_dict`` checks it
+    against the run's schedule kind and the loop counters restored before it (``train`` comes first).
+
+    Args:
+        kind: the run's ``schedule.kind``.
+        train: the loop counters, with an int ``step`` (:class:`~drivetrain.engine.trainer.TrainState`).
+    """
+
+    def __init__(self, kind: str, train: Any) -> None:
+        self.kind, self.train = kind, train
+
+    def state_dict(self) -> dict[str, Any]:
+        """The updates applied and the schedule kind."""
+        return {"step": self.train.step, "kind": self.kind}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Check the record against this run (a mismatch is one ValueError line naming the field)."""
+        if state_dict["kind"] != self.kind:
+            raise ValueError(f"schedule.kind: {state_dict['kind']!r} in the checkpoint, {self.kind!r} in this run")
+        if int(state_dict["step"]) != self.train.step:
+            raise ValueError(
+                f"schedule.step: {state_dict['step']} in the checkpoint, but its train counters say {self.train.step}"
+            )
+
+
+class RngState:
+    """Every rank's RNG states (Python, NumPy, torch CPU and CUDA): a list in rank order, the same on every rank.
+
+    ``state_dict()`` gathers them (collective under torchrun); ``load_state_dict`` restores this rank's. It must
+    come last in the mapping: nothing restored after it may draw from the global RNGs.
+
+    Args:
+        ctx: this process's place in the process group (:class:`~drivetrain.engine.distributed.DistContext`):
+            ``rank`` and ``gather_to_main(obj)``.
+    """
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+
+    def state_dict(self) -> list[dict[str, Any]]:
+        """Every rank's :func:`~drivetrain.engine.rng.capture_rng`, in rank order."""
+        return self.ctx.gather_to_main(capture_rng())
+
+    def load_state_dict(self, state_dict: list[dict[str, Any]]) -> None:
+        """Restore this rank's RNG states."""
+        restore_rng(state_dict[self.ctx.rank])
+
+
+class FixedState:
+    """A component whose state was taken earlier (the data position at the start of a failed step).
+
+    Args:
+        state: what :meth:`state_dict` returns.
+    """
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+    def state_dict(self) -> Any:
+        """The state given."""
+        return self.state
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Replace the state."""
+        self.state = state_dict
