@@ -1,6 +1,7 @@
 """A frame that cannot be read stops training with one line naming the file and the skip option, after a
-checkpoint of the completed steps from which a resume (once the file is back) continues exactly; a full disk
-during a checkpoint write is named and keeps the older checkpoints. (Issue 9 item 9.)"""
+checkpoint of the completed steps from which a resume (once the file is back) continues exactly — with the
+PyTorch loader and with ``data.loader=dali`` alike; a full disk during a checkpoint write is named and keeps the
+older checkpoints. (Issue 9 item 9, issue 31; tests/test_engine_disk_full.py has the other full-disk writes.)"""
 
 from __future__ import annotations
 
@@ -65,3 +66,51 @@ def test_a_full_disk_during_a_checkpoint_is_named_and_keeps_the_older_ones(tmp_p
     assert not [p for p in ckpt.iterdir() if p.name.startswith(".step-")]  # no partial files left behind
     with pytest.raises(CheckpointError, match="disk is full"):
         Checkpointer(ckpt).save(6, {"x": torch.zeros(1)})
+
+
+@pytest.mark.parametrize("fault", ["missing", "wrong size"])
+def test_dali_loader_stops_on_a_bad_image_like_the_pytorch_loader(fault, synth_root, synth_index, tmp_path, capsys):
+    """``data.loader=dali``: a removed image, or one of another size than the index records (found before DALI
+    decodes it), stops the run at the step the PyTorch loader stops at, with its one line naming the file and its
+    checkpoint; once the file is back the run resumes there and finishes."""
+    pytest.importorskip("nvidia.dali")
+    import numpy as np
+    import simplejpeg
+
+    data = tmp_path / "data"
+    shutil.copytree(synth_root, data)
+    index = load_index(data / "drivetrain_index.npz")
+    late = int((index.arrays["frame_in_scene"] == 2).nonzero()[0][0])  # DALI reads it ahead, at an earlier step
+    image = data / index.meta["image_files"][late][3]
+    saved = image.read_bytes()
+    if fault == "missing":
+        image.unlink()
+        expected = f"drivetrain train: data error: {image}: cannot read image (No such file or directory); "
+    else:
+        image.write_bytes(simplejpeg.encode_jpeg(np.zeros((40, 64, 3), np.uint8)))
+        expected = f"drivetrain train: data error: {image}: image is 64×40, the index says 160×90; "
+
+    def train(loader: str, *extra: str) -> tuple[int, str, int]:
+        out = tmp_path / loader
+        argv = ["train", "--config", str(CONFIG), f"run.out_dir={out}", "run.threads=1", "run.deterministic=true",
+                "log.progress=false", "log.tensorboard=false", "log.every=1", "model.args.width=8",
+                "data.name=drivetrain.data.sources:frames", f"data.loader={loader}",
+                f"data.args={{index: {data / 'drivetrain_index.npz'}}}", "schedule.total_steps=8", "train.steps=6",
+                "checkpoint.every=100", *extra]  # fmt: skip
+        code = main(argv)
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and "DALI" not in err, err
+        lines = [ln for ln in err.splitlines() if ln.startswith("drivetrain train:")]
+        return code, lines[0] if code else "", len(losses(out))
+
+    code, torch_line, torch_done = train("torch")
+    assert code == 1 and torch_line.startswith(expected)
+    code, line, done = train("dali")
+    assert code == 1 and line.startswith(expected), line
+    assert "data.loader=torch with data.args.on_error=skip" in line and "saved checkpoint" in line
+    assert done == torch_done < 6
+    assert Checkpointer(tmp_path / "dali" / "checkpoints").committed()[-1][0] == done
+
+    image.write_bytes(saved)  # fixed: the run resumes at the step it stopped and finishes
+    assert train("dali", "--resume", "auto")[0] == 0
+    assert len(losses(tmp_path / "dali")) == 6

@@ -1,7 +1,8 @@
 """The DALI loader (CPU-only DALI here): without augmentation its batches equal the PyTorch loader's; with it a
 3D point projected with the augmented ``lidar2img`` lands on its moved pixel and everything but the pixels equals
 the worker path (the pixels within PIL's rounding); it walks the same frames in the same order, shards ranks
-disjointly, resumes the same stream, and the trainer resumes bit-exactly with it. Skipped without DALI."""
+disjointly, resumes the same stream, and the trainer resumes bit-exactly with it; a bad image is named at the batch
+the PyTorch loader names it (tests/test_engine_data_failure.py runs the trainer on one). Skipped without DALI."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from drivetrain.engine import ConfigError, Trainer, load_config
 from drivetrain.engine.batches import BatchStream
 from drivetrain.engine.config import DataConfig
 from drivetrain.pipeline.augment import ImageAugConfig
-from drivetrain.pipeline.camera_aug import CameraAugConfig, CameraAugment
+from drivetrain.pipeline.augmentation import Augmentation, AugmentConfig
+from drivetrain.pipeline.camera_aug import CameraAugConfig
 from drivetrain.pipeline.dali import DaliSource, DaliStream
 from drivetrain.pipeline.photometric import IMAGENET_MEAN, IMAGENET_STD, PhotometricConfig
 from helpers.engine import assert_same_weights, final_state
@@ -91,7 +93,9 @@ def test_without_augmentation_dali_batches_equal_the_pytorch_loaders(synth_index
 def test_augmented_point_lands_on_its_moved_pixel_and_matches_the_worker_path(blob_root):
     dataset = _frames(blob_root)
     dali = DaliStream(dataset, 2, seed=5, augment=CFG)
-    worker = BatchStream(dataset, DataConfig(batch_size=2), seed=5, transform=CameraAugment(CFG, seed=5, on="worker"))
+    worker = BatchStream(
+        dataset, DataConfig(batch_size=2), seed=5, transform=Augmentation(AugmentConfig(CFG), seed=5, on="worker")
+    )
     try:
         for _ in range(2):
             (a, _), (b, _) = dali.next(), worker.next()
@@ -164,8 +168,8 @@ def test_training_with_dali_resumes_bit_exactly(synth_index, synth_root, tmp_pat
             f"run.out_dir={out}", "run.threads=1", "run.deterministic=true", "log.progress=false",
             "log.tensorboard=false", "log.every=1", "train.steps=4", "checkpoint.every=2", "checkpoint.keep=3",
             "data.name=drivetrain.data.sources:frames", f"data.args={{index: {index}, split: mini_train}}",
-            "data.augment.image.source_size=[160,90]", "data.augment.image.final_size=[128,48]",
-            "data.augment.image.resize_lim=[0.76,1.1]", "data.loader=dali",
+            "data.augment.camera.image.source_size=[160,90]", "data.augment.camera.image.final_size=[128,48]",
+            "data.augment.camera.image.resize_lim=[0.76,1.1]", "data.loader=dali",
         ])  # fmt: skip
         trainer = Trainer(cfg, resume=resume)
         try:
@@ -190,3 +194,38 @@ def test_what_dali_cannot_carry_is_refused_by_name(synth_index, synth_root, tmp_
         DaliStream(_frames(synth_root), 2, augment=dataclasses.replace(CFG, photometric=PhotometricConfig()))
     with pytest.raises(ConfigError, match=r"data\.loader"):
         load_config(ROOT / "configs" / "streampetr_tiny_aug.yaml", ["data.loader=nvjpeg"])
+
+
+def test_a_jpeg_only_the_decoder_rejects_is_named_at_the_batch_the_pytorch_loader_names_it(
+    synth_index, synth_root, tmp_path
+):
+    """A JPEG cut short after its header passes the source's check and fails in DALI's decoder, which reads ahead:
+    the stream still hands out the batches before it and raises the PyTorch loader's one-line DataError (naming
+    the file) at the same batch."""
+    from drivetrain.data.errors import DataError
+
+    root = tmp_path / "synth"
+    shutil.copytree(synth_root, root)
+    dataset = _frames(root)
+    order = list(SequenceSampler(dataset.frames.scene_lengths(), 2, seed=3))
+    frame = order[2][1][0]  # read in the third batch: DALI prepares it while the first is asked for
+    image = root / dataset.frames.index.meta["image_files"][frame][4]
+    data = image.read_bytes()
+    image.write_bytes(data[: int(len(data) * 0.8)])
+    simplejpeg.decode_jpeg_header(image.read_bytes())  # the header is intact: only decoding finds the fault
+
+    def failure(stream):
+        for i in range(len(order)):
+            try:
+                stream.next()
+            except DataError as err:
+                return i, str(err)
+        return None
+
+    dali = DaliStream(dataset, 2, seed=3)
+    try:
+        found = failure(dali)
+    finally:
+        dali.close()
+    assert found == failure(BatchStream(dataset, DataConfig(batch_size=2), seed=3))
+    assert found[0] == 2 and found[1].startswith(f"{image}: corrupt or non-JPEG image")

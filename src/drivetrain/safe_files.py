@@ -62,8 +62,10 @@ def replacing(path: str | Path) -> Iterator[IO[bytes]]:
         with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as f:
             yield f
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.filename is None:  # a failed write or close names no file: ours
+            err.filename = str(path)
         raise
 
 

@@ -19,6 +19,7 @@ examples:
   drivetrain train --config configs/smoke.yaml
   drivetrain train --config configs/smoke.yaml precision.mode=bf16 train.accumulation=4 run.out_dir=runs/bf16
   drivetrain train --config configs/smoke.yaml --resume auto        # after a preemption
+  drivetrain train --config configs/ssn_tiny.yaml --print-config    # the config resolved; trains nothing
   torchrun --nproc_per_node 2 -m drivetrain.cli.main train --config configs/smoke.yaml distributed.strategy=ddp
 
 the run directory (run.out_dir) holds config.yaml (resolved), metrics.jsonl (one JSON object per step),
@@ -38,6 +39,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--config", required=True, metavar="FILE", help="YAML config, e.g. configs/smoke.yaml")
     parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the config resolved (its base chain merged, the overrides applied, defaults filled in) as YAML "
+        "and exit: nothing is trained or written",
+    )
+    parser.add_argument(
         "--resume",
         metavar="auto|DIR",
         default=None,
@@ -51,10 +58,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Train from ``args.config`` with ``args.overrides`` and ``args.resume``; return the exit code.
 
-    0 when done, 2 on a config error, 1 on a non-finite loss, data or checkpoint error, 130 / 143 when SIGINT /
-    SIGTERM stopped it (after its checkpoint, or before the first step). A run in a process group leaves with
-    ``os._exit`` instead of returning.
+    0 when done, 2 on a config error, 1 on a non-finite loss, data or checkpoint error or a file of the run that
+    cannot be written (a full disk, an exceeded quota, a read-only file system: one line naming the file; the
+    committed checkpoints are kept), 130 / 143 when SIGINT / SIGTERM stopped it (after its checkpoint, or before
+    the first step). A run in a process group leaves with ``os._exit`` instead of returning. With ``--print-config``:
+    the resolved config printed, 0 (2 on a config error), nothing trained or written.
     """
+    if args.print_config:
+        from drivetrain.cli.configs import print_resolved
+
+        return print_resolved(args.config, args.overrides, "train")
     from drivetrain.engine import (
         CheckpointError,
         ConfigError,
@@ -63,7 +76,9 @@ def run(args: argparse.Namespace) -> int:
         TrainingDataError,
         load_config,
     )
+    from drivetrain.engine.metrics import RunWriteError
 
+    cfg = None
     try:
         cfg = load_config(args.config, args.overrides)
         trainer = Trainer(cfg, resume=args.resume)
@@ -73,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("drivetrain train: interrupted while starting; no step was run", file=sys.stderr)
         return 130
+    except Exception as err:  # only a write without room is reported here; the rest is re-raised
+        if not _report_no_room(err, cfg):
+            raise
+        return 1
     try:
         state = trainer.fit()
     except NonFiniteLossError as err:
@@ -83,6 +102,13 @@ def run(args: argparse.Namespace) -> int:
         return 1
     except CheckpointError as err:
         print(f"drivetrain train: checkpoint error: {err}", file=sys.stderr)
+        return 1
+    except RunWriteError as err:
+        print(f"drivetrain train: {err}", file=sys.stderr)
+        return 1
+    except Exception as err:  # as above
+        if not _report_no_room(err, cfg):
+            raise
         return 1
     finally:
         trainer.close()
@@ -100,6 +126,23 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+def _report_no_room(err: BaseException, cfg: object) -> bool:
+    """Print the one line of a write that failed for lack of room (a full disk, an exceeded quota, a read-only file
+    system) anywhere in the run (the config copy, the lock file, evaluation outputs, ...): the file when the error
+    names one, else the run directory. Returns False, printing nothing, for any other error."""
+    from pathlib import Path
+
+    from drivetrain.engine.checkpoint import no_room
+    from drivetrain.engine.metrics import write_failure
+
+    room = no_room(err)
+    if room is None:
+        return False
+    where = room.filename or getattr(getattr(cfg, "run", None), "out_dir", None) or "the run directory"
+    print(f"drivetrain train: {write_failure(Path(where), room)}", file=sys.stderr)
+    return True
 
 
 def stop_status(signal_name: str | None) -> int:

@@ -6,27 +6,72 @@ and before a checkpoint); host values (lr, counters, timings) are plain numbers.
 values are averaged with one all-reduce per flush; only rank 0 writes.
 
 ``metrics.jsonl`` gets one object per iteration:
-``{"step", "opt_step", "loss", "loss/<term>", "lr", "grad_norm", "loss_scale", "skipped_steps",
-"nonfinite_losses", "samples_per_s", "step_time_s", "data_wait_s", "peak_memory_mb"}``.
+``{"step", "opt_step", "loss", "loss/<term>", "count/<name>", "lr", "grad_norm", "loss_scale", "skipped_steps",
+"nonfinite_losses", "samples_per_s", "step_time_s", "data_wait_s", "peak_memory_mb"}`` (``count/<name>``: the
+model's ``loss_counts`` summed over the iteration's micro-batches — and, like every device value, averaged over
+ranks — e.g. ``count/unassigned_gt``, ground truths left unassigned because a frame holds more than the model has
+queries).
+
+A file of the log that cannot be written — a full disk, an exceeded quota, a read-only file system, at start-up
+(``metrics.jsonl``, the TensorBoard event file) or later — raises one :class:`RunWriteError` line naming the file
+and why; the logger writes nothing more after it. TensorBoard writes from a thread of its own, which hands its
+error to the next call of the writer: the thread's own traceback print is kept quiet (:func:`_quiet_tensorboard`).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import resource
 import sys
+import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from drivetrain.engine.checkpoint import NO_ROOM, no_room
 from drivetrain.safe_files import replace_text
 
-__all__ = ["MetricsLogger", "peak_memory_mb", "truncate_metrics"]
+__all__ = ["MetricsLogger", "RunWriteError", "peak_memory_mb", "truncate_metrics"]
+
+
+class RunWriteError(RuntimeError):
+    """A file of the run could not be written; the message is one line naming it and why (e.g. the disk is full)."""
+
+
+def write_failure(path: Path, err: BaseException) -> str:
+    """The one line of a failed write of ``path``: why, and that the committed checkpoints are kept."""
+    room = no_room(err)
+    if room is not None:
+        reason = NO_ROOM[room.errno]
+        fix = "make it writable" if room.errno == errno.EROFS else "free space"
+    else:
+        reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        fix = "fix that"
+    return f"cannot write {path} ({reason}); the committed checkpoints are kept — {fix}, then --resume auto"
+
+
+def _quiet_tensorboard() -> None:
+    """Keep ``threading`` from printing the traceback of TensorBoard's writer thread when it dies on an OSError:
+    the writer raises that error again in the next call made to it, which :class:`MetricsLogger` reports in one
+    line. Installed once per process; every other thread's exception goes to the previous hook."""
+    previous = threading.excepthook
+    if getattr(previous, "drivetrain_quiet_tensorboard", False):
+        return
+
+    def hook(args: Any) -> None:
+        if type(args.thread).__module__.startswith("tensorboard.") and isinstance(args.exc_value, OSError):
+            return
+        previous(args)
+
+    hook.drivetrain_quiet_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -80,21 +125,25 @@ class MetricsLogger:
         self._file = None
         self._tb = None
         self._bar = None
+        self._failed = False  # a write failed: nothing more is written
         self.last: dict[str, float] = {}
         if not enabled:
             return
         path = out_dir / "metrics.jsonl"
-        if start == 0 and path.exists():
-            path.unlink()
-        truncate_metrics(path, start)
-        if path.is_symlink():  # appending would write into the link's target: keep our records in our own file
-            path.unlink()
-        self._path = path
-        self._file = open(path, "a")  # noqa: SIM115 - kept open for the whole run
+        self._path, self._tb_dir = path, out_dir / "tensorboard"
+        with self._writing(path):
+            if start == 0 and path.exists():
+                path.unlink()
+            truncate_metrics(path, start)
+            if path.is_symlink():  # appending would write into the link's target: keep our records in our own file
+                path.unlink()
+            self._file = open(path, "a")  # noqa: SIM115 - kept open for the whole run
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(out_dir / "tensorboard"), purge_step=start + 1 if start else None)
+            _quiet_tensorboard()
+            with self._writing(self._tb_dir):  # the writer creates its event file and writes to it at once
+                self._tb = SummaryWriter(str(self._tb_dir), purge_step=start + 1 if start else None)
         if progress:
             from tqdm import tqdm
 
@@ -111,23 +160,49 @@ class MetricsLogger:
             self._bar.update(1)
 
     def flush(self) -> None:
-        """Read the buffered device values (one transfer), average across ranks, write records."""
+        """Read the buffered device values (one transfer), average across ranks, write records.
+
+        Raises:
+            RunWriteError: ``metrics.jsonl`` or the TensorBoard log could not be written (one line naming it).
+        """
         if not self._pending:
             return
         keys = list(self._pending[0][0])
         stacked = torch.stack([torch.stack([d[k].float() for k in keys]) for d, _ in self._pending])  # (T, K)
         stacked = self.reduce_mean(stacked.flatten()).view(len(self._pending), len(keys))
         values = stacked.tolist()  # sync: the one read of losses, norms and scales per flush
-        if self.enabled:
-            self._ensure_file()
-            for row, (_, host) in zip(values, self._pending, strict=True):
+        pending, self._pending = self._pending, []
+        if self.enabled and not self._failed:
+            with self._writing(self._path):
+                self._ensure_file()
+            for row, (_, host) in zip(values, pending, strict=True):
                 record = {"step": int(host["step"]), **dict(zip(keys, row, strict=True))}
                 record.update({k: v for k, v in host.items() if k != "step"})
                 self._write(record)
-            self._file.flush()
+            with self._writing(self._path):
+                self._file.flush()
             if self._bar is not None:  # the values just read, shown now (not at the next update)
                 self._bar.set_postfix(loss=f"{self.last['loss']:.4f}", lr=f"{self.last['lr']:.2e}", refresh=True)
-        self._pending.clear()
+
+    @contextmanager
+    def _writing(self, path: Path) -> Iterator[None]:
+        """Turn an error writing ``path`` into one :class:`RunWriteError` line; the logger writes nothing after it."""
+        try:
+            yield
+        except OSError as err:
+            self._fail()
+            raise RunWriteError(write_failure(path, err)) from None
+
+    def _fail(self) -> None:
+        """Stop writing: close the files without flushing what could not be written (their errors are moot)."""
+        self._failed = True
+        for close in (getattr(self._tb, "close", None), getattr(self._file, "close", None)):
+            try:
+                if close is not None:
+                    close()
+            except OSError:
+                pass
+        self._tb = self._file = None
 
     def _ensure_file(self) -> None:
         """Re-open ``metrics.jsonl`` by its path if it was deleted or replaced while the run writes it: appending
@@ -151,33 +226,38 @@ class MetricsLogger:
 
     def _write(self, record: dict[str, Any]) -> None:
         self.last = record
-        self._file.write(json.dumps(record) + "\n")
+        with self._writing(self._path):
+            self._file.write(json.dumps(record) + "\n")
         if self._tb is not None:
             step = record["step"]
-            for key, value in record.items():
-                if key != "step" and isinstance(value, int | float):
-                    self._tb.add_scalar(f"train/{key}", value, step)
+            with self._writing(self._tb_dir):
+                for key, value in record.items():
+                    if key != "step" and isinstance(value, int | float):
+                        self._tb.add_scalar(f"train/{key}", value, step)
 
     def evaluation(self, step: int, values: dict[str, float]) -> None:
         """Write one evaluation's numbers as a metrics.jsonl record ``{"step", "eval/<name>": ...}`` and as
         TensorBoard scalars ``eval/<name>`` (rank 0)."""
-        if not self.enabled:
+        if not self.enabled or self._failed:
             return
         record = {"step": int(step), **{f"eval/{k}": float(v) for k, v in values.items()}}
-        self._ensure_file()
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        with self._writing(self._path):
+            self._ensure_file()
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
         if self._tb is not None:
-            for key, value in record.items():
-                if key != "step":
-                    self._tb.add_scalar(key, value, step)
-            self._tb.flush()
+            with self._writing(self._tb_dir):
+                for key, value in record.items():
+                    if key != "step":
+                        self._tb.add_scalar(key, value, step)
+                self._tb.flush()
 
     def image(self, tag: str, picture: Any, step: int) -> None:
         """A uint8 ``(H, W, 3)`` picture in TensorBoard under ``tag`` (rank 0; nothing without TensorBoard)."""
         if self.enabled and self._tb is not None:
-            self._tb.add_image(tag, picture, step, dataformats="HWC")
-            self._tb.flush()
+            with self._writing(self._tb_dir):
+                self._tb.add_image(tag, picture, step, dataformats="HWC")
+                self._tb.flush()
 
     def message(self, text: str) -> None:
         """Print a line on rank 0 without breaking the progress bar."""
@@ -189,11 +269,25 @@ class MetricsLogger:
             print(text, file=sys.stderr, flush=True)
 
     def close(self) -> None:
-        """Flush pending records, then close the progress bar, the TensorBoard writer and the metrics file."""
-        self.flush()
-        if self._bar is not None:
-            self._bar.close()
-        if self._tb is not None:
-            self._tb.close()
-        if self._file is not None:
-            self._file.close()
+        """Flush pending records, then close the progress bar, the TensorBoard writer and the metrics file.
+
+        Raises:
+            RunWriteError: as :meth:`flush`, for the records still pending or the last TensorBoard write (once:
+                after a failed write, close only releases the files).
+        """
+        try:
+            self.flush()
+            if self._tb is not None:
+                with self._writing(self._tb_dir):
+                    self._tb.flush()  # raises what the writer thread met; its close() would not
+                    self._tb.close()
+                self._tb = None
+            if self._file is not None:
+                with self._writing(self._path):
+                    self._file.close()
+                self._file = None
+        finally:
+            if self._bar is not None:
+                self._bar.close()
+            if self._failed:
+                self._fail()

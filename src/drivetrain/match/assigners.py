@@ -5,6 +5,11 @@ image), each moved to the host and solved on its own. ``batched_*`` builds the c
 samples (or samples × cameras) in one go over padded targets and solves them with one host transfer
 (or none, with the ``gpu`` backend). Both return the same pairs; both run without gradients.
 
+A sample (or image) with more ground truths than predictions (``M > Q``) gets ``Q`` pairs: every query is
+matched and the other ``M − Q`` ground truths stay unassigned, as in the original (SciPy's
+``linear_sum_assignment`` on the rectangular ``(Q, M)`` cost matrix); they take no part in the matched loss
+terms (:func:`drivetrain.match.solve.num_assigned` counts the pairs).
+
 Costs (weights as published):
     3D: ``2.0 · focal(logits, y) + 0.25 · Σ_{k<8} |w_k·pred_k − w_k·enc(gt)_k|``, ``w = (2, 2, 1, …, 1)``.
     2D: ``2 · focal + 5 · L1(pred cxcywh, gt cxcywh / (W, H)) − 2 · GIoU_pixels + 10 · L1(pred c2d, c2d / (W, H))``.
@@ -28,16 +33,18 @@ __all__ = ["HungarianAssigner2D", "HungarianAssigner3D"]
 
 
 def _solve_one(cost: torch.Tensor) -> torch.Tensor:
-    """Reference solve of one ``(Q, M)`` matrix as the original does: to host, nan_to_num, SciPy."""
+    """Reference solve of one ``(Q, M)`` matrix as the original does: to host, nan_to_num, SciPy.
+
+    Returns ``min(Q, M)`` (query, target) pairs ``(K, 2)`` sorted by query: with ``M > Q`` the targets SciPy
+    leaves out stay unassigned, as in the original.
+    """
     with region("transfer"):
         host = cost.detach().float().cpu()  # sync: the original moves each matrix to the host on its own
         host = torch.nan_to_num(host, nan=NAN_COST, posinf=POSINF_COST, neginf=NEGINF_COST)
-    if host.shape[1] > host.shape[0]:
-        raise ValueError(f"costs: {host.shape[1]} targets but only {host.shape[0]} predictions (M ≤ Q required)")
     with region("solve"):
         rows, cols = linear_sum_assignment(host.numpy())
     with region("transfer"):
-        return torch.stack([torch.from_numpy(rows), torch.from_numpy(cols)], dim=-1).to(cost.device)  # (M, 2)
+        return torch.stack([torch.from_numpy(rows), torch.from_numpy(cols)], dim=-1).to(cost.device)  # (K, 2)
 
 
 def _check_targets(name: str, rb: RaggedBatch, batch_shape: tuple[int, ...]) -> None:
@@ -100,7 +107,8 @@ class HungarianAssigner3D:
             gt_labels: RaggedBatch ``(B, G)`` int classes, same sizes as ``gt_boxes``.
 
         Returns:
-            int64 RaggedBatch ``(L, B, G, 2)`` of (query, target) pairs, sizes = targets per sample.
+            int64 RaggedBatch ``(L, B, G, 2)`` of (query, target) pairs sorted by query, sizes = ``min(M_b, Q)``
+            (the ground truths beyond ``Q`` stay unassigned, as in the original).
         """
         lead = tuple(pred_logits.shape[:-2])
         if not isinstance(gt_boxes, RaggedBatch):
@@ -112,7 +120,7 @@ class HungarianAssigner3D:
         with region("cost"):
             cost = self.cost(pred_logits, pred_codes, gt_codes, labels)  # (L, B, Q, G)
         sizes = gt_boxes.sizes.expand(lead)  # (L, B)
-        return solve(RaggedBatch._make(cost, sizes, len(lead) + 1), backend=self.backend)
+        return solve(RaggedBatch.unchecked(cost, sizes, len(lead) + 1), backend=self.backend)
 
     @torch.no_grad()
     def reference(
@@ -131,7 +139,7 @@ class HungarianAssigner3D:
             gt_labels: per sample ``(M_b,)`` int classes.
 
         Returns:
-            ``[layer][sample]`` int64 ``(M_b, 2)`` (query, target) pairs.
+            ``[layer][sample]`` int64 ``(min(M_b, Q), 2)`` (query, target) pairs.
         """
         out = []
         for layer in range(pred_logits.shape[0]):
@@ -222,7 +230,7 @@ class HungarianAssigner2D:
             image_size: ``(W, H)`` of the (augmented, padded) images.
 
         Returns:
-            int64 RaggedBatch ``(B, N, G, 2)`` of (token, target) pairs.
+            int64 RaggedBatch ``(B, N, G, 2)`` of (token, target) pairs, sizes ``min(M, Q)`` per image.
         """
         lead = tuple(pred_logits.shape[:-2])
         for name, rb in (("gt_boxes", gt_boxes), ("gt_labels", gt_labels), ("gt_centres", gt_centres)):
@@ -237,7 +245,7 @@ class HungarianAssigner2D:
                 gt_centres.with_padding(0.0).tensor,
                 image_size,
             )  # (B, N, Q, G)
-        return solve(RaggedBatch._make(cost, gt_boxes.sizes, len(lead) + 1), backend=self.backend)
+        return solve(RaggedBatch.unchecked(cost, gt_boxes.sizes, len(lead) + 1), backend=self.backend)
 
     @torch.no_grad()
     def reference(
@@ -250,7 +258,7 @@ class HungarianAssigner2D:
         gt_centres: list[list[torch.Tensor]],
         image_size: tuple[float, float],
     ) -> list[list[torch.Tensor]]:
-        """Per image, as the original: returns ``[sample][camera]`` int64 ``(M, 2)`` pairs."""
+        """Per image, as the original: returns ``[sample][camera]`` int64 ``(min(M, Q), 2)`` pairs."""
         out = []
         for b in range(pred_logits.shape[0]):
             row = []

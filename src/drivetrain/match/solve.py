@@ -1,17 +1,23 @@
 """Linear assignment for a batch of rectangular problems of mixed sizes.
 
 Problem ``p`` is the ``Q × M_p`` block of a padded cost tensor ``(*batch, Q, G)`` (``M_p`` ≤ ``G`` targets,
-``Q`` ≥ ``M_p`` predictions; ``M_p = 0`` is allowed). Every target gets exactly one prediction, the one
-minimising the total cost, as ``scipy.optimize.linear_sum_assignment`` does. Non-finite costs are mapped
-as the original detectors do before solving: NaN → 100, +inf → 100, -inf → -100.
+``Q`` predictions; ``M_p = 0`` is allowed). ``min(Q, M_p)`` (prediction, target) pairs of least total cost are
+assigned, as ``scipy.optimize.linear_sum_assignment`` does on the rectangular block: with ``M_p ≤ Q`` every
+target gets its own prediction; with more targets than predictions (``M_p > Q``, e.g. a frame holding more
+ground truths than the detector has queries) every prediction gets one target and the other ``M_p − Q``
+targets stay **unassigned** — what the original detectors do (their assigners call SciPy on the same
+``(num_query, num_gt)`` matrix); the result's sizes are then ``Q``. Non-finite costs are mapped as the original
+detectors do before solving: NaN → 100, +inf → 100, -inf → -100.
 
 Backends:
     ``scipy``: the whole padded batch goes to the host in **one** transfer (one sync), the problems are
         solved in a thread pool (SciPy releases the GIL), and all index pairs come back in one transfer.
     ``gpu``: the exact Triton solver of the ``torch-linear-assignment`` package (``pip install
         drivetrain[gpu]``) on a CUDA device with compute capability ≥ 8.0: no host sync at all. Padding
-        columns get a constant cost, which leaves the optimum of the real columns unchanged (they all
-        still fit, since ``G ≤ Q``).
+        columns get one constant cost above every real cost of the batch, which leaves the optimum of the real
+        columns unchanged: with ``G ≤ Q`` every column is matched anyway, and with ``G > Q`` a prediction
+        matched to a padding column while a real column is free could swap to that column for less, so the
+        optimum uses ``min(Q, M_p)`` real columns, as SciPy on the real block does.
     ``auto``: ``gpu`` when its requirements are met, else ``scipy``.
 
 Under ``torch.compile`` both solvers enter the graph as custom operators, ``drivetrain::solve_scipy`` and
@@ -36,7 +42,7 @@ from scipy.optimize import linear_sum_assignment
 from drivetrain.profile import region
 from drivetrain.ragged import RaggedBatch
 
-__all__ = ["BACKENDS", "gpu_solver_available", "pairs_from_assignment", "solve"]
+__all__ = ["BACKENDS", "gpu_solver_available", "num_assigned", "num_unassigned", "pairs_from_assignment", "solve"]
 
 BACKENDS = ("auto", "scipy", "gpu")
 NAN_COST, POSINF_COST, NEGINF_COST = 100.0, 100.0, -100.0
@@ -58,10 +64,11 @@ def solve(costs: RaggedBatch, *, backend: str = "auto", num_threads: int | None 
 
     Returns:
         int64 RaggedBatch ``(*batch, G, 2)`` of ``(prediction, target)`` pairs, ragged dim ``G``, sizes
-        ``M``; within a problem pairs are sorted by prediction index, as SciPy returns them.
+        ``min(M, Q)`` (the targets beyond ``Q`` of a problem stay unassigned, see the module docstring); within
+        a problem pairs are sorted by prediction index, as SciPy returns them.
 
     Raises:
-        ValueError: a problem has more targets than predictions (``M > Q``), or the ragged dim is not last.
+        ValueError: the ragged dim is not last.
     """
     if not isinstance(costs, RaggedBatch):
         raise TypeError(f"costs: expected a RaggedBatch (*batch, Q, G) with sizes = targets, got {type(costs)}")
@@ -83,7 +90,49 @@ def solve(costs: RaggedBatch, *, backend: str = "auto", num_threads: int | None 
         pairs = torch.ops.drivetrain.solve_scipy(tensor, costs.sizes, num_threads or 0)  # (*batch, G, 2)
     else:
         pairs = _scipy_pairs(tensor, costs.sizes, num_threads)  # (*batch, G, 2)
-    return RaggedBatch._make(pairs, costs.sizes, costs.num_batch_dims, costs._mask)
+    return _pairs_batch(pairs, costs)
+
+
+def num_assigned(num_targets: torch.Tensor, num_predictions: int, padded_targets: int) -> torch.Tensor:
+    """Pairs each problem gets: ``min(M, Q)``, on the device, without a sync.
+
+    Args:
+        num_targets: int64 ``(*batch,)`` targets ``M`` per problem.
+        num_predictions: ``Q``.
+        padded_targets: the padded target length ``G`` (≥ every ``M``): when ``G ≤ Q`` (known on the host)
+            ``num_targets`` itself is returned, no kernel runs.
+
+    Returns:
+        int64 ``(*batch,)``.
+    """
+    if padded_targets <= num_predictions:
+        return num_targets
+    return num_targets.clamp(max=num_predictions)  # (*batch,)
+
+
+def num_unassigned(num_targets: torch.Tensor, num_predictions: int, padded_targets: int) -> torch.Tensor:
+    """Targets left without a prediction in the whole batch, ``Σ max(M − Q, 0)``, on the device, without a sync.
+
+    Args:
+        num_targets: int64 ``(*batch,)`` targets ``M`` per problem.
+        num_predictions: ``Q``.
+        padded_targets: the padded target length ``G`` (≥ every ``M``): when ``G ≤ Q`` none can be left over
+            and a zero is returned without reading the counts.
+
+    Returns:
+        int64 ``()``.
+    """
+    if padded_targets <= num_predictions:
+        return num_targets.new_zeros(())
+    return (num_targets - num_predictions).clamp(min=0).sum()  # ()
+
+
+def _pairs_batch(pairs: torch.Tensor, costs: RaggedBatch) -> RaggedBatch:
+    """The solvers' ``(*batch, G, 2)`` pairs as a RaggedBatch of sizes ``min(M, Q)`` (the costs' mask when equal)."""
+    q, g = costs.shape[-2:]
+    if g <= q:  # every target fits: the sizes (and their mask) are the costs'
+        return RaggedBatch.unchecked(pairs, costs.sizes, costs.num_batch_dims, costs.cached_mask)
+    return RaggedBatch.unchecked(pairs, num_assigned(costs.sizes, q, g), costs.num_batch_dims)
 
 
 @lru_cache(maxsize=1)
@@ -113,7 +162,7 @@ def _pool() -> ThreadPoolExecutor:
 
 def _scipy_pairs(tensor: torch.Tensor, num_targets: torch.Tensor, num_threads: int | None) -> torch.Tensor:
     """The SciPy backend on plain tensors: float ``(*batch, Q, G)`` costs and int64 ``(*batch,)`` target counts
-    → int64 ``(*batch, G, 2)`` pairs on the costs' device (rows past a problem's count are zero)."""
+    → int64 ``(*batch, G, 2)`` pairs on the costs' device (rows past a problem's ``min(M, Q)`` pairs are zero)."""
     batch, (q, g) = tensor.shape[:-2], tensor.shape[-2:]
     device = tensor.device
     with region("transfer"):
@@ -129,26 +178,20 @@ def _scipy_pairs(tensor: torch.Tensor, num_targets: torch.Tensor, num_threads: i
     num_problems = math.prod(batch)
     flat_costs = host_costs.reshape(num_problems, q, g).numpy()  # (P, Q, G)
     sizes = host_sizes.reshape(-1).tolist()  # host memory by now (copied above on CUDA)
-    for p, m in enumerate(sizes):
-        if m > q:
-            raise ValueError(
-                f"costs: problem {p} (batch index {np.unravel_index(p, tuple(batch))}) has {m} targets but only "
-                f"{q} predictions; every target needs its own prediction (M ≤ Q)"
-            )
     pairs = np.zeros((len(sizes), g, 2), dtype=np.int64)  # (P, G, 2)
 
     def run(p: int) -> None:
         m = sizes[p]
-        if m == 0:
+        if m == 0 or q == 0:
             return
         block = np.nan_to_num(flat_costs[p, :, :m], nan=NAN_COST, posinf=POSINF_COST, neginf=NEGINF_COST)
-        rows, cols = linear_sum_assignment(block)
-        pairs[p, :m, 0] = rows
-        pairs[p, :m, 1] = cols
+        rows, cols = linear_sum_assignment(block)  # min(Q, M) pairs: with M > Q the extra targets stay unassigned
+        pairs[p, : len(rows), 0] = rows
+        pairs[p, : len(rows), 1] = cols
 
-    work = [p for p, m in enumerate(sizes) if m > 0]
+    work = [p for p, m in enumerate(sizes) if m > 0 and q > 0]
     threads = min(num_threads or os.cpu_count() or 1, len(work))
-    if num_threads is None and sum(q * m * m for m in sizes) < PARALLEL_MIN_WORK:
+    if num_threads is None and sum(max(q, m) * min(q, m) ** 2 for m in sizes) < PARALLEL_MIN_WORK:
         threads = 1  # small problems: handing them to threads costs more than solving them
     with region("solve"):
         if threads > 1:
@@ -187,27 +230,27 @@ def _solve_gpu(costs: RaggedBatch) -> RaggedBatch:
             "torch-linear-assignment and triton (pip install 'drivetrain[gpu]'); use backend='scipy' or 'auto'"
         )
     batch, (q, g) = costs.batch_shape, costs.shape[-2:]
-    if g > q:
-        raise ValueError(
-            f"costs: padded target dim {g} exceeds the {q} predictions; the gpu backend needs G ≤ Q "
-            "(pad targets only to the largest count)"
-        )
     valid = costs.mask.unsqueeze(-2)  # (*batch, 1, G)
     clean = torch.nan_to_num(costs.tensor.detach().float(), nan=NAN_COST, posinf=POSINF_COST, neginf=NEGINF_COST)
-    clean = torch.where(valid, clean, 0.0)  # (*batch, Q, G): constant padding columns keep the optimum
+    # One padding cost above every real cost (see the module docstring): no real column is ever left free for
+    # a padding one. NEGINF_COST stands in for the padding while taking the maximum (any real cost may win).
+    top = torch.where(valid, clean, NEGINF_COST).amax()  # ()
+    padding = (top.abs() * 2 + 1).clamp(max=torch.finfo(torch.float32).max)  # (): finite, as the kernel needs
+    clean = torch.where(valid, clean, padding)  # (*batch, Q, G)
     flat = clean.reshape(math.prod(batch), q, g)  # (P, Q, G)
     # Under torch.compile the kernel is one opaque node of the graph.
     kernel = torch.ops.drivetrain.solve_gpu if torch.compiler.is_compiling() else _triton_assignment
     assignment = kernel(flat)  # (P, Q): column of each row or -1
     pairs = pairs_from_assignment(assignment, costs.sizes.reshape(-1), g)  # (P, G, 2)
-    return RaggedBatch._make(pairs.view(*batch, g, 2), costs.sizes, costs.num_batch_dims, costs._mask)
+    return _pairs_batch(pairs.view(*batch, g, 2), costs)
 
 
 def _triton_assignment(cost: torch.Tensor) -> torch.Tensor:
     """``(P, Q, G)`` → ``(P, Q)`` assignment from the package's Triton kernel, without host syncs.
 
     The package's public wrapper checks for NaN/-inf and infeasibility with two host reads. Our costs are
-    finite by construction (``nan_to_num`` and constant padding) and every problem is feasible (``G ≤ Q``),
+    finite by construction (``nan_to_num`` and constant padding) and every problem is feasible (rectangular
+    problems of finite costs always are; the package transposes ``G < Q`` itself),
     so we call its Triton entry point with validation off; if that private entry point is not there (a
     different package version), the public wrapper is used, with its two syncs.
     """
@@ -241,16 +284,19 @@ def pairs_from_assignment(assignment: torch.Tensor, num_targets: torch.Tensor, n
         num_columns: padded column count ``G``.
 
     Returns:
-        int64 ``(P, G, 2)``: the first ``num_targets[p]`` rows of problem ``p`` hold its pairs in row order.
+        int64 ``(P, G, 2)``: the first ``min(num_targets[p], Q)`` rows of problem ``p`` hold its pairs in row
+        order (real columns no row took, ``num_targets[p] − Q`` of them when that is positive, hold no pair);
+        the rest are zero.
     """
     p, q = assignment.shape
     rows = torch.arange(q, device=assignment.device).expand(p, q)  # (P, Q)
     row_of_col = torch.full((p, num_columns + 1), q, dtype=torch.long, device=assignment.device)  # (P, G+1)
     target = torch.where(assignment >= 0, assignment, num_columns)  # (P, Q): unassigned rows → dump column
     row_of_col.scatter_(1, target, rows)  # (P, G+1)
-    row_of_col = row_of_col[:, :num_columns]  # (P, G)
+    row_of_col = row_of_col[:, :num_columns]  # (P, G): Q for a column no row took
     cols = torch.arange(num_columns, device=assignment.device).expand(p, num_columns)  # (P, G)
     real = cols < num_targets.unsqueeze(1)  # (P, G)
-    key = torch.where(real, row_of_col, q + cols)  # (P, G): padding sorts after every real pair
+    key = torch.where(real, row_of_col, q + cols)  # (P, G): free real columns (Q) and padding sort after the pairs
     order = key.argsort(dim=1)  # (P, G)
-    return torch.stack([row_of_col.gather(1, order), cols.gather(1, order)], dim=-1) * real.unsqueeze(-1)  # (P, G, 2)
+    paired = cols < num_targets.clamp(max=q).unsqueeze(1)  # (P, G): positions that hold a pair after sorting
+    return torch.stack([row_of_col.gather(1, order), cols.gather(1, order)], dim=-1) * paired.unsqueeze(-1)  # (P, G, 2)
