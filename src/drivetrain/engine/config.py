@@ -1,9 +1,10 @@
 """Typed training configuration: frozen dataclasses, YAML files and ``a.b=value`` overrides.
 
-A run is described by one :class:`TrainConfig`. ``load_config(path, overrides)`` reads a YAML file, applies
-command-line overrides (``optim.lr=3e-4``, ``speed.activation_checkpointing=[backbone]``; values are parsed as
-YAML), and builds the dataclasses, checking every key and type. Unknown keys, wrong types, bad override
-syntax and out-of-range values raise :class:`ConfigError` naming the key (and the file).
+A run is described by one :class:`TrainConfig`. ``load_config(path, overrides)`` reads a YAML file (merged onto the
+``base:`` files it starts from: :mod:`drivetrain.engine.config_files`), applies command-line overrides
+(``optim.lr=3e-4``, ``speed.activation_checkpointing=[backbone]``; values are parsed as YAML), and builds the
+dataclasses, checking every key and type. Unknown keys, wrong types, bad override syntax and out-of-range values
+raise :class:`ConfigError` naming the key (and the file).
 
 Example:
     >>> cfg = load_config("configs/smoke.yaml", ["train.steps=20", "precision.mode=bf16"])
@@ -16,15 +17,17 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
+from drivetrain.engine.errors import ConfigError  # re-exported: defined below the registry
+from drivetrain.engine.typed import _join, from_dict  # re-exported: the registry checks data.args with it too
+
 __all__ = [
+    "AugmentSection",
     "CheckpointConfig",
     "ConfigError",
     "DataConfig",
@@ -45,11 +48,8 @@ __all__ = [
     "config_to_dict",
     "from_dict",
     "load_config",
+    "upgrade_saved_config",
 ]
-
-
-class ConfigError(ValueError):
-    """A configuration file, key, value or override is wrong; the message names it."""
 
 
 def _check(ok: bool, key: str, message: str) -> None:
@@ -73,21 +73,76 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Section ``model``: the model builder, its arguments and loss-weight overrides."""
+    """Section ``model``: the model builder, its arguments, loss-weight overrides and initial weights."""
 
     name: str = "smoke"  # a registered model name (drivetrain.engine.registry): streampetr, pointpillars, ssn, ...
     args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the builder
     # Overrides of the model's declared loss weights, by base term (``loss_cls`` also weighs ``d3.loss_cls``);
     # a name the model does not declare is an error.
     loss_weights: dict[str, float] = field(default_factory=dict)
+    # Initial weights of a fresh run (never read on a resume): a path (a drivetrain run, checkpoint or state.pt; a
+    # torchvision ResNet-50; an mmdetection3d or StreamPETR checkpoint) or {path, format, strict}
+    # (drivetrain.engine.init_from).
+    init_from: Any = None
 
     def __post_init__(self) -> None:
+        if self.init_from is not None:
+            from drivetrain.engine.init_from import check_init_from
+
+            check_init_from(self.init_from)
         for name, weight in self.loss_weights.items():
             _check(
                 isinstance(weight, int | float) and not isinstance(weight, bool),
                 f"model.loss_weights.{name}",
                 f"expected a number, got {weight!r}",
             )
+        if _is_lidar_model(self.name):  # the augmentation left the lidar models: say where it lives now
+            _check("augment" not in self.args, "model.args.augment", f"moved to {_LIDAR_AUGMENT_HOME}")
+            _check(
+                "seed" not in self.args,
+                "model.args.seed",
+                "the lidar models draw no random numbers any more; remove it (their augmentation, data.augment.lidar, "
+                "is seeded by run.seed, the rank and the batch position)",
+            )
+
+
+_LIDAR_AUGMENT_HOME = "data.augment.lidar (the same BevAugConfig fields; the trainer augments every model's batches)"
+
+
+def _is_lidar_model(name: str) -> bool:
+    """Whether ``name`` (or an old spelling of it) builds one of our lidar detectors, which took ``augment``."""
+    from drivetrain.engine.registry import canonical_name
+
+    return canonical_name("model", name) in ("pointpillars", "ssn")
+
+
+@dataclass(frozen=True)
+class AugmentSection:
+    """Section ``data.augment``: the training augmentation, one stage for every model
+    (:class:`drivetrain.pipeline.augmentation.AugmentConfig`; validated here, built by :meth:`build`)."""
+
+    camera: dict[str, Any] | None = None  # CameraAugConfig fields (image, bev, photometric, normalize, ...); null: off
+    lidar: dict[str, Any] | None = None  # BevAugConfig fields (rot_range, ..., point_range, object_range); null: off
+
+    def __post_init__(self) -> None:
+        self.build()
+
+    def build(self) -> Any:
+        """The typed :class:`~drivetrain.pipeline.augmentation.AugmentConfig` (ConfigError naming a bad field)."""
+        from drivetrain.pipeline.augmentation import AugmentConfig
+
+        try:
+            return AugmentConfig.from_dict(dataclasses.asdict(self))
+        except (ValueError, TypeError) as err:
+            message = str(err)
+            raise ConfigError(message if message.startswith("data.augment") else f"data.augment: {message}") from None
+
+    @staticmethod
+    def moved(name: str) -> str:
+        """The message for a key that is no section (:func:`from_dict` asks): where a camera field lives now."""
+        from drivetrain.pipeline.augmentation import moved_augment_key
+
+        return moved_augment_key(name)
 
 
 @dataclass(frozen=True)
@@ -103,9 +158,9 @@ class DataConfig:
     persistent_workers: bool = False  # keep workers alive between epochs (needs num_workers > 0)
     prefetch_factor: int | None = None  # batches loaded ahead per worker (needs num_workers > 0)
     prefetch: bool = False  # CUDA: copy (and augment) batch n+1 on a side stream while n trains; CPU: no effect
-    # camera augmentation (drivetrain.pipeline.camera_aug.CameraAugConfig fields; null: none) and where it runs:
-    # "device" (the whole batch at once on the training device) or "worker" (per sample in the loader workers)
-    augment: dict[str, Any] | None = None
+    # the training augmentation, {camera: {...}, lidar: {...}} (null: none), and where it runs: "device" (the whole
+    # batch at once on the training device, in the prefetcher) or "worker" (per sample in the loader workers)
+    augment: AugmentSection | None = None
     augment_on: str = "device"
     # "torch" (DataLoader) or "dali" (NVIDIA DALI: JPEG decoding and the image augmentation in DALI, on the GPU when
     # there is one; num_workers = its Python source processes; drivetrain.pipeline.dali)
@@ -126,13 +181,9 @@ class DataConfig:
         )
         _check(self.augment_on in ("device", "worker"), "data.augment_on", f"device or worker, got {self.augment_on!r}")
         _check(self.loader in ("torch", "dali"), "data.loader", f"torch or dali, got {self.loader!r}")
-        if self.augment is not None:
-            from drivetrain.pipeline.camera_aug import CameraAugConfig
+        from drivetrain.engine.registry import check_args  # data.args onto the builder's typed arguments, if declared
 
-            try:
-                CameraAugConfig.from_dict(self.augment)
-            except (ValueError, TypeError) as err:
-                raise ConfigError(str(err) if "data.augment" in str(err) else f"data.augment: {err}") from None
+        check_args("data", self.name, self.args)
 
 
 @dataclass(frozen=True)
@@ -354,6 +405,7 @@ def module_available(name: str) -> bool:
 RESUME_MUTABLE = (
     "run.out_dir",
     "run.threads",
+    "model.init_from",  # a resumed run restores its own weights and never reads it
     "train.steps",
     "train.device",
     "data.num_workers",
@@ -366,74 +418,6 @@ RESUME_MUTABLE = (
     "speed.cudnn_benchmark",
     "speed.compile",
 )
-
-
-# ---------------------------------------------------------------------- dict → dataclass
-def from_dict(cls: type, data: Any, key: str = "") -> Any:
-    """Build dataclass ``cls`` from plain data, checking keys and types; errors name the dotted key."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{key or '<root>'}: expected a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    for name in data:
-        if name not in names:
-            raise ConfigError(f"{_join(key, str(name))}: unknown key; known keys: {', '.join(sorted(names))}")
-    kwargs = {name: _coerce(hints[name], value, _join(key, name)) for name, value in data.items()}
-    try:
-        return cls(**kwargs)
-    except TypeError as err:  # a required field is missing
-        raise ConfigError(f"{key or '<root>'}: {err}") from None
-
-
-def _coerce(tp: Any, value: Any, key: str) -> Any:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(inner[0], value, key)
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"{key}: expected one of {', '.join(map(repr, args))}, got {value!r}")
-        return value
-    if origin is list:
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
-        return [_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__} {value!r}")
-        return dict(value)
-    if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, key)
-    if tp is Any:
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true or false, got {type(value).__name__} {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {type(value).__name__} {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{key}: expected a number, got {type(value).__name__} {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {type(value).__name__} {value!r}")
-        return value
-    raise ConfigError(f"{key}: unsupported field type {tp}")
-
-
-def _join(prefix: str, name: str) -> str:
-    return f"{prefix}.{name}" if prefix else name
 
 
 # ---------------------------------------------------------------------- files and overrides
@@ -460,35 +444,17 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
-    """Read a YAML config (or start from the defaults when ``path`` is None), apply overrides, validate."""
-    data: Any = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"{path}: config file not found")
-        if path.suffix == ".py":
-            raise ConfigError(
-                f"{path}: a Python config (mmdetection3d / mmengine style) is not read — drivetrain configs are YAML "
-                "data and never run code; start from the YAML equivalent in configs/ (pointpillars_nus.yaml, "
-                "ssn_nus.yaml, streampetr_full.yaml; `ls configs/`)"
-            )
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except UnicodeDecodeError:
-            raise ConfigError(f"{path}: not a text file (a YAML config is UTF-8 text)") from None
-        except OSError as err:
-            raise ConfigError(f"{path}: cannot read the config ({err.strerror})") from None
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML: {err}") from None
-        if data is None or data == {}:
-            raise ConfigError(f"{path}: the config is empty; start from one in configs/ (e.g. configs/smoke.yaml)")
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    data = apply_overrides(data, list(overrides))
+    """Read a YAML config and its ``base:`` chain (or start from the defaults when ``path`` is None), apply the
+    overrides after the chain, validate; an error names the file of the chain that set the bad key
+    (:mod:`drivetrain.engine.config_files`: the base rules)."""
+    from drivetrain.engine.config_files import read_config_file
+
+    source = read_config_file(path) if path is not None else None
+    data = apply_overrides(source.data if source is not None else {}, list(overrides))
     try:
         return from_dict(TrainConfig, data)
     except ConfigError as err:
-        raise ConfigError(f"{path}: {err}" if path is not None else str(err)) from None
+        raise (source.explain(err, overrides) if source is not None else err) from None
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
@@ -513,6 +479,30 @@ def config_diff(saved: dict[str, Any], current: dict[str, Any], prefix: str = ""
             out += config_diff(a, b, key)
         elif a != b:
             out.append(f"{key}: {a!r} → {b!r}")
+    return out
+
+
+def upgrade_saved_config(saved: dict[str, Any]) -> dict[str, Any]:
+    """A config saved by an older drivetrain (a checkpoint's) in today's spelling; ``saved`` is not changed.
+
+    Before ``data.augment`` had its ``camera`` and ``lidar`` sections, the camera augmentation was a flat
+    ``data.augment: {image: ..., bev: ...}`` and the lidar models took ``model.args.augment`` and ``model.args.seed``
+    (their own generator). The camera recipe moves to ``data.augment.camera`` (its draws are the same: the camera
+    draws first from the same per-batch seed); the lidar recipe to ``data.augment.lidar`` and the seed is dropped
+    (its draws came from the model's generator: a run of it cannot continue exactly — the trainer refuses that).
+    """
+    out = _deepcopy(saved)
+    data, model = out.get("data"), out.get("model")
+    augment = data.get("augment") if isinstance(data, dict) else None
+    if isinstance(augment, dict) and augment and not set(augment) & {"camera", "lidar"}:
+        data["augment"] = {"camera": augment, "lidar": None}
+    args = model.get("args") if isinstance(model, dict) else None
+    if isinstance(args, dict) and _is_lidar_model(str(model.get("name", ""))):
+        lidar = args.pop("augment", None)
+        args.pop("seed", None)
+        if lidar is not None and isinstance(data, dict):
+            section = data.get("augment") or {"camera": None, "lidar": None}
+            data["augment"] = {**section, "lidar": lidar}
     return out
 
 

@@ -1,0 +1,365 @@
+"""Key maps from the original implementations' weights to drivetrain's models (``model.init_from``).
+
+Each map reads a state dict in the original's parameter and buffer names and returns our model's names, with the
+tensor converted where our layout differs (said at the rule that does it). The names were read from the original
+module definitions at these versions:
+
+* **torchvision ResNet-50** (``torchvision/models/resnet.py``: ``ResNet``, ``Bottleneck``): ``conv1``, ``bn1``,
+  ``layer{1..4}.{i}.conv{1,2,3}`` / ``bn{1,2,3}`` / ``downsample.{0,1}``, ``fc``. mmdet's ``ResNet``
+  (``mmdet/models/backbones/resnet.py``: ``Bottleneck``, ``ResLayer``, norms named by ``build_norm_layer``'s
+  ``bn`` + postfix) uses the same names without ``fc``, so it maps onto :class:`~.streampetr.backbone.ResNet50`
+  as it is; ``fc`` (the ImageNet classifier) is ignored.
+* **StreamPETR** (repository ``exiawsh/StreamPETR`` at commit 95f6470, the published
+  ``projects/configs/StreamPETR/stream_petr_r50_flash_704_bs2_seq_24e.py``): ``Petr3D``
+  (``projects/mmdet3d_plugin/models/detectors/petr3d.py``: ``img_backbone``, ``img_neck``, ``img_roi_head``,
+  ``pts_bbox_head``; its ``GridMask`` has no parameters); ``CPFPN`` (``models/necks/cp_fpn.py``: mmcv
+  ``ConvModule`` s ``lateral_convs.{i}.conv`` and ``fpn_convs.0.conv``, level 0 only); ``FocalHead``
+  (``models/dense_heads/focal_head.py``, ``_init_layers``: our attribute names); ``StreamPETRHead``
+  (``models/dense_heads/streampetr_head.py``, ``_init_layers`` and ``__init__``) with ``SELayer_Linear`` and
+  ``MLN`` (``models/utils/misc.py``); ``PETRTemporalTransformer`` → ``PETRTransformerDecoder`` (``post_norm``) →
+  ``PETRTemporalDecoderLayer`` (``models/utils/petr_transformer.py``: ``attentions``, ``ffns``, ``norms``) whose
+  self-attention is mmcv's ``MultiheadAttention`` and cross-attention ``PETRMultiheadFlashAttention`` — both hold
+  ``attn.in_proj_weight`` ``(3E, E)`` (q, k, v stacked, ``nn.MultiheadAttention`` / ``FlashMHA`` in
+  ``models/utils/attention.py``) and ``attn.out_proj``, the layout of our packed ``in_proj`` (no conversion);
+  mmcv 1.7's ``FFN`` (``mmcv/cnn/bricks/transformer.py``): ``layers.0.0`` (Linear E→F) and ``layers.1``
+  (Linear F→E), our ``ffn.0`` and ``ffn.3``.
+* **mmdetection3d** v1.4.0 (the attribute names are the same in v0.17.3): ``HardVFE`` / ``VFELayer``
+  (``mmdet3d/models/voxel_encoders/voxel_encoder.py``, ``utils.py``: ``vfe_layers.{i}.linear`` / ``.norm``);
+  ``PointPillarsScatter`` (``middle_encoders/pillar_scatter.py``, no parameters); ``SECOND``
+  (``backbones/second.py``: ``blocks.{i}`` = Sequential of conv, BN, ReLU, ...: our indices); ``SECONDFPN``
+  (``necks/second_fpn.py``: ``deblocks.{i}.{0,1}``); ``Anchor3DHead`` (``dense_heads/anchor3d_head.py``:
+  ``conv_cls``, ``conv_reg``, ``conv_dir_cls``); SSN's ``ShapeAwareHead`` (``dense_heads/shape_aware_head.py``:
+  ``heads.{t}`` = ``BaseShapeHead`` with ``shared_conv.{k}`` mmcv ``ConvModule`` s ``.conv`` / ``.bn``, our
+  ``shared_conv.{3k}`` / ``.{3k+1}``). The nuScenes models (``MVXFasterRCNN``, ``configs/_base_/models/
+  pointpillars_hv_fpn_nus.py``, ``configs/pointpillars/pointpillars_hv_secfpn_sbn-all_8xb4-2x_nus-3d.py``,
+  ``configs/ssn/ssn_hv_secfpn_sbn-all_16xb2-2x_nus-3d.py``) prefix them with ``pts_``; ``VoxelNet`` (KITTI)
+  does not; both are read.
+
+Class order: the class channels of the original's heads follow its config's ``class_names``. A checkpoint's
+``meta`` names them (mmdet3d 0.x / mmcv: ``meta.CLASSES``; mmengine: ``meta.dataset_meta.classes``); without it
+the published order is assumed (mmdetection3d's ``configs/_base_/datasets/nus-3d.py`` for PointPillars, the SSN
+config's own — both in :mod:`.pointpillars.recipe` — and StreamPETR's, which is drivetrain's). When that order
+differs from the model's, the class channels of the class convolutions / linear layers are permuted to the
+model's order (a conversion); another class set is reported as a mismatch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from drivetrain.data.nuscenes_format import CLASSES
+from drivetrain.models.pointpillars.model import PointPillars
+from drivetrain.models.pointpillars.recipe import PP_NUS_CLASSES, SSN_NUS_CLASSES
+from drivetrain.models.streampetr import recipe as streampetr_recipe
+from drivetrain.models.streampetr.backbone import ResNet50
+from drivetrain.models.streampetr.detector import StreamPETR
+
+__all__ = ["MAPS", "KeyMap", "KeyMapError", "map_state"]
+
+# Relative agreement of the original's float32 geometry constants with ours: each side computes the value in at
+# most five float32 roundings of ½ ulp (coords_d: difference, division, two products and a sum), so the two
+# differ by at most 5 ulp; 8 ulp leaves room and is still far below any real change of a range or depth.
+CONSTANT_RTOL = 8 * torch.finfo(torch.float32).eps
+
+
+class KeyMapError(ValueError):
+    """The file's format does not apply to this model (one line saying why)."""
+
+
+@dataclass
+class KeyMap:
+    """A file's state dict in our model's names.
+
+    Attributes:
+        tensors: our name → tensor in our layout.
+        sources: our name → the file's name it came from.
+        unexpected: file names the map does not know.
+        ignored: ``(file name, why)`` of known entries that have nothing to load (a classifier, loss constants,
+            copies of a shared module, a run's extra state).
+        mismatched: ``(name, why)`` of values the map checked and found different (a constant, a class set);
+            the name is ours where the entry maps to a tensor of the model (which then counts as mismatched, not
+            missing), else the file's.
+        scope: the part of the model the format initialises: a module-path prefix (``""``: all of it), or None
+            (nothing: the model lacks what the format holds).
+        notes: conversions made and other facts the report should say.
+    """
+
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    unexpected: list[str] = field(default_factory=list)
+    ignored: list[tuple[str, str]] = field(default_factory=list)
+    mismatched: list[tuple[str, str]] = field(default_factory=list)
+    scope: str | None = ""
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, ours: str, theirs: str, value: torch.Tensor) -> None:
+        """Record ``value`` for our ``ours``, read from the file's ``theirs``."""
+        self.tensors[ours], self.sources[ours] = value, theirs
+
+
+Rule = tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]
+
+
+def _rules(*pairs: tuple[str, str | Callable[[re.Match[str]], str]]) -> tuple[Rule, ...]:
+    return tuple((re.compile(pattern), target) for pattern, target in pairs)
+
+
+def _rename(items: dict[str, torch.Tensor], rules: Sequence[Rule], out: KeyMap) -> None:
+    """Map every entry by the first rule whose pattern matches its whole name; the rest are unexpected."""
+    for key, value in items.items():
+        for pattern, target in rules:
+            match = pattern.fullmatch(key)
+            if match:
+                out.add(match.expand(target) if isinstance(target, str) else target(match), key, value)
+                break
+        else:
+            out.unexpected.append(key)
+
+
+def _class_order(file_classes: Sequence[str], model_classes: Sequence[str]) -> list[int] | str | None:
+    """Per model class, its index in the file's class axis; None when the orders agree; a reason when the class
+    sets differ."""
+    file_classes, model_classes = tuple(file_classes), tuple(model_classes)
+    if file_classes == model_classes:
+        return None
+    if sorted(file_classes) != sorted(model_classes):
+        return f"the file's classes {file_classes} are not the model's {model_classes}"
+    return [file_classes.index(name) for name in model_classes]
+
+
+def _permute_classes(out: KeyMap, names: Sequence[str], order: list[int] | str | None, what: str) -> None:
+    """Reorder the class axis (dim 0, ``anchor · C + class``) of ``out.tensors[name]`` for each of ``names``."""
+    if order is None:
+        return
+    present = [name for name in names if name in out.tensors]
+    if not present:
+        return
+    if isinstance(order, str):
+        out.mismatched += [(name, order) for name in present]
+        for name in present:
+            del out.tensors[name]
+        return
+    num = len(order)
+    index = torch.tensor(order)
+    for name in present:
+        value = out.tensors[name]
+        if value.shape[0] % num == 0:  # otherwise its shape differs from the model's and the report says so
+            grouped = value.reshape(value.shape[0] // num, num, *value.shape[1:])  # (A, C, ...)
+            out.tensors[name] = grouped[:, index].reshape(value.shape)
+    out.notes.append(f"{what}: class channels reordered from the file's class order to the model's")
+
+
+def _short(value: torch.Tensor, limit: int = 6) -> str:
+    """A tensor's first ``limit`` values for a message, with the count when there are more."""
+    flat = [round(v, 4) for v in value.detach().flatten()[:limit].tolist()]
+    more = f", ... ({value.numel()} values)" if value.numel() > limit else ""
+    return f"[{', '.join(map(str, flat))}{more}]"
+
+
+def _file_classes(meta: dict | None) -> tuple[str, ...] | None:
+    """The class names a checkpoint's ``meta`` records (mmcv/mmdet3d 0.x ``CLASSES``; mmengine ``dataset_meta``)."""
+    if not isinstance(meta, dict):
+        return None
+    names = meta.get("CLASSES")
+    dataset_meta = meta.get("dataset_meta")
+    if names is None and isinstance(dataset_meta, dict):
+        names = dataset_meta.get("classes")
+    if isinstance(names, (list, tuple)) and all(isinstance(n, str) for n in names):
+        return tuple(names)
+    return None
+
+
+# --------------------------------------------------------------------------------------------- drivetrain
+def map_drivetrain(model: nn.Module, state: dict[str, torch.Tensor], meta: dict | None = None) -> KeyMap:
+    """Our own names (a drivetrain checkpoint): everything but modules' extra state, which belongs to the run that
+    saved it (StreamPETR's memory bank, a generator), not to the weights."""
+    out = KeyMap(scope="")
+    for key, value in state.items():
+        if key == "_extra_state" or key.endswith("._extra_state"):
+            out.ignored.append((key, "module extra state of the run that saved it"))
+        else:
+            out.add(key, key, value)
+    return out
+
+
+# --------------------------------------------------------------------------------------- torchvision ResNet-50
+def map_torchvision_resnet50(model: nn.Module, state: dict[str, torch.Tensor], meta: dict | None = None) -> KeyMap:
+    """A torchvision ResNet-50 state dict into the model's one :class:`~.streampetr.backbone.ResNet50` trunk
+    (StreamPETR's ``backbone.trunk`` with ``backbone: resnet50``): the same names, ``fc.*`` ignored."""
+    trunks = [name for name, module in model.named_modules() if isinstance(module, ResNet50)]
+    if len(trunks) != 1:
+        out = KeyMap(scope=None, unexpected=list(state))
+        kind = "no ResNet-50 trunk" if not trunks else f"{len(trunks)} ResNet-50 trunks ({', '.join(trunks)})"
+        out.notes.append(f"the {type(model).__name__} has {kind}; StreamPETR builds one with backbone: resnet50")
+        return out
+    prefix = f"{trunks[0]}." if trunks[0] else ""
+    out = KeyMap(scope=prefix)
+    for key, value in state.items():
+        if key in ("fc.weight", "fc.bias"):
+            out.ignored.append((key, "the ImageNet classifier; the trunk has none"))
+        else:
+            out.add(prefix + key, key, value)
+    return out
+
+
+# -------------------------------------------------------------------------------------------------- StreamPETR
+_LAYER = r"pts_bbox_head\.transformer\.decoder\.layers\.(\d+)\."
+STREAMPETR_RULES = _rules(
+    (r"img_backbone\.(.+)", r"backbone.trunk.\1"),  # mmdet ResNet = torchvision names
+    (r"img_neck\.lateral_convs\.(\d+)\.conv\.(weight|bias)", r"backbone.neck.lateral_convs.\1.\2"),
+    (r"img_neck\.fpn_convs\.0\.conv\.(weight|bias)", r"backbone.neck.fpn_conv.\1"),
+    (r"img_roi_head\.(.+)", r"focal_head.\1"),
+    (r"pts_bbox_head\.position_encoder\.(.+)", r"position.encoder.\1"),
+    (r"pts_bbox_head\.featurized_pe\.conv_(reduce|expand)\.(weight|bias)", r"featurized_pe.\1.\2"),
+    (r"pts_bbox_head\.pseudo_reference_points\.weight", "memory.pseudo_reference.weight"),
+    (r"pts_bbox_head\.cls_branches\.0\.(.+)", r"cls_branch.\1"),
+    (r"pts_bbox_head\.reg_branches\.0\.(.+)", r"reg_branch.\1"),
+    (r"pts_bbox_head\.transformer\.decoder\.post_norm\.(weight|bias)", r"decoder.post_norm.\1"),
+    (_LAYER + r"attentions\.0\.attn\.in_proj_(weight|bias)", r"decoder.layers.\1.self_attn.in_proj.\2"),
+    (_LAYER + r"attentions\.0\.attn\.out_proj\.(weight|bias)", r"decoder.layers.\1.self_attn.out_proj.\2"),
+    (_LAYER + r"attentions\.1\.attn\.in_proj_(weight|bias)", r"decoder.layers.\1.cross_attn.in_proj.\2"),
+    (_LAYER + r"attentions\.1\.attn\.out_proj\.(weight|bias)", r"decoder.layers.\1.cross_attn.out_proj.\2"),
+    (_LAYER + r"ffns\.0\.layers\.0\.0\.(weight|bias)", r"decoder.layers.\1.ffn.0.\2"),
+    (_LAYER + r"ffns\.0\.layers\.1\.(weight|bias)", r"decoder.layers.\1.ffn.3.\2"),
+    (_LAYER + r"norms\.(\d+)\.(weight|bias)", r"decoder.layers.\1.norms.\2.\3"),
+    (
+        r"pts_bbox_head\.(memory_embed|reference_points|query_embedding|spatial_alignment|time_embedding|"
+        r"ego_pose_pe|ego_pose_memory)\.(.+)",
+        r"\1.\2",
+    ),
+)
+"""StreamPETR's names → ours (see the module docstring for the definitions they come from)."""
+
+_SHARED_COPY = re.compile(r"pts_bbox_head\.(cls|reg)_branches\.([1-9]\d*)\.(.+)")
+_LOSS_CONSTANTS = ("pts_bbox_head.code_weights", "pts_bbox_head.match_costs")
+
+
+def _streampetr_constants(model: StreamPETR) -> dict[str, torch.Tensor]:
+    """What the original keeps as frozen ``nn.Parameter`` s and we derive from the model's arguments."""
+    position = model.position
+    return {
+        "pts_bbox_head.pc_range": torch.tensor(model.pc_range, dtype=torch.float32),
+        "pts_bbox_head.position_range": torch.cat([position.range_min, position.range_min + position.range_size]),
+        "pts_bbox_head.coords_d": position.depths,
+    }
+
+
+def map_streampetr(model: nn.Module, state: dict[str, torch.Tensor], meta: dict | None = None) -> KeyMap:
+    """A StreamPETR-repository checkpoint (``Petr3D``'s ``state_dict``) into :class:`~.streampetr.StreamPETR`.
+
+    Beyond :data:`STREAMPETR_RULES`: the original puts one class and one box branch object in its list once per
+    layer (``_init_layers``), so ``cls_branches.{1..5}`` / ``reg_branches.{1..5}`` repeat ``.0`` — they are ignored
+    when equal and mismatched otherwise; its frozen ``pc_range``, ``position_range`` and ``coords_d`` are checked
+    against the model's detection range, position range and depth bins; ``code_weights`` / ``match_costs`` are
+    loss constants and ignored.
+    """
+    if not isinstance(model, StreamPETR):
+        raise KeyMapError(f"the streampetr format maps StreamPETR checkpoints; the model is a {type(model).__name__}")
+    out = KeyMap(scope="")
+    constants = _streampetr_constants(model)
+    rest: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        copy = _SHARED_COPY.fullmatch(key)
+        if copy:
+            first = f"pts_bbox_head.{copy[1]}_branches.0.{copy[3]}"
+            if first in state and state[first].shape == value.shape and torch.equal(state[first], value):
+                out.ignored.append((key, f"the same tensor as {first}: one branch shared by every layer"))
+            else:
+                out.mismatched.append((key, f"differs from {first}; the model shares one branch across layers"))
+        elif key in constants:
+            ours = constants[key].to(value.device)
+            if value.shape != ours.shape or not torch.allclose(value.float(), ours, rtol=CONSTANT_RTOL, atol=0):
+                out.mismatched.append((key, f"{_short(value)} in the file, {_short(ours)} in the model"))
+            else:
+                out.ignored.append((key, "a constant of the model's arguments; it agrees"))
+        elif key in _LOSS_CONSTANTS:
+            out.ignored.append((key, "a loss constant, held by drivetrain.losses.StreamPETRLoss"))
+        else:
+            rest[key] = value
+    _rename(rest, STREAMPETR_RULES, out)
+    file_classes = _file_classes(meta) or streampetr_recipe.CLASSES  # the published config's class_names
+    last = len(model.cls_branch) - 1
+    _permute_classes(
+        out,
+        [f"cls_branch.{last}.weight", f"cls_branch.{last}.bias", "focal_head.cls.weight", "focal_head.cls.bias"],
+        _class_order(file_classes, CLASSES),
+        "cls_branch, focal_head.cls",
+    )
+    return out
+
+
+# ------------------------------------------------------------------------------------ mmdetection3d (lidar)
+def _mmdet3d_rules(prefix: str) -> tuple[Rule, ...]:
+    p = re.escape(prefix)
+    return _rules(
+        (p + r"voxel_encoder\.vfe_layers\.(\d+)\.(linear|norm)\.(.+)", r"vfe.layers.\1.\2.\3"),
+        (p + r"backbone\.blocks\.(\d+)\.(\d+)\.(.+)", r"backbone.blocks.\1.\2.\3"),
+        (p + r"neck\.deblocks\.(\d+)\.([01])\.(.+)", r"neck.blocks.\1.\2.\3"),
+        (p + r"bbox_head\.(conv_cls|conv_reg|conv_dir_cls)\.(weight|bias)", r"head.\1.\2"),
+        # ConvModule k of a BaseShapeHead (.conv, .bn) → our flat Sequential [conv, BN, ReLU] × n
+        (
+            p + r"bbox_head\.heads\.(\d+)\.shared_conv\.(\d+)\.conv\.weight",
+            lambda m: f"head.heads.{m[1]}.shared_conv.{3 * int(m[2])}.weight",
+        ),
+        (
+            p + r"bbox_head\.heads\.(\d+)\.shared_conv\.(\d+)\.bn\.(.+)",
+            lambda m: f"head.heads.{m[1]}.shared_conv.{3 * int(m[2]) + 1}.{m[3]}",
+        ),
+        (p + r"bbox_head\.heads\.(\d+)\.(conv_cls|conv_reg|conv_dir_cls)\.(weight|bias)", r"head.heads.\1.\2.\3"),
+    )
+
+
+def map_mmdet3d(model: nn.Module, state: dict[str, torch.Tensor], meta: dict | None = None) -> KeyMap:
+    """An mmdetection3d PointPillars or SSN checkpoint (``pts_`` prefixed or not) into :class:`~.pointpillars.
+    PointPillars` / :class:`~.pointpillars.SSN`; the class channels of ``conv_cls`` are reordered to the model's
+    classes (published PointPillars: ``nus-3d.py``'s order, our default is the nuScenes devkit's)."""
+    if not isinstance(model, PointPillars):
+        raise KeyMapError(
+            f"the mmdet3d format maps PointPillars and SSN checkpoints; the model is a {type(model).__name__}"
+        )
+    prefix = "pts_" if any(key.startswith("pts_") for key in state) else ""
+    out = KeyMap(scope="")
+    _rename(state, _mmdet3d_rules(prefix), out)
+    published = SSN_NUS_CLASSES if model.tasks is not None else PP_NUS_CLASSES
+    file_classes = _file_classes(meta)
+    if file_classes is None:
+        if sorted(published) == sorted(model.class_names):
+            file_classes = published
+        else:  # a class set of no published nuScenes config: nothing to go by but the model's own order
+            file_classes = tuple(model.class_names)
+            out.notes.append("the file names no classes; its class channels are taken in the model's class order")
+    own = model.state_dict().keys()
+    names = [n for n in out.tensors if n in own and re.fullmatch(r"head\.(heads\.\d+\.)?conv_cls\.(weight|bias)", n)]
+    _permute_classes(out, names, _class_order(file_classes, model.class_names), "conv_cls")
+    return out
+
+
+MAPS: dict[str, Callable[[nn.Module, dict[str, torch.Tensor], dict | None], KeyMap]] = {
+    "drivetrain": map_drivetrain,
+    "torchvision-resnet50": map_torchvision_resnet50,
+    "streampetr": map_streampetr,
+    "mmdet3d": map_mmdet3d,
+}
+"""Format name → map."""
+
+
+def map_state(model: nn.Module, state: dict[str, torch.Tensor], fmt: str, meta: dict | None = None) -> KeyMap:
+    """``state`` (names of format ``fmt``, one of :data:`MAPS`) in ``model``'s names.
+
+    Args:
+        model: the model to initialise.
+        state: name → tensor, in the file's names (the ``state_dict`` of a checkpoint, ``module.`` removed).
+        fmt: ``drivetrain``, ``torchvision-resnet50``, ``streampetr`` or ``mmdet3d``.
+        meta: the checkpoint's ``meta`` (its class names), if any.
+
+    Returns:
+        a :class:`KeyMap`; raises :class:`KeyMapError` when the format does not apply to this kind of model.
+    """
+    if fmt not in MAPS:
+        raise KeyMapError(f"unknown format {fmt!r}; expected one of {', '.join(MAPS)}")
+    return MAPS[fmt](model, state, meta)
