@@ -23,6 +23,7 @@ from drivetrain.engine import registry
 from drivetrain.engine.build import build_dataset, build_model
 from drivetrain.engine.checkpoint import Checkpointer
 from drivetrain.engine.config import ConfigError, DataConfig, ModelConfig, config_diff
+from drivetrain.engine.config_files import read_config_file
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
@@ -328,6 +329,6 @@ def test_a_plugin_in_a_config_file_is_not_a_thing(tmp_path, capsys):
 
 def test_shipped_configs_name_registered_builders_only():
     for path in sorted((REPO / "configs").glob("*.yaml")):
-        cfg = yaml.safe_load(path.read_text())
+        cfg = read_config_file(path).data  # with its base chain
         assert cfg["model"]["name"] in registry.MODELS, path.name
         assert cfg["data"]["name"] in registry.DATASETS, path.name

@@ -328,16 +328,15 @@ def test_every_option_a_step_passes_is_one_its_benchmark_takes(tmp_path, capsys)
 def test_the_full_set_is_rendered_once_with_the_settings_the_full_configs_read(tmp_path, capsys):
     """The synth steps render configs/streampetr_full.yaml's set (the lidar configs read the same root) unless its
     index is there, with options `drivetrain data synth` and `data index` take."""
-    import yaml
-
     from drivetrain.cli.main import main
+    from drivetrain.engine.config_files import read_config_file
 
     steps = {s.name: s for s in plan("cuda", "python3", tmp_path)}
     script = steps["synth-full-704"].argv[2]
     assert steps["synth-full-704-p2"].argv == steps["synth-full-704"].argv
     assert script.startswith("test -f data/synth-full-704/drivetrain_index.npz || ")
     for name in ("streampetr_full", "pointpillars_nus", "ssn_nus"):
-        data = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())["data"]["args"]
+        data = read_config_file(ROOT / "configs" / f"{name}.yaml").data["data"]["args"]  # with its base chain
         assert (data["root"], data["size"], data["image_size"], data["seed"]) == ("data/synth-full-704", "full",
                                                                                   [704, 256], 0)  # fmt: skip
     for action, end in (("synth", "&&"), ("index", ";")):

@@ -6,12 +6,13 @@ import argparse
 import sys
 
 import drivetrain
-from drivetrain.cli import bench, data, doctor, report, train, tune, viz
+from drivetrain.cli import bench, configs, data, doctor, predict, report, train, tune, viz
 from drivetrain.cli import eval as eval_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``drivetrain`` argument parser with its subcommands (bench, train, data, eval, viz, tune, report, doctor)."""
+    """The ``drivetrain`` argument parser with its subcommands (bench, train, configs, data, eval, predict, viz,
+    tune, report, doctor)."""
     parser = argparse.ArgumentParser(
         prog="drivetrain",
         description=(
@@ -24,8 +25,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     bench.add_parser(sub)
     train.add_parser(sub)
+    configs.add_parser(sub)
     data.add_parser(sub)
     eval_cli.add_parser(sub)
+    predict.add_parser(sub)
     viz.add_parser(sub)
     tune.add_parser(sub)
     report.add_parser(sub)

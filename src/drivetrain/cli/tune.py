@@ -48,6 +48,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     loader.add_argument("--config", required=True, metavar="FILE", help="the training config to tune")
+    loader.add_argument(
+        "--print-config", action="store_true", help="print the config resolved and exit (measures nothing)"
+    )
     cpus = os.cpu_count() or 1
     default_workers = ",".join(str(w) for w in sorted({0, min(2, cpus), min(4, cpus)}))
     loader.add_argument("--workers", default=default_workers, help=f"num_workers values (default: {default_workers})")
@@ -167,6 +170,10 @@ def run(args: argparse.Namespace) -> int:
     from drivetrain.engine.registry import canonical_name, lookup
     from drivetrain.pipeline.dali import dali_available
 
+    if args.print_config:
+        from drivetrain.cli.configs import print_resolved
+
+        return print_resolved(args.config, args.overrides, "tune loader")
     try:
         base = load_config(args.config, args.overrides)
         lookup("model", base.model.name)  # an unregistered name is one config error, not one per setting
