@@ -12,17 +12,18 @@ from tests.helpers.nosync import no_host_sync
 
 from drivetrain.losses.anchor_head import (
     AVG_EPS,
-    LYFT_CODE_WEIGHTS,
-    NUS_CODE_WEIGHTS,
     AnchorHeadLoss,
     batched_anchor_head_loss,
     reference_anchor_head_loss,
 )
+from drivetrain.models.pointpillars.recipe import LOSS_WEIGHTS, LYFT_CODE_WEIGHTS, NUS_CODE_WEIGHTS, NUS_DIR_OFFSET
 from drivetrain.ragged import RaggedBatch
 
 TERMS = ("loss_cls", "loss_bbox", "loss_dir")
 NUM_CLASSES = 10
 NUM_ANCHORS = 96
+NUS = {"code_weights": NUS_CODE_WEIGHTS, "dir_offset": NUS_DIR_OFFSET}  # the nuScenes PointPillars' constants
+
 
 # Tolerance. The box and direction summands are the same float32 ops on the same values (bit for bit); the
 # focal summands come from two formulas (the reference's BCE·(αt + (1−α)(1−t))·pt^γ; the batched path's
@@ -37,6 +38,11 @@ NUM_ANCHORS = 96
 # chain, through 1 − σ(s) rounded near s ≫ 0, is the less accurate of the two; measured against float64).
 RTOL = 1e-5
 GRAD_ATOL = 1e-9
+
+
+def _criterion(num_classes: int = NUM_CLASSES) -> AnchorHeadLoss:
+    """The loss as PointPillars builds it for nuScenes (its recipe's constants)."""
+    return AnchorHeadLoss(num_classes, **NUS, weights=LOSS_WEIGHTS)
 
 
 def _batch(
@@ -69,8 +75,9 @@ def _batch(
 
 def _both(inputs, code_weights=NUS_CODE_WEIGHTS):
     pred_cls, pred_boxes, pred_dir, anchors, assigned, gt_boxes, gt_labels = inputs
+    options = {"code_weights": code_weights, "dir_offset": NUS_DIR_OFFSET}
     batched = batched_anchor_head_loss(
-        pred_cls, pred_boxes, pred_dir, anchors, assigned, gt_boxes, gt_labels, code_weights=code_weights
+        pred_cls, pred_boxes, pred_dir, anchors, assigned, gt_boxes, gt_labels, **options
     )
     reference = reference_anchor_head_loss(
         list(pred_cls),
@@ -80,7 +87,7 @@ def _both(inputs, code_weights=NUS_CODE_WEIGHTS):
         list(assigned),
         gt_boxes.to_list(),
         gt_labels.to_list(),
-        code_weights=code_weights,
+        **options,
     )
     return batched, reference
 
@@ -123,7 +130,7 @@ def test_zero_gt_sample_ignores_its_assignment_as_the_original() -> None:
     inputs[4][0] = torch.full((NUM_ANCHORS,), -1)
     batched = _assert_paths_agree(tuple(inputs))
     inputs[4][0] = 0
-    again = batched_anchor_head_loss(*inputs)
+    again = batched_anchor_head_loss(*inputs, **NUS)
     for name in TERMS:
         torch.testing.assert_close(again[name], batched[name], rtol=0, atol=0)
 
@@ -147,13 +154,13 @@ def test_non_finite_predictions_of_non_positive_anchors_do_not_reach_the_box_ter
     # must leave the batched box and direction terms and their gradients as they were.
     gen = torch.Generator().manual_seed(8)
     inputs = list(_batch([4, 2], gen))
-    clean = batched_anchor_head_loss(*inputs)
+    clean = batched_anchor_head_loss(*inputs, **NUS)
     grads = _grads(clean["loss_bbox"] + clean["loss_dir"], inputs[1:3])
     outside = inputs[4] <= 0  # (B, A) ignored and negative anchors
     boxes, dirs = inputs[1].detach().clone(), inputs[2].detach().clone()
     boxes[outside], dirs[outside] = float("nan"), float("inf")
     inputs[1], inputs[2] = boxes.requires_grad_(), dirs.requires_grad_()
-    dirty = batched_anchor_head_loss(*inputs)
+    dirty = batched_anchor_head_loss(*inputs, **NUS)
     for name in ("loss_bbox", "loss_dir"):
         torch.testing.assert_close(dirty[name], clean[name], rtol=0, atol=0)
     for got, want in zip(_grads(dirty["loss_bbox"] + dirty["loss_dir"], inputs[1:3]), grads, strict=True):
@@ -185,7 +192,7 @@ def test_hand_worked_two_anchors_one_gt() -> None:
     loss_dir = math.log(1 + math.exp(-1)) / n
     expected = {"loss_cls": loss_cls, "loss_bbox": loss_bbox, "loss_dir": loss_dir}
 
-    criterion = AnchorHeadLoss(num_classes=2)
+    criterion = _criterion(num_classes=2)
     for impl in ("batched", "reference"):
         terms = criterion(pred_cls, pred_boxes, pred_dir, anchors, assigned, gt_boxes, gt_labels, impl=impl)
         for name, value in expected.items():
@@ -194,17 +201,21 @@ def test_hand_worked_two_anchors_one_gt() -> None:
         assert float(total.detach()) == pytest.approx(loss_cls + loss_bbox + 0.2 * loss_dir, rel=1e-6)
 
 
-def test_published_weights_are_declared_once() -> None:
-    criterion = AnchorHeadLoss()
-    assert criterion.weights == {"loss_cls": 1.0, "loss_bbox": 1.0, "loss_dir": 0.2}
+def test_the_weights_given_are_applied_once() -> None:
+    criterion = _criterion()
+    assert criterion.weights == {"loss_cls": 1.0, "loss_bbox": 1.0, "loss_dir": 0.2}  # the configs' loss_weight
     terms = {name: torch.tensor(float(i + 1)) for i, name in enumerate(TERMS)}
     assert float(criterion.total(terms)) == pytest.approx(1.0 + 2.0 + 0.2 * 3.0)
+    other = AnchorHeadLoss(NUM_CLASSES, **NUS, weights={"loss_cls": 2.0, "loss_bbox": 0.5, "loss_dir": 1.0})
+    assert float(other.total(terms)) == pytest.approx(2.0 + 0.5 * 2.0 + 1.0 * 3.0)
+    with pytest.raises(ValueError, match="weights"):
+        AnchorHeadLoss(NUM_CLASSES, **NUS, weights={"loss_cls": 1.0, "loss_bbox": 1.0})
 
 
 def test_criterion_runs_both_paths_and_checks_shapes() -> None:
     gen = torch.Generator().manual_seed(5)
     inputs = _batch([3, 1], gen)
-    criterion = AnchorHeadLoss()
+    criterion = _criterion()
     batched, reference = criterion(*inputs), criterion(*inputs, impl="reference")
     for name in TERMS:
         torch.testing.assert_close(batched[name], reference[name], rtol=RTOL, atol=0.0)
@@ -219,10 +230,10 @@ def test_criterion_runs_both_paths_and_checks_shapes() -> None:
 def test_batched_loss_has_no_host_sync() -> None:
     gen = torch.Generator().manual_seed(6)
     inputs = _batch([4, 0, 2], gen)
-    batched_anchor_head_loss(*inputs)  # warm-up: constant() copies the code weights once per device
+    batched_anchor_head_loss(*inputs, **NUS)  # warm-up: constant() copies the code weights once per device
     with no_host_sync():
-        terms = batched_anchor_head_loss(*inputs)
-        total = AnchorHeadLoss().total(terms)
+        terms = batched_anchor_head_loss(*inputs, **NUS)
+        total = _criterion().total(terms)
         total.backward()
     assert inputs[0].grad is not None and inputs[1].grad is not None and inputs[2].grad is not None
 
@@ -231,8 +242,8 @@ def test_half_inputs_are_computed_in_fp32() -> None:
     gen = torch.Generator().manual_seed(7)
     pred_cls, pred_boxes, pred_dir, *rest = _batch([3, 2], gen)
     half = [t.detach().half() for t in (pred_cls, pred_boxes, pred_dir)]
-    terms = batched_anchor_head_loss(*half, *rest)
+    terms = batched_anchor_head_loss(*half, *rest, **NUS)
     assert all(terms[name].dtype == torch.float32 for name in TERMS)
-    reference = batched_anchor_head_loss(*[t.float() for t in half], *rest)
+    reference = batched_anchor_head_loss(*[t.float() for t in half], *rest, **NUS)
     for name in TERMS:
         torch.testing.assert_close(terms[name], reference[name], rtol=0, atol=0)

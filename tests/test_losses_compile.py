@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -26,6 +27,7 @@ from drivetrain.compiled import compile_options, dynamic, ragged_dynamic
 from drivetrain.losses import AnchorHeadLoss, FocalHeadLoss, StreamPETRLoss
 from drivetrain.match import HungarianAssigner2D, HungarianAssigner3D
 from drivetrain.models.pointpillars import SSN, PointPillars
+from drivetrain.models.pointpillars.recipe import LOSS_WEIGHTS, NUS_CODE_WEIGHTS, NUS_DIR_OFFSET
 from drivetrain.profile import Profiler, active
 from drivetrain.ragged import RaggedBatch
 from helpers.heads import focal_case, run, streampetr_case
@@ -37,6 +39,7 @@ EPS = torch.finfo(torch.float32).eps
 SP_BATCHES = ([3, 5, 7], [2, 9, 4], [12, 0, 6])
 FH_BATCHES = ([[0, 3], [5, 1]], [[2, 7], [4, 4]], [[9, 3], [0, 2]])
 LIDAR_BATCHES = ((3, 0, 6), (2, 5, 9), (12, 4, 4))
+NUS_ANCHOR_LOSS = {"code_weights": NUS_CODE_WEIGHTS, "dir_offset": NUS_DIR_OFFSET, "weights": LOSS_WEIGHTS}
 
 
 class Recorder:
@@ -109,7 +112,8 @@ def test_compile_options_read_bool_and_mapping():
         compile_options("inductor")
     assert StreamPETRLoss().compile_options is None
     assert FocalHeadLoss(compile=True).compile_options == {}
-    assert AnchorHeadLoss(compile={"mode": "max-autotune"}).compile_options == {"mode": "max-autotune"}
+    anchor_loss = AnchorHeadLoss(10, **NUS_ANCHOR_LOSS, compile={"mode": "max-autotune"})
+    assert anchor_loss.compile_options == {"mode": "max-autotune"}
 
 
 def test_dynamic_marks_a_view_and_leaves_sizes_0_and_1_alone():
@@ -219,9 +223,10 @@ def lidar_case(anchors: torch.Tensor, sizes: tuple[int, ...], gen: torch.Generat
 def model_loss(model: PointPillars, heads: dict, gt_boxes: RaggedBatch, gt_labels: RaggedBatch, feature_size):
     """``model.loss`` on head outputs, and the gradients of its plain sum with respect to them."""
     leaves = {k: v.detach().clone().requires_grad_() for k, v in heads.items()}
-    outputs = {**leaves, "feature_size": feature_size, "gt_boxes": gt_boxes, "gt_labels": gt_labels}
-    outputs["anchors"] = model.anchors(feature_size, "cpu")
-    terms = model.loss(outputs, None)
+    outputs = {**leaves, "feature_size": feature_size, "anchors": model.anchors(feature_size, "cpu")}
+    # the batch's ground truth, labels in the dataset's order (the loss maps them back to the model's, the case's)
+    batch = SimpleNamespace(gt_boxes=gt_boxes, gt_labels=gt_labels.apply(lambda t: model._to_data[t]))
+    terms = model.loss(outputs, batch)
     return terms, torch.autograd.grad(sum(terms.values()), list(leaves.values()))
 
 
@@ -248,7 +253,7 @@ def test_anchor_head_loss_option_compiles_the_loss(gen):
     model = PointPillars()
     anchors = model.anchors((8, 8), "cpu")
     recorder = Recorder()
-    loss = AnchorHeadLoss(compile={"backend": recorder})
+    loss = AnchorHeadLoss(10, **NUS_ANCHOR_LOSS, compile={"backend": recorder})
     for sizes in LIDAR_BATCHES[:2]:
         heads, gt_boxes, gt_labels = lidar_case(anchors, sizes, gen)
         assigned = model.assign((8, 8), gt_boxes, gt_labels)

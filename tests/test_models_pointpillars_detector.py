@@ -3,14 +3,15 @@ resume, detection and the class-order maps."""
 
 from __future__ import annotations
 
-import io
+import dataclasses
 
 import pytest
 import torch
 
 from drivetrain.data import DatasetConfig, FrameDataset, collate
 from drivetrain.data.nuscenes_format import CLASSES
-from drivetrain.models.pointpillars.model import SSN, SSN_NUS_CLASSES, PointPillars
+from drivetrain.models.pointpillars.model import SSN, PointPillars
+from drivetrain.models.pointpillars.recipe import SSN_NUS_CLASSES
 
 TINY = dict(
     point_cloud_range=(-32.0, -32.0, -5.0, 32.0, 32.0, 3.0),
@@ -24,7 +25,6 @@ TINY = dict(
     neck_channels=(32, 32, 32),
     anchor_ranges=[(-31.75, -31.75, -1.84, 31.75, 31.75, -1.84)],
     anchor_sizes=[(4.6, 1.95, 1.72), (0.73, 0.66, 1.76), (0.49, 2.49, 0.98)],
-    augment=dict(point_range=(-32.0, -32.0, -5.0, 32.0, 32.0, 3.0), object_range=(-32.0, -32.0, 32.0, 32.0)),
 )
 # SSN at the same scale: one size per class (the published ones), small classes on the 64×64 map, cars and
 # large vehicles at stride 2 (32×32), one thin shared conv per task.
@@ -62,12 +62,13 @@ def test_ssn_forward_shapes_follow_the_tasks(batch):
     assert out["cls_logits"].shape == (2, num_anchors, 10) and out["anchors"].shape == (num_anchors, 9)
     _, classes, _ = model.anchor_set(out["feature_size"], out["anchors"].device)
     assert torch.equal(classes.bincount(), torch.tensor([2 * 64 * 64] * 5 + [2 * 32 * 32] * 5))
-    # The GT labels reach the loss in SSN's class order (in eval mode: no augmentation drops objects).
-    out = model.eval()(batch)
+    # The GT labels reach the loss in SSN's class order.
+    _, gt_labels = model.gt_targets(batch)
     original = batch.gt_labels.tensor[0, : int(batch.gt_labels.sizes[0])]
-    assert [SSN_NUS_CLASSES[i] for i in out["gt_labels"].tensor[0, : len(original)].tolist()] == [
+    assert [SSN_NUS_CLASSES[i] for i in gt_labels.tensor[0, : len(original)].tolist()] == [
         CLASSES[i] for i in original.tolist()
     ]
+    assert "gt_boxes" not in out and "gt_labels" not in out  # the ground truth stays in the batch
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -78,8 +79,8 @@ def test_both_paths_give_the_same_assignment_and_terms(batch, name):
     ref = cls(**{**args, "impl": "reference"}).eval()
     ref.load_state_dict(fast.state_dict())
     out = fast(batch)
-    assigned = fast.assign(out["feature_size"], out["gt_boxes"], out["gt_labels"])
-    assert torch.equal(assigned, ref.assign(out["feature_size"], out["gt_boxes"], out["gt_labels"]))
+    assigned = fast.assign(out["feature_size"], *fast.gt_targets(batch))
+    assert torch.equal(assigned, ref.assign(out["feature_size"], *ref.gt_targets(batch)))
     assert int((assigned > 0).sum()) > 0  # the scenes give positives
     a, b = fast.loss(out, batch), ref.loss(out, batch)
     for name in a:  # per-element terms are identical; only the order of the final sums differs (≤ 1e-5 rel.)
@@ -90,7 +91,7 @@ def test_both_paths_give_the_same_assignment_and_terms(batch, name):
 def test_twenty_steps_on_two_frames_reduce_the_loss(batch, name):
     cls, args = MODELS[name]
     torch.manual_seed(0)
-    model = cls(**{**args, "augment": None})
+    model = cls(**args)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     losses = []
     for _ in range(20):
@@ -103,17 +104,20 @@ def test_twenty_steps_on_two_frames_reduce_the_loss(batch, name):
     assert losses[-1] < 0.5 * losses[0], losses
 
 
-def test_augmentation_generator_state_resumes_exactly(batch):
+def test_the_model_draws_nothing_and_the_loss_reads_the_batchs_ground_truth(batch):
+    """No augmentation generator or extra state in the model: a training forward is a function of the batch and
+    the weights, and the loss follows the ground truth it is handed (the trainer's augmentation stage moves it)."""
     torch.manual_seed(0)
     model = PointPillars(**TINY)
-    model(batch)  # one augmented step: the generator has moved
-    buffer = io.BytesIO()
-    torch.save(model.state_dict(), buffer)
-    after = model(batch)["gt_boxes"].tensor
-    clone = PointPillars(**TINY)
-    buffer.seek(0)
-    clone.load_state_dict(torch.load(buffer, weights_only=True))
-    assert torch.equal(clone(batch)["gt_boxes"].tensor, after)
+    assert not [k for k in model.state_dict() if k.endswith("_extra_state")]
+    for name in ("augment", "seed"):
+        with pytest.raises(TypeError, match=name):
+            PointPillars(**{**TINY, name: None})
+    first, again = model(batch), model(batch)
+    assert torch.equal(first["cls_logits"], again["cls_logits"])  # nothing random in a training forward
+    moved = dataclasses.replace(batch, gt_boxes=batch.gt_boxes.apply(lambda t: t + torch.tensor([3.0] + [0.0] * 8)))
+    terms, shifted = model.loss(first, batch), model.loss(first, moved)
+    assert not torch.equal(terms["loss_bbox"], shifted["loss_bbox"])
 
 
 def test_bad_impl_is_named():
@@ -154,10 +158,13 @@ def test_detect_paths_agree_and_labels_come_back_in_dataset_order(batch, name):
     assert boxes.tensor.shape[-1] == 9
 
 
-@pytest.mark.parametrize("name", ["pointpillars", "ssn"])
-def test_a_resumed_run_ends_bit_exactly_where_the_uninterrupted_run_does(name, synth_index, synth_root, tmp_path):
+@pytest.mark.parametrize(("name", "where"), [("pointpillars", "device"), ("ssn", "device"), ("pointpillars", "worker")])
+def test_a_resumed_run_ends_bit_exactly_where_the_uninterrupted_run_does(
+    name, where, synth_index, synth_root, tmp_path
+):
     """Through the engine on the synthetic lidar: 4 steps straight vs 2 steps, a checkpoint, and 2 resumed steps
-    (the augmentation generator, sampler, optimizer and weights all come back from the checkpoint)."""
+    (sampler, optimizer and weights come back from the checkpoint; the lidar augmentation of data.augment.lidar,
+    on the device or per sample in the loader, draws each batch's parameters from the seed and its position)."""
     import shutil
     from pathlib import Path
 
@@ -185,6 +192,7 @@ def test_a_resumed_run_ends_bit_exactly_where_the_uninterrupted_run_does(name, s
                 "checkpoint.every=2",
                 "eval.every=0",
                 "eval.at_start=false",
+                f"data.augment_on={where}",
                 *extra,
             ],
         )

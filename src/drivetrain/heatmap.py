@@ -2,7 +2,8 @@
 
 A box with integer centre ``(x, y)`` and radius ``r`` contributes ``exp(-(dx² + dy²) / (2σ²))`` with
 ``σ = (2r + 1) / 6`` on the ``(2r + 1)²`` window around its centre (clipped to the heatmap), values below
-``float32 eps`` set to 0 (as mmdet3d's ``gaussian_2d``). Overlaps merge with ``max``, also with what the
+``eps · max`` set to 0 (as mmdet3d's ``gaussian_2d``; a window's smallest value is above ``e^-9``, so the cut never
+fires). Overlaps merge with ``max``, also with what the
 heatmap already holds. Wherever its centre cell lies, a box draws the part of its window that overlaps the
 heatmap, as mmdet3d's window slicing does: StreamPETR clips projected centres to the image, so a centre on
 the right or bottom border lands one cell past the map and still draws its edge row or column (radius 1:
@@ -12,13 +13,14 @@ float32 rounding (≤ 1e-7 absolute).
 
 :func:`draw_gaussians` computes every window of every box with tensor ops and merges them with one
 ``scatter_reduce(amax)``: no loop over boxes, no host sync. :func:`reference_draw_gaussians` is the
-per-box loop of the original code.
+per-box loop of the original code, op for op (the Gaussian made on the host and copied over per box).
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from drivetrain.ragged import RaggedBatch
@@ -27,6 +29,7 @@ __all__ = [
     "draw_gaussians",
     "focal_head_radius",
     "gaussian_radius",
+    "reference_draw_gaussian",
     "reference_draw_gaussians",
 ]
 
@@ -69,12 +72,6 @@ def gaussian_radius(height: torch.Tensor, width: torch.Tensor, min_overlap: floa
     c3 = (min_overlap - 1) * w * h
     r3 = (b3 + torch.sqrt(b3**2 - 4 * a3 * c3)) / 2
     return torch.minimum(torch.minimum(r1, r2), r3)
-
-
-def _gaussian(dx: torch.Tensor, dy: torch.Tensor, radius: torch.Tensor, diameter_to_sigma: float) -> torch.Tensor:
-    sigma = (2 * radius + 1).float() / diameter_to_sigma
-    value = torch.exp(-(dx * dx + dy * dy).float() / (2 * sigma * sigma))
-    return value.masked_fill(value < _EPS32, 0.0)  # the peak is 1, so this is mmdet3d's eps · max
 
 
 def draw_gaussians(
@@ -159,6 +156,46 @@ def _axis_factor(
     return factor * inside  # (*batch, G, X)
 
 
+def reference_draw_gaussian(
+    heatmap: torch.Tensor, centre: torch.Tensor, radius: int, k: float = 1.0, diameter_to_sigma: float = 6.0
+) -> torch.Tensor:
+    """Draw one box into ``heatmap`` in place, as the original's ``draw_heatmap_gaussian`` does, op for op.
+
+    StreamPETR's ``models/utils/misc.py`` (mmdet3d's ``core/utils/gaussian.py`` is the same): the Gaussian
+    ``(2r + 1)²`` is made with NumPy on the host (float64, values below ``eps · max`` set to 0), the part of it
+    over the window ``[x − min(x, r), x + min(W − x, r + 1))`` (and likewise in y) is copied to the device and
+    max-merged into the window, when both are non-empty: two host reads of the centre and one blocking copy per
+    box, as there (the reference's cost is the original's).
+
+    Args:
+        heatmap: ``(H, W)`` float32.
+        centre: ``(2,)`` ``(x, y)`` in heatmap cells (truncated to ints).
+        radius: the box's radius in cells.
+        k: the peak value (the Gaussian is scaled by it).
+        diameter_to_sigma: σ = (2r + 1) / this.
+
+    Returns:
+        ``heatmap``, drawn into.
+    """
+    diameter = 2 * radius + 1
+    m = (diameter - 1.0) / 2.0
+    y_grid, x_grid = np.ogrid[-m : m + 1, -m : m + 1]  # host: the original builds the Gaussian in NumPy
+    sigma = diameter / diameter_to_sigma
+    gaussian = np.exp(-(x_grid * x_grid + y_grid * y_grid) / (2 * sigma * sigma))  # (2r+1, 2r+1) float64
+    gaussian[gaussian < np.finfo(gaussian.dtype).eps * gaussian.max()] = 0
+    x, y = int(centre[0]), int(centre[1])  # sync: the original reads each centre on the host
+    height, width = heatmap.shape[0:2]
+    left, right = min(x, radius), min(width - x, radius + 1)
+    top, bottom = min(y, radius), min(height - y, radius + 1)
+    window = heatmap[y - top : y + bottom, x - left : x + right]  # (top+bottom, left+right) view
+    patch = gaussian[radius - top : radius + bottom, radius - left : radius + right]
+    # sync: one blocking copy of the patch per box, as the original's torch.from_numpy(...).to(device)
+    patch = torch.from_numpy(np.ascontiguousarray(patch)).to(heatmap.device, torch.float32)
+    if min(patch.shape) > 0 and min(window.shape) > 0:  # the window overlaps the map
+        torch.maximum(window, patch * k, out=window)
+    return heatmap
+
+
 def reference_draw_gaussians(
     heatmap: torch.Tensor,
     centres: list[torch.Tensor],
@@ -166,12 +203,13 @@ def reference_draw_gaussians(
     labels: list[torch.Tensor] | None = None,
     diameter_to_sigma: float = 6.0,
 ) -> torch.Tensor:
-    """The per-box loop of the original code, over flattened images.
+    """The per-box loop of the original code, over flattened images: :func:`reference_draw_gaussian` per box.
 
     Mirrors mmdet3d's ``draw_heatmap_gaussian`` (``mmdet3d/core/utils/gaussian.py``, called per box by
     StreamPETR's ``FocalHead._get_heatmap_single``): the window ``[x − min(x, r), x + min(W − x, r + 1))`` and
     the matching slice of the Gaussian, drawn when both are non-empty; so a centre past the map still draws
-    the part of its window that overlaps it.
+    the part of its window that overlaps it. The radii (and labels) of an image are read in one host transfer,
+    as the original reads them (``.cpu().numpy().tolist()``).
 
     Args:
         heatmap: ``(I, H, W)`` or ``(I, C, H, W)``.
@@ -184,19 +222,12 @@ def reference_draw_gaussians(
         A float32 copy of ``heatmap`` with every box drawn.
     """
     out = heatmap.float().clone()  # (I, [C,] H, W)
-    height, width = out.shape[-2:]
     for i, (image_centres, image_radii) in enumerate(zip(centres, radii, strict=True)):
-        for g in range(image_centres.shape[0]):
-            x, y, r = int(image_centres[g, 0]), int(image_centres[g, 1]), int(image_radii[g])
-            target = out[i, int(labels[i][g])] if labels is not None else out[i]  # (H, W)
-            offsets = torch.arange(-r, r + 1, device=out.device)  # (2r+1,)
-            gaussian = _gaussian(
-                offsets.view(1, -1), offsets.view(-1, 1), torch.tensor(r), diameter_to_sigma
-            )  # (2r+1, 2r+1)
-            left, right = min(x, r), min(width - x, r + 1)
-            top, bottom = min(y, r), min(height - y, r + 1)
-            window = target[y - top : y + bottom, x - left : x + right]  # (top+bottom, left+right) view
-            patch = gaussian[r - top : r + bottom, r - left : r + right]  # (top+bottom, left+right)
-            if min(window.shape) > 0 and min(patch.shape) > 0:  # the window overlaps the map
-                torch.maximum(window, patch, out=window)
+        if image_centres.shape[0] == 0:
+            continue
+        image_radii = image_radii.tolist()  # sync: one read of the image's radii
+        channels = labels[i].tolist() if labels is not None else None  # sync: and of its labels
+        for g, centre in enumerate(image_centres):
+            target = out[i, int(channels[g])] if channels is not None else out[i]  # (H, W)
+            reference_draw_gaussian(target, centre, int(image_radii[g]), 1.0, diameter_to_sigma)
     return out

@@ -15,6 +15,11 @@ Choices where the original is ambiguous or inconsistent (both paths here make th
   ``nms_rotated``; that round trip only rounds, and is skipped. The yaw is the lidar counter-clockwise yaw,
   passed unchanged as mmdet3d does (see :mod:`drivetrain.geometry.rotated_iou` for mmcv's convention).
 
+Reference path: the original's steps op for op, per sample and class (``box3d_multiclass_nms``: candidates by
+boolean masks, ``nms_bev``, mmcv's ``nms_rotated``: the suppression mask of every pair at once, copied to the host
+for the greedy pass, the kept indices copied back). mmcv makes that mask in one CUDA kernel; the reference makes it
+with :func:`rotated_bev_iou_pairwise`, a fixed number of ATen ops per call (``benchmarks/originals.py`` counts both).
+
 Batched path: one pairwise IoU matrix per sample, the "i suppresses j" relation as a boolean matrix over
 score-sorted positions, then one pass over positions ``k = 0..N-1`` for the whole batch (N small vectorised
 steps, a Python loop over a shape): position ``k`` is kept iff it is valid and no kept earlier position
@@ -23,6 +28,7 @@ suppresses it. No host sync.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from drivetrain.geometry.rotated_iou import rotated_bev_iou_pairwise
@@ -32,6 +38,7 @@ __all__ = [
     "BEV_COLUMNS",
     "batched_rotated_nms",
     "multiclass_rotated_nms",
+    "reference_multiclass_nms_single",
     "reference_multiclass_rotated_nms",
     "reference_rotated_nms",
 ]
@@ -40,7 +47,12 @@ BEV_COLUMNS = (0, 1, 3, 4, 6)  # (x, y, dx, dy, yaw) of a (x, y, z_c, dx, dy, dz
 
 
 def reference_rotated_nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torch.Tensor:
-    """mmcv's ``nms_rotated`` for one set of boxes: greedy, by descending score (ties by index).
+    """mmcv's ``nms_rotated`` for one set of boxes, as its CUDA implementation runs it (``nms_rotated_cuda``): the
+    boxes by descending score (ties by index), which suppresses which for every pair in one pass, that mask to the
+    host, the greedy pass there, the kept indices back to the device.
+
+    mmcv computes the mask in one CUDA kernel; here it is :func:`rotated_bev_iou_pairwise` (the IoU primitive both
+    paths use), a fixed number of ATen ops per call.
 
     Args:
         boxes: ``(N, 5)`` float BEV boxes ``(x, y, dx, dy, yaw)``.
@@ -53,18 +65,28 @@ def reference_rotated_nms(boxes: torch.Tensor, scores: torch.Tensor, iou_thresho
     if boxes.dim() != 2 or boxes.shape[-1] != 5 or scores.shape != boxes.shape[:1]:
         raise ValueError(f"boxes, scores: expected (N, 5) and (N,), got {tuple(boxes.shape)}, {tuple(scores.shape)}")
     order = scores.argsort(descending=True, stable=True)  # (N,)
-    sorted_boxes = boxes[order]  # (N, 5)
-    suppressed = torch.zeros(order.shape[0], dtype=torch.bool, device=boxes.device)  # (N,)
-    keep = []
+    if order.shape[0] == 0:
+        return order
+    sorted_boxes = boxes.index_select(0, order)  # (N, 5)
+    suppresses = rotated_bev_iou_pairwise(sorted_boxes, sorted_boxes) > iou_threshold  # (N, N) mmcv's mask
+    mask = suppresses.cpu().numpy()  # sync: mmcv copies the mask to the host for the greedy pass
+    removed = np.zeros(order.shape[0], dtype=bool)
+    kept = []
     for i in range(order.shape[0]):
-        if suppressed[i]:
-            continue
-        keep.append(order[i])
-        iou = rotated_bev_iou_pairwise(sorted_boxes[i : i + 1], sorted_boxes[i + 1 :])[0]  # (N-i-1,)
-        suppressed[i + 1 :] |= iou > iou_threshold
-    if not keep:
-        return order.new_zeros(0)
-    return torch.stack(keep)  # (K,)
+        if not removed[i]:
+            kept.append(i)
+            removed |= mask[i]
+    keep = order[torch.tensor(kept, dtype=torch.long).to(order.device)]  # (K,) sync: the kept positions, copied back
+    _ = torch.cat((boxes[keep], scores[keep].reshape(-1, 1)), dim=1)  # mmcv's returned dets (unread), paid as there
+    return keep
+
+
+def _nms_bev(bev: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torch.Tensor:
+    """mmdet3d's ``nms_bev``: the boxes sorted by score, :func:`reference_rotated_nms` on them, the kept positions
+    mapped back (without the original's xyxyr → xywhr round trip, which only rounds); int64 ``(K,)``."""
+    order = scores.argsort(descending=True, stable=True)  # (n,)
+    keep = reference_rotated_nms(bev[order].contiguous(), scores[order], iou_threshold)  # (K,) positions in order
+    return order[keep]  # (K,)
 
 
 def _greedy_keep(suppresses: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -210,7 +232,8 @@ def reference_multiclass_rotated_nms(
     iou_threshold: float = 0.2,
     max_num: int = 500,
 ) -> list[dict[str, torch.Tensor]]:
-    """The original's per-sample, per-class loop (arguments as :func:`multiclass_rotated_nms`).
+    """The original's per-sample, per-class loop (arguments as :func:`multiclass_rotated_nms`): each sample's valid
+    boxes, then :func:`reference_multiclass_nms_single`.
 
     Returns:
         Per sample ``{"boxes": (K_b, D), "scores": (K_b,), "labels": (K_b,), "indices": (K_b,)}``.
@@ -218,29 +241,59 @@ def reference_multiclass_rotated_nms(
     _check_multiclass(boxes, scores, valid, max_num)
     out = []
     for b in range(boxes.shape[0]):
-        sample = valid[b].nonzero()[:, 0]  # (N_b,)
-        sample_boxes, sample_scores = boxes[b][sample], scores[b][sample]  # (N_b, D), (N_b, C)
-        bev = sample_boxes[:, list(BEV_COLUMNS)]  # (N_b, 5)
-        kept_idx, kept_scores, kept_labels = [], [], []
-        for c in range(scores.shape[-1]):
-            candidates = (sample_scores[:, c] > score_threshold).nonzero()[:, 0]  # (n,)
-            if candidates.numel() == 0:
-                continue
-            class_scores = sample_scores[candidates, c]  # (n,)
-            selected = reference_rotated_nms(bev[candidates], class_scores, iou_threshold)  # (k,)
-            kept_idx.append(candidates[selected])
-            kept_scores.append(class_scores[selected])
-            kept_labels.append(torch.full_like(selected, c))
-        if kept_idx:
-            idx, sc, lab = torch.cat(kept_idx), torch.cat(kept_scores), torch.cat(kept_labels)
-            if idx.shape[0] > max_num:
-                top = sc.argsort(descending=True, stable=True)[:max_num]
-                idx, sc, lab = idx[top], sc[top], lab[top]
-        else:
-            idx = torch.zeros(0, dtype=torch.int64, device=boxes.device)
-            sc, lab = scores.new_zeros(0), idx.clone()
-        out.append({"boxes": sample_boxes[idx], "scores": sc, "labels": lab, "indices": sample[idx]})
+        sample = valid[b].nonzero()[:, 0]  # (N_b,) sync: the sample's boxes (the original's input has no padding)
+        kept = reference_multiclass_nms_single(
+            boxes[b][sample], scores[b][sample], score_threshold, iou_threshold, max_num
+        )
+        kept["indices"] = sample[kept["indices"]]  # (K_b,) positions in N
+        out.append(kept)
     return out
+
+
+def reference_multiclass_nms_single(
+    boxes: torch.Tensor, scores: torch.Tensor, score_threshold: float, iou_threshold: float, max_num: int
+) -> dict[str, torch.Tensor]:
+    """mmdet3d's ``box3d_multiclass_nms`` for one sample, op for op: per class the candidates by a boolean mask
+    (``any`` read on the host, then boolean indexing), :func:`_nms_bev` on them, the kept boxes, scores, labels and
+    positions; concatenated class by class, cut to ``max_num`` by score when more were kept.
+
+    Args:
+        boxes: ``(N, D)`` float boxes ``(x, y, z_c, dx, dy, dz, yaw, ...)``.
+        scores: ``(N, C)`` float per-class scores.
+        score_threshold: a box is a class's candidate when its score is ``> score_threshold``.
+        iou_threshold: suppress when rotated BEV IoU ``> iou_threshold``.
+        max_num: at most this many detections.
+
+    Returns:
+        ``{"boxes": (K, D), "scores": (K,), "labels": (K,), "indices": (K,)}`` (``indices``: positions in ``N``, the
+        original's per-class gather of its direction scores).
+    """
+    bev = boxes[:, list(BEV_COLUMNS)]  # (N, 5)
+    positions = torch.arange(boxes.shape[0], device=boxes.device)  # (N,)
+    kept_boxes, kept_scores, kept_labels, kept_idx = [], [], [], []
+    for c in range(scores.shape[-1]):
+        candidate = scores[:, c] > score_threshold  # (N,)
+        if not candidate.any():  # sync: the original reads whether the class has candidates
+            continue
+        class_scores = scores[candidate, c]  # (n,) sync: boolean indexing
+        selected = _nms_bev(bev[candidate, :], class_scores, iou_threshold)  # (k,)
+        kept_boxes.append(boxes[candidate, :][selected])
+        kept_scores.append(class_scores[selected])
+        kept_labels.append(boxes.new_full((len(selected),), c, dtype=torch.long))
+        kept_idx.append(positions[candidate][selected])  # the original's dir scores of the class, gathered
+    if not kept_boxes:
+        return {
+            "boxes": scores.new_zeros((0, boxes.shape[-1])),
+            "scores": scores.new_zeros((0,)),
+            "labels": scores.new_zeros((0,), dtype=torch.long),
+            "indices": scores.new_zeros((0,), dtype=torch.long),
+        }
+    out_boxes, out_scores = torch.cat(kept_boxes), torch.cat(kept_scores)  # (K, D), (K,)
+    labels, indices = torch.cat(kept_labels), torch.cat(kept_idx)  # (K,), (K,)
+    if out_boxes.shape[0] > max_num:
+        top = out_scores.argsort(descending=True, stable=True)[:max_num]  # (max_num,)
+        out_boxes, labels, out_scores, indices = out_boxes[top, :], labels[top], out_scores[top], indices[top]
+    return {"boxes": out_boxes, "scores": out_scores, "labels": labels, "indices": indices}
 
 
 def _check_multiclass(boxes: torch.Tensor, scores: torch.Tensor, valid: torch.Tensor, max_num: int) -> None:

@@ -3,9 +3,10 @@ regression with the sine difference on yaw, and a two-bin direction classifier.
 
 Two implementations of one specification (see DESIGN.md, "The two paths"):
 
-``reference``: as the original: targets per sample (``anchor_target_3d_single`` with a pseudo sampler:
-    positives and negatives by ``nonzero``, deltas encoded for the positives only), concatenated over the
-    batch, then positives selected again by their label and the three losses computed on them.
+``reference``: as the original, op for op: targets per sample (``anchor_target_3d_single`` with mmdet's pseudo
+    sampler: positives and negatives by ``nonzero``, deltas encoded for the positives only; for SSN per class, as
+    its ``assign_per_class``), stacked over the batch, then ``Anchor3DHead``'s positives selected again by their
+    label and the three losses computed on them (SSN: ``ShapeAwareHead``'s, on every anchor with weights).
 ``batched``: targets for every anchor of every sample at once by gathering the matched ground truth;
     non-positive anchors are switched off with masks (``torch.where``), never selected, so nothing reads a
     value on the host. The focal term is :func:`~drivetrain.losses.functional.sigmoid_focal_loss_sum` (the
@@ -17,7 +18,7 @@ Inputs come from an anchor assigner: ``assigned`` is int64 per anchor, ``-1`` ig
 ``k ≥ 1`` positive, matched to ground truth ``k − 1``. Anchors and ground truths are gravity-centre boxes
 ``(x, y, z_c, dx, dy, dz, yaw[, vx, vy])`` (``D = 9``, nuScenes; ``D = 7``, Lyft).
 
-Both return the same dict of **unweighted** terms (the published weights are :attr:`AnchorHeadLoss.weights`,
+Both return the same dict of **unweighted** terms (the weights a model passes are :attr:`AnchorHeadLoss.weights`,
 applied by :meth:`AnchorHeadLoss.total`), each divided by ``N = Σ_b max(n_pos_b, 1) + ε`` (``ε`` the float32
 epsilon that mmdet's ``weight_reduce_loss`` adds to every ``avg_factor``), counted on this rank only as in the
 original (no averaging across ranks):
@@ -32,9 +33,9 @@ its assignment says, as in the original. The original computes these per feature
 the nuScenes SECFPN head has one level, which is the case implemented here (the FPN variant would call this
 once per level with that level's anchors).
 
-``AnchorHeadLoss(compile=True)`` runs the batched loss through ``torch.compile`` with the ground-truth dim dynamic
-(:mod:`drivetrain.compiled`); PointPillars' ``compile_loss`` compiles the batched max-IoU assignment and this loss
-together, in one graph (neither has a host call, so there is no graph break).
+``AnchorHeadLoss(..., compile=True)`` runs the batched loss through ``torch.compile`` with the ground-truth dim
+dynamic (:mod:`drivetrain.compiled`); PointPillars' ``compile_loss`` compiles the batched max-IoU assignment and this
+loss together, in one graph (neither has a host call, so there is no graph break).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ import torch.nn.functional as F
 
 from drivetrain.compiled import compile_options, compiled, ragged_dynamic
 from drivetrain.constants import constant
-from drivetrain.geometry.delta_coder import NUS_DIR_OFFSET, direction_target, encode_delta_xyzwlhr
+from drivetrain.geometry.delta_coder import direction_target, encode_delta_xyzwlhr
 from drivetrain.losses.functional import (
     class_mask,
     fp32,
@@ -56,19 +57,17 @@ from drivetrain.losses.functional import (
     sine_difference,
     smooth_l1_loss,
 )
+from drivetrain.losses.sampling import pseudo_sample
 from drivetrain.losses.weights import weighted_total
 from drivetrain.ragged import RaggedBatch
 
 __all__ = [
-    "LYFT_CODE_WEIGHTS",
-    "NUS_CODE_WEIGHTS",
     "AnchorHeadLoss",
     "batched_anchor_head_loss",
     "reference_anchor_head_loss",
 ]
 
-NUS_CODE_WEIGHTS = (1.0,) * 7 + (0.2, 0.2)  # train_cfg.code_weight of the nuScenes configs (code size 9)
-LYFT_CODE_WEIGHTS = (1.0,) * 7  # the Lyft configs (code size 7, no velocity)
+TERMS = ("loss_cls", "loss_bbox", "loss_dir")
 AVG_EPS = float(torch.finfo(torch.float32).eps)  # mmdet's weight_reduce_loss: loss.sum() / (avg_factor + eps)
 
 
@@ -85,38 +84,83 @@ def _reference_targets(
     assigned: torch.Tensor,
     gt_boxes: torch.Tensor,
     gt_labels: torch.Tensor,
+    has_gt: bool,
     num_classes: int,
     dir_offset: float,
     dir_limit_offset: float,
     num_dir_bins: int,
 ) -> tuple[torch.Tensor, ...]:
-    """One sample's targets as ``anchor_target_single_assigner`` builds them (pseudo sampler, pos_weight −1)."""
+    """One sample's (SSN: one class's) targets as ``anchor_target_single_assigner`` builds them after its assigner
+    (mmdet3d ``models/dense_heads/train_mixins.py``; pseudo sampler, ``pos_weight`` −1), op for op.
+
+    Args:
+        anchors: ``(A, D)`` (the class's anchors for SSN).
+        assigned: int64 ``(A,)``: −1 ignore, 0 negative, ``k ≥ 1`` ground truth ``k − 1`` of ``gt_boxes``.
+        gt_boxes: ``(G, D)`` the sample's ground truth.
+        gt_labels: int64 ``(G,)``.
+        has_gt: whether the assigner ran (the original's ``len(gt_bboxes) > 0``, of the class for SSN); without it
+            every anchor is a negative.
+        num_classes: ``C``, the background label.
+        dir_offset: shift of the direction bin edges.
+        dir_limit_offset: ``limit_period`` offset of the direction target.
+        num_dir_bins: direction bins over the full circle.
+
+    Returns:
+        ``labels`` ``(A,)`` (background ``C``), ``label_weights``, ``bbox_targets`` ``(A, D)``, ``bbox_weights``,
+        ``dir_targets``, ``dir_weights`` and the number of positives (a host int).
+    """
     num_anchors = anchors.shape[0]
     bbox_targets = torch.zeros_like(anchors)  # (A, D)
     bbox_weights = torch.zeros_like(anchors)  # (A, D)
     dir_targets = anchors.new_zeros(num_anchors, dtype=torch.long)  # (A,)
     dir_weights = anchors.new_zeros(num_anchors, dtype=torch.float)  # (A,)
-    labels = anchors.new_zeros(num_anchors, dtype=torch.long) + num_classes  # (A,) background = C
+    labels = anchors.new_zeros(num_anchors, dtype=torch.long)  # (A,)
     label_weights = anchors.new_zeros(num_anchors, dtype=torch.float)  # (A,)
-    if gt_boxes.shape[0] > 0:
-        pos_inds = torch.nonzero(assigned > 0, as_tuple=False).squeeze(-1).unique()  # (P,)
-        neg_inds = torch.nonzero(assigned == 0, as_tuple=False).squeeze(-1).unique()  # (A−P−I,)
+    if has_gt:
+        sampled = pseudo_sample(assigned, None, anchors, gt_boxes)
+        pos_inds, neg_inds = sampled.pos_inds, sampled.neg_inds  # (P,), (A−P−I,)
     else:  # no ground truth: the original makes every anchor a negative without assigning
-        pos_inds = torch.zeros(0, dtype=torch.long, device=anchors.device)  # (0,)
-        neg_inds = torch.arange(num_anchors, device=anchors.device)  # (A,)
+        pos_inds = torch.nonzero(anchors.new_zeros(num_anchors, dtype=torch.bool) > 0).squeeze(-1).unique()  # (0,)
+        neg_inds = torch.nonzero(anchors.new_zeros(num_anchors, dtype=torch.bool) == 0).squeeze(-1).unique()  # (A,)
+    labels += num_classes  # background = C
     if len(pos_inds) > 0:
-        matched = assigned[pos_inds] - 1  # (P,)
-        pos_bbox_targets = encode_delta_xyzwlhr(anchors[pos_inds], gt_boxes[matched])  # (P, D)
-        pos_yaw = pos_bbox_targets[..., 6] + anchors[pos_inds][..., 6]  # (P,) as get_direction_target
+        pos_bbox_targets = encode_delta_xyzwlhr(sampled.pos_bboxes, sampled.pos_gt_bboxes)  # (P, D)
+        pos_yaw = pos_bbox_targets[..., 6] + sampled.pos_bboxes[..., 6]  # (P,) as get_direction_target
         bbox_targets[pos_inds, :] = pos_bbox_targets
         bbox_weights[pos_inds, :] = 1.0
         dir_targets[pos_inds] = direction_target(pos_yaw, dir_offset, dir_limit_offset, num_dir_bins)
         dir_weights[pos_inds] = 1.0
-        labels[pos_inds] = gt_labels[matched].long()
+        labels[pos_inds] = gt_labels[sampled.pos_assigned_gt_inds].long()
         label_weights[pos_inds] = 1.0
     if len(neg_inds) > 0:
         label_weights[neg_inds] = 1.0
     return labels, label_weights, bbox_targets, bbox_weights, dir_targets, dir_weights, len(pos_inds)
+
+
+def _reference_sample_targets(
+    anchors: torch.Tensor,
+    class_sizes: list[int] | None,
+    assigned: torch.Tensor,
+    gt_boxes: torch.Tensor,
+    gt_labels: torch.Tensor,
+    options: tuple[int, float, float, int],
+) -> tuple[torch.Tensor, ...]:
+    """One sample's targets as ``anchor_target_3d_single``: one assigner's (PointPillars), or one per class on the
+    class's anchors, concatenated in class order (SSN's ``assign_per_class``); the last entry counts positives."""
+    num_gts = gt_boxes.shape[0]
+    if class_sizes is None:
+        # the original concatenates the levels' anchors per sample (one level: a copy)
+        return _reference_targets(torch.cat([anchors]), assigned, gt_boxes, gt_labels, num_gts > 0, *options)
+    per_class_gts = [0] * len(class_sizes)
+    for label in gt_labels.tolist():  # sync: the classes present (the original splits its boxes by class)
+        per_class_gts[label] += 1
+    parts = [
+        _reference_targets(class_anchors, class_assigned, gt_boxes, gt_labels, per_class_gts[c] > 0, *options)
+        for c, (class_anchors, class_assigned) in enumerate(
+            zip(anchors.split(class_sizes), assigned.split(class_sizes), strict=True)
+        )
+    ]
+    return (*(torch.cat([part[i] for part in parts]) for i in range(6)), sum(part[6] for part in parts))
 
 
 @fp32
@@ -129,15 +173,22 @@ def reference_anchor_head_loss(
     gt_boxes: Sequence[torch.Tensor],
     gt_labels: Sequence[torch.Tensor],
     *,
-    code_weights: Sequence[float] = NUS_CODE_WEIGHTS,
+    code_weights: Sequence[float],
+    dir_offset: float,
     alpha: float = 0.25,
     gamma: float = 2.0,
     beta: float = 1.0 / 9.0,
-    dir_offset: float = NUS_DIR_OFFSET,
     dir_limit_offset: float = 0.0,
     num_dir_bins: int = 2,
+    anchor_classes: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The loss as mmdet3d computes it: per-sample targets, then one loss over the concatenated batch.
+    """The loss as mmdet3d computes it, op for op: per-sample targets, then one loss over the stacked batch.
+
+    Without ``anchor_classes``, ``Anchor3DHead.loss`` (PointPillars): ``anchor_target_3d`` per sample, then
+    ``loss_single`` with the box and direction terms on the positives, selected by label. With them,
+    ``ShapeAwareHead.loss`` (SSN, ``assign_per_class``): the targets of each class's anchors on their own,
+    concatenated, and the box and direction terms on every anchor, weighted (so a non-finite prediction of a
+    non-positive anchor reaches them there, as in the original; the batched path keeps it out).
 
     Args:
         pred_cls: per sample ``(A, C)`` logits.
@@ -147,45 +198,60 @@ def reference_anchor_head_loss(
         assigned: per sample int64 ``(A,)``: −1 ignore, 0 negative, ``k ≥ 1`` matched to GT ``k − 1``.
         gt_boxes: per sample ``(G_b, D)``.
         gt_labels: per sample int ``(G_b,)`` in ``[0, C)``.
-        code_weights: per-dim weights of the ``D``-dim code.
-        alpha: focal loss positive weight.
-        gamma: focal loss exponent.
-        beta: smooth-L1 transition point.
-        dir_offset: shift of the direction bin edges.
+        code_weights: per-dim weights of the ``D``-dim code (a model's ``train_cfg.code_weight``).
+        dir_offset: shift of the direction bin edges (a model's ``dir_offset``).
+        alpha: focal loss positive weight (mmdet ``FocalLoss``'s 0.25).
+        gamma: focal loss exponent (its 2).
+        beta: smooth-L1 transition point (``Anchor3DHead``'s 1/9).
         dir_limit_offset: ``limit_period`` offset of the direction target.
         num_dir_bins: direction bins over the full circle.
+        anchor_classes: int64 ``(A,)`` the class of each anchor, in contiguous class blocks (SSN), or None.
 
     Returns:
         ``{"loss_cls", "loss_bbox", "loss_dir"}``, each a ``()`` float32 tensor, unweighted.
     """
     num_classes, dim = pred_cls[0].shape[-1], anchors.shape[-1]
     _check_code(code_weights, dim)
+    class_sizes = None
+    if anchor_classes is not None:  # sync: the class blocks' lengths (the original holds a tensor per class)
+        class_sizes = torch.bincount(anchor_classes, minlength=num_classes).tolist()
+    options = (num_classes, dir_offset, dir_limit_offset, num_dir_bins)
     targets = [
-        _reference_targets(anchors.float(), a, g.float(), lab, num_classes, dir_offset, dir_limit_offset, num_dir_bins)
+        _reference_sample_targets(anchors.float(), class_sizes, a, g.float(), lab, options)
         for a, g, lab in zip(assigned, gt_boxes, gt_labels, strict=True)
     ]
     labels, label_weights, bbox_targets, bbox_weights, dir_targets, dir_weights = (
-        torch.cat([t[i] for t in targets]) for i in range(6)
-    )  # (B*A,), (B*A,), (B*A, D), (B*A, D), (B*A,), (B*A,)
-    avg_factor = sum(max(t[6], 1) for t in targets)  # anchor_target_3d's num_total_pos (Python int)
-    cls_score = torch.cat(list(pred_cls)).float()  # (B*A, C)
-    bbox_pred = torch.cat(list(pred_boxes)).float()  # (B*A, D)
-    dir_pred = torch.cat(list(pred_dir)).float()  # (B*A, num_dir_bins)
+        torch.stack([t[i] for t in targets]).flatten(0, 1) for i in range(6)
+    )  # the original's images_to_levels: (B·A,), (B·A,), (B·A, D), (B·A, D), (B·A,), (B·A,)
+    avg_factor = sum(max(t[6], 1) for t in targets) + AVG_EPS  # anchor_target_3d's num_total_pos (+ mmdet's eps)
+    cls_score = torch.cat(list(pred_cls)).float()  # (B·A, C)
+    bbox_pred = torch.cat(list(pred_boxes)).float()  # (B·A, D)
+    dir_pred = torch.cat(list(pred_dir)).float()  # (B·A, num_dir_bins)
+    weights = bbox_weights.new_tensor(list(code_weights))  # (D,)
 
-    focal = sigmoid_focal_loss(cls_score, class_mask(labels, num_classes).float(), alpha, gamma)  # (B*A, C)
-    loss_cls = (focal * label_weights[:, None]).sum() / (avg_factor + AVG_EPS)  # ()
-
+    if class_sizes is None and int(labels.max()) > num_classes:  # sync: Anchor3DHead.loss_single's assert
+        raise ValueError(f"gt_labels: a label above the {num_classes} classes")
+    focal = sigmoid_focal_loss(cls_score, class_mask(labels, num_classes).float(), alpha, gamma)  # (B·A, C)
+    loss_cls = (focal * label_weights[:, None]).sum() / avg_factor  # ()
+    if class_sizes is not None:  # ShapeAwareHead.loss_single: every anchor, weighted
+        pred_sin, target_sin = sine_difference(bbox_pred, bbox_targets)  # (B·A, D), (B·A, D)
+        loss_bbox = smooth_l1_loss(pred_sin, target_sin, beta, bbox_weights * weights).sum() / avg_factor  # ()
+        ce = F.cross_entropy(dir_pred, dir_targets, reduction="none")  # (B·A,)
+        return {"loss_cls": loss_cls, "loss_bbox": loss_bbox, "loss_dir": (ce * dir_weights).sum() / avg_factor}
+    # Anchor3DHead.loss_single: the positives, selected by label
     pos_inds = ((labels >= 0) & (labels < num_classes)).nonzero(as_tuple=False).reshape(-1)  # (P,)
-    pos_bbox_pred, pos_dir_pred = bbox_pred[pos_inds], dir_pred[pos_inds]  # (P, D), (P, num_dir_bins)
-    if len(pos_inds) > 0:
-        pos_weights = bbox_weights[pos_inds] * bbox_weights.new_tensor(list(code_weights))  # (P, D)
-        pred_sin, target_sin = sine_difference(pos_bbox_pred, bbox_targets[pos_inds])  # (P, D), (P, D)
-        loss_bbox = smooth_l1_loss(pred_sin, target_sin, beta, pos_weights).sum() / (avg_factor + AVG_EPS)
-        ce = F.cross_entropy(pos_dir_pred, dir_targets[pos_inds], reduction="none")  # (P,)
-        loss_dir = (ce * dir_weights[pos_inds]).sum() / (avg_factor + AVG_EPS)  # ()
-    else:
-        loss_bbox, loss_dir = pos_bbox_pred.sum(), pos_dir_pred.sum()  # exact zeros, zero gradients
-    return {"loss_cls": loss_cls, "loss_bbox": loss_bbox, "loss_dir": loss_dir}
+    pos_bbox_pred, pos_bbox_targets, pos_bbox_weights = (
+        bbox_pred[pos_inds],
+        bbox_targets[pos_inds],
+        bbox_weights[pos_inds],
+    )  # (P, D) each
+    pos_dir_pred, pos_dir_targets, pos_dir_weights = dir_pred[pos_inds], dir_targets[pos_inds], dir_weights[pos_inds]
+    if len(pos_inds) == 0:
+        return {"loss_cls": loss_cls, "loss_bbox": pos_bbox_pred.sum(), "loss_dir": pos_dir_pred.sum()}  # exact 0s
+    pred_sin, target_sin = sine_difference(pos_bbox_pred, pos_bbox_targets)  # (P, D), (P, D)
+    loss_bbox = smooth_l1_loss(pred_sin, target_sin, beta, pos_bbox_weights * weights).sum() / avg_factor  # ()
+    ce = F.cross_entropy(pos_dir_pred, pos_dir_targets, reduction="none")  # (P,)
+    return {"loss_cls": loss_cls, "loss_bbox": loss_bbox, "loss_dir": (ce * pos_dir_weights).sum() / avg_factor}
 
 
 # ---------------------------------------------------------------------------------------------- batched
@@ -208,11 +274,11 @@ def batched_anchor_head_loss(
     gt_boxes: RaggedBatch,
     gt_labels: RaggedBatch,
     *,
-    code_weights: Sequence[float] = NUS_CODE_WEIGHTS,
+    code_weights: Sequence[float],
+    dir_offset: float,
     alpha: float = 0.25,
     gamma: float = 2.0,
     beta: float = 1.0 / 9.0,
-    dir_offset: float = NUS_DIR_OFFSET,
     dir_limit_offset: float = 0.0,
     num_dir_bins: int = 2,
 ) -> dict[str, torch.Tensor]:
@@ -226,11 +292,11 @@ def batched_anchor_head_loss(
         assigned: int64 ``(B, A)``: −1 ignore, 0 negative, ``k ≥ 1`` matched to GT ``k − 1``.
         gt_boxes: RaggedBatch ``(B, G, D)``.
         gt_labels: RaggedBatch of ints ``(B, G)`` in ``[0, C)``.
-        code_weights: per-dim weights of the ``D``-dim code.
-        alpha: focal loss positive weight.
-        gamma: focal loss exponent.
-        beta: smooth-L1 transition point.
-        dir_offset: shift of the direction bin edges.
+        code_weights: per-dim weights of the ``D``-dim code (a model's ``train_cfg.code_weight``).
+        dir_offset: shift of the direction bin edges (a model's ``dir_offset``).
+        alpha: focal loss positive weight (mmdet ``FocalLoss``'s 0.25).
+        gamma: focal loss exponent (its 2).
+        beta: smooth-L1 transition point (``Anchor3DHead``'s 1/9).
         dir_limit_offset: ``limit_period`` offset of the direction target.
         num_dir_bins: direction bins over the full circle.
 
@@ -238,7 +304,9 @@ def batched_anchor_head_loss(
         ``{"loss_cls", "loss_bbox", "loss_dir"}``, each a ``()`` float32 tensor, unweighted.
 
     Example:
-        >>> terms = batched_anchor_head_loss(cls, box, dir, anchors, assigned, gt_boxes, gt_labels)
+        >>> terms = batched_anchor_head_loss(
+        ...     cls, box, dir, anchors, assigned, gt_boxes, gt_labels, code_weights=(1.0,) * 7, dir_offset=-0.7854
+        ... )
     """
     batch, num_anchors, num_classes = pred_cls.shape
     dim = anchors.shape[-1]
@@ -318,31 +386,31 @@ class _BoxDirSum(torch.autograd.Function):
 
 # ---------------------------------------------------------------------------------------------- criterion
 class AnchorHeadLoss(torch.nn.Module):
-    """Loss of PointPillars' ``Anchor3DHead`` (nuScenes SECFPN config by default).
+    """Loss of mmdetection3d's ``Anchor3DHead`` (PointPillars, SSN); a model passes its recipe's constants
+    (:mod:`drivetrain.models.pointpillars.recipe`), the defaults left are ``Anchor3DHead``'s own.
 
     Args:
-        num_classes: ``C`` (10); label ``C`` is background.
-        cls_weight, bbox_weight, dir_weight: published term weights (1.0, 1.0, 0.2).
-        code_weights: per-dim weights of the box code: :data:`NUS_CODE_WEIGHTS` (9 dims) or
-            :data:`LYFT_CODE_WEIGHTS` (7 dims).
+        num_classes: ``C``; label ``C`` is background.
+        code_weights: per-dim weights of the box code (its length is ``D``, 7 or 9).
+        dir_offset: shift of the direction bin edges.
+        weights: the term weights, ``{"loss_cls", "loss_bbox", "loss_dir"}``: exactly these three.
         alpha, gamma: sigmoid focal loss parameters (0.25, 2).
         beta: smooth-L1 transition point (1/9).
-        dir_offset, dir_limit_offset, num_dir_bins: direction target (−0.7854, 0, 2).
+        dir_limit_offset, num_dir_bins: direction target (0, 2).
         compile: run the batched path through ``torch.compile``: True (its defaults) or a mapping of its keyword
             arguments; kept in :attr:`compile_options` (None: eager).
     """
 
     def __init__(
         self,
-        num_classes: int = 10,
-        cls_weight: float = 1.0,
-        bbox_weight: float = 1.0,
-        dir_weight: float = 0.2,
-        code_weights: Sequence[float] = NUS_CODE_WEIGHTS,
+        num_classes: int,
+        *,
+        code_weights: Sequence[float],
+        dir_offset: float,
+        weights: Mapping[str, float],
         alpha: float = 0.25,
         gamma: float = 2.0,
         beta: float = 1.0 / 9.0,
-        dir_offset: float = NUS_DIR_OFFSET,
         dir_limit_offset: float = 0.0,
         num_dir_bins: int = 2,
         compile: bool | Mapping[str, Any] = False,
@@ -352,8 +420,10 @@ class AnchorHeadLoss(torch.nn.Module):
         self.compile_options = compile_options(compile)
         if beta <= 0:
             raise ValueError(f"beta: must be > 0 (mmdet's SmoothL1Loss asserts it), got {beta}")
+        if set(weights) != set(TERMS):
+            raise ValueError(f"weights: expected the terms {TERMS}, got {tuple(weights)}")
         self.num_classes = num_classes
-        self.weights = {"loss_cls": cls_weight, "loss_bbox": bbox_weight, "loss_dir": dir_weight}
+        self.weights = {name: float(weights[name]) for name in TERMS}
         self.options = {
             "code_weights": tuple(float(w) for w in code_weights),
             "alpha": alpha,
@@ -378,10 +448,13 @@ class AnchorHeadLoss(torch.nn.Module):
         gt_boxes: RaggedBatch,
         gt_labels: RaggedBatch,
         impl: str = "batched",
+        anchor_classes: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         """The unweighted terms of one batch; shapes as :func:`batched_anchor_head_loss`.
 
-        ``impl="reference"`` splits the batch into samples and runs :func:`reference_anchor_head_loss`.
+        ``impl="reference"`` splits the batch into samples and runs :func:`reference_anchor_head_loss`, as
+        ``ShapeAwareHead`` (per class) when ``anchor_classes`` (int64 ``(A,)``, SSN's contiguous class blocks) is
+        given; the batched path gives the same terms either way and does not read it.
         """
         batch, num_anchors, num_classes = pred_cls.shape
         dim = anchors.shape[-1]
@@ -412,5 +485,6 @@ class AnchorHeadLoss(torch.nn.Module):
                 gt_boxes.to_list(),
                 gt_labels.to_list(),
                 **self.options,
+                anchor_classes=anchor_classes,
             )
         raise ValueError(f"impl: expected 'batched' or 'reference', got {impl!r}")

@@ -16,6 +16,12 @@ classification term divides by this rank's count, and ``enc_loss_iou`` always do
 divides it before the count is all-reduced; ``sync_cls_avg_factor=True`` averages the classification count
 over ranks, as the original's option does.
 
+An image with more ground truths than tokens (``M > Q``) is matched as the original matches it: every token
+gets one ground truth, the other ``M − Q`` stay unassigned and are not counted in ``N⁺`` (the original counts
+assigned tokens); they are still drawn in the centerness heatmap, as in the original.
+:attr:`FocalHeadLoss.counts` holds their number in the last call (``unassigned_gt_2d``, a device tensor the
+trainer logs per step), and the first such batch gives one warning.
+
 Terms are unweighted; :attr:`FocalHeadLoss.weights` holds the published weights (2, 5, 2, 10, 1).
 ``reference`` loops over images as the original; ``batched`` treats all images at once; ``compile=True`` runs
 the batched path through ``torch.compile`` in one graph, the solver inside it as a custom operator and the
@@ -24,6 +30,7 @@ ground-truth dim dynamic (:mod:`drivetrain.compiled`).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,12 +46,14 @@ from drivetrain.geometry import (
     normalize_boxes,
     unnormalize_boxes,
 )
-from drivetrain.heatmap import draw_gaussians, focal_head_radius, reference_draw_gaussians
+from drivetrain.heatmap import draw_gaussians, focal_head_radius, reference_draw_gaussian
 from drivetrain.losses.functional import gaussian_focal_loss, giou_loss, l1_loss, quality_focal_loss
 from drivetrain.losses.inputs import field
 from drivetrain.losses.normalize import average_factor
+from drivetrain.losses.sampling import assigned_from_pairs, pseudo_sample
 from drivetrain.losses.weights import resolve_weights, weighted_total
 from drivetrain.match import HungarianAssigner2D
+from drivetrain.match.solve import num_assigned, num_unassigned
 from drivetrain.ragged import RaggedBatch
 
 __all__ = ["WEIGHTS", "FocalHeadLoss"]
@@ -74,6 +83,11 @@ class FocalHeadLoss(torch.nn.Module):
             that name; False, its published value, divides ``enc_loss_cls`` by this rank's count).
         compile: run the batched path through ``torch.compile``: True (its defaults) or a mapping of its keyword
             arguments; kept in :attr:`compile_options` (None: eager).
+
+    Attributes:
+        counts: device counters of the last call, ``{"unassigned_gt_2d": int64 ()}``: 2D ground truths of the
+            batch left unassigned because their image holds more of them than there are tokens (empty before
+            the first call).
     """
 
     def __init__(
@@ -92,6 +106,8 @@ class FocalHeadLoss(torch.nn.Module):
         self.sync_cls_avg_factor = sync_cls_avg_factor
         self.assigner = assigner or HungarianAssigner2D()
         self.weights = resolve_weights(WEIGHTS, weights or {})
+        self.counts: dict[str, torch.Tensor] = {}
+        self._warned_unassigned = False
 
     def total(self, terms: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The weighted sum of the terms (:func:`~drivetrain.losses.weights.weighted_total`)."""
@@ -125,6 +141,7 @@ class FocalHeadLoss(torch.nn.Module):
             raise ValueError(
                 f"centerness: expected (B, N, Hf, Wf) with Hf·Wf = {num_tokens}, got {tuple(centerness.shape)}"
             )
+        self._count_unassigned(gt_boxes, num_tokens)
         args = (logits, boxes, centres, centerness, gt_boxes, gt_labels, gt_centres, image_size)
         if impl == "reference":
             return {k: torch.nan_to_num(v) for k, v in self._reference(*args).items()}
@@ -135,6 +152,22 @@ class FocalHeadLoss(torch.nn.Module):
         gt = (ragged_dynamic(gt_boxes), ragged_dynamic(gt_labels), ragged_dynamic(gt_centres))  # G
         batched = compiled(FocalHeadLoss._batched, self.compile_options)  # unbound: self is an argument
         return batched(self, logits, boxes, centres, centerness, *gt, image_size)
+
+    def _count_unassigned(self, gt_boxes: RaggedBatch, num_tokens: int) -> None:
+        """Set :attr:`counts` (no sync) and warn once when an image may hold more ground truths than tokens."""
+        if not isinstance(gt_boxes, RaggedBatch):
+            raise TypeError(f"gt_boxes_2d: expected a RaggedBatch (B, N, G, 4), got {type(gt_boxes).__name__}")
+        padded = gt_boxes.max_size  # the shape, known on the host: no image holds more
+        self.counts = {"unassigned_gt_2d": num_unassigned(gt_boxes.sizes, num_tokens, padded)}
+        if padded > num_tokens and not self._warned_unassigned:
+            self._warned_unassigned = True
+            warnings.warn(
+                f"gt_boxes_2d: a batch holds up to {padded} 2D ground truths per image, more than the {num_tokens} "
+                "feature tokens; as in the original, each token is matched to one and the rest stay unassigned "
+                "(counted per step as count/unassigned_gt_2d in metrics.jsonl; warned once)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     # ------------------------------------------------------------------ batched
     def _batched(
@@ -155,7 +188,7 @@ class FocalHeadLoss(torch.nn.Module):
         with region("targets"):
             token_index = pairs.apply(lambda t: t[..., 0])  # (B, N, G)
             gt_index = pairs.apply(lambda t: t[..., 1])  # (B, N, G)
-            count = gt_boxes.sizes.sum()  # () on the device: every ground truth is matched
+            count = num_assigned(gt_boxes.sizes, num_tokens, gt_boxes.max_size).sum()  # () on the device: the pairs
             cls_factor = average_factor(count, across_ranks=self.sync_cls_avg_factor)  # ()
             iou_factor = average_factor(count, across_ranks=False)  # ()
             num_pos = average_factor(count)  # ()
@@ -207,55 +240,57 @@ class FocalHeadLoss(torch.nn.Module):
         gt_centres: RaggedBatch,
         image_size: tuple[float, float],
     ) -> dict[str, torch.Tensor]:
+        """As the original's ``FocalHead.loss_single`` (StreamPETR ``models/dense_heads/focal_head.py``), op for op
+        per image and ground truth: per image the assigner, its result per token, mmdet's pseudo sampler and the
+        targets of every token (``_get_target_single``); the targets concatenated and the box scale repeated per
+        image; the centerness heatmap per image, one drawing per ground truth (``_get_heatmap_single``); then the
+        five terms over every token, the box terms weighted by the positives' mask as there."""
         batch, cams, num_tokens, num_classes = logits.shape
         boxes_list, labels_list, centres_list = gt_boxes.to_list(), gt_labels.to_list(), gt_centres.to_list()
         matches = self.assigner.reference(
             logits.detach(), boxes.detach(), centres.detach(), boxes_list, labels_list, centres_list, image_size
         )
+        width, height = image_size
         with region("targets"):
-            wh = torch.tensor(image_size, dtype=torch.float32, device=logits.device)  # (2,)
-            labels_all, scores_all, pos_pred, pos_target, pos_centre, pos_centre_target = [], [], [], [], [], []
-            heat_centres, heat_radii = [], []
+            factor = torch.tensor((width, height, width, height), dtype=torch.float32, device=logits.device)  # (4,)
+            targets, count = [], 0
             for b in range(batch):
                 for n in range(cams):
-                    tokens, gts = matches[b][n][:, 0], matches[b][n][:, 1]  # (M,), (M,): matched token and target
-                    gt_xyxy = boxes_list[b][n][gts].float()  # (M, 4) pixels
-                    pred_xyxy = unnormalize_boxes(
-                        boxes_cxcywh_to_xyxy(boxes[b, n][tokens].float()), image_size
-                    )  # (M, 4) pixels
-                    label = torch.full(
-                        (num_tokens,), num_classes, dtype=torch.long, device=logits.device
-                    )  # (Q,) background = C
-                    label[tokens] = labels_list[b][n][gts].long()
-                    score = torch.zeros(num_tokens, device=logits.device)  # (Q,)
-                    score[tokens] = iou_aligned(gt_xyxy, pred_xyxy.detach())
-                    labels_all.append(label)
-                    scores_all.append(score)
-                    pos_pred.append(boxes[b, n][tokens].float())
-                    pos_target.append(boxes_xyxy_to_cxcywh(normalize_boxes(gt_xyxy, image_size)))
-                    pos_centre.append(centres[b, n][tokens].float())
-                    pos_centre_target.append(centres_list[b][n][gts].float() / wh)
-                    image_centres = centres_list[b][n].float()  # (G_i, 2) pixels
-                    heat_centres.append((image_centres / self.stride).long())
-                    heat_radii.append(focal_head_radius(image_centres, boxes_list[b][n].float(), self.stride))
-            count = float(sum(len(m) for row in matches for m in row))
-            cls_factor = average_factor(count, across_ranks=self.sync_cls_avg_factor)  # ()
-            iou_factor = average_factor(count, across_ranks=False)  # ()
-            num_pos = average_factor(count)  # ()
+                    gt_xyxy, gt_label = boxes_list[b][n].float(), labels_list[b][n].long()  # (M, 4), (M,)
+                    targets.append(
+                        self._reference_targets(
+                            matches[b][n], boxes[b, n], gt_xyxy, gt_label, centres_list[b][n], factor
+                        )
+                    )  # 5 × (Q, ·)
+                    count += min(gt_xyxy.shape[0], num_tokens)  # the positives (matched tokens)
+            labels, label_weights, box_targets, box_weights, centre_targets = (
+                torch.cat([t[i] for t in targets]) for i in range(5)
+            )  # (B·N·Q,), (B·N·Q,), (B·N·Q, 4), (B·N·Q, 4), (B·N·Q, 2)
+            factors = torch.cat([factor.unsqueeze(0).repeat(num_tokens, 1) for _ in targets])  # (B·N·Q, 4)
+            flat_boxes = boxes.reshape(-1, 4).float()  # (B·N·Q, 4) normalised cxcywh
+            pred_xyxy = boxes_cxcywh_to_xyxy(flat_boxes) * factors  # (B·N·Q, 4) pixels
+            target_xyxy = boxes_cxcywh_to_xyxy(box_targets) * factors  # (B·N·Q, 4) pixels, zeros off the positives
+            scores = iou_aligned(target_xyxy, pred_xyxy.detach())  # (B·N·Q,) used at the positives only
+            cls_factor = average_factor(float(count), across_ranks=self.sync_cls_avg_factor)  # ()
+            iou_factor = average_factor(float(count), across_ranks=False)  # ()
+            num_pos = average_factor(float(count))  # ()
         with region("heatmap"):
-            heat_shape = centerness.shape[-2:]
-            heatmap = reference_draw_gaussians(
-                torch.zeros(batch * cams, *heat_shape, device=logits.device), heat_centres, heat_radii
+            heat_shape = tuple(centerness.shape[-2:])
+            heatmap = torch.stack(
+                [
+                    self._reference_heatmap(centres_list[b][n].float(), boxes_list[b][n].float(), heat_shape)
+                    for b in range(batch)
+                    for n in range(cams)
+                ]
             ).view(centerness.shape)  # (B, N, Hf, Wf)
         with region("losses"):
-            flat_logits = logits.reshape(-1, num_classes)  # (B*N*Q, C)
-            labels_flat, scores_flat = torch.cat(labels_all), torch.cat(scores_all)  # (B*N*Q,), (B*N*Q,)
-            loss_cls = quality_focal_loss(flat_logits, labels_flat, scores_flat, self.beta).sum()
-            pred, target = torch.cat(pos_pred), torch.cat(pos_target)  # (ΣM, 4) normalised cxcywh each
-            loss_bbox = l1_loss(pred, target).sum()  # ()
-            pred_pixels = unnormalize_boxes(boxes_cxcywh_to_xyxy(pred), image_size)  # (ΣM, 4) pixel xyxy
-            loss_iou = giou_loss(pred_pixels, unnormalize_boxes(boxes_cxcywh_to_xyxy(target), image_size)).sum()  # ()
-            loss_c2d = l1_loss(torch.cat(pos_centre), torch.cat(pos_centre_target)).sum()  # ()
+            flat_logits = logits.reshape(-1, num_classes)  # (B·N·Q, C)
+            qfl = quality_focal_loss(flat_logits, labels, scores, self.beta)  # (B·N·Q, C)
+            loss_cls = (qfl.sum(-1) * label_weights).sum()  # ()
+            loss_iou = (giou_loss(pred_xyxy, target_xyxy) * box_weights.mean(-1)).sum()  # ()
+            loss_bbox = l1_loss(flat_boxes, box_targets, box_weights).sum()  # ()
+            flat_centres = centres.reshape(-1, 2).float()  # (B·N·Q, 2)
+            loss_c2d = l1_loss(flat_centres, centre_targets, box_weights[:, 0:2]).sum()  # ()
             pred_heat = centerness.float().sigmoid().clamp(1e-4, 1 - 1e-4)  # (B, N, Hf, Wf)
             loss_centerness = gaussian_focal_loss(pred_heat, heatmap).sum()  # ()
         return {
@@ -265,3 +300,66 @@ class FocalHeadLoss(torch.nn.Module):
             "centers2d_loss": loss_c2d / num_pos,
             "centerness_loss": loss_centerness / num_pos,
         }
+
+    def _reference_targets(
+        self,
+        pairs: torch.Tensor,
+        pred_boxes: torch.Tensor,
+        gt_xyxy: torch.Tensor,
+        gt_label: torch.Tensor,
+        gt_centres: torch.Tensor,
+        factor: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        """One image's targets as the original's ``_get_target_single``, after its assigner's matching.
+
+        Args:
+            pairs: int64 ``(K, 2)`` (token, ground truth) pairs.
+            pred_boxes: ``(Q, 4)`` the image's predicted boxes (normalised cxcywh).
+            gt_xyxy: ``(M, 4)`` pixel boxes.
+            gt_label: int64 ``(M,)``.
+            gt_centres: ``(M, 2)`` pixel centres.
+            factor: ``(4,)`` ``(W, H, W, H)``.
+
+        Returns:
+            ``labels`` int64 ``(Q,)`` (background ``C``), ``label_weights`` ``(Q,)``, ``box_targets`` ``(Q, 4)``
+            normalised cxcywh, ``box_weights`` ``(Q, 4)`` (1 at the positives), ``centre_targets`` ``(Q, 2)``.
+        """
+        num_tokens, num_gts = pred_boxes.shape[0], gt_xyxy.shape[0]
+        assigned, assigned_labels = assigned_from_pairs(pairs, num_tokens, num_gts, gt_label)  # (Q,), (Q,)
+        sampled = pseudo_sample(assigned, assigned_labels, pred_boxes, gt_xyxy)
+        pos = sampled.pos_inds  # (P,)
+        labels = gt_xyxy.new_full((num_tokens,), self.num_classes, dtype=torch.long)  # (Q,) background = C
+        labels[pos] = gt_label[sampled.pos_assigned_gt_inds]
+        label_weights = gt_xyxy.new_ones(num_tokens)  # (Q,)
+        box_targets = torch.zeros_like(pred_boxes, dtype=torch.float32)  # (Q, 4)
+        box_weights = torch.zeros_like(pred_boxes, dtype=torch.float32)  # (Q, 4)
+        box_weights[pos] = 1.0
+        box_targets[pos] = boxes_xyxy_to_cxcywh(sampled.pos_gt_bboxes / factor)  # (P, 4) normalised cxcywh
+        centre_targets = pred_boxes.new_full((num_tokens, 2), 0.0, dtype=torch.float32)  # (Q, 2)
+        if num_gts == 0:
+            matched_centres = gt_centres.new_empty((0, 2), dtype=torch.float32)  # (0, 2) as the original's empty_like
+        else:
+            matched_centres = gt_centres[sampled.pos_assigned_gt_inds].float()  # (P, 2)
+        centre_targets[pos] = matched_centres / factor[0:2]
+        return labels, label_weights, box_targets, box_weights, centre_targets
+
+    def _reference_heatmap(
+        self, gt_centres: torch.Tensor, gt_xyxy: torch.Tensor, shape: tuple[int, int]
+    ) -> torch.Tensor:
+        """One image's centerness target as the original's ``_get_heatmap_single``: each ground truth drawn at
+        ``int(c2d / stride)`` with radius ``max(1, ceil(min edge distance / stride))``, one drawing per box.
+
+        Args:
+            gt_centres: ``(M, 2)`` pixel centres.
+            gt_xyxy: ``(M, 4)`` pixel boxes.
+            shape: ``(Hf, Wf)``.
+
+        Returns:
+            ``(Hf, Wf)`` float32.
+        """
+        heatmap = torch.zeros(shape, device=gt_centres.device)  # (Hf, Wf)
+        if gt_centres.shape[0] != 0:
+            radii = focal_head_radius(gt_centres, gt_xyxy, self.stride).tolist()  # sync: as the original's .cpu()
+            for centre, radius in zip(gt_centres, radii, strict=True):
+                reference_draw_gaussian(heatmap, centre / self.stride, radius)
+        return heatmap

@@ -2,9 +2,11 @@
 
 Two implementations of one specification (see DESIGN.md, "The two paths"):
 
-``reference``: as the original head: the assigner runs once per decoder layer and sample, targets are
-    built per sample (labels, boxes, weights over all ``Q`` queries), concatenated, and each layer's
-    losses are computed on its own; the denoising (DN) targets are assembled per sample and group.
+``reference``: as the original head, op for op: the assigner runs once per decoder layer and sample,
+    targets are built per sample (its result per query, mmdet's pseudo sampler, labels, boxes, weights over all
+    ``Q`` queries), concatenated, and each layer's losses are computed on its own; the denoising (DN) targets
+    group-major as the original's ``prepare_for_dn``, the known queries of all layers gathered at once, then each
+    layer's DN terms (its kernels are the original's within a few per loop: ``tests/test_reference_costs.py``).
 ``batched``: one assignment call for all layers × samples (one host transfer), targets by ragged ops
     (``map_pairs``/``gather``) for all layers at once, one reduction per term.
 
@@ -26,6 +28,12 @@ over the ranks of the process group (``N̄⁺``, ``G̅·̅T̅``; :func:`average_
 terms; the original logs other values under the DN names then (its main losses). Kept on purpose: with no
 target there is no denoising signal, and zeros leave the gradient unchanged.
 
+A sample with more ground truths than queries (``M_b > Q``) is matched as the original matches it: every query
+gets one ground truth, the other ``M_b − Q`` stay unassigned (no query learns them) and are not counted in
+``N⁺`` (the original's ``num_total_pos`` counts assigned queries); they still take part in denoising, which
+has one query per ground truth. :attr:`StreamPETRLoss.counts` holds their number in the last call
+(``unassigned_gt``, a device tensor the trainer logs per step), and the first such batch gives one warning.
+
 ``compile=True`` (or a mapping of ``torch.compile`` arguments) runs the batched path through ``torch.compile``
 (:mod:`drivetrain.compiled`): assignment, targets and losses in one graph, the solver inside it as a custom
 operator, the ground-truth dim and the DN query dim dynamic (a new ground-truth count does not compile again).
@@ -34,9 +42,11 @@ The input checks and the reference path stay eager.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from drivetrain import ragged
@@ -45,8 +55,10 @@ from drivetrain.geometry import CODE_WEIGHTS, encode_boxes_streampetr
 from drivetrain.losses.functional import class_mask, l1_loss, sigmoid_focal_loss
 from drivetrain.losses.inputs import field
 from drivetrain.losses.normalize import average_factor
+from drivetrain.losses.sampling import assigned_from_pairs, pseudo_sample
 from drivetrain.losses.weights import weighted_total
 from drivetrain.match import HungarianAssigner3D
+from drivetrain.match.solve import num_assigned, num_unassigned
 from drivetrain.ragged import RaggedBatch
 
 __all__ = ["StreamPETRLoss"]
@@ -72,6 +84,11 @@ class StreamPETRLoss(torch.nn.Module):
             that name; False, its published value, divides them by this rank's count).
         compile: run the batched path through ``torch.compile``: True (its defaults) or a mapping of its keyword
             arguments (e.g. ``{"mode": "reduce-overhead"}``); kept in :attr:`compile_options` (None: eager).
+
+    Attributes:
+        counts: device counters of the last call, ``{"unassigned_gt": int64 ()}``: ground truths of the batch
+            left unassigned because their sample holds more of them than there are queries (empty before the
+            first call).
     """
 
     def __init__(
@@ -94,6 +111,8 @@ class StreamPETRLoss(torch.nn.Module):
         self.alpha, self.gamma, self.dn_split = alpha, gamma, dn_split
         self.assigner = assigner or HungarianAssigner3D()
         self.register_buffer("code_weights", torch.tensor(code_weights, dtype=torch.float32), persistent=False)
+        self.counts: dict[str, torch.Tensor] = {}
+        self._warned_unassigned = False
         self.weights = {
             "loss_cls": cls_weight,
             "loss_bbox": bbox_weight,
@@ -132,6 +151,7 @@ class StreamPETRLoss(torch.nn.Module):
             raise ValueError(f"cls_logits: {cls_logits.shape[-1]} classes, the loss was built for {self.num_classes}")
         if impl not in ("batched", "reference"):
             raise ValueError(f"impl: expected 'batched' or 'reference', got {impl!r}")
+        self._count_unassigned(gt_boxes, cls_logits.shape[2])
         dn = None
         if isinstance(outputs, Mapping) and "dn_cls_logits" in outputs:
             dn = (outputs["dn_cls_logits"], outputs["dn_box_codes"], outputs["dn_background"], outputs["dn_groups"])
@@ -150,6 +170,22 @@ class StreamPETRLoss(torch.nn.Module):
         cls_logits, box_codes = dense(cls_logits), dense(box_codes)
         batched = compiled(StreamPETRLoss._batched, self.compile_options)  # unbound: self is an argument
         return batched(self, cls_logits, box_codes, gt_boxes, gt_labels, dn)
+
+    def _count_unassigned(self, gt_boxes: RaggedBatch, num_queries: int) -> None:
+        """Set :attr:`counts` (no sync) and warn once when a sample may hold more ground truths than queries."""
+        if not isinstance(gt_boxes, RaggedBatch):
+            raise TypeError(f"gt_boxes: expected a RaggedBatch (B, G, 9), got {type(gt_boxes).__name__}")
+        padded = gt_boxes.max_size  # the shape, known on the host: no sample holds more
+        self.counts = {"unassigned_gt": num_unassigned(gt_boxes.sizes, num_queries, padded)}
+        if padded > num_queries and not self._warned_unassigned:
+            self._warned_unassigned = True
+            warnings.warn(
+                f"gt_boxes: a batch holds up to {padded} ground truths per sample, more than the {num_queries} "
+                "queries; as in the original, each query is matched to one and the rest stay unassigned (counted "
+                "per step as count/unassigned_gt in metrics.jsonl; warned once)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     # ------------------------------------------------------------------ batched
     def _batched(
@@ -178,7 +214,8 @@ class StreamPETRLoss(torch.nn.Module):
             gt_labels_layers = gt_labels.expand_batch(num_layers, batch).apply(lambda t: t.long())  # (L, B, G)
             labels = ragged.map_pairs(gt_labels_layers, gt_index, pred_index, background)  # (L, B, Q)
             one_hot = class_mask(labels, num_classes).float()  # (L, B, Q, C)
-            num_pos = gt_boxes.sizes.sum()  # () on the device: every target is matched in every layer
+            # () on the device: the pairs of each layer (every layer matches min(M_b, Q) per sample)
+            num_pos = num_assigned(gt_boxes.sizes, num_queries, gt_boxes.max_size).sum()
             cls_factor = average_factor(num_pos, across_ranks=self.sync_cls_avg_factor)  # ()
             box_factor = average_factor(num_pos)  # ()
             matched_pred = ragged.gather(box_codes, pred_index)  # (L, B, G, 10)
@@ -234,49 +271,69 @@ class StreamPETRLoss(torch.nn.Module):
     def _reference_main(
         self, cls_logits: torch.Tensor, box_codes: torch.Tensor, gt_boxes: RaggedBatch, gt_labels: RaggedBatch
     ) -> dict[str, torch.Tensor]:
+        """As the original's ``StreamPETRHead.loss_single`` per decoder layer (StreamPETR
+        ``models/dense_heads/streampetr_head.py``), op for op per layer and sample: the assigner, its result per
+        query, mmdet's pseudo sampler and the targets of every query (``_get_target_single``), concatenated; then
+        the layer's two terms."""
         num_layers, _, num_queries, num_classes = cls_logits.shape
-        boxes_list, labels_list = gt_boxes.to_list(), [t.long() for t in gt_labels.to_list()]
+        boxes_list = [t.float() for t in gt_boxes.to_list()]
+        labels_list = [t.long() for t in gt_labels.to_list()]
         matches = self.assigner.reference(cls_logits.detach(), box_codes.detach(), boxes_list, labels_list)
         terms = {}
         for layer in range(num_layers):
             with region("targets"):
-                labels, box_targets, box_weights = [], [], []
-                for b, (boxes, sample_labels) in enumerate(zip(boxes_list, labels_list, strict=True)):
-                    pred_i, gt_i = (
-                        matches[layer][b][:, 0],
-                        matches[layer][b][:, 1],
-                    )  # (M_b,), (M_b,): matched query and target
-                    label = torch.full(
-                        (num_queries,), num_classes, dtype=torch.long, device=cls_logits.device
-                    )  # (Q,) background = C
-                    label[pred_i] = sample_labels[gt_i]
-                    box_target = box_codes.new_zeros(num_queries, 9, dtype=torch.float32)  # (Q, 9)
-                    box_target[pred_i] = boxes[gt_i].float()
-                    weight = box_codes.new_zeros(num_queries, 10, dtype=torch.float32)  # (Q, 10)
-                    weight[pred_i] = 1.0
-                    labels.append(label)
-                    box_targets.append(box_target)
-                    box_weights.append(weight)
-                label_all, target_all, weight_all = (
-                    torch.cat(labels),
-                    torch.cat(box_targets),
-                    torch.cat(box_weights),
-                )  # (B*Q,), (B*Q, 9), (B*Q, 10)
-                num_pos = float(sum(len(m) for m in matches[layer]))
+                targets = [
+                    self._reference_targets(matches[layer][b], box_codes[layer, b], boxes, labels)
+                    for b, (boxes, labels) in enumerate(zip(boxes_list, labels_list, strict=True))
+                ]  # 4 × (Q, ·) per sample
+                label_all, label_weights, target_all, weight_all = (
+                    torch.cat([t[i] for t in targets]) for i in range(4)
+                )  # (B·Q,), (B·Q,), (B·Q, 9), (B·Q, 10)
+                num_pos = float(sum(min(boxes.shape[0], num_queries) for boxes in boxes_list))  # matched queries
                 cls_factor = average_factor(num_pos, across_ranks=self.sync_cls_avg_factor)  # ()
                 box_factor = average_factor(num_pos)  # ()
-                one_hot = class_mask(label_all, num_classes).float()  # (B*Q, C)
-                normalized = encode_boxes_streampetr(target_all)  # (B*Q, 10): unmatched rows hold -inf
-                finite = torch.isfinite(normalized).all(-1)  # (B*Q,)
+                one_hot = class_mask(label_all, num_classes).float()  # (B·Q, C)
+                normalized = encode_boxes_streampetr(target_all)  # (B·Q, 10): unmatched rows hold -inf
+                finite = torch.isfinite(normalized).all(-1)  # (B·Q,)
+                weights = weight_all * self.code_weights  # (B·Q, 10)
             with region("losses"):
-                logits = cls_logits[layer].reshape(-1, num_classes)  # (B*Q, C)
-                loss_cls = sigmoid_focal_loss(logits, one_hot, self.alpha, self.gamma).sum() / cls_factor  # ()
-                preds = box_codes[layer].reshape(-1, 10)  # (B*Q, 10)
-                weights = weight_all * self.code_weights  # (B*Q, 10)
+                logits = cls_logits[layer].reshape(-1, num_classes)  # (B·Q, C)
+                focal = sigmoid_focal_loss(logits, one_hot, self.alpha, self.gamma)  # (B·Q, C)
+                loss_cls = (focal * label_weights[:, None]).sum() / cls_factor  # ()
+                preds = box_codes[layer].reshape(-1, 10)  # (B·Q, 10)
                 loss_bbox = l1_loss(preds[finite], normalized[finite], weights[finite]).sum() / box_factor  # ()
             terms[_layer_name(layer, num_layers, "loss_cls")] = loss_cls
             terms[_layer_name(layer, num_layers, "loss_bbox")] = loss_bbox
         return terms
+
+    def _reference_targets(
+        self, pairs: torch.Tensor, pred_codes: torch.Tensor, gt_boxes: torch.Tensor, gt_labels: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        """One sample's targets as the original's ``_get_target_single``, after its assigner's matching.
+
+        Args:
+            pairs: int64 ``(K, 2)`` (query, ground truth) pairs.
+            pred_codes: ``(Q, 10)`` the sample's predicted codes (one layer).
+            gt_boxes: ``(M, 9)`` gravity-centre boxes.
+            gt_labels: int64 ``(M,)``.
+
+        Returns:
+            ``labels`` int64 ``(Q,)`` (background ``C``), ``label_weights`` ``(Q,)``, ``box_targets`` ``(Q, 9)``
+            (zeros off the positives), ``box_weights`` ``(Q, 10)`` (1 at the positives).
+        """
+        num_queries, num_gts = pred_codes.shape[0], gt_boxes.shape[0]
+        assigned, assigned_labels = assigned_from_pairs(pairs, num_queries, num_gts, gt_labels)  # (Q,), (Q,)
+        sampled = pseudo_sample(assigned, assigned_labels, pred_codes, gt_boxes)
+        pos = sampled.pos_inds  # (P,)
+        labels = gt_boxes.new_full((num_queries,), self.num_classes, dtype=torch.long)  # (Q,) background = C
+        label_weights = gt_boxes.new_ones(num_queries)  # (Q,)
+        box_targets = torch.zeros_like(pred_codes, dtype=torch.float32)[..., : gt_boxes.shape[1]]  # (Q, 9)
+        box_weights = torch.zeros_like(pred_codes, dtype=torch.float32)  # (Q, 10)
+        if num_gts > 0:
+            box_targets[pos] = sampled.pos_gt_bboxes
+            box_weights[pos] = 1.0
+            labels[pos] = gt_labels[sampled.pos_assigned_gt_inds]
+        return labels, label_weights, box_targets, box_weights
 
     def _reference_dn(
         self,
@@ -287,38 +344,40 @@ class StreamPETRLoss(torch.nn.Module):
         gt_boxes: RaggedBatch,
         gt_labels: RaggedBatch,
     ) -> dict[str, torch.Tensor]:
+        """As the original: its denoising targets group-major (``prepare_for_dn``: the ground truths of the batch
+        repeated per group, each at query ``g · S + i`` of its sample), the known queries of every layer in one
+        gather (``prepare_for_loss``), then ``dn_loss_single`` per decoder layer."""
         num_layers, _, num_dn, num_classes = dn_logits.shape
-        per_group = num_dn // groups
+        per_group = num_dn // groups  # S: the original's single_pad
         with region("targets"):
-            device = dn_logits.device
-            known_index, known_labels, known_boxes = [], [], []
-            for b, (boxes, labels) in enumerate(zip(gt_boxes.to_list(), gt_labels.to_list(), strict=True)):
-                num_gt = boxes.shape[0]
-                for g in range(groups):
-                    slots = g * per_group + torch.arange(num_gt, device=device)  # (M_b,) DN queries of group g
-                    known_index.append(b * num_dn + slots)
-                    known_labels.append(torch.where(dn_background[b, slots], num_classes, labels.long()))  # (M_b,)
-                    known_boxes.append(boxes.float())
-            index = torch.cat(known_index)  # (K,) rows of the flat (B*P) queries, K = groups·ΣM_b
-            label_t = torch.cat(known_labels)  # (K,)
-            box_t = torch.cat(known_boxes)  # (K, 9)
-            num_known = index.shape[0]
-            one_hot = class_mask(label_t, num_classes).float()  # (K, C)
-            normalized = encode_boxes_streampetr(box_t)  # (K, 10)
-            finite = torch.isfinite(normalized).all(-1)  # (K,)
+            boxes_list, labels_list = gt_boxes.to_list(), gt_labels.to_list()
+            known_num = [boxes.shape[0] for boxes in boxes_list]
+            # host index arrays, as the original's batch_idx and map_known_indice
+            batch_idx = np.repeat(np.arange(len(known_num)), known_num)  # (T,) sample of each ground truth
+            map_known = np.concatenate([np.arange(n) for n in known_num])  # (T,) its index in the sample
+            bid = torch.from_numpy(np.tile(batch_idx, groups))  # (K,) K = groups·T
+            slots = torch.from_numpy(np.concatenate([map_known + per_group * g for g in range(groups)]))  # (K,)
+            known_labels = torch.cat([t.long() for t in labels_list]).repeat(groups, 1).view(-1)  # (K,)
+            known_boxes = torch.cat([t.float() for t in boxes_list]).repeat(groups, 1)  # (K, 9)
+            known_labels = torch.where(dn_background[bid, slots], num_classes, known_labels)  # (K,) noised away
+            logits = dn_logits.permute(1, 2, 0, 3)[bid, slots].permute(1, 0, 2)  # (L, K, C)
+            codes = dn_codes.permute(1, 2, 0, 3)[bid, slots].permute(1, 0, 2)  # (L, K, 10)
+            num_known = known_labels.shape[0]
+            one_hot = class_mask(known_labels, num_classes).float()  # (K, C)
             cls_factor = average_factor(
                 num_known * DN_BALL_FRACTION * self.dn_split**3, across_ranks=self.sync_cls_avg_factor
             )  # ()
             box_factor = average_factor(float(num_known))  # ()
         terms = {}
         for layer in range(num_layers):
-            with region("targets"):
-                logits = dn_logits[layer].reshape(-1, num_classes)[index]  # (K, C)
-                codes = dn_codes[layer].reshape(-1, 10)[index]  # (K, 10)
             with region("losses"):
-                loss_cls = sigmoid_focal_loss(logits, one_hot, self.alpha, self.gamma).sum() / cls_factor  # ()
-                weights = self.code_weights.expand(num_known, 10)  # (K, 10)
-                loss_bbox = l1_loss(codes[finite], normalized[finite], weights[finite]).sum() / box_factor  # ()
+                label_weights = torch.ones_like(known_labels)  # (K,)
+                box_weights = torch.ones_like(codes[layer]) * self.code_weights  # (K, 10)
+                focal = sigmoid_focal_loss(logits[layer], one_hot, self.alpha, self.gamma)  # (K, C)
+                loss_cls = (focal * label_weights[:, None]).sum() / cls_factor  # ()
+                normalized = encode_boxes_streampetr(known_boxes)  # (K, 10)
+                finite = torch.isfinite(normalized).all(-1)  # (K,)
+                loss_bbox = l1_loss(codes[layer][finite], normalized[finite], box_weights[finite]).sum() / box_factor
             terms[_layer_name(layer, num_layers, "dn_loss_cls")] = loss_cls
             terms[_layer_name(layer, num_layers, "dn_loss_bbox")] = loss_bbox
         return terms

@@ -34,8 +34,6 @@ from drivetrain.geometry.bev_iou import nearest_bev_iou
 from drivetrain.ragged import RaggedBatch
 
 __all__ = [
-    "NUS_PP_ASSIGNER",
-    "NUS_SSN_ASSIGNERS",
     "AnchorThresholds",
     "MaxIoUConfig",
     "anchor_thresholds",
@@ -81,35 +79,21 @@ class MaxIoUConfig:
         return self.neg_iou_thr if isinstance(self.neg_iou_thr, tuple) else (0.0, self.neg_iou_thr)
 
 
-NUS_PP_ASSIGNER = MaxIoUConfig(pos_iou_thr=0.6, neg_iou_thr=0.3, min_pos_iou=0.3)
-"""nuScenes PointPillars: one class-agnostic assigner."""
-
-NUS_SSN_ASSIGNERS = tuple(
-    MaxIoUConfig(pos_iou_thr=pos, neg_iou_thr=neg, min_pos_iou=neg)
-    for pos, neg in (
-        (0.5, 0.35),  # bicycle
-        (0.5, 0.3),  # motorcycle
-        (0.6, 0.4),  # pedestrian
-        (0.6, 0.4),  # traffic cone
-        (0.55, 0.4),  # barrier
-        (0.6, 0.45),  # car
-        (0.55, 0.4),  # truck
-        (0.5, 0.35),  # trailer
-        (0.55, 0.4),  # bus
-        (0.5, 0.35),  # construction vehicle
-    )
-)
-"""nuScenes SSN: one assigner per class, in SSN's class order (that of ``NUS_SSN_ANCHORS``)."""
-
-
 # ---------------------------------------------------------------------- reference
-def _assign_wrt_overlaps(overlaps: torch.Tensor, cfg: MaxIoUConfig) -> torch.Tensor:
-    """Steps 1–4 on one ``(G, A)`` IoU matrix, as ``MaxIoUAssigner.assign_wrt_overlaps``; int64 ``(A,)``."""
+def _assign_wrt_overlaps(overlaps: torch.Tensor, gt_labels: torch.Tensor | None, cfg: MaxIoUConfig) -> torch.Tensor:
+    """Steps 1–4 on one ``(G, A)`` IoU matrix, as ``MaxIoUAssigner.assign_wrt_overlaps``, op for op; int64 ``(A,)``.
+
+    With ``gt_labels`` the original also writes each anchor's label (read by nothing downstream); it is computed
+    here all the same, because the reference's job is to cost what the original costs.
+    """
     num_gts, num_anchors = overlaps.shape
     assigned = overlaps.new_full((num_anchors,), -1, dtype=torch.long)  # (A,)
     if num_gts == 0 or num_anchors == 0:
+        overlaps.new_zeros((num_anchors,))  # the original's max_overlaps (unread)
         if num_gts == 0:
             assigned[:] = 0
+        if gt_labels is not None:
+            overlaps.new_full((num_anchors,), -1, dtype=torch.long)  # its labels (unread)
         return assigned
     max_overlaps, argmax_overlaps = overlaps.max(dim=0)  # (A,), (A,)
     gt_max_overlaps, gt_argmax_overlaps = overlaps.max(dim=1)  # (G,), (G,)
@@ -124,6 +108,11 @@ def _assign_wrt_overlaps(overlaps: torch.Tensor, cfg: MaxIoUConfig) -> torch.Ten
                     assigned[overlaps[i, :] == gt_max_overlaps[i]] = i + 1
                 else:
                     assigned[gt_argmax_overlaps[i]] = i + 1
+    if gt_labels is not None:  # the original's assigned labels (unread downstream)
+        labels = assigned.new_full((num_anchors,), -1)  # (A,)
+        pos_inds = torch.nonzero(assigned > 0, as_tuple=False).squeeze()  # sync: (P,) as the original's
+        if pos_inds.numel() > 0:
+            labels[pos_inds] = gt_labels[assigned[pos_inds] - 1]
     return assigned
 
 
@@ -145,8 +134,10 @@ def reference_max_iou_assign(
     """
     if gt_labels.shape != gt_boxes.shape[:1]:
         raise ValueError(f"gt_labels: shape {tuple(gt_labels.shape)} does not match gt_boxes {tuple(gt_boxes.shape)}")
+    if gt_boxes.shape[0] == 0:  # the original does not call its assigner then: every anchor is a negative
+        return anchors.new_zeros(anchors.shape[0], dtype=torch.long)  # (A,)
     overlaps = nearest_bev_iou(gt_boxes, anchors)  # (G, A): GTs first, as the original calls the calculator
-    return _assign_wrt_overlaps(overlaps, cfg)  # (A,)
+    return _assign_wrt_overlaps(overlaps, gt_labels, cfg)  # (A,)
 
 
 @torch.no_grad()
@@ -285,7 +276,8 @@ def batched_max_iou_assign(
         assigners run per sample.
 
     Example:
-        >>> th = anchor_thresholds(NUS_PP_ASSIGNER, num_anchors=anchors.shape[0])
+        >>> cfg = MaxIoUConfig(pos_iou_thr=0.6, neg_iou_thr=0.3, min_pos_iou=0.3)  # PointPillars' (its recipe)
+        >>> th = anchor_thresholds(cfg, num_anchors=anchors.shape[0])
         >>> assigned = batched_max_iou_assign(anchors, gt_boxes, gt_labels, th, chunk=65536)  # (B, A)
     """
     _check_inputs(anchors, gt_boxes, gt_labels, thresholds, anchor_classes)

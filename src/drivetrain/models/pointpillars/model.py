@@ -5,10 +5,10 @@ max-IoU anchor assignment and the anchor-head losses, through the engine's proto
 The data flow of mmdetection3d's ``MVXFasterRCNN`` with the nuScenes PointPillars SECFPN config
 (``configs/pointpillars/pointpillars_hv_secfpn_sbn-all_8xb4-2x_nus-3d.py``): the data preprocessor's hard
 voxelization, ``HardVFE``, ``PointPillarsScatter``, ``SECOND``, ``SECONDFPN``, ``Anchor3DHead`` with the
-class-agnostic ``Max3DIoUAssigner`` (BEV nearest IoU) and its losses. Here the BEV augmentation of the
-loader's pipeline (``GlobalRotScaleTrans``, ``RandomFlip3D``, range filters, ``PointShuffle``) runs at the
-start of ``forward`` in training, batched on the batch's device (:func:`drivetrain.pipeline.lidar_input`),
-from the model's own generator, whose state is saved with the model (exact resume).
+class-agnostic ``Max3DIoUAssigner`` (BEV nearest IoU) and its losses. The BEV augmentation of the loader's
+pipeline (``GlobalRotScaleTrans``, ``RandomFlip3D``, range filters, ``PointShuffle``) is not the model's: the
+trainer's augmentation stage (``data.augment.lidar``, :mod:`drivetrain.pipeline.augmentation`) hands the model
+augmented batches, and :meth:`PointPillars.loss` reads the ground truth from the batch it is given.
 
 ``impl="reference"`` runs the assignment and the losses per sample as the originals do; ``"batched"`` all
 samples at once (the same assignments and terms; see :mod:`drivetrain.match.max_iou`,
@@ -48,9 +48,20 @@ from drivetrain.models.pointpillars.backbone import SECOND, SECONDFPN
 from drivetrain.models.pointpillars.head import Anchor3DHead, ShapeAwareHead
 from drivetrain.models.pointpillars.middle import DenseMiddleEncoder, scatter_to_volume
 from drivetrain.models.pointpillars.postprocess import DecodeConfig, decode, reference_decode
+from drivetrain.models.pointpillars.recipe import (
+    LOSS_WEIGHTS,
+    NUS_DIR_OFFSET,
+    NUS_PP_ANCHORS,
+    NUS_PP_ASSIGNER,
+    NUS_SSN_ANCHORS,
+    NUS_SSN_ASSIGNERS,
+    ROTATIONS,
+    SSN_NUS_CLASSES,
+    SSN_NUS_TASKS,
+    code_weights_for,
+)
 from drivetrain.models.pointpillars.tta import TTAConfig, detect_tta
 from drivetrain.models.pointpillars.voxel_encoder import HardVFE
-from drivetrain.pipeline.augment_bev import BevAugConfig
 from drivetrain.pipeline.lidar import lidar_input
 from drivetrain.pipeline.voxelize import VoxelGrid, scatter_to_bev
 from drivetrain.profile import region
@@ -60,21 +71,6 @@ __all__ = ["SSN", "PointPillars", "dataset_class_names"]
 
 
 _DATASET_CLASSES = {"nuscenes": CLASSES, "lyft": LYFT_CLASSES}
-
-SSN_NUS_CLASSES = (
-    "bicycle", "motorcycle", "pedestrian", "traffic_cone", "barrier",
-    "car", "truck", "trailer", "bus", "construction_vehicle",
-)  # fmt: skip
-"""SSN's class order (its config's ``class_names``): the order of its anchors, tasks and assigners."""
-
-SSN_NUS_TASKS = (
-    (2, (64, 64), (1, 1)),  # bicycle, motorcycle
-    (1, (64, 64), (1, 1)),  # pedestrian
-    (2, (64, 64), (1, 1)),  # traffic cone, barrier
-    (1, (64, 64, 64), (2, 1, 1)),  # car
-    (4, (64, 64, 64), (2, 1, 1)),  # truck, trailer, bus, construction vehicle
-)
-"""SSN's nuScenes head: ``(classes, shared conv channels, shared conv strides)`` per task."""
 
 
 def dataset_class_names(classes: str | Sequence[str]) -> tuple[str, ...]:
@@ -86,6 +82,11 @@ def dataset_class_names(classes: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(str(c) for c in classes)
 
 
+def _triple(cfg: MaxIoUConfig) -> tuple[Any, float, float]:
+    """A recipe's assigner as the ``(pos_iou_thr, neg_iou_thr, min_pos_iou)`` the ``assigner`` argument takes."""
+    return (cfg.pos_iou_thr, cfg.neg_iou_thr, cfg.min_pos_iou)
+
+
 def _conv_out(size: int, strides: Sequence[int]) -> int:
     """Length of a map after 3×3 convolutions with padding 1 and these strides."""
     for stride in strides:
@@ -94,7 +95,8 @@ def _conv_out(size: int, strides: Sequence[int]) -> int:
 
 
 class PointPillars(nn.Module):
-    """The PointPillars detector; defaults are the published nuScenes SECFPN configuration.
+    """The PointPillars detector; defaults are the published nuScenes SECFPN configuration (its constants in
+    :mod:`.recipe`).
 
     ``input_modalities``: the sensors it reads (``("lidar",)``), written to a submission's ``meta`` block.
 
@@ -111,19 +113,19 @@ class PointPillars(nn.Module):
         vfe_channels: ``HardVFE`` layer widths.
         backbone_channels, layer_nums, layer_strides: ``SECOND``.
         neck_channels, upsample_strides: ``SECONDFPN``.
-        anchor_ranges: per anchor size ``(x_lo, y_lo, z_lo, x_hi, y_hi, z_hi)`` (z: the anchor's bottom).
+        anchor_ranges: per anchor size ``(x_lo, y_lo, z_lo, x_hi, y_hi, z_hi)`` (z: the anchor's bottom); None:
+            :data:`~.recipe.NUS_PP_ANCHORS`' (with ``anchor_sizes``).
         anchor_sizes: ``(dx, dy, dz)`` per size (SSN: per class, in ``classes`` order).
         rotations: anchor yaws.
         num_classes: C.
         code_size: 9 (with velocity) or 7.
-        assigner: ``(pos_iou_thr, neg_iou_thr, min_pos_iou)``; SSN: one triple per class.
+        assigner: ``(pos_iou_thr, neg_iou_thr, min_pos_iou)``; SSN: one triple per class. None:
+            :data:`~.recipe.NUS_PP_ASSIGNER`.
         classes: the model's class order (its anchors' and outputs'); None: the dataset's.
         dataset_classes: what the batch's labels index: ``nuscenes``, ``lyft`` or names.
         tasks: SSN's head, ``(classes, shared channels, shared strides)`` per task; None: ``Anchor3DHead``.
         decode: :class:`~.postprocess.DecodeConfig` fields for :meth:`detect`.
         tta: :class:`~.tta.TTAConfig` fields: :meth:`detect` merges flipped / scaled / rotated views (None: off).
-        augment: ``BevAugConfig`` fields for training (None: no augmentation).
-        seed: seed of the augmentation generator.
         impl: ``batched`` or ``reference`` assignment, losses and decoding.
         chunk: anchors per IoU slice in the dense batched assignment (None: all at once; with ``window=False``).
         window: the batched assignment compares each GT only with the anchor windows it can reach
@@ -155,17 +157,15 @@ class PointPillars(nn.Module):
         upsample_strides: Sequence[float] = (1, 2, 4),
         anchor_ranges: Sequence[Sequence[float]] | None = None,
         anchor_sizes: Sequence[Sequence[float]] | None = None,
-        rotations: Sequence[float] = (0.0, 1.57),
+        rotations: Sequence[float] = ROTATIONS,
         num_classes: int = 10,
         code_size: int = 9,
-        assigner: Sequence[float] | Sequence[Sequence[float]] = (0.6, 0.3, 0.3),
+        assigner: Sequence[float] | Sequence[Sequence[float]] | None = None,
         classes: Sequence[str] | None = None,
         dataset_classes: str | Sequence[str] = "nuscenes",
         tasks: Sequence[Sequence[Any]] | None = None,
         decode: dict[str, Any] | None = None,
         tta: dict[str, Any] | None = None,
-        augment: dict[str, Any] | None = None,
-        seed: int = 0,
         impl: str = "batched",
         chunk: int | None = None,
         window: bool = True,
@@ -177,9 +177,9 @@ class PointPillars(nn.Module):
             raise ValueError(f"impl: expected 'batched' or 'reference', got {impl!r}")
         self.compile_loss = compile_options(compile_loss)
         if anchor_ranges is None or anchor_sizes is None:
-            from drivetrain.models.pointpillars.anchors import NUS_PP_ANCHORS
-
             anchor_ranges, anchor_sizes = NUS_PP_ANCHORS.ranges, NUS_PP_ANCHORS.sizes
+        if assigner is None:
+            assigner = _triple(NUS_PP_ASSIGNER)
         self.impl, self.chunk, self.code_size, self.num_classes = impl, chunk, code_size, num_classes
         self.window = bool(window)
         self.grid = VoxelGrid(tuple(point_cloud_range), tuple(voxel_size), max_points, max_voxels)  # type: ignore[arg-type]
@@ -195,10 +195,6 @@ class PointPillars(nn.Module):
         self.assigners = self._assigners(assigner)
         self.decode_config = DecodeConfig(**(decode or {}))
         self.tta_config = TTAConfig(**tta) if tta is not None else None
-        self.augment = BevAugConfig(**augment) if augment is not None else None
-        self.seed = seed
-        self._generator: torch.Generator | None = None
-        self._generator_state: torch.Tensor | None = None
         self.vfe = HardVFE(point_dims, tuple(vfe_channels), self.grid)
         self.middle = None
         bev_channels = vfe_channels[-1]
@@ -214,7 +210,9 @@ class PointPillars(nn.Module):
             if len(anchor_sizes) != num_classes:
                 raise ValueError(f"anchor_sizes: SSN needs one size per class ({num_classes}), got {len(anchor_sizes)}")
             self.head = ShapeAwareHead(self.neck.out_channels, self.tasks, num_classes, code_size, len(rotations))
-        self.criterion = AnchorHeadLoss(num_classes=num_classes, code_weights=[1.0] * 7 + [0.2] * (code_size - 7))
+        self.criterion = AnchorHeadLoss(
+            num_classes, code_weights=code_weights_for(code_size), dir_offset=NUS_DIR_OFFSET, weights=LOSS_WEIGHTS
+        )
         self._anchors: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor | None, Any]] = {}
         self._windows: dict[tuple[Any, ...], WindowedAnchors] = {}
 
@@ -245,15 +243,6 @@ class PointPillars(nn.Module):
         return tuple(MaxIoUConfig(pos_iou_thr=r[0], neg_iou_thr=r[1], min_pos_iou=r[2]) for r in rows)
 
     # -------------------------------------------------------------------------------------------- forward
-    def _aug_generator(self, device: torch.device) -> torch.Generator:
-        if self._generator is None or self._generator.device != device:
-            self._generator = torch.Generator(device=device)
-            self._generator.manual_seed(self.seed)
-            if self._generator_state is not None:
-                self._generator.set_state(self._generator_state)
-                self._generator_state = None
-        return self._generator
-
     def anchor_set(self, feature_size: tuple[int, int], device: torch.device) -> tuple[torch.Tensor, Any, Any]:
         """Anchors for a ``feature_size`` neck map (cached per size and device).
 
@@ -298,19 +287,16 @@ class PointPillars(nn.Module):
         return self.anchor_set(feature_size, device)[0]
 
     def forward(self, batch: Any) -> dict[str, Any]:
-        """Voxelize (after the BEV augmentation in training) and run the network.
+        """Voxelize the batch's points (augmented already in training, by the trainer's stage) and run the network.
 
         Returns:
-            ``cls_logits (B, A, C)``, ``box_preds (B, A, D)``, ``dir_logits (B, A, 2)``, ``anchors (A, D)``,
-            ``feature_size`` and the ground truth the loss must use, ``gt_boxes`` / ``gt_labels`` (augmented in
-            training; labels in the model's class order).
+            ``cls_logits (B, A, C)``, ``box_preds (B, A, D)``, ``dir_logits (B, A, 2)``, ``anchors (A, D)`` and
+            ``feature_size``; the ground truth stays in the batch (:meth:`gt_targets`).
         """
-        device = batch.points.device
-        training = self.training and self.augment is not None
         grid = self.grid if self.training else self.grid_test
-        generator = self._aug_generator(device) if training else None
-        with region("input"):  # augmentation and voxelization
-            x = lidar_input(batch, grid, self.augment if training else None, generator)
+        with region("input"):  # voxelization
+            x = lidar_input(batch, grid)  # a ValueError naming batch.points when the batch has none
+        device = x.voxels.device
         with region("encoder"):
             feats = self.vfe(x.voxels, x.num_points, x.coors)  # (V, C)
             if self.middle is None:
@@ -323,9 +309,22 @@ class PointPillars(nn.Module):
             out = self.head(neck)
         out["feature_size"] = (neck.shape[2], neck.shape[3])
         out["anchors"] = self.anchors(out["feature_size"], device)  # (A, D)
-        out["gt_boxes"] = x.gt_boxes.apply(lambda t: t[..., : self.code_size])  # (B, G, D)
-        out["gt_labels"] = x.gt_labels.apply(lambda t: self._to_model[t.clamp(min=0)])  # (B, G) model order
         return out
+
+    def gt_targets(self, batch: Any) -> tuple[RaggedBatch, RaggedBatch]:
+        """The batch's ground truth as the loss uses it: boxes cut to the model's code size and labels in the
+        model's class order.
+
+        Args:
+            batch: with ``gt_boxes`` float RaggedBatch ``(B, G, 9)`` and ``gt_labels`` int64 ``(B, G)`` in the
+                dataset's class order (augmented by the trainer's stage in training).
+
+        Returns:
+            ``gt_boxes`` ``(B, G, D)`` and ``gt_labels`` ``(B, G)`` (model order) RaggedBatches.
+        """
+        gt_boxes = batch.gt_boxes.apply(lambda t: t[..., : self.code_size])  # (B, G, D)
+        gt_labels = batch.gt_labels.apply(lambda t: self._to_model[t.clamp(min=0)])  # (B, G) model order
+        return gt_boxes, gt_labels
 
     # ----------------------------------------------------------------------------------------------- loss
     @property
@@ -357,7 +356,7 @@ class PointPillars(nn.Module):
 
     def loss(self, outputs: dict[str, Any], batch: Any) -> dict[str, torch.Tensor]:
         """The unweighted terms ``loss_cls``, ``loss_bbox``, ``loss_dir``."""
-        gt_boxes, gt_labels = outputs["gt_boxes"], outputs["gt_labels"]
+        gt_boxes, gt_labels = self.gt_targets(batch)
         if self.impl == "batched" and self.compile_loss is not None:  # one graph, timed as a whole by the caller
             _, classes, thresholds = self.anchor_set(outputs["feature_size"], gt_boxes.device)
             head = (outputs["cls_logits"], outputs["box_preds"], outputs["dir_logits"], outputs["anchors"])
@@ -377,9 +376,14 @@ class PointPillars(nn.Module):
                 gt_boxes,
                 gt_labels,
                 impl=self.impl,
+                anchor_classes=self.anchor_set(outputs["feature_size"], gt_boxes.device)[1],  # SSN: per class
             )
 
     # --------------------------------------------------------------------------------------------- detect
+    def enable_tta(self) -> None:
+        """Test-time augmentation on in :meth:`detect`: the views of ``tta``, else :class:`~.tta.TTAConfig`'s."""
+        self.tta_config = self.tta_config or TTAConfig()
+
     @torch.no_grad()
     def detect(self, batch: Any, tta: bool | None = None) -> tuple[RaggedBatch, RaggedBatch, RaggedBatch]:
         """Detections of a batch: boxes ``(B, K, 9)`` ``(x, y, z_centre, dx, dy, dz, yaw, vx, vy)`` in the lidar
@@ -409,20 +413,6 @@ class PointPillars(nn.Module):
             boxes = boxes.apply(lambda t: torch.cat([t, t.new_zeros(*t.shape[:-1], 2)], dim=-1))  # (B, K, 9)
         return boxes, scores, labels.apply(lambda t: self._to_data[t])
 
-    # ------------------------------------------------------------------------------------ exact resume
-    def get_extra_state(self) -> dict[str, Any]:
-        """The augmentation generator's state, so a resumed run draws what the uninterrupted one draws."""
-        if self._generator is not None:
-            return {"generator": self._generator.get_state()}
-        return {"generator": self._generator_state}
-
-    def set_extra_state(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`get_extra_state` (applied when the generator is next created or now)."""
-        self._generator_state = state.get("generator")
-        if self._generator is not None and self._generator_state is not None:
-            self._generator.set_state(self._generator_state)
-            self._generator_state = None
-
 
 def _assign_and_loss(
     pred_cls: torch.Tensor,
@@ -448,17 +438,14 @@ class SSN(PointPillars):
     """SSN (shape signature networks): PointPillars' encoder and BEV network with a ``ShapeAwareHead``, one
     anchor size per class on its task's map, and one assigner per class; defaults are the published nuScenes
     configuration (``configs/ssn/ssn_hv_secfpn_sbn-all_16xb2-2x_nus-3d.py``: 20 points per pillar, the
-    classes in SSN's order). Arguments as :class:`PointPillars`."""
+    classes in SSN's order; its constants in :mod:`.recipe`). Arguments as :class:`PointPillars`."""
 
     def __init__(self, **kwargs: Any) -> None:
-        from drivetrain.match.max_iou import NUS_SSN_ASSIGNERS
-        from drivetrain.models.pointpillars.anchors import NUS_SSN_ANCHORS
-
         defaults: dict[str, Any] = {
             "max_points": 20,
             "anchor_ranges": NUS_SSN_ANCHORS.ranges,
             "anchor_sizes": NUS_SSN_ANCHORS.sizes,
-            "assigner": [(c.pos_iou_thr, c.neg_iou_thr, c.min_pos_iou) for c in NUS_SSN_ASSIGNERS],
+            "assigner": [_triple(c) for c in NUS_SSN_ASSIGNERS],
             "classes": SSN_NUS_CLASSES,
             "tasks": SSN_NUS_TASKS,
         }

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from drivetrain.geometry.delta_coder import NUS_DIR_OFFSET, decode_delta_xyzwlhr, limit_period
-from drivetrain.geometry.rotated_nms import multiclass_rotated_nms, reference_multiclass_rotated_nms
+from drivetrain.geometry.delta_coder import decode_delta_xyzwlhr, limit_period
+from drivetrain.geometry.rotated_nms import multiclass_rotated_nms, reference_multiclass_nms_single
+from drivetrain.models.pointpillars.recipe import NUS_DIR_OFFSET, NUS_TEST_CFG
 from drivetrain.ragged import RaggedBatch
 
 __all__ = ["DecodeConfig", "decode", "reference_decode"]
@@ -33,7 +34,8 @@ __all__ = ["DecodeConfig", "decode", "reference_decode"]
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """The test-time settings of the nuScenes PointPillars / SSN configs (``test_cfg``).
+    """The test-time settings; the defaults are the nuScenes PointPillars / SSN ``test_cfg``
+    (:data:`~.recipe.NUS_TEST_CFG`, :data:`~.recipe.NUS_DIR_OFFSET`).
 
     Attributes:
         nms_pre: anchors kept by maximum class score before NMS (1000).
@@ -43,10 +45,10 @@ class DecodeConfig:
         dir_offset, dir_limit_offset: the direction-bin convention of the head (−0.7854, 0).
     """
 
-    nms_pre: int = 1000
-    score_threshold: float = 0.05
-    nms_threshold: float = 0.2
-    max_num: int = 500
+    nms_pre: int = NUS_TEST_CFG["nms_pre"]
+    score_threshold: float = NUS_TEST_CFG["score_threshold"]
+    nms_threshold: float = NUS_TEST_CFG["nms_threshold"]
+    max_num: int = NUS_TEST_CFG["max_num"]
     dir_offset: float = NUS_DIR_OFFSET
     dir_limit_offset: float = 0.0
 
@@ -85,7 +87,8 @@ def reference_decode(
     anchors: torch.Tensor,
     cfg: DecodeConfig | None = None,
 ) -> list[dict[str, torch.Tensor]]:
-    """The original, one sample at a time.
+    """The original, one sample at a time, op for op as mmdet3d's ``get_bboxes_single`` (one feature level; without
+    its BEV round trip through xyxyr and its background score column, see :mod:`.rotated_nms`).
 
     Args:
         cls_logits: ``(B, A, C)`` class logits in the head's anchor order.
@@ -102,17 +105,16 @@ def reference_decode(
     _check(cls_logits, box_preds, dir_logits, anchors)
     out = []
     for b in range(cls_logits.shape[0]):
-        scores = cls_logits[b].sigmoid()  # (A, C)
         dir_bins = dir_logits[b].max(dim=-1)[1]  # (A,)
+        scores = cls_logits[b].sigmoid()  # (A, C)
         deltas, priors = box_preds[b], anchors  # (A, D), (A, D)
         if scores.shape[0] > cfg.nms_pre:
             _, top = scores.max(dim=1)[0].topk(cfg.nms_pre)  # (nms_pre,)
-            priors, deltas, scores, dir_bins = priors[top], deltas[top], scores[top], dir_bins[top]
-        boxes = decode_delta_xyzwlhr(priors, deltas)  # (N, D)
-        valid = torch.ones(1, boxes.shape[0], dtype=torch.bool, device=boxes.device)
-        (kept,) = reference_multiclass_rotated_nms(
-            boxes[None], scores[None], valid, cfg.score_threshold, cfg.nms_threshold, cfg.max_num
-        )
+            priors, deltas, scores, dir_bins = priors[top, :], deltas[top, :], scores[top, :], dir_bins[top]
+        # the original concatenates its levels' boxes, scores and bins (one level: a copy each)
+        boxes = torch.cat([decode_delta_xyzwlhr(priors, deltas)])  # (N, D)
+        scores, dir_bins = torch.cat([scores]), torch.cat([dir_bins])  # (N, C), (N,)
+        kept = reference_multiclass_nms_single(boxes, scores, cfg.score_threshold, cfg.nms_threshold, cfg.max_num)
         kept_boxes = kept["boxes"]
         if kept_boxes.shape[0] > 0:
             kept_boxes = _correct_yaw(kept_boxes, dir_bins[kept["indices"]], cfg)
