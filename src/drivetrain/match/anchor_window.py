@@ -207,7 +207,7 @@ def windowed_max_iou_assign(
         :func:`~drivetrain.match.max_iou.batched_max_iou_assign`.
 
     Example:
-        >>> grid = grid_layout(NUS_PP_ANCHORS, (200, 200))   # drivetrain.models.pointpillars.anchors
+        >>> grid = grid_layout(NUS_PP_ANCHORS, (200, 200))  # models.pointpillars: .anchors, .recipe
         >>> assigned = windowed_max_iou_assign(anchors, grid, gt_boxes, gt_labels, thresholds)  # (B, A)
     """
     _check_inputs(anchors, gt_boxes, gt_labels, thresholds, anchor_classes)
