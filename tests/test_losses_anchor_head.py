@@ -247,3 +247,94 @@ def test_half_inputs_are_computed_in_fp32() -> None:
     reference = batched_anchor_head_loss(*[t.float() for t in half], *rest, **NUS)
     for name in TERMS:
         torch.testing.assert_close(terms[name], reference[name], rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------------------- window pairs
+# The pair path sums the same summands (each positive once, at its own GT's pair; computed by the same float32
+# operations on the same values, so equal up to the library's vectorised/scalar transcendental paths, ≤ 1 ulp
+# each) in pair order instead of anchor order: the RTOL derivation above covers it (K < 2^17 summands here:
+# ≤ 17 eps = 2.0e-6 per sum). Gradients are elementwise and need no sum: the same bound.
+def _windowed(per_class: bool, sizes: list[int], gen: torch.Generator, grid_size: int = 32):
+    from drivetrain.match.anchor_window import windowed_max_iou_assign
+    from drivetrain.match.max_iou import anchor_thresholds
+    from drivetrain.models.pointpillars.anchors import grid_anchors, grid_layout, per_class_anchors, per_class_layout
+    from drivetrain.models.pointpillars.recipe import NUS_PP_ASSIGNER
+    from test_match_max_iou import PER_CLASS_SIZES, SSN_CFGS, TINY, batch_of, scene
+
+    if per_class:
+        sizes_per_class = tuple((4 * ny, 4 * nx) for ny, nx in PER_CLASS_SIZES)  # large enough for sparse windows
+        anchors, classes = per_class_anchors(TINY, sizes_per_class)
+        grid, th = per_class_layout(TINY, sizes_per_class), anchor_thresholds(SSN_CFGS, anchor_classes=classes)
+    else:
+        anchors, classes = grid_anchors(TINY, (grid_size, grid_size)), None
+        grid = grid_layout(TINY, (grid_size, grid_size))
+        th = anchor_thresholds(NUS_PP_ASSIGNER, num_anchors=anchors.shape[0])
+    gt_boxes, gt_labels = batch_of([scene(anchors, n, 3, gen) for n in sizes])
+    assigned, pairs = windowed_max_iou_assign(
+        anchors, grid, gt_boxes, gt_labels, th, anchor_classes=classes, with_pairs=True
+    )
+    assert pairs is not None and int((assigned > 0).sum()) >= 1  # positives: the box terms are not empty
+    batch, num_anchors = len(sizes), anchors.shape[0]
+    pred_cls = torch.randn(batch, num_anchors, NUM_CLASSES, generator=gen).requires_grad_()
+    pred_boxes = torch.randn(batch, num_anchors, 9, generator=gen).requires_grad_()
+    pred_dir = torch.randn(batch, num_anchors, 2, generator=gen).requires_grad_()
+    return (pred_cls, pred_boxes, pred_dir, anchors, assigned, gt_boxes, gt_labels), pairs
+
+
+@pytest.mark.parametrize("per_class", [False, True], ids=["pointpillars", "ssn-per-class"])
+@pytest.mark.parametrize("sizes", [[6, 0, 9], [4]], ids=["B3-zero-gt", "B1"])
+def test_window_pairs_give_the_dense_terms_and_gradients(per_class: bool, sizes: list[int]) -> None:
+    gen = torch.Generator().manual_seed(11 + len(sizes))
+    inputs, pairs = _windowed(per_class, sizes, gen)
+    assert pairs.flat.numel() < inputs[4].numel()  # fewer pairs than anchors: the pair path runs
+    dense = batched_anchor_head_loss(*inputs, **NUS)
+    sparse = batched_anchor_head_loss(*inputs, **NUS, pairs=pairs)
+    via_criterion = _criterion()(*inputs, pairs=pairs)
+    for name in TERMS:
+        torch.testing.assert_close(sparse[name], dense[name], rtol=RTOL, atol=0.0, msg=name)
+        torch.testing.assert_close(via_criterion[name], sparse[name], rtol=0, atol=0, msg=name)
+        pairs_of = zip(_grads(sparse[name], inputs[:3]), _grads(dense[name], inputs[:3]), inputs[:3], strict=True)
+        for got, want, pred in pairs_of:
+            got = torch.zeros_like(pred) if got is None else got
+            want = torch.zeros_like(pred) if want is None else want
+            torch.testing.assert_close(got, want, rtol=RTOL, atol=GRAD_ATOL, msg=f"grad of {name}")
+    assert float(sparse["loss_bbox"].detach()) > 0 and float(sparse["loss_dir"].detach()) > 0
+    if not per_class:  # and the original's per-sample loss
+        _assert_paths_agree(inputs)
+
+
+def test_more_pairs_than_anchors_take_the_dense_path() -> None:
+    gen = torch.Generator().manual_seed(23)
+    inputs, pairs = _windowed(False, [9, 12], gen, grid_size=6)  # small grid, many GTs: windows overlap
+    assert pairs.flat.numel() >= inputs[4].numel()
+    dense = batched_anchor_head_loss(*inputs, **NUS)
+    given = batched_anchor_head_loss(*inputs, **NUS, pairs=pairs)
+    for name in TERMS:
+        torch.testing.assert_close(given[name], dense[name], rtol=0, atol=0)
+
+
+def test_window_pairs_keep_non_finite_predictions_of_non_positive_anchors_out() -> None:
+    gen = torch.Generator().manual_seed(21)
+    inputs, pairs = _windowed(False, [5, 7], gen)
+    inputs = list(inputs)
+    clean = batched_anchor_head_loss(*inputs, **NUS, pairs=pairs)
+    grads = _grads(clean["loss_bbox"] + clean["loss_dir"], inputs[1:3])
+    outside = inputs[4] <= 0  # (B, A): inside some window, but not a positive
+    boxes, dirs = inputs[1].detach().clone(), inputs[2].detach().clone()
+    boxes[outside], dirs[outside] = float("nan"), float("inf")
+    inputs[1], inputs[2] = boxes.requires_grad_(), dirs.requires_grad_()
+    dirty = batched_anchor_head_loss(*inputs, **NUS, pairs=pairs)
+    for name in ("loss_bbox", "loss_dir"):
+        torch.testing.assert_close(dirty[name], clean[name], rtol=0, atol=0)
+    for got, want in zip(_grads(dirty["loss_bbox"] + dirty["loss_dir"], inputs[1:3]), grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_window_pair_loss_has_no_host_sync() -> None:
+    gen = torch.Generator().manual_seed(22)
+    inputs, pairs = _windowed(True, [4, 0, 3], gen)
+    batched_anchor_head_loss(*inputs, **NUS, pairs=pairs)  # warm-up (code weights copied once per device)
+    with no_host_sync():
+        terms = batched_anchor_head_loss(*inputs, **NUS, pairs=pairs)
+        _criterion().total(terms).backward()
+    assert all(t.grad is not None for t in inputs[:3])

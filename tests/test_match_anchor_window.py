@@ -174,3 +174,61 @@ def test_a_grid_of_other_anchors_is_refused(gen):
     th = anchor_thresholds(NUS_PP_ASSIGNER, num_anchors=anchors.shape[0])
     with pytest.raises(ValueError, match="grid: addresses"):
         windowed_max_iou_assign(anchors, grid_layout(TINY, (4, 5)), gt_boxes, gt_labels, th)
+
+
+def _pair_set(pairs) -> set[tuple[int, int]]:
+    return set(zip(pairs.flat.tolist(), pairs.gt.tolist(), strict=True))
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+@pytest.mark.parametrize("num_gts", [[5, 0, 9], [0, 0]])
+def test_window_pairs_hold_every_positive_with_its_gt(cfg, num_gts, gen):
+    """The loss sums the box terms over the pairs: every positive must be the pair of its anchor and its GT —
+    unless an anchor can be positive at IoU 0, when the assignment returns no pairs."""
+    anchors = grid_anchors(ROTATED, (8, 8))
+    samples = [scene(anchors, n, 3, gen) for n in num_gts] + [_awkward(anchors, gen)]
+    gt_boxes, gt_labels = batch_of(samples)
+    th = anchor_thresholds(cfg, num_anchors=anchors.shape[0])
+    grid = grid_layout(ROTATED, (8, 8))
+    got, pairs = windowed_max_iou_assign(anchors, grid, gt_boxes, gt_labels, th, with_pairs=True)
+    assert torch.equal(got, windowed_max_iou_assign(anchors, grid, gt_boxes, gt_labels, th))
+    zero_positive = cfg.pos_iou_thr <= 0 or (cfg.min_pos_iou <= 0 and cfg.match_low_quality)
+    assert th.zero_iou_positive == zero_positive
+    if zero_positive:
+        assert pairs is None
+        return
+    b, a = torch.nonzero(got > 0, as_tuple=True)
+    positives = set(zip((b * anchors.shape[0] + a).tolist(), (got[b, a] - 1).tolist(), strict=True))
+    assert positives and positives <= _pair_set(pairs)
+    assert pairs.flat.shape == pairs.gt.shape and pairs.flat.dtype == pairs.gt.dtype == torch.long
+
+
+def test_per_class_window_pairs_hold_every_positive_and_the_host_is_read_once(gen):
+    anchors, classes = per_class_anchors(TINY, PER_CLASS_SIZES)
+    gt_boxes, gt_labels = batch_of([scene(anchors, n, 3, gen) for n in (8, 0, 6)])
+    th = anchor_thresholds(SSN_CFGS, anchor_classes=classes)
+    grid = per_class_layout(TINY, PER_CLASS_SIZES)
+    _ = gt_boxes.mask
+    grid.index(anchors.device), grid.origin(anchors.device), grid.reach(anchors.device)
+    with count_host_syncs() as calls:
+        got, pairs = windowed_max_iou_assign(
+            anchors, grid, gt_boxes, gt_labels, th, anchor_classes=classes, with_pairs=True
+        )
+    assert calls == ["__int__"]
+    b, a = torch.nonzero(got > 0, as_tuple=True)
+    positives = set(zip((b * anchors.shape[0] + a).tolist(), (got[b, a] - 1).tolist(), strict=True))
+    assert positives and positives <= _pair_set(pairs)
+    # no GT: no pairs, and an empty list rather than None
+    empty_boxes, empty_labels = batch_of([scene(anchors, 0, 3, gen)] * 2)
+    got, pairs = windowed_max_iou_assign(
+        anchors, grid, empty_boxes, empty_labels, th, anchor_classes=classes, with_pairs=True
+    )
+    assert not bool(got.any()) and pairs is not None and pairs.flat.numel() == 0
+
+
+def test_a_threshold_that_rounds_to_zero_in_float32_counts_as_zero():
+    assert anchor_thresholds(MaxIoUConfig(1e-50, 0.3, 0.3), num_anchors=4).zero_iou_positive
+    assert not anchor_thresholds(
+        MaxIoUConfig(0.6, 0.3, 1e-50, match_low_quality=False), num_anchors=4
+    ).zero_iou_positive
+    assert anchor_thresholds(MaxIoUConfig(0.6, 0.3, 1e-50), num_anchors=4).zero_iou_positive

@@ -39,7 +39,7 @@ from drivetrain.geometry.bev_iou import IOU_EPS, nearest_bev_boxes, nearest_bev_
 from drivetrain.match.max_iou import AnchorThresholds, _check_inputs
 from drivetrain.ragged import RaggedBatch
 
-__all__ = ["AnchorGrid", "WindowedAnchors", "windowed_max_iou_assign"]
+__all__ = ["AnchorGrid", "WindowPairs", "WindowedAnchors", "windowed_max_iou_assign"]
 
 
 @dataclass(frozen=True)
@@ -150,6 +150,7 @@ class WindowedAnchors:
     zero_ok: torch.Tensor  # bool (A,)
     code: torch.Tensor  # int64 (A,): group·8 + neg0 + 2·pos0 + 4·zero_ok
     pair_table: torch.Tensor  # float32 (A, 9): what a pair reads of its anchor (see PAIR_COLUMNS)
+    positives_in_windows: bool  # no anchor can be positive at IoU 0 (no pos ≤ 0, no zero_ok): see WindowPairs
 
     @staticmethod
     @torch.no_grad()
@@ -174,9 +175,29 @@ class WindowedAnchors:
         columns += (thresholds.low_quality, zero_ok, group)  # 3 × (A,): exact as float32 (group < 2^24)
         pair_table = torch.cat([centres, torch.stack([c.float() for c in columns], dim=-1)], dim=-1)  # (A, 9)
         half_dims = _type_half_dims(anchors, grid)  # (T, 2)
+        in_windows = not thresholds.zero_iou_positive  # a host flag of the configs: no read of the tensors
         return WindowedAnchors(
-            anchors, grid, thresholds, anchor_classes, centres, half_dims, group, zero_ok, code, pair_table
+            anchors, grid, thresholds, anchor_classes, centres, half_dims, group, zero_ok, code, pair_table, in_windows
         )
+
+
+@dataclass(frozen=True)
+class WindowPairs:
+    """The (sample, anchor, GT) pairs the windows compared, for a loss that needs only the positives.
+
+    An anchor assigned to GT ``k`` (``assigned = k + 1``) whose best IoU is positive reached that IoU with GT
+    ``k`` inside ``k``'s window (above ``pos`` by its first best GT, or as a low-quality match of ``k``), so its
+    pair ``(b·A + a, k)`` is in this list. Positives at IoU 0 exist only when some anchor has ``pos ≤ 0`` or may
+    be claimed by a GT that overlaps no anchor (``min_pos ≤ 0`` with low-quality matches); the assignment then
+    returns no pairs. So ``{(b, a): assigned[b, a] = gt + 1 at a pair}`` is exactly the set of positives, and
+    the loss's box and direction terms can be summed over the pairs instead of over all ``B·A`` anchors.
+
+    An anchor may appear in several pairs (one per GT whose window reaches it); each positive appears once with
+    its own GT.
+    """
+
+    flat: torch.Tensor  # int64 (P,): b·A + a
+    gt: torch.Tensor  # int64 (P,): 0-based GT index within the sample
 
 
 @torch.no_grad()
@@ -189,7 +210,8 @@ def windowed_max_iou_assign(
     *,
     anchor_classes: torch.Tensor | None = None,
     prepared: WindowedAnchors | None = None,
-) -> torch.Tensor:
+    with_pairs: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, WindowPairs | None]:
     """Assign the anchors of every sample, comparing each GT only with the anchors its window reaches.
 
     Args:
@@ -201,10 +223,12 @@ def windowed_max_iou_assign(
         anchor_classes: int ``(A,)`` class per anchor for per-class assignment (SSN); None: class-agnostic.
         prepared: :meth:`WindowedAnchors.build` of these anchors, grid, thresholds and classes (built here if
             None; a training loop keeps it with its anchors).
+        with_pairs: also return the compared pairs (:class:`WindowPairs`), or None when positives may lie
+            outside them (:attr:`WindowedAnchors.positives_in_windows` is False).
 
     Returns:
         int64 ``(B, A)``: −1 ignored, 0 negative, ``k ≥ 1`` GT ``k − 1``; equal to
-        :func:`~drivetrain.match.max_iou.batched_max_iou_assign`.
+        :func:`~drivetrain.match.max_iou.batched_max_iou_assign`. With ``with_pairs``, ``(assigned, pairs)``.
 
     Example:
         >>> grid = grid_layout(NUS_PP_ANCHORS, (200, 200))  # models.pointpillars: .anchors, .recipe
@@ -216,8 +240,11 @@ def windowed_max_iou_assign(
     device = anchors.device
     num_samples, num_gts = gt_boxes.shape[:2]
     num_anchors = anchors.shape[0]
+    pairs_wanted = with_pairs and prepared.positives_in_windows
     if num_gts == 0 or num_anchors == 0:
-        return torch.zeros(num_samples, num_anchors, dtype=torch.long, device=device)  # (B, A)
+        assigned = torch.zeros(num_samples, num_anchors, dtype=torch.long, device=device)  # (B, A)
+        none = torch.zeros(0, dtype=torch.long, device=device)  # (0,)
+        return (assigned, WindowPairs(none, none) if pairs_wanted else None) if with_pairs else assigned
     per_class = anchor_classes is not None
     num_groups = max(grid.group) + 1
     valid = gt_boxes.mask  # (B, G)
@@ -331,4 +358,7 @@ def windowed_max_iou_assign(
     final_last = torch.maximum(last.index_select(0, flat), zero_claim)  # (P,) the loop's last writer wins
     value = torch.where(final_last > 0, final_last, value)  # (P,)
     value = torch.where(pair_has_gt > 0, value, 0)  # (P,)
-    return assigned.flatten().scatter_(0, flat, value).view(num_samples, num_anchors)  # (B, A)
+    assigned = assigned.flatten().scatter_(0, flat, value).view(num_samples, num_anchors)  # (B, A)
+    if not with_pairs:
+        return assigned
+    return assigned, WindowPairs(flat, pair_number - 1) if pairs_wanted else None

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from drivetrain.geometry.bev_iou import nearest_bev_iou
@@ -187,6 +188,9 @@ class AnchorThresholds:
         neg_high: float32 ``(A,)``.
         min_pos: float32 ``(A,)`` low-quality threshold of the GT (constant within a class).
         low_quality: bool ``(A,)`` whether step 4 runs for the anchor's assigner.
+        zero_iou_positive: whether an anchor may be positive at best IoU 0 — some ``pos ≤ 0``, or ``min_pos ≤ 0``
+            with low-quality matches (a GT that overlaps nothing then claims anchors); known on the host from
+            the configs (True, the safe answer, unless :func:`anchor_thresholds` worked it out).
     """
 
     pos: torch.Tensor
@@ -194,6 +198,7 @@ class AnchorThresholds:
     neg_high: torch.Tensor
     min_pos: torch.Tensor
     low_quality: torch.Tensor
+    zero_iou_positive: bool = True
 
 
 def anchor_thresholds(
@@ -229,7 +234,9 @@ def anchor_thresholds(
     else:
         raise ValueError("anchor_classes: needed with one config per class; num_anchors: needed with one config")
     pos, neg_low, neg_high, min_pos, low_quality = per_anchor.unbind(-1)  # 5 × (A,)
-    return AnchorThresholds(pos, neg_low, neg_high, min_pos, low_quality > 0)
+    # compared as float32, as the tensors hold them (a tiny positive threshold may round to 0)
+    zero = any(np.float32(c.pos_iou_thr) <= 0 or (np.float32(c.min_pos_iou) <= 0 and c.match_low_quality) for c in cfgs)
+    return AnchorThresholds(pos, neg_low, neg_high, min_pos, low_quality > 0, zero_iou_positive=bool(zero))
 
 
 def _check_inputs(

@@ -28,7 +28,7 @@ from drivetrain.compiled import compile_options, compiled, ragged_dynamic
 from drivetrain.data.lyft_format import LYFT_CLASSES
 from drivetrain.data.nuscenes_format import CLASSES
 from drivetrain.losses.anchor_head import AnchorHeadLoss, batched_anchor_head_loss
-from drivetrain.match.anchor_window import WindowedAnchors, windowed_max_iou_assign
+from drivetrain.match.anchor_window import WindowedAnchors, WindowPairs, windowed_max_iou_assign
 from drivetrain.match.max_iou import (
     AnchorThresholds,
     MaxIoUConfig,
@@ -334,17 +334,31 @@ class PointPillars(nn.Module):
 
     def assign(self, feature_size: tuple[int, int], gt_boxes: Any, gt_labels: Any) -> torch.Tensor:
         """``(B, A)`` anchor assignment (−1 ignore, 0 negative, k ≥ 1 GT k−1), batched or per sample."""
+        return self._assign(feature_size, gt_boxes, gt_labels)[0]
+
+    def _assign(
+        self, feature_size: tuple[int, int], gt_boxes: Any, gt_labels: Any
+    ) -> tuple[torch.Tensor, WindowPairs | None]:
+        """:meth:`assign` and, from the windowed assignment, the pairs that hold every positive (else None)."""
         anchors, classes, thresholds = self.anchor_set(feature_size, gt_boxes.device)
         with torch.no_grad():
             if self.impl == "batched" and self.window:
                 prepared = self.windowed_anchors(feature_size, gt_boxes.device)
                 return windowed_max_iou_assign(
-                    anchors, prepared.grid, gt_boxes, gt_labels, thresholds, anchor_classes=classes, prepared=prepared
+                    anchors,
+                    prepared.grid,
+                    gt_boxes,
+                    gt_labels,
+                    thresholds,
+                    anchor_classes=classes,
+                    prepared=prepared,
+                    with_pairs=True,
                 )
             if self.impl == "batched":
-                return batched_max_iou_assign(
+                dense = batched_max_iou_assign(
                     anchors, gt_boxes, gt_labels, thresholds, anchor_classes=classes, chunk=self.chunk
                 )
+                return dense, None
             boxes, labels = gt_boxes.to_list(), gt_labels.to_list()
             rows = [
                 reference_max_iou_assign(anchors, b, lab, self.assigners[0])
@@ -352,7 +366,7 @@ class PointPillars(nn.Module):
                 else reference_max_iou_assign_per_class(anchors, classes, b, lab, self.assigners)
                 for b, lab in zip(boxes, labels, strict=True)
             ]
-            return torch.stack(rows)  # (B, A)
+            return torch.stack(rows), None  # (B, A)
 
     def loss(self, outputs: dict[str, Any], batch: Any) -> dict[str, torch.Tensor]:
         """The unweighted terms ``loss_cls``, ``loss_bbox``, ``loss_dir``."""
@@ -365,7 +379,7 @@ class PointPillars(nn.Module):
                 *head, *gt, thresholds, classes, self.chunk, self.criterion.options
             )
         with region("assignment"):
-            assigned = self.assign(outputs["feature_size"], gt_boxes, gt_labels)
+            assigned, pairs = self._assign(outputs["feature_size"], gt_boxes, gt_labels)
         with region("targets + loss"):
             return self.criterion(
                 outputs["cls_logits"],
@@ -377,6 +391,7 @@ class PointPillars(nn.Module):
                 gt_labels,
                 impl=self.impl,
                 anchor_classes=self.anchor_set(outputs["feature_size"], gt_boxes.device)[1],  # SSN: per class
+                pairs=pairs,
             )
 
     # --------------------------------------------------------------------------------------------- detect
