@@ -4,6 +4,7 @@ at or below zero; the layouts address every anchor once; the assignment reads th
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -162,7 +163,7 @@ def test_the_windows_read_the_host_once(gen):
     th = anchor_thresholds(SSN_CFGS, anchor_classes=classes)
     grid = per_class_layout(TINY, PER_CLASS_SIZES)
     _ = gt_boxes.mask
-    grid.index(anchors.device), grid.origin(anchors.device), grid.reach(anchors.device)  # once per device
+    grid.index(anchors.device), grid.reach(anchors.device)  # once per device
     with count_host_syncs() as calls:
         windowed_max_iou_assign(anchors, grid, gt_boxes, gt_labels, th, anchor_classes=classes)
     assert calls == ["__int__"]  # the number of window pairs, which sizes the pair tensors
@@ -209,7 +210,7 @@ def test_per_class_window_pairs_hold_every_positive_and_the_host_is_read_once(ge
     th = anchor_thresholds(SSN_CFGS, anchor_classes=classes)
     grid = per_class_layout(TINY, PER_CLASS_SIZES)
     _ = gt_boxes.mask
-    grid.index(anchors.device), grid.origin(anchors.device), grid.reach(anchors.device)
+    grid.index(anchors.device), grid.reach(anchors.device)
     with count_host_syncs() as calls:
         got, pairs = windowed_max_iou_assign(
             anchors, grid, gt_boxes, gt_labels, th, anchor_classes=classes, with_pairs=True
@@ -232,3 +233,35 @@ def test_a_threshold_that_rounds_to_zero_in_float32_counts_as_zero():
         MaxIoUConfig(0.6, 0.3, 1e-50, match_low_quality=False), num_anchors=4
     ).zero_iou_positive
     assert anchor_thresholds(MaxIoUConfig(0.6, 0.3, 1e-50), num_anchors=4).zero_iou_positive
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_windows_keep_pairs_that_overlap_by_an_ulp(cfg):
+    """The window bound's margin is an eighth of a cell plus 2^-16 of the coordinates: GTs slid ulp by ulp
+    across the edge of an anchor (no overlap, exactly touching, overlapping by a few float32 ulps), on every
+    side, at the grid's border and inside it, give the dense assignment — a missed tiny overlap would change
+    a GT's best IoU from ~1e-7 to 0 and so its low-quality matches."""
+    anchors = grid_anchors(ROTATED, (8, 8))
+    rect = nearest_bev_boxes(anchors)  # (A, 4) x_lo, y_lo, x_hi, y_hi
+    boxes = []
+    for a in (0, 5, 37, anchors.shape[0] - 1):  # a border cell, inner cells, the last anchor
+        for side in range(4):  # the GT's edge slides across the anchor's side: x_lo, y_lo, x_hi, y_hi
+            axis, edge = side % 2, float(rect[a, side])
+            toward = np.float32(np.inf if side < 2 else -np.inf)  # inward across the anchor's edge
+            value = np.float32(edge)
+            for _ in range(6):
+                value = np.nextafter(value, -toward)  # start 6 ulps outside
+            for _ in range(12):
+                gt = anchors[a].clone()
+                size = 1.0  # a power of two: the GT rectangle's half size is exact
+                centre = float(value) + (-size / 2 if side < 2 else size / 2)  # GT edge at `value`
+                gt[axis] = centre
+                gt[3 + axis], gt[4 - axis], gt[6] = size, 0.5, 0.0
+                boxes.append(gt)
+                value = np.nextafter(value, toward)
+    samples = [(b[None], torch.zeros(1, dtype=torch.long)) for b in boxes]
+    gt_boxes, gt_labels = batch_of(samples)
+    th = anchor_thresholds(cfg, num_anchors=anchors.shape[0])
+    expected = batched_max_iou_assign(anchors, gt_boxes, gt_labels, th)
+    got = windowed_max_iou_assign(anchors, grid_layout(ROTATED, (8, 8)), gt_boxes, gt_labels, th)
+    assert torch.equal(got, expected)
