@@ -5,10 +5,12 @@ One process builds the model once from ``configs/{pointpillars,ssn}_{tiny,nus}.y
 published nuScenes config) through the engine (``build_model``, ``build_optimizer``: AdamW at the peak lr, no
 schedule; gradients clipped to ``optim.clip_norm``), then deep-copies model and optimizer: the two paths run on
 **identical copies**, alternating iteration by iteration (``reference`` then ``batched``) on the same batches.
-The path is ``model.impl``: per-sample (and, for SSN, per-class) max-IoU assignment and per-sample targets as
-the originals, or all samples and classes at once. The config's augmentation (``data.augment.lidar``) runs as the
-trainer runs it by default, on the device after the copy (:class:`drivetrain.pipeline.augmentation.Augmentation`,
-drawn per batch from the seed and the batch's position), so both copies see the same augmented points and boxes.
+The path is ``model.impl``: HardVFE on the original's ``(V, T)`` slot layout, per-sample (and, for SSN, per-class)
+max-IoU assignment and per-sample targets as the originals, or HardVFE's compact path over the stored points,
+windowed assignment and the loss on the window pairs, all samples and classes at once. The config's augmentation
+(``data.augment.lidar``) runs as the trainer runs it by default, on the device after the copy
+(:class:`drivetrain.pipeline.augmentation.Augmentation`, drawn per batch from the seed and the batch's position),
+so both copies see the same augmented points and boxes.
 
 Data: the config's synthetic set (``data.args``); batches of ``--batch`` frames in scene order, every batch
 read once before timing. **remaining (data wait)** is timed inside each iteration as a loader without workers
@@ -262,7 +264,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "Both paths ran on identical deep copies of one model and optimizer, alternating iteration by iteration on "
         "the same batches, augmented on the device by the trainer's stage (data.augment.lidar, drawn from the seed "
         "and the batch position), so both trained on the same augmented points and boxes. The path is model.impl "
-        "(assignment and anchor-head targets/losses).",
+        "(HardVFE's slot layout, assignment and anchor-head targets/losses).",
         f"Before timing, the two paths assigned every anchor identically and their loss terms matched (worst "
         f"relative difference {worst_terms:.1e}); the first iteration's total loss matched within {first_diff:.1e}, "
         f"every iteration's within {all_diff:.1e} (the copies drift apart only by rounding).",

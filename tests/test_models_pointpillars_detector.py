@@ -218,3 +218,18 @@ def test_a_lidar_submission_says_it_used_the_lidar(synth_index, synth_root):
     assert submission["meta"]["use_lidar"] is True and submission["meta"]["use_camera"] is False
     assert len(submission["results"]) == 2
     assert StreamPETR.input_modalities == ("camera",)  # a camera model's submissions say camera
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_a_batched_training_step_reads_the_host_twice(batch, name):
+    """The voxelization reads the voxel and stored-point counts (one read; output shapes and the compact HardVFE),
+    the windowed assignment its pair count; nothing else in forward, loss or backward."""
+    from helpers.nosync import count_host_syncs
+
+    cls, args = MODELS[name]
+    torch.manual_seed(0)
+    model = cls(**args)
+    model.criterion.total(model.loss(model(batch), batch)).backward()  # warm-up: anchors and tables are cached
+    with count_host_syncs() as calls:
+        model.criterion.total(model.loss(model(batch), batch)).backward()
+    assert calls == ["tolist", "__int__"], calls

@@ -180,3 +180,84 @@ def test_hard_vfe_gradients_equal_the_original_within_the_summation_order_bound(
         bound = (delta_dy[None, None, :] @ layer.linear.weight.abs()).expand_as(feats)  # (V, T, 10)
     diff = (ours_in.grad - theirs_in.grad).abs()
     assert bool((diff <= bound + 1e-30).all()), float((diff - bound).max())
+
+
+# ------------------------------------------------------------------------------------- HardVFE compact path
+def _voxels_with_ties(gen: torch.Generator, dtype: torch.dtype):
+    """Voxels with few and full slots, duplicated points (ties in the max over slots) and single points."""
+    clouds = []
+    for _ in range(2):
+        cloud = torch.rand(700, 4, generator=gen) * torch.tensor([34.0, 34.0, 9.0, 1.0]) - torch.tensor(
+            [17.0, 17.0, 5.5, 0.0]
+        )
+        dense_spot = torch.rand(20, 4, generator=gen) * torch.tensor([0.4, 0.4, 1.0, 1.0]) + torch.tensor(
+            [1.05, 1.05, -1.0, 0.0]
+        )  # one voxel with more points than slots: a full voxel (no padding)
+        cloud = torch.cat([dense_spot, cloud, cloud[:40]])  # repeated points: equal slots within voxels
+        clouds.append(cloud)
+    vox = hard_voxelize(RaggedBatch.from_list(clouds), GRID)
+    assert int((vox.num_points == GRID.max_points).sum()) >= 1 and int((vox.num_points == 1).sum()) >= 1
+    return vox.voxels.to(dtype), vox.num_points, vox.coors, vox.num_stored
+
+
+def _both_vfe(train: bool, dtype: torch.dtype, gen: torch.Generator):
+    voxels, num_points, coors, stored = _voxels_with_ties(gen, dtype)
+    torch.manual_seed(0)
+    dense = HardVFE(4, (64, 64), GRID).to(dtype).train(train)
+    compact = HardVFE(4, (64, 64), GRID).to(dtype).train(train)
+    compact.load_state_dict(dense.state_dict())
+    outs, grads = [], []
+    for module, num_stored in ((dense, None), (compact, stored)):
+        x = voxels.clone().requires_grad_()
+        out = module(x, num_points, coors, num_stored=num_stored)
+        weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(5), dtype=dtype)
+        (out * weight).sum().backward()
+        outs.append(out.detach())
+        grads.append([x.grad] + [p.grad for p in module.parameters()])
+    return dense, compact, outs, grads
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_compact_hard_vfe_equals_the_original_layout_in_float64(train, gen):
+    """In float64 the two layouts differ only by the order of BatchNorm's sums over N = V·T ≤ 5k slots: each within
+    N·ε₆₄·Σ|·| ≈ 1e-12 relative; outputs, every gradient (the input's per slot: the max's first-slot choice
+    among tied points included) and the running statistics agree to 1e-10 of their scale."""
+    dense, compact, outs, grads = _both_vfe(train, torch.float64, gen)
+    scale = outs[0].abs().max()
+    torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=1e-10 * float(scale))
+    for got, want in zip(grads[1], grads[0], strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10 * float(want.abs().max()))
+    for a, b in zip(dense.layers, compact.layers, strict=True):
+        torch.testing.assert_close(b.norm.running_mean, a.norm.running_mean, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(b.norm.running_var, a.norm.running_var, rtol=1e-10, atol=1e-12)
+        assert int(b.norm.num_batches_tracked) == int(a.norm.num_batches_tracked) == int(train)
+
+
+def test_compact_hard_vfe_is_as_accurate_as_the_original_layout_in_float32(gen):
+    """In float32 both layouts round; against the float64 computation of the original layout the compact path's
+    error is at most twice the original layout's own (both sum BatchNorm's statistics with ATen's cascade sums,
+    whose error grows with log N), plus 8 ulps of the scale for the elementwise operations."""
+    reference = _both_vfe(True, torch.float64, gen)
+    single = _both_vfe(True, torch.float32, torch.Generator().manual_seed(1234))
+    exact = [reference[2][0]] + reference[3][0]
+    dense32 = [single[2][0]] + single[3][0]
+    compact32 = [single[2][1]] + single[3][1]
+    ulp = torch.finfo(torch.float32).eps
+    for name, want, theirs, ours in zip(
+        ["out", "input", "w1", "g1", "b1", "w2", "g2", "b2"], exact, dense32, compact32, strict=True
+    ):
+        own = (theirs.double() - want).abs().max()
+        err = (ours.double() - want).abs().max()
+        assert err <= 2 * own + 8 * ulp * want.abs().max(), (name, float(err), float(own))
+
+
+def test_compact_hard_vfe_in_the_model_and_the_voxel_count_read(gen):
+    """The batched path runs the compact layout with the stored-point count the voxelization read with the voxel
+    count (one host read); the reference path runs the original layout."""
+    from helpers.nosync import count_host_syncs
+
+    clouds = [torch.rand(500, 4, generator=gen) * 30 - 15 for _ in range(3)]
+    batch = RaggedBatch.from_list(clouds)
+    with count_host_syncs() as calls:
+        vox = hard_voxelize(batch, GRID)
+    assert calls == ["tolist"] and vox.num_stored == int(vox.num_points.sum())

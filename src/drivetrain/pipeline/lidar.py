@@ -52,6 +52,7 @@ class LidarInput:
     gt_boxes: RaggedBatch  # (B, G, 9) (x, y, z_centre, dx, dy, dz, yaw, vx, vy) after augmentation
     gt_labels: RaggedBatch  # (B, G) int64
     params: BevAugParams | None  # the augmentation drawn (None: not augmented), replayable
+    num_stored: int | None = None  # Σ num_points on the host (from the voxelization's one read), or None
 
     @property
     def batch_size(self) -> int:
@@ -88,8 +89,10 @@ def lidar_input(
                 raise ValueError("generator: augmenting needs a torch.Generator (or params to replay)")
             params = sample_bev_params(points, augment, generator)
         points, boxes, labels = apply_bev_aug(points, boxes, labels, params, augment)
-    voxels = hard_voxelize(points, grid)
-    return LidarInput(voxels.voxels, voxels.coors, voxels.num_points, voxels.num_voxels, points, boxes, labels, params)
+    vox = hard_voxelize(points, grid)
+    return LidarInput(
+        vox.voxels, vox.coors, vox.num_points, vox.num_voxels, points, boxes, labels, params, vox.num_stored
+    )
 
 
 def reference_lidar_input(

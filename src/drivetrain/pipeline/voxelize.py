@@ -130,12 +130,14 @@ class HardVoxels:
         coors: int32 ``(V, 4)`` ``(b, z, y, x)``.
         num_points: int32 ``(V,)`` points stored per voxel, in ``[1, T]``.
         num_voxels: int64 ``(B,)`` voxels per sample; sample ``b`` holds rows ``[Σ_{<b}, Σ_{≤b})``.
+        num_stored: ``Σ num_points`` on the host (read with the voxel count), or None where not known.
     """
 
     voxels: torch.Tensor
     coors: torch.Tensor
     num_points: torch.Tensor
     num_voxels: torch.Tensor
+    num_stored: int | None = None
 
 
 # ---------------------------------------------------------------------------------------------------- checks
@@ -261,8 +263,8 @@ def hard_voxelize(points: RaggedBatch, grid: VoxelGrid) -> HardVoxels:
 
     Returns:
         :class:`HardVoxels`: ``voxels (V, T, C)`` in the points' dtype, ``coors`` int32 ``(V, 4)``
-        ``(b, z, y, x)``, ``num_points`` int32 ``(V,)``, ``num_voxels`` int64 ``(B,)``; samples in order,
-        each sample's voxels by first appearance.
+        ``(b, z, y, x)``, ``num_points`` int32 ``(V,)``, ``num_voxels`` int64 ``(B,)``, ``num_stored`` (host
+        int, ``Σ num_points``); samples in order, each sample's voxels by first appearance.
 
     Example:
         >>> grid = VoxelGrid((-50, -50, -5, 50, 50, 3), (0.25, 0.25, 8), max_points=64, max_voxels=30000)
@@ -274,10 +276,11 @@ def hard_voxelize(points: RaggedBatch, grid: VoxelGrid) -> HardVoxels:
     _check_hard_grid(grid)
     plan = _assign(points, grid)
     offsets = torch.cumsum(plan.num_voxels, dim=0) - plan.num_voxels  # (B,)
-    num_voxels = int(plan.num_voxels.sum())  # sync: the number of voxels V is the shape of every output
+    # sync: the number of voxels V is the shape of every output; the points stored come in the same read
+    num_voxels, num_stored = torch.stack([plan.num_voxels.sum(), plan.keep.sum()]).tolist()
     slot = offsets[plan.sample] + plan.voxel  # (B*P,)
     voxels, coors, counts = _write(points, grid, plan, slot, num_voxels, with_sample=True)
-    return HardVoxels(voxels, coors, counts, plan.num_voxels)  # (V, T, C), (V, 4), (V,), (B,)
+    return HardVoxels(voxels, coors, counts, plan.num_voxels, num_stored)  # (V, T, C), (V, 4), (V,), (B,), int
 
 
 def hard_voxelize_padded(points: RaggedBatch, grid: VoxelGrid) -> tuple[RaggedBatch, RaggedBatch, RaggedBatch]:
@@ -451,6 +454,7 @@ def per_sample_hard_voxelize(points: Sequence[torch.Tensor], grid: VoxelGrid) ->
         torch.cat([torch.cat([index, p.coors[:, 1:]], dim=1) for p, index in parts]),  # (V, 4)
         torch.cat([p.num_points for p, _ in parts]),  # (V,)
         torch.cat([p.num_voxels for p, _ in parts]),  # (B,)
+        sum(p.num_stored or 0 for p, _ in parts),
     )
 
 

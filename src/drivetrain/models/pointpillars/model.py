@@ -298,7 +298,9 @@ class PointPillars(nn.Module):
             x = lidar_input(batch, grid)  # a ValueError naming batch.points when the batch has none
         device = x.voxels.device
         with region("encoder"):
-            feats = self.vfe(x.voxels, x.num_points, x.coors)  # (V, C)
+            # the batched path runs HardVFE on the stored points only (its compact path); the reference, the original
+            stored = x.num_stored if self.impl == "batched" else None
+            feats = self.vfe(x.voxels, x.num_points, x.coors, num_stored=stored)  # (V, C)
             if self.middle is None:
                 canvas = scatter_to_bev(feats, x.coors, x.batch_size, grid)  # (B, C, ny, nx)
             else:
