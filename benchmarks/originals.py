@@ -1479,8 +1479,10 @@ def count_anchor_head(case: dict[str, Any]) -> tuple[PathCost, PathCost]:
         model.impl = impl
         return model.assign(outputs["feature_size"], gt_boxes, gt_labels)
 
-    def targets_loss(impl: str, assigned: torch.Tensor) -> dict[str, torch.Tensor]:
-        return model.criterion(*head, assigned, gt_boxes, gt_labels, impl=impl, anchor_classes=case["classes"])
+    def targets_loss(impl: str, assigned: torch.Tensor, pairs: Any = None) -> dict[str, torch.Tensor]:
+        return model.criterion(
+            *head, assigned, gt_boxes, gt_labels, impl=impl, anchor_classes=case["classes"], pairs=pairs
+        )
 
     assigned = assign("reference")  # the model is left on its reference path (as lidar_case builds it)
     inputs = anchor_head_inputs(model, outputs, gt_boxes, gt_labels)
@@ -1500,12 +1502,14 @@ def count_anchor_head(case: dict[str, Any]) -> tuple[PathCost, PathCost]:
         blocks = torch.bincount(case["classes"], minlength=model.num_classes).tolist()
         loops["class_samples_with_positives"] = sum(int(block.any(1).sum()) for block in positive.split(blocks, dim=1))
     batched_assignment = _count(lambda: assign("batched"))
+    _, pairs = model.assign_with_pairs(outputs["feature_size"], gt_boxes, gt_labels)  # as the model's loss runs it
+    model.impl = "reference"
     return (
         PathCost(f"{name} max-IoU assignment", described, _count(lambda: assign("reference")), part,
                  batched_assignment, loops),
         PathCost(f"{name} anchor-head targets + loss, forward", described,
                  _count(lambda: targets_loss("reference", assigned)), Cost(whole.kernels - part.kernels,
-                 whole.syncs - part.syncs), _count(lambda: targets_loss("batched", assigned)), loops),
+                 whole.syncs - part.syncs), _count(lambda: targets_loss("batched", assigned, pairs)), loops),
     )  # fmt: skip
 
 

@@ -336,12 +336,13 @@ class PointPillars(nn.Module):
 
     def assign(self, feature_size: tuple[int, int], gt_boxes: Any, gt_labels: Any) -> torch.Tensor:
         """``(B, A)`` anchor assignment (−1 ignore, 0 negative, k ≥ 1 GT k−1), batched or per sample."""
-        return self._assign(feature_size, gt_boxes, gt_labels)[0]
+        return self.assign_with_pairs(feature_size, gt_boxes, gt_labels)[0]
 
-    def _assign(
+    def assign_with_pairs(
         self, feature_size: tuple[int, int], gt_boxes: Any, gt_labels: Any
     ) -> tuple[torch.Tensor, WindowPairs | None]:
-        """:meth:`assign` and, from the windowed assignment, the pairs that hold every positive (else None)."""
+        """:meth:`assign` and, from the windowed assignment, the pairs that hold every positive (else None), which
+        the loss's batched path reads (:class:`~drivetrain.match.anchor_window.WindowPairs`)."""
         anchors, classes, thresholds = self.anchor_set(feature_size, gt_boxes.device)
         with torch.no_grad():
             if self.impl == "batched" and self.window:
@@ -381,7 +382,7 @@ class PointPillars(nn.Module):
                 *head, *gt, thresholds, classes, self.chunk, self.criterion.options
             )
         with region("assignment"):
-            assigned, pairs = self._assign(outputs["feature_size"], gt_boxes, gt_labels)
+            assigned, pairs = self.assign_with_pairs(outputs["feature_size"], gt_boxes, gt_labels)
         with region("targets + loss"):
             return self.criterion(
                 outputs["cls_logits"],
