@@ -118,24 +118,24 @@ def sigmoid_focal_loss_sum(
     logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, alpha: float = 0.25, gamma: float = 2.0
 ) -> torch.Tensor:
     """``Σ_a w_a Σ_c FL(s_ac, t_ac)`` for one-hot targets given by their labels: :func:`sigmoid_focal_loss`
-        summed, in fewer passes over the ``(..., C)`` logits, with a closed-form backward.
+    summed, in fewer passes over the ``(..., C)`` logits, with a closed-form backward.
 
-        Every entry is a negative ``(1 − α) σ(s)^γ softplus(s)`` except the label's, which is
-        ``α σ(−s)^γ softplus(−s)`` (``1 − σ(s) = σ(−s)``, ``BCE(s, 1) = softplus(−s)``); the label's entry is computed
-        at the gathered logit, so nothing is added and subtracted. The values equal :func:`sigmoid_focal_loss`'s up
-        to rounding (a different but equally accurate formula per element: a few ulps), and so does the gradient
-        (``σ(s)^γ (γ σ(−s) softplus(s) + σ(s))``, a sum of non-negative terms, with ``σ(−s)`` computed as such):
+    Every entry is a negative ``(1 − α) σ(s)^γ softplus(s)`` except the label's, which is
+    ``α σ(−s)^γ softplus(−s)`` (``1 − σ(s) = σ(−s)``, ``BCE(s, 1) = softplus(−s)``); the label's entry is computed
+    at the gathered logit, so nothing is added and subtracted. The values equal :func:`sigmoid_focal_loss`'s up
+    to rounding (a different but equally accurate formula per element: a few ulps), and so does the gradient
+    (``σ(s)^γ (γ σ(−s) softplus(s) + σ(s))``, a sum of non-negative terms, with ``σ(−s)`` computed as such):
     more accurate than autograd through the elementwise formula, whose ``1 − σ(s)`` loses digits for ``s ≫ 0``.
 
-        Args:
-            logits: ``(..., C)``.
-            labels: int ``(...)``; a label outside ``[0, C)`` (background) makes every class a negative.
-            weights: ``(...)`` per-row weights (0 drops a row); no gradient flows to them.
-            alpha: weight of the positive term (0.25); the negative term gets ``1 − α``.
-            gamma: focusing exponent (2).
+    Args:
+        logits: ``(..., C)``.
+        labels: int ``(...)``; a label outside ``[0, C)`` (background) makes every class a negative.
+        weights: ``(...)`` per-row weights (0 drops a row); no gradient flows to them.
+        alpha: weight of the positive term (0.25); the negative term gets ``1 − α``.
+        gamma: focusing exponent (2).
 
-        Returns:
-            ``()`` fp32; differentiable in ``logits``.
+    Returns:
+        ``()`` fp32; differentiable in ``logits``.
     """
     num_classes = logits.shape[-1]
     flat = logits.reshape(-1, num_classes)  # (N, C)
