@@ -26,8 +26,7 @@ from typing import Any
 import torch
 
 from drivetrain.heatmap import draw_gaussians, focal_head_radius, reference_draw_gaussians
-from drivetrain.losses import FocalHeadLoss, StreamPETRLoss
-from drivetrain.match import HungarianAssigner2D, HungarianAssigner3D
+from drivetrain.models.streampetr.criteria import focal_head_loss, streampetr_loss
 from drivetrain.profile import (
     BenchResult,
     Profiler,
@@ -186,8 +185,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     gen = torch.Generator().manual_seed(args.seed)
     sp_data = streampetr_inputs(args, gen, device)
     fh_data = focal_head_inputs(args, gen, device)
-    sp_loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend=args.backend)).to(device)
-    fh_loss = FocalHeadLoss(assigner=HungarianAssigner2D(backend=args.backend)).to(device)
+    sp_loss = streampetr_loss(backend=args.backend).to(device)
+    fh_loss = focal_head_loss(backend=args.backend).to(device)
     worst = max(check_equal(sp_loss, sp_data, "streampetr"), check_equal(fh_loss, fh_data, "focal_head"))
     runs = {impl: (sp_loss, fh_loss, impl) for impl in ("reference", "batched")}  # variant → criteria, impl
     compile_options = {"mode": args.compile_mode} if args.compile_mode else {}

@@ -1343,10 +1343,9 @@ def _leaves(outputs: dict[str, Any]) -> dict[str, Any]:
 
 def count_streampetr(data: dict[str, Any]) -> PathCost:
     """StreamPETR's 3D loss (main head and denoising): our reference and batched paths, the original's port."""
-    from drivetrain.losses import StreamPETRLoss
-    from drivetrain.match import HungarianAssigner3D
+    from drivetrain.models.streampetr.criteria import streampetr_loss
 
-    loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
+    loss = streampetr_loss(backend="scipy")
     outputs, targets = data["outputs"], data["targets"]
     leaves = _leaves(outputs)  # made before counting, as the port's inputs are
     inputs = streampetr_inputs(leaves, targets, loss.code_weights, loss.dn_split)
@@ -1371,10 +1370,9 @@ def count_streampetr(data: dict[str, Any]) -> PathCost:
 
 def count_focal_head(data: dict[str, Any]) -> PathCost:
     """StreamPETR's 2D focal head loss: our reference and batched paths, the original's port."""
-    from drivetrain.losses import FocalHeadLoss
-    from drivetrain.match import HungarianAssigner2D
+    from drivetrain.models.streampetr.criteria import focal_head_loss
 
-    loss = FocalHeadLoss(assigner=HungarianAssigner2D(backend="scipy"))
+    loss = focal_head_loss(backend="scipy")
     outputs, targets = data["outputs"], data["targets"]
     leaves = _leaves(outputs)  # made before counting, as the port's inputs are
     inputs = focal_head_inputs(leaves, targets)

@@ -6,7 +6,7 @@ import torch
 
 from drivetrain.data import Batch, DatasetConfig, FrameDataset, SequenceSampler, collate
 from drivetrain.geometry.projection import project_boxes
-from drivetrain.losses import FocalHeadLoss, StreamPETRLoss
+from drivetrain.models.streampetr.criteria import focal_head_loss, streampetr_loss
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_losses_read_a_batch_as_their_targets(batch):
         "cls_logits": torch.randn(num_layers, 2, queries, 10, generator=gen),
         "box_codes": torch.randn(num_layers, 2, queries, 10, generator=gen),
     }
-    terms = StreamPETRLoss()(outputs, batch)
+    terms = streampetr_loss()(outputs, batch)
     assert terms and all(torch.isfinite(v) for v in terms.values())
     tokens = 5 * 10
     focal_out = {
@@ -105,7 +105,7 @@ def test_losses_read_a_batch_as_their_targets(batch):
         "centres": torch.rand(2, 6, tokens, 2, generator=gen),
         "centerness": torch.randn(2, 6, 5, 10, generator=gen),
     }
-    terms_2d = FocalHeadLoss(stride=16)(focal_out, batch)
+    terms_2d = focal_head_loss(stride=16)(focal_out, batch)
     assert terms_2d and all(torch.isfinite(v) for v in terms_2d.values())
 
 

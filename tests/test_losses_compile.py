@@ -24,10 +24,10 @@ from scipy.optimize import linear_sum_assignment
 from torch._dynamo.utils import counters
 
 from drivetrain.compiled import compile_options, dynamic, ragged_dynamic
-from drivetrain.losses import AnchorHeadLoss, FocalHeadLoss, StreamPETRLoss
-from drivetrain.match import HungarianAssigner2D, HungarianAssigner3D
+from drivetrain.losses import AnchorHeadLoss
 from drivetrain.models.pointpillars import SSN, PointPillars
 from drivetrain.models.pointpillars.recipe import LOSS_WEIGHTS, NUS_CODE_WEIGHTS, NUS_DIR_OFFSET
+from drivetrain.models.streampetr.criteria import focal_head_loss, streampetr_loss
 from drivetrain.profile import Profiler, active
 from drivetrain.ragged import RaggedBatch
 from helpers.heads import focal_case, run, streampetr_case
@@ -110,8 +110,8 @@ def test_compile_options_read_bool_and_mapping():
     assert compile_options(mapping) == mapping and compile_options(mapping) is not mapping
     with pytest.raises(TypeError, match="compile"):
         compile_options("inductor")
-    assert StreamPETRLoss().compile_options is None
-    assert FocalHeadLoss(compile=True).compile_options == {}
+    assert streampetr_loss().compile_options is None
+    assert focal_head_loss(compile=True).compile_options == {}
     anchor_loss = AnchorHeadLoss(10, **NUS_ANCHOR_LOSS, compile={"mode": "max-autotune"})
     assert anchor_loss.compile_options == {"mode": "max-autotune"}
 
@@ -147,7 +147,7 @@ def as_model_slices(outputs: dict) -> dict:
 
 def test_streampetr_loss_is_one_graph_for_every_gt_count_and_equals_eager(gen):
     recorder = Recorder()
-    loss = StreamPETRLoss()  # the "auto" solver backend: resolved once while tracing (scipy on the CPU)
+    loss = streampetr_loss()  # the "auto" solver backend: resolved once while tracing (scipy on the CPU)
     for i, num_gt in enumerate(SP_BATCHES):
         outputs, targets = streampetr_case(num_gt, layers=2, queries=30, groups=2, gen=gen)
         outputs = as_model_slices(outputs)
@@ -165,7 +165,7 @@ def test_streampetr_loss_is_one_graph_for_every_gt_count_and_equals_eager(gen):
 
 def test_focal_head_loss_is_one_graph_for_every_gt_count_and_equals_eager(gen):
     recorder = Recorder()
-    loss = FocalHeadLoss()  # the "auto" solver backend
+    loss = focal_head_loss()  # the "auto" solver backend
     for i, num_gt in enumerate(FH_BATCHES):
         outputs, targets = focal_case(num_gt, gen)
         targets["gt_boxes_2d"].mask  # noqa: B018 — a mask cached by an earlier op is an input too
@@ -191,8 +191,8 @@ def test_gpu_solver_path_is_one_graph_without_a_break(gen, monkeypatch):
     monkeypatch.setattr(solve_module, "gpu_solver_available", lambda device: True)
     monkeypatch.setattr(solve_module, "_triton_assignment", cpu_assignment)
     recorder = Recorder()
-    gpu_loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="gpu"))
-    scipy_loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
+    gpu_loss = streampetr_loss(backend="gpu")
+    scipy_loss = streampetr_loss(backend="scipy")
     for num_gt in SP_BATCHES[:2]:
         outputs, targets = streampetr_case(num_gt, layers=2, queries=30, groups=2, gen=gen)
         gpu_loss.compile_options = {"backend": recorder}
@@ -296,8 +296,8 @@ def assert_within_float32_bounds(compiled: tuple, eager: tuple, summands: int) -
 
 @pytest.mark.slow
 def test_inductor_gives_the_eager_terms_and_gradients_within_the_float32_bound(gen):
-    sp_loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
-    fh_loss = FocalHeadLoss(assigner=HungarianAssigner2D(backend="scipy"))
+    sp_loss = streampetr_loss(backend="scipy")
+    fh_loss = focal_head_loss(backend="scipy")
     for sp_gt, fh_gt in zip(SP_BATCHES[:2], FH_BATCHES[:2], strict=True):
         outputs, targets = streampetr_case(sp_gt, layers=2, queries=30, groups=2, gen=gen)
         batch, queries, dn = len(sp_gt), 30, outputs["dn_cls_logits"].shape[2]

@@ -8,8 +8,7 @@ import math
 import pytest
 import torch
 
-from drivetrain.losses import FocalHeadLoss
-from drivetrain.match import HungarianAssigner2D
+from drivetrain.models.streampetr.criteria import focal_head_loss
 from helpers.heads import (
     assert_cuda_syncs_only_inside_the_solver,
     assert_paths_agree,
@@ -22,14 +21,14 @@ from helpers.heads import (
 @pytest.mark.parametrize("num_gt", [[[0, 3, 1], [6, 0, 2]], [[0, 0], [0, 0]], [[9]]])
 def test_focal_head_batched_equals_reference(num_gt, gen):
     outputs, targets = focal_case(num_gt, gen)
-    loss = FocalHeadLoss(assigner=HungarianAssigner2D(backend="scipy"))
+    loss = focal_head_loss(backend="scipy")
     terms = assert_paths_agree(loss, outputs, targets)
     assert set(terms) == set(loss.weights)
 
 
 def test_focal_head_without_ground_truth_trains_only_background(gen):
     outputs, targets = focal_case([[0, 0]], gen)
-    terms, grads = run(FocalHeadLoss(assigner=HungarianAssigner2D(backend="scipy")), outputs, targets, "batched")
+    terms, grads = run(focal_head_loss(backend="scipy"), outputs, targets, "batched")
     for key in ("enc_loss_bbox", "enc_loss_iou", "centers2d_loss"):
         assert float(terms[key].detach()) == 0.0
     assert float(terms["enc_loss_cls"].detach()) > 0 and float(terms["centerness_loss"].detach()) > 0
@@ -49,6 +48,6 @@ def test_batched_loss_on_cuda_syncs_only_inside_the_solver(gen, monkeypatch):
 def test_bad_focal_head_loss_inputs_name_the_field(gen):
     focal_out, focal_targets = focal_case([[1, 2]], gen)
     with pytest.raises(ValueError, match="centerness"):
-        FocalHeadLoss()({**focal_out, "centerness": focal_out["centerness"][..., :3]}, focal_targets)
-    focal_loss = FocalHeadLoss(assigner=HungarianAssigner2D(backend="scipy"))
+        focal_head_loss()({**focal_out, "centerness": focal_out["centerness"][..., :3]}, focal_targets)
+    focal_loss = focal_head_loss(backend="scipy")
     assert math.isfinite(float(focal_loss.total(focal_loss(focal_out, focal_targets))))

@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from drivetrain.losses import StreamPETRLoss
 from drivetrain.losses.weights import base_name
-from drivetrain.match import HungarianAssigner3D
+from drivetrain.models.streampetr.criteria import streampetr_loss
 from helpers.heads import (
     assert_cuda_syncs_only_inside_the_solver,
     assert_paths_agree,
@@ -23,7 +22,7 @@ from helpers.heads import (
 @pytest.mark.parametrize("num_gt", [[0, 1, 7, 12], [5], [0, 0, 3]])
 def test_streampetr_batched_equals_reference(num_gt, groups, gen):
     outputs, targets = streampetr_case(num_gt, layers=3, queries=40, groups=groups, gen=gen)
-    loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
+    loss = streampetr_loss(backend="scipy")
     terms = assert_paths_agree(loss, outputs, targets)
     expected = {"loss_cls", "loss_bbox", "d0.loss_cls", "d0.loss_bbox", "d1.loss_cls", "d1.loss_bbox"}
     if groups:
@@ -33,7 +32,7 @@ def test_streampetr_batched_equals_reference(num_gt, groups, gen):
 
 def test_streampetr_without_ground_truth_gives_zero_box_loss_and_finite_gradients(gen):
     outputs, targets = streampetr_case([0, 0], layers=2, queries=20, groups=2, gen=gen)
-    loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
+    loss = streampetr_loss(backend="scipy")
     for impl in ("reference", "batched"):
         terms, grads = run(loss, outputs, targets, impl)
         assert float(terms["loss_bbox"].detach()) == 0.0 and float(terms["dn_loss_bbox"].detach()) == 0.0
@@ -44,11 +43,11 @@ def test_streampetr_without_ground_truth_gives_zero_box_loss_and_finite_gradient
 
 def test_streampetr_normalisation_matches_the_published_formula(gen):
     outputs, targets = streampetr_case([4, 2], layers=1, queries=30, groups=2, gen=gen)
-    loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
+    loss = streampetr_loss(backend="scipy")
     terms, _ = run(loss, outputs, targets, "batched")
     # DN classification is divided by groups·T·(3.14159/6)·0.75³ with T = 6 ground truths.
     dn_factor = 2 * 6 * 3.14159 / 6 * 0.75**3
-    loss_plain = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"), dn_split=1.0)
+    loss_plain = streampetr_loss(backend="scipy", dn_split=1.0)
     terms_plain, _ = run(loss_plain, outputs, targets, "batched")
     ratio = float(terms["dn_loss_cls"].detach() / terms_plain["dn_loss_cls"].detach())
     assert ratio == pytest.approx((2 * 6 * 3.14159 / 6) / dn_factor, rel=1e-5)
@@ -61,7 +60,7 @@ def test_streampetr_normalisation_matches_the_published_formula(gen):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_losses_compute_in_fp32_for_half_inputs(dtype, gen):
     outputs, targets = streampetr_case([3, 5], layers=2, queries=30, groups=2, gen=gen)
-    loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
+    loss = streampetr_loss(backend="scipy")
     terms, grads = run(loss, outputs, targets, "batched", dtype=dtype)
     assert all(v.dtype == torch.float32 and torch.isfinite(v) for v in terms.values())
     assert all(g.dtype == dtype for g in grads)
@@ -84,7 +83,7 @@ def test_batched_loss_on_cuda_syncs_only_inside_the_solver(gen, monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_batched_streampetr_loss_on_cuda_matches_cpu(gen):
     outputs, targets = streampetr_case([2, 7, 0], layers=2, queries=50, groups=3, gen=gen)
-    loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
+    loss = streampetr_loss(backend="scipy")
     cpu_terms, _ = run(loss, outputs, targets, "batched")
     cuda_out = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}
     cuda_targets = {k: v.to("cuda") for k, v in targets.items()}
@@ -95,7 +94,7 @@ def test_batched_streampetr_loss_on_cuda_matches_cpu(gen):
 
 def test_bad_streampetr_loss_inputs_name_the_field(gen):
     outputs, targets = streampetr_case([2, 3], layers=2, queries=20, groups=2, gen=gen)
-    loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
+    loss = streampetr_loss(backend="scipy")
     with pytest.raises(ValueError, match="impl"):
         loss(outputs, targets, impl="fast")
     with pytest.raises(KeyError, match="gt_labels"):

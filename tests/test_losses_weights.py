@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from drivetrain.engine import ConfigError, Trainer, load_config
-from drivetrain.losses import FocalHeadLoss, StreamPETRLoss
-from drivetrain.losses.focal_head import WEIGHTS
-from drivetrain.losses.weights import base_name, resolve_weights, weighted_total
+from drivetrain.losses import FocalHeadLoss
+from drivetrain.losses.focal_head import TERMS
+from drivetrain.losses.weights import base_name, weighted_total
+from drivetrain.models.streampetr.criteria import focal_head_loss, hungarian_2d, streampetr_loss
+from drivetrain.models.streampetr.recipe import FOCAL_HEAD_WEIGHTS
 from helpers.engine import SMOKE, losses, metrics, overrides
 
 
@@ -28,22 +30,28 @@ def test_per_layer_terms_take_their_base_weight() -> None:
         weighted_total(terms, {"loss_cls": 1.0})
 
 
-def test_criteria_declare_the_published_weights_once() -> None:
-    assert StreamPETRLoss().weights == {"loss_cls": 2.0, "loss_bbox": 0.25, "dn_loss_cls": 2.0, "dn_loss_bbox": 0.25}
-    assert (
-        FocalHeadLoss().weights
-        == WEIGHTS
-        == {
-            "enc_loss_cls": 2.0,
-            "enc_loss_bbox": 5.0,
-            "enc_loss_iou": 2.0,
-            "centers2d_loss": 10.0,
-            "centerness_loss": 1.0,
-        }
-    )
-    assert FocalHeadLoss(weights={"enc_loss_iou": 0.0}).weights["enc_loss_iou"] == 0.0
+def test_criteria_take_the_published_weights_from_the_recipe() -> None:
+    assert streampetr_loss().weights == {"loss_cls": 2.0, "loss_bbox": 0.25, "dn_loss_cls": 2.0, "dn_loss_bbox": 0.25}
+    published = {
+        "enc_loss_cls": 2.0,
+        "enc_loss_bbox": 5.0,
+        "enc_loss_iou": 2.0,
+        "centers2d_loss": 10.0,
+        "centerness_loss": 1.0,
+    }
+    assert focal_head_loss().weights == FOCAL_HEAD_WEIGHTS == published
+    assert set(TERMS) == set(published)
+
+
+def test_a_focal_head_loss_needs_a_weight_for_every_term_and_no_other() -> None:
+    def build(weights: dict[str, float]) -> FocalHeadLoss:
+        return FocalHeadLoss(10, stride=16, weights=weights, assigner=hungarian_2d())
+
+    assert build({**FOCAL_HEAD_WEIGHTS, "enc_loss_iou": 0.0}).weights["enc_loss_iou"] == 0.0
+    with pytest.raises(KeyError, match=r"weights: no weight for enc_loss_iou; the terms are"):
+        build({k: v for k, v in FOCAL_HEAD_WEIGHTS.items() if k != "enc_loss_iou"})
     with pytest.raises(KeyError, match=r"enc_loss_giou: not a loss term of this model"):
-        resolve_weights(WEIGHTS, {"enc_loss_giou": 1.0})
+        build({**FOCAL_HEAD_WEIGHTS, "enc_loss_giou": 1.0})
 
 
 def test_a_misspelled_config_weight_is_an_error(tmp_path: Path) -> None:

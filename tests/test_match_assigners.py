@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from drivetrain.geometry import encode_boxes_streampetr
-from drivetrain.match import HungarianAssigner2D, HungarianAssigner3D
+from drivetrain.models.streampetr.criteria import hungarian_2d, hungarian_3d
 from drivetrain.ragged import RaggedBatch
 from helpers.boxes import random_boxes3d
 
@@ -56,7 +56,7 @@ def test_batched_3d_assigner_matches_per_sample_reference(q: int, gen: torch.Gen
     gt_boxes = [random_gt_boxes3d(m, gen) for m in counts]
     gt_labels = [torch.randint(0, NUM_CLASSES, (m,), generator=gen) for m in counts]
     logits, codes = predictions3d(3, gt_boxes, q, gen)
-    assigner = HungarianAssigner3D(backend="scipy")
+    assigner = hungarian_3d("scipy")
     batched = assigner.batched(
         logits, codes, RaggedBatch.from_list(gt_boxes, fill=float("nan")), RaggedBatch.from_list(gt_labels, fill=-7)
     )
@@ -76,7 +76,7 @@ def test_batched_3d_assigner_with_auto_backend_matches_reference(gen: torch.Gene
     gt_boxes = [random_gt_boxes3d(m, gen) for m in counts]
     gt_labels = [torch.randint(0, NUM_CLASSES, (m,), generator=gen) for m in counts]
     logits, codes = predictions3d(2, gt_boxes, 20, gen)
-    assigner = HungarianAssigner3D()
+    assigner = hungarian_3d()
     batched = assigner.batched(logits, codes, RaggedBatch.from_list(gt_boxes), RaggedBatch.from_list(gt_labels))
     assert_same_pairs(batched, assigner.reference(logits, codes, gt_boxes, gt_labels))
 
@@ -88,7 +88,7 @@ def test_3d_assigner_does_not_track_gradients(gen: torch.Generator) -> None:
     logits, codes = predictions3d(2, gt_boxes, 12, gen)
     logits.requires_grad_()
     codes.requires_grad_()
-    assigner = HungarianAssigner3D(backend="scipy")
+    assigner = hungarian_3d("scipy")
     batched = assigner.batched(logits, codes, RaggedBatch.from_list(gt_boxes), RaggedBatch.from_list(gt_labels))
     assert not batched.tensor.requires_grad
     for row in assigner.reference(logits, codes, gt_boxes, gt_labels):
@@ -100,7 +100,7 @@ def test_3d_assigner_cost_is_weighted_sum_of_focal_and_box_l1(gen: torch.Generat
     gt = random_gt_boxes3d(3, gen)
     labels = torch.tensor([1, 4, 1])
     logits, codes = torch.randn(5, NUM_CLASSES, generator=gen), torch.randn(5, 10, generator=gen)
-    assigner = HungarianAssigner3D()
+    assigner = hungarian_3d()
     cost = assigner.cost(logits, codes, encode_boxes_streampetr(gt), labels)
     weights = torch.tensor([2.0, 2.0, 1, 1, 1, 1, 1, 1])
     enc = encode_boxes_streampetr(gt)
@@ -116,7 +116,7 @@ def test_batched_3d_assigner_with_no_targets_in_any_sample(gen: torch.Generator)
     gt_boxes = [torch.zeros(0, 9), torch.zeros(0, 9)]
     gt_labels = [torch.zeros(0, dtype=torch.int64)] * 2
     logits, codes = predictions3d(2, gt_boxes, 10, gen)
-    assigner = HungarianAssigner3D(backend="scipy")
+    assigner = hungarian_3d("scipy")
     batched = assigner.batched(logits, codes, RaggedBatch.from_list(gt_boxes), RaggedBatch.from_list(gt_labels))
     assert_same_pairs(batched, assigner.reference(logits, codes, gt_boxes, gt_labels))
 
@@ -125,7 +125,7 @@ def test_3d_assigner_batch_shape_mismatch_raises(gen: torch.Generator) -> None:
     gt_boxes = [random_gt_boxes3d(m, gen) for m in (2, 3, 1)]
     gt_labels = [torch.zeros(m, dtype=torch.int64) for m in (2, 3, 1)]
     logits, codes = torch.randn(2, 4, 8, NUM_CLASSES), torch.randn(2, 4, 8, 10)
-    assigner = HungarianAssigner3D(backend="scipy")
+    assigner = hungarian_3d("scipy")
     with pytest.raises(ValueError, match="gt_boxes"):
         assigner.batched(logits, codes, RaggedBatch.from_list(gt_boxes), RaggedBatch.from_list(gt_labels))
     logits, codes = torch.randn(2, 3, 8, NUM_CLASSES), torch.randn(2, 3, 8, 10)
@@ -140,7 +140,7 @@ def test_3d_assigner_rejects_plain_list_targets_with_type_error(gen: torch.Gener
     gt_labels = RaggedBatch.from_list([torch.zeros(m, dtype=torch.int64) for m in (2, 3)])
     logits, codes = torch.randn(2, 2, 8, NUM_CLASSES), torch.randn(2, 2, 8, 10)
     with pytest.raises(TypeError, match="RaggedBatch"):
-        HungarianAssigner3D(backend="scipy").batched(logits, codes, gt_boxes, gt_labels)  # type: ignore[arg-type]
+        hungarian_3d("scipy").batched(logits, codes, gt_boxes, gt_labels)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------- 2D
@@ -175,7 +175,7 @@ def test_batched_2d_assigner_matches_per_image_reference(gen: torch.Generator) -
     counts = [[0, 5, 1], [12, 0, 30]]
     boxes, labels, centres = ragged2d(counts, gen)
     logits, pred_boxes, pred_centres = predictions2d(2, 3, 40, gen)
-    assigner = HungarianAssigner2D(backend="scipy")
+    assigner = hungarian_2d("scipy")
     batched = assigner.batched(
         logits,
         pred_boxes,
@@ -195,7 +195,7 @@ def test_2d_assigner_does_not_track_gradients(gen: torch.Generator) -> None:
     counts = [[2, 0], [1, 4]]
     boxes, labels, centres = ragged2d(counts, gen)
     preds = [t.requires_grad_() for t in predictions2d(2, 2, 8, gen)]
-    assigner = HungarianAssigner2D(backend="scipy")
+    assigner = hungarian_2d("scipy")
     batched = assigner.batched(
         *preds,
         RaggedBatch.from_list(boxes),
@@ -210,7 +210,7 @@ def test_2d_assigner_does_not_track_gradients(gen: torch.Generator) -> None:
 def test_batched_2d_assigner_with_no_targets_in_any_image(gen: torch.Generator) -> None:
     boxes, labels, centres = ragged2d([[0, 0], [0, 0]], gen)
     preds = predictions2d(2, 2, 8, gen)
-    assigner = HungarianAssigner2D(backend="scipy")
+    assigner = hungarian_2d("scipy")
     batched = assigner.batched(
         *preds,
         RaggedBatch.from_list(boxes),
@@ -224,7 +224,7 @@ def test_batched_2d_assigner_with_no_targets_in_any_image(gen: torch.Generator) 
 def test_2d_assigner_batch_shape_mismatch_raises(gen: torch.Generator) -> None:
     boxes, labels, centres = ragged2d([[1, 2], [3, 0]], gen)
     preds = predictions2d(2, 3, 8, gen)
-    assigner = HungarianAssigner2D(backend="scipy")
+    assigner = hungarian_2d("scipy")
     with pytest.raises(ValueError, match="batch shape"):
         assigner.batched(
             *preds,

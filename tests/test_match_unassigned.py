@@ -18,9 +18,9 @@ import torch._dynamo
 from scipy.optimize import linear_sum_assignment
 
 import drivetrain.match.assigners as assigners_module
-from drivetrain.losses import FocalHeadLoss, StreamPETRLoss
-from drivetrain.match import HungarianAssigner2D, HungarianAssigner3D, solve
+from drivetrain.match import solve
 from drivetrain.match.solve import num_assigned, num_unassigned
+from drivetrain.models.streampetr.criteria import focal_head_loss, hungarian_2d, hungarian_3d, streampetr_loss
 from drivetrain.ragged import RaggedBatch
 from helpers.engine import ROOT, metrics
 from helpers.heads import assert_paths_agree, focal_case, run, streampetr_case
@@ -100,7 +100,7 @@ def test_3d_assigner_batched_equals_reference_with_more_ground_truth_than_querie
     boxes = [torch.randn(m, 9, generator=gen).abs() + 0.5 for m in counts]
     labels = [torch.randint(0, 10, (m,), generator=gen) for m in counts]
     logits, codes = torch.randn(3, 4, q, 10, generator=gen), torch.randn(3, 4, q, 10, generator=gen)
-    assigner = HungarianAssigner3D(backend="scipy")
+    assigner = hungarian_3d("scipy")
     batched = assigner.batched(logits, codes, RaggedBatch.from_list(boxes), RaggedBatch.from_list(labels))
     reference = assigner.reference(logits, codes, boxes, labels)
     assert batched.sizes.tolist() == [[min(m, q) for m in counts]] * 3
@@ -113,7 +113,7 @@ def test_3d_assigner_batched_equals_reference_with_more_ground_truth_than_querie
 
 def test_2d_assigner_batched_equals_reference_with_more_ground_truth_than_tokens(gen: torch.Generator) -> None:
     outputs, targets = focal_case([[0, 30], [7, 12]], gen, hf=2, wf=5)  # 10 tokens per image
-    assigner = HungarianAssigner2D(backend="scipy")
+    assigner = hungarian_2d("scipy")
     args = (outputs["cls_logits"], outputs["boxes"], outputs["centres"])
     gt = (targets["gt_boxes_2d"], targets["gt_labels_2d"], targets["centers_2d"])
     batched = assigner.batched(*args, *gt, targets["image_size"])
@@ -128,7 +128,7 @@ def test_2d_assigner_batched_equals_reference_with_more_ground_truth_than_tokens
 @pytest.mark.parametrize("groups", [0, 2])
 def test_streampetr_loss_paths_agree_with_more_ground_truth_than_queries(groups: int, gen: torch.Generator) -> None:
     outputs, targets = streampetr_case([0, 25, 7, 40], layers=3, queries=20, groups=groups, gen=gen)
-    loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
+    loss = streampetr_loss(backend="scipy")
     with pytest.warns(RuntimeWarning, match=r"up to 40 ground truths per sample, more than the 20 queries"):
         assert_paths_agree(loss, outputs, targets)  # terms and gradients, the tolerances of the other heads
     assert int(loss.counts["unassigned_gt"]) == 5 + 20
@@ -140,7 +140,7 @@ def test_streampetr_normalisers_count_the_assigned_pairs_as_the_original(gen: to
     from drivetrain.losses.functional import class_mask, sigmoid_focal_loss
 
     outputs, targets = streampetr_case([3, 30], layers=1, queries=10, groups=0, gen=gen)
-    loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
+    loss = streampetr_loss(backend="scipy")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         terms, _ = run(loss, outputs, targets, "batched")
@@ -156,7 +156,7 @@ def test_streampetr_normalisers_count_the_assigned_pairs_as_the_original(gen: to
 
 def test_focal_head_loss_paths_agree_with_more_ground_truth_than_tokens(gen: torch.Generator) -> None:
     outputs, targets = focal_case([[0, 30], [7, 12]], gen, hf=2, wf=5)  # 10 tokens per image
-    loss = FocalHeadLoss(assigner=HungarianAssigner2D(backend="scipy"))
+    loss = focal_head_loss(backend="scipy")
     with pytest.warns(RuntimeWarning, match=r"up to 30 2D ground truths per image, more than the 10"):
         assert_paths_agree(loss, outputs, targets)
     assert int(loss.counts["unassigned_gt_2d"]) == 20 + 2
@@ -167,10 +167,10 @@ def test_batched_losses_read_nothing_on_the_host_but_the_solver_with_more_ground
     """Clamping the pair counts and counting the ground truths left over add no host read to the batched path."""
     if head == "streampetr":
         outputs, targets = streampetr_case([0, 25, 7, 40], layers=2, queries=20, groups=2, gen=gen)
-        loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
+        loss = streampetr_loss(backend="scipy")
     else:
         outputs, targets = focal_case([[0, 30], [7, 12]], gen, hf=2, wf=5)
-        loss = FocalHeadLoss(assigner=HungarianAssigner2D(backend="scipy"))
+        loss = focal_head_loss(backend="scipy")
     real_solve, calls = assigners_module.solve, []
 
     def solve_with_sync(*args, **kwargs):
@@ -188,7 +188,7 @@ def test_batched_losses_read_nothing_on_the_host_but_the_solver_with_more_ground
 
 
 def test_unassigned_count_warns_once_and_is_zero_when_every_target_fits(gen: torch.Generator) -> None:
-    loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
+    loss = streampetr_loss(backend="scipy")
     small, small_targets = streampetr_case([2, 5], layers=1, queries=20, groups=0, gen=gen)
     big, big_targets = streampetr_case([30, 1], layers=1, queries=20, groups=0, gen=gen)
     with warnings.catch_warnings(record=True) as caught:
@@ -208,7 +208,7 @@ def test_compiled_streampetr_loss_equals_eager_with_more_ground_truth_than_queri
     torch._dynamo.reset()
     try:
         recorder = Recorder()
-        loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
+        loss = streampetr_loss(backend="scipy")
         outputs, targets = streampetr_case([0, 25, 7, 40], layers=2, queries=20, groups=2, gen=gen)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)

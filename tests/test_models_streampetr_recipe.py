@@ -1,19 +1,23 @@
-"""Tests for drivetrain.models.streampetr.recipe: StreamPETR and the 2D focal detector build their criteria and
-matchers from the recipe's constants, which are the values the generic losses and assigners default to (so
-passing them changes nothing), and the recipe's class order is the dataset's."""
+"""Tests for drivetrain.models.streampetr.recipe and .criteria: StreamPETR and the 2D focal detector build their
+criteria and matchers from the recipe's constants (the generic losses and assigners have no defaults for them),
+and the recipe's class order is the dataset's."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
 import torch
 
 from drivetrain.data.nuscenes_format import CLASSES as DATASET_CLASSES
-from drivetrain.geometry import CODE_WEIGHTS as GEOMETRY_CODE_WEIGHTS
 from drivetrain.losses import FocalHeadLoss, StreamPETRLoss
 from drivetrain.match import HungarianAssigner2D, HungarianAssigner3D
 from drivetrain.models import FocalDetector2D, StreamPETR
+from drivetrain.models.streampetr.criteria import focal_head_loss, streampetr_loss
 from drivetrain.models.streampetr.recipe import (
     CLASSES,
     CODE_WEIGHTS,
+    DN_SPLIT,
     FOCAL_HEAD_MATCH_COSTS,
     FOCAL_HEAD_WEIGHTS,
     LOSS_WEIGHTS,
@@ -22,6 +26,7 @@ from drivetrain.models.streampetr.recipe import (
     PC_RANGE,
     POSITION_RANGE,
     STD,
+    STRIDE,
 )
 from helpers.streampetr import SMALL
 
@@ -48,15 +53,32 @@ def test_streampetr_criteria_are_built_from_the_recipe():
     )
 
 
-def test_the_recipe_equals_the_generic_defaults_so_passing_it_changes_nothing():
-    # StreamPETRLoss, FocalHeadLoss and the Hungarian assigners still default to StreamPETR's values (their
-    # modules are not the recipe's to change); the model passes the recipe's, and the two must agree.
-    assert StreamPETRLoss().weights == StreamPETR(**SMALL).criterion.weights
-    assert HungarianAssigner3D() == HungarianAssigner3D(code_weights=CODE_WEIGHTS, **MATCH_COSTS)
-    assert HungarianAssigner2D() == HungarianAssigner2D(**FOCAL_HEAD_MATCH_COSTS)
-    assert FocalHeadLoss().weights == FOCAL_HEAD_WEIGHTS
-    assert GEOMETRY_CODE_WEIGHTS == CODE_WEIGHTS
-    assert tuple(StreamPETRLoss().code_weights.tolist()) == CODE_WEIGHTS
+@pytest.mark.parametrize(
+    ("build", "published"),
+    [
+        (StreamPETRLoss, ("cls_weight", "bbox_weight", "code_weights", "dn_split", "assigner")),
+        (FocalHeadLoss, ("stride", "weights", "assigner")),
+        (HungarianAssigner3D, ("cls_weight", "reg_weight", "code_weights")),
+        (HungarianAssigner2D, ("cls_weight", "box_weight", "giou_weight", "centre_weight")),
+    ],
+)
+def test_the_generic_pieces_default_to_no_published_value(build, published):
+    # The recipe is the one owner of StreamPETR's weights and costs: a generic piece built without them fails and
+    # names them, instead of falling back on a second copy of the values.
+    with pytest.raises(TypeError, match="missing") as error:
+        build(10) if build in (StreamPETRLoss, FocalHeadLoss) else build()
+    assert all(name in str(error.value) for name in published), str(error.value)
+
+
+def test_the_criteria_functions_pass_the_recipe():
+    loss = streampetr_loss(backend="scipy", dn_split=0.5)
+    assert loss.weights == {"loss_cls": 2.0, "loss_bbox": 0.25, "dn_loss_cls": 2.0, "dn_loss_bbox": 0.25}
+    assert tuple(loss.code_weights.tolist()) == CODE_WEIGHTS and loss.dn_split == 0.5
+    assert loss.assigner == dataclasses.replace(streampetr_loss().assigner, backend="scipy")
+    assert streampetr_loss().dn_split == DN_SPLIT
+    focal = focal_head_loss(backend="scipy", stride=8)
+    assert focal.weights == FOCAL_HEAD_WEIGHTS and focal.stride == 8 and focal.assigner.backend == "scipy"
+    assert focal_head_loss().stride == STRIDE
 
 
 def test_focal_detector_uses_the_focal_head_recipe():

@@ -20,6 +20,7 @@ import torch
 from drivetrain.cli.bench import available, load
 from drivetrain.losses.anchor_head import reference_anchor_head_loss
 from drivetrain.models.pointpillars.recipe import NUS_CODE_WEIGHTS, NUS_DIR_OFFSET
+from drivetrain.models.streampetr.criteria import focal_head_loss, streampetr_loss
 
 RTOL = 1e-5
 FOCAL_HEAD_TERMS = {  # our term names → the original's loss modules
@@ -76,11 +77,9 @@ def test_streampetr_reference_costs_the_original_plus_fixed_differences(
 
 
 def test_streampetr_port_computes_our_reference_terms(originals):
-    from drivetrain.losses import StreamPETRLoss
-    from drivetrain.match import HungarianAssigner3D
 
     data, _ = originals.camera_cases(2, 2, 30, 0, 7, 2, seed=4)
-    loss = StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"))
+    loss = streampetr_loss(backend="scipy")
     ours = loss(data["outputs"], data["targets"], impl="reference")
     theirs = originals.original_streampetr_loss(
         originals.streampetr_inputs(data["outputs"], data["targets"], loss.code_weights, loss.dn_split)
@@ -110,11 +109,9 @@ def test_focal_head_reference_costs_the_original_plus_fixed_differences(original
 
 
 def test_focal_head_port_computes_our_reference_terms(originals):
-    from drivetrain.losses import FocalHeadLoss
-    from drivetrain.match import HungarianAssigner2D
 
     _, data = originals.camera_cases(batch=1, seed=5)
-    loss = FocalHeadLoss(assigner=HungarianAssigner2D(backend="scipy"))
+    loss = focal_head_loss(backend="scipy")
     ours = loss(data["outputs"], data["targets"], impl="reference")
     theirs = originals.original_focal_head_loss(originals.focal_head_inputs(data["outputs"], data["targets"]))
     for name, value in ours.items():

@@ -7,8 +7,7 @@ import pytest
 import torch
 
 import drivetrain.match.assigners as assigners_module
-from drivetrain.losses import FocalHeadLoss, StreamPETRLoss
-from drivetrain.match import HungarianAssigner2D, HungarianAssigner3D
+from drivetrain.models.streampetr.criteria import focal_head_loss, streampetr_loss
 from drivetrain.ragged import RaggedBatch
 from helpers.boxes import random_boxes3d
 from helpers.nosync import HostSyncError, allow_host_sync, no_host_sync
@@ -104,9 +103,9 @@ def head_case(head: str, backend: str, gen: torch.Generator) -> tuple:
     """Inputs and loss module of one head, with 0-GT, few-GT and more-GT samples (or images)."""
     if head == "streampetr":
         outputs, targets = streampetr_case([0, 4, 9], layers=2, queries=30, groups=2, gen=gen)
-        return outputs, targets, StreamPETRLoss(assigner=HungarianAssigner3D(backend=backend))
+        return outputs, targets, streampetr_loss(backend=backend)
     outputs, targets = focal_case([[0, 3], [5, 1]], gen)
-    return outputs, targets, FocalHeadLoss(assigner=HungarianAssigner2D(backend=backend))
+    return outputs, targets, focal_head_loss(backend=backend)
 
 
 def assert_syncs_only_inside_the_one_solver_call(head: str, gen: torch.Generator, monkeypatch) -> None:
@@ -179,12 +178,12 @@ def rank_cases(rank: int) -> dict[str, tuple]:
     fh_outputs, fh_targets = focal_case(RANK_GT_2D[rank], gen)
     return {
         "streampetr": (
-            lambda sync: StreamPETRLoss(assigner=HungarianAssigner3D(backend="scipy"), sync_cls_avg_factor=sync),
+            lambda sync: streampetr_loss(backend="scipy", sync_cls_avg_factor=sync),
             sp_outputs,
             sp_targets,
         ),
         "focal_head": (
-            lambda sync: FocalHeadLoss(assigner=HungarianAssigner2D(backend="scipy"), sync_cls_avg_factor=sync),
+            lambda sync: focal_head_loss(backend="scipy", sync_cls_avg_factor=sync),
             fh_outputs,
             fh_targets,
         ),

@@ -12,7 +12,7 @@ from drivetrain.geometry.boxes2d import (
     normalize_boxes,
     unnormalize_boxes,
 )
-from drivetrain.geometry.boxes3d import CODE_WEIGHTS, decode_boxes_streampetr, encode_boxes_streampetr
+from drivetrain.geometry.boxes3d import decode_boxes_streampetr, encode_boxes_streampetr
 from drivetrain.geometry.delta_coder import decode_delta_xyzwlhr, direction_target, encode_delta_xyzwlhr
 from drivetrain.geometry.rotated_iou import rotated_bev_iou_aligned, rotated_bev_iou_pairwise
 from drivetrain.geometry.rotated_nms import (
@@ -23,7 +23,6 @@ from drivetrain.geometry.rotated_nms import (
 )
 
 __all__ = [
-    "CODE_WEIGHTS",
     "batched_rotated_nms",
     "boxes_cxcywh_to_xyxy",
     "boxes_xyxy_to_cxcywh",

@@ -9,14 +9,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["CODE_WEIGHTS", "decode_boxes_streampetr", "encode_boxes_streampetr"]
-
-
-# StreamPETR's per-dimension weights of the 10-dim box code (x, y weighted 2; the rest 1). Its recipe owns them
-# (drivetrain.models.streampetr.recipe.CODE_WEIGHTS, which the model passes); this copy stays only as the default
-# of StreamPETRLoss and HungarianAssigner3D until those defaults go (tests/test_models_streampetr_recipe.py holds
-# the two equal).
-CODE_WEIGHTS = (2.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)
+__all__ = ["decode_boxes_streampetr", "encode_boxes_streampetr"]
 
 
 def encode_boxes_streampetr(boxes: torch.Tensor) -> torch.Tensor:

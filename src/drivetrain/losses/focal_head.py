@@ -22,7 +22,8 @@ assigned tokens); they are still drawn in the centerness heatmap, as in the orig
 :attr:`FocalHeadLoss.counts` holds their number in the last call (``unassigned_gt_2d``, a device tensor the
 trainer logs per step), and the first such batch gives one warning.
 
-Terms are unweighted; :attr:`FocalHeadLoss.weights` holds the published weights (2, 5, 2, 10, 1).
+Terms are unweighted; :attr:`FocalHeadLoss.weights` holds the weights it was given (StreamPETR passes its
+published ones).
 ``reference`` loops over images as the original; ``batched`` treats all images at once; ``compile=True`` runs
 the batched path through ``torch.compile`` in one graph, the solver inside it as a custom operator and the
 ground-truth dim dynamic (:mod:`drivetrain.compiled`).
@@ -56,17 +57,11 @@ from drivetrain.match import HungarianAssigner2D
 from drivetrain.match.solve import num_assigned, num_unassigned
 from drivetrain.ragged import RaggedBatch
 
-__all__ = ["WEIGHTS", "FocalHeadLoss"]
+__all__ = ["TERMS", "FocalHeadLoss"]
 
-# The published weights of StreamPETR's focal head (its config's loss_cls / loss_bbox / loss_iou /
-# loss_centers2d / loss_centerness): the one place they are declared.
-WEIGHTS = {
-    "enc_loss_cls": 2.0,
-    "enc_loss_bbox": 5.0,
-    "enc_loss_iou": 2.0,
-    "centers2d_loss": 10.0,
-    "centerness_loss": 1.0,
-}
+TERMS = ("enc_loss_cls", "enc_loss_bbox", "enc_loss_iou", "centers2d_loss", "centerness_loss")
+"""The loss's terms, each of which takes a weight (the published ones: StreamPETR's
+:data:`~drivetrain.models.streampetr.recipe.FOCAL_HEAD_WEIGHTS`)."""
 
 
 class FocalHeadLoss(torch.nn.Module):
@@ -74,11 +69,10 @@ class FocalHeadLoss(torch.nn.Module):
 
     Args:
         num_classes: ``C``; label ``C`` is background.
-        stride: feature stride in pixels (16).
-        beta: QFL exponent (2).
-        weights: overrides of the published weights (:data:`WEIGHTS`: cls 2, bbox 5, iou 2, centers2d 10,
-            centerness 1), by term name.
-        assigner: the 2D matcher (default: published HungarianAssigner2D, ``auto`` solver backend).
+        stride: feature stride in pixels (required, keyword).
+        weights: the weight of every term of :data:`TERMS`, by name (required, keyword).
+        assigner: the 2D matcher (required, keyword).
+        beta: QFL exponent (2: the default of the original's ``QualityFocalLoss``).
         sync_cls_avg_factor: average the classification count over ranks as well (the original's option of
             that name; False, its published value, divides ``enc_loss_cls`` by this rank's count).
         compile: run the batched path through ``torch.compile``: True (its defaults) or a mapping of its keyword
@@ -92,11 +86,12 @@ class FocalHeadLoss(torch.nn.Module):
 
     def __init__(
         self,
-        num_classes: int = 10,
-        stride: int = 16,
+        num_classes: int,
+        *,
+        stride: int,
+        weights: Mapping[str, float],
+        assigner: HungarianAssigner2D,
         beta: float = 2.0,
-        weights: Mapping[str, float] | None = None,
-        assigner: HungarianAssigner2D | None = None,
         sync_cls_avg_factor: bool = False,
         compile: bool | Mapping[str, Any] = False,
     ) -> None:
@@ -104,8 +99,11 @@ class FocalHeadLoss(torch.nn.Module):
         self.num_classes, self.stride, self.beta = num_classes, stride, beta
         self.compile_options = compile_options(compile)
         self.sync_cls_avg_factor = sync_cls_avg_factor
-        self.assigner = assigner or HungarianAssigner2D()
-        self.weights = resolve_weights(WEIGHTS, weights or {})
+        self.assigner = assigner
+        missing = [term for term in TERMS if term not in weights]
+        if missing:
+            raise KeyError(f"weights: no weight for {missing[0]}; the terms are {list(TERMS)}")
+        self.weights = resolve_weights(dict.fromkeys(TERMS, 0.0), weights)
         self.counts: dict[str, torch.Tensor] = {}
         self._warned_unassigned = False
 
@@ -125,7 +123,7 @@ class FocalHeadLoss(torch.nn.Module):
             impl: ``batched`` (every image at once) or ``reference`` (per image, as the original).
 
         Returns:
-            ``{term: () float32}`` for the five terms of :data:`WEIGHTS`.
+            ``{term: () float32}`` for the five terms of :data:`TERMS`.
         """
         logits, boxes, centres = field(outputs, "cls_logits"), field(outputs, "boxes"), field(outputs, "centres")
         centerness = field(outputs, "centerness")

@@ -51,7 +51,7 @@ import torch
 
 from drivetrain import ragged
 from drivetrain.compiled import compile_options, compiled, dense, dynamic, ragged_dynamic, region
-from drivetrain.geometry import CODE_WEIGHTS, encode_boxes_streampetr
+from drivetrain.geometry import encode_boxes_streampetr
 from drivetrain.losses.functional import class_mask, l1_loss, sigmoid_focal_loss
 from drivetrain.losses.inputs import field
 from drivetrain.losses.normalize import average_factor
@@ -74,12 +74,12 @@ class StreamPETRLoss(torch.nn.Module):
     """Loss of StreamPETR's 3D head over ``L`` decoder layers, with optional denoising queries.
 
     Args:
-        num_classes: ``C`` (10); label ``C`` is background.
-        cls_weight, bbox_weight: published term weights (2.0, 0.25); ``dn_weight`` scales the DN terms.
-        alpha, gamma: focal loss parameters (0.25, 2).
-        code_weights: per-dim weights of the 10-dim box code (2, 2, 1, …).
-        dn_split: noise radius beyond which a DN query is background (0.75).
-        assigner: the matcher (default: published HungarianAssigner3D on the ``auto`` solver backend).
+        num_classes: ``C``; label ``C`` is background.
+        cls_weight, bbox_weight: term weights (required, keyword); ``dn_weight`` scales the DN terms (1).
+        code_weights: per-dim weights of the 10-dim box code (required, keyword).
+        dn_split: noise radius beyond which a DN query is background (required, keyword).
+        assigner: the matcher (required, keyword).
+        alpha, gamma: focal loss parameters (0.25, 2: the defaults of the original's ``FocalLoss``).
         sync_cls_avg_factor: average the classification counts over ranks as well (the original's option of
             that name; False, its published value, divides them by this rank's count).
         compile: run the batched path through ``torch.compile``: True (its defaults) or a mapping of its keyword
@@ -93,15 +93,16 @@ class StreamPETRLoss(torch.nn.Module):
 
     def __init__(
         self,
-        num_classes: int = 10,
-        cls_weight: float = 2.0,
-        bbox_weight: float = 0.25,
+        num_classes: int,
+        *,
+        cls_weight: float,
+        bbox_weight: float,
+        code_weights: tuple[float, ...],
+        dn_split: float,
+        assigner: HungarianAssigner3D,
         dn_weight: float = 1.0,
         alpha: float = 0.25,
         gamma: float = 2.0,
-        code_weights: tuple[float, ...] = CODE_WEIGHTS,
-        dn_split: float = 0.75,
-        assigner: HungarianAssigner3D | None = None,
         sync_cls_avg_factor: bool = False,
         compile: bool | Mapping[str, Any] = False,
     ) -> None:
@@ -109,7 +110,7 @@ class StreamPETRLoss(torch.nn.Module):
         self.num_classes, self.sync_cls_avg_factor = num_classes, sync_cls_avg_factor
         self.compile_options = compile_options(compile)
         self.alpha, self.gamma, self.dn_split = alpha, gamma, dn_split
-        self.assigner = assigner or HungarianAssigner3D()
+        self.assigner = assigner
         self.register_buffer("code_weights", torch.tensor(code_weights, dtype=torch.float32), persistent=False)
         self.counts: dict[str, torch.Tensor] = {}
         self._warned_unassigned = False

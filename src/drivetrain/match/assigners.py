@@ -10,9 +10,11 @@ matched and the other ``M − Q`` ground truths stay unassigned, as in the origi
 ``linear_sum_assignment`` on the rectangular ``(Q, M)`` cost matrix); they take no part in the matched loss
 terms (:func:`drivetrain.match.solve.num_assigned` counts the pairs).
 
-Costs (weights as published):
-    3D: ``2.0 · focal(logits, y) + 0.25 · Σ_{k<8} |w_k·pred_k − w_k·enc(gt)_k|``, ``w = (2, 2, 1, …, 1)``.
-    2D: ``2 · focal + 5 · L1(pred cxcywh, gt cxcywh / (W, H)) − 2 · GIoU_pixels + 10 · L1(pred c2d, c2d / (W, H))``.
+Costs (``λ`` the cost weights, ``w`` the code weights; a model passes its published values, e.g. StreamPETR's
+:mod:`drivetrain.models.streampetr.recipe` — the assigners have no defaults for them):
+    3D: ``λ_cls · focal(logits, y) + λ_reg · Σ_{k<8} |w_k·pred_k − w_k·enc(gt)_k|``.
+    2D: ``λ_cls · focal + λ_box · L1(pred cxcywh, gt cxcywh / (W, H)) − λ_giou · GIoU_pixels
+    + λ_centre · L1(pred c2d, c2d / (W, H))``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from scipy.optimize import linear_sum_assignment
 
 from drivetrain.compiled import region
 from drivetrain.constants import constant
-from drivetrain.geometry import CODE_WEIGHTS, boxes_xyxy_to_cxcywh, encode_boxes_streampetr, normalize_boxes
+from drivetrain.geometry import boxes_xyxy_to_cxcywh, encode_boxes_streampetr, normalize_boxes
 from drivetrain.match.costs import bbox3d_l1_cost, centre_l1_cost, focal_cost, giou_cost, l1_cost
 from drivetrain.match.solve import NAN_COST, NEGINF_COST, POSINF_COST, solve
 from drivetrain.ragged import RaggedBatch
@@ -54,24 +56,25 @@ def _check_targets(name: str, rb: RaggedBatch, batch_shape: tuple[int, ...]) -> 
         raise ValueError(f"{name}: batch shape {tuple(rb.batch_shape)} differs from the predictions' {batch_shape}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HungarianAssigner3D:
     """Match 3D predictions of every decoder layer to the ground truth of their sample.
 
     Args:
-        cls_weight: weight of the focal classification cost (2.0).
-        reg_weight: weight of the code-weighted L1 box cost (0.25).
-        alpha, gamma: focal cost parameters (0.25, 2).
-        code_weights: per-dim weights of the box code; only the first ``reg_dims`` dims are compared.
-        reg_dims: box-code dims used by the cost (8: no velocity, as ``match_with_velo=False``).
+        cls_weight: weight of the focal classification cost (required, keyword).
+        reg_weight: weight of the code-weighted L1 box cost (required, keyword).
+        code_weights: per-dim weights of the box code (required, keyword); only the first ``reg_dims`` dims are
+            compared.
+        alpha, gamma: focal cost parameters (0.25, 2: the defaults of the original's ``FocalLossCost``).
+        reg_dims: box-code dims used by the cost (8: no velocity, as the original's ``match_with_velo=False``).
         backend: solver backend for the batched path (see :func:`drivetrain.match.solve`).
     """
 
-    cls_weight: float = 2.0
-    reg_weight: float = 0.25
+    cls_weight: float
+    reg_weight: float
+    code_weights: tuple[float, ...]
     alpha: float = 0.25
     gamma: float = 2.0
-    code_weights: tuple[float, ...] = CODE_WEIGHTS
     reg_dims: int = 8
     backend: str = "auto"
 
@@ -156,20 +159,20 @@ class HungarianAssigner3D:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HungarianAssigner2D:
     """Match the focal head's per-image 2D predictions to the 2D ground truth of their image.
 
     Args:
-        cls_weight, box_weight, giou_weight, centre_weight: cost weights (2, 5, 2, 10).
-        alpha, gamma: focal cost parameters (0.25, 2).
+        cls_weight, box_weight, giou_weight, centre_weight: cost weights (required, keyword).
+        alpha, gamma: focal cost parameters (0.25, 2: the defaults of the original's ``FocalLossCost``).
         backend: solver backend for the batched path.
     """
 
-    cls_weight: float = 2.0
-    box_weight: float = 5.0
-    giou_weight: float = 2.0
-    centre_weight: float = 10.0
+    cls_weight: float
+    box_weight: float
+    giou_weight: float
+    centre_weight: float
     alpha: float = 0.25
     gamma: float = 2.0
     backend: str = "auto"

@@ -7,7 +7,8 @@ the smallest model that learns from the synthetic nuScenes-format data, so ``dri
 whole loop on it in minutes on a CPU; the 3D heads come with the StreamPETR model.
 
 Its recipe is StreamPETR's focal head's (:mod:`drivetrain.models.streampetr.recipe`: image normalisation, the
-focal head's loss weights and 2D matching costs); the small backbone has no published counterpart.
+focal head's loss weights and 2D matching costs, the latter two through
+:func:`~drivetrain.models.streampetr.criteria.focal_head_loss`); the small backbone has no published counterpart.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from drivetrain.losses import FocalHeadLoss
-from drivetrain.match import HungarianAssigner2D
-from drivetrain.models.streampetr.recipe import FOCAL_HEAD_MATCH_COSTS, FOCAL_HEAD_WEIGHTS, MEAN, STD
+from drivetrain.models.streampetr.criteria import focal_head_loss
+from drivetrain.models.streampetr.recipe import CLASSES, MEAN, STD, STRIDE
 
 __all__ = ["FocalDetector2D"]
 
@@ -47,9 +47,9 @@ class FocalDetector2D(nn.Module):
 
     def __init__(
         self,
-        num_classes: int = 10,
+        num_classes: int = len(CLASSES),
         width: int = 32,
-        stride: int = 16,
+        stride: int = STRIDE,
         impl: str = "batched",
         sync_cls_avg_factor: bool = False,
     ) -> None:
@@ -69,13 +69,7 @@ class FocalDetector2D(nn.Module):
         self.centerness = nn.Conv2d(channels, 1, 1)
         nn.init.constant_(self.cls.bias, -math.log(99.0))  # prior 0.01, as the published heads
         self.stride, self.impl = stride, impl
-        self.criterion = FocalHeadLoss(
-            num_classes=num_classes,
-            stride=stride,
-            weights=FOCAL_HEAD_WEIGHTS,
-            assigner=HungarianAssigner2D(**FOCAL_HEAD_MATCH_COSTS),
-            sync_cls_avg_factor=sync_cls_avg_factor,
-        )
+        self.criterion = focal_head_loss(num_classes, stride=stride, sync_cls_avg_factor=sync_cls_avg_factor)
         self.register_buffer("mean", torch.tensor(MEAN).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(STD).view(1, 3, 1, 1), persistent=False)
 

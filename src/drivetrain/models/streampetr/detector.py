@@ -40,9 +40,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from drivetrain.constants import constant
-from drivetrain.losses import FocalHeadLoss, StreamPETRLoss
-from drivetrain.match import HungarianAssigner2D, HungarianAssigner3D
 from drivetrain.models.streampetr.backbone import build_backbone
+from drivetrain.models.streampetr.criteria import focal_head_loss, streampetr_loss
 from drivetrain.models.streampetr.decoder import Decoder
 from drivetrain.models.streampetr.denoising import make_dn_queries, reference_make_dn_queries
 from drivetrain.models.streampetr.embedding import MLN, SEGate, nerf_encoding, sine_embedding_1d, sine_embedding_3d
@@ -52,11 +51,7 @@ from drivetrain.models.streampetr.position import PositionEmbedding3D
 from drivetrain.models.streampetr.postprocess import decode
 from drivetrain.models.streampetr.recipe import (
     CLASSES,
-    CODE_WEIGHTS,
-    FOCAL_HEAD_MATCH_COSTS,
-    FOCAL_HEAD_WEIGHTS,
-    LOSS_WEIGHTS,
-    MATCH_COSTS,
+    DN_SPLIT,
     MAX_NUM,
     MEAN,
     PC_RANGE,
@@ -129,7 +124,7 @@ class StreamPETR(nn.Module):
         pc_range: tuple[float, ...] = PC_RANGE,
         dn_groups: int = 10,
         dn_noise_scale: float = 1.0,
-        dn_split: float = 0.75,
+        dn_split: float = DN_SPLIT,
         with_focal_head: bool = True,
         with_cp: bool = False,
         impl: str = "batched",
@@ -168,24 +163,12 @@ class StreamPETR(nn.Module):
         self.cls_branch = class_branch(e, num_classes)
         self.reg_branch = regression_branch(e)
         self.memory = MemoryBank(e, memory_len, topk, num_propagated, self.pc_range)
-        self.criterion = StreamPETRLoss(
-            num_classes,
-            cls_weight=LOSS_WEIGHTS["loss_cls"],
-            bbox_weight=LOSS_WEIGHTS["loss_bbox"],
-            code_weights=CODE_WEIGHTS,
-            dn_split=dn_split,
-            assigner=HungarianAssigner3D(code_weights=CODE_WEIGHTS, **MATCH_COSTS),
-            sync_cls_avg_factor=sync_cls_avg_factor,
-            compile=compile_loss,
+        self.criterion = streampetr_loss(
+            num_classes, dn_split=dn_split, sync_cls_avg_factor=sync_cls_avg_factor, compile=compile_loss
         )
         self.focal_criterion = (
-            FocalHeadLoss(
-                num_classes=num_classes,
-                stride=self.stride,
-                weights=FOCAL_HEAD_WEIGHTS,
-                assigner=HungarianAssigner2D(**FOCAL_HEAD_MATCH_COSTS),
-                sync_cls_avg_factor=sync_cls_avg_factor,
-                compile=compile_loss,
+            focal_head_loss(
+                num_classes, stride=self.stride, sync_cls_avg_factor=sync_cls_avg_factor, compile=compile_loss
             )
             if with_focal_head
             else None

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from drivetrain.models.streampetr.position import inverse_sigmoid
+from drivetrain.models.streampetr.recipe import CLASSES, STRIDE
 
 __all__ = ["FocalHead", "apply_ltrb", "box_codes", "class_branch", "regression_branch", "token_locations"]
 
@@ -112,10 +113,10 @@ class FocalHead(nn.Module):
     Args:
         in_channels: feature channels (a multiple of 32, for GroupNorm(32)).
         num_classes: ``C``.
-        stride: feature stride in pixels (16).
+        stride: feature stride in pixels (:data:`~.recipe.STRIDE`).
     """
 
-    def __init__(self, in_channels: int = 256, num_classes: int = 10, stride: int = 16) -> None:
+    def __init__(self, in_channels: int = 256, num_classes: int = len(CLASSES), stride: int = STRIDE) -> None:
         super().__init__()
         if in_channels % 32:
             raise ValueError(f"in_channels: GroupNorm(32) needs a multiple of 32, got {in_channels}")

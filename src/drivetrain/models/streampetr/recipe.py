@@ -4,8 +4,9 @@ and decoding ranges, code weights, loss weights and matching costs of the 3D hea
 Each is cited from the published config of the StreamPETR repository (``exiawsh/StreamPETR`` at commit 95f6470),
 ``projects/configs/StreamPETR/stream_petr_r50_flash_704_bs2_seq_24e.py``. The generic pieces
 (:class:`~drivetrain.losses.StreamPETRLoss`, :class:`~drivetrain.losses.FocalHeadLoss`, the Hungarian assigners of
-:mod:`drivetrain.match.assigners`) take these as arguments; :class:`~.detector.StreamPETR` and
-:class:`~drivetrain.models.focal2d.FocalDetector2D` pass them. This module holds data only.
+:mod:`drivetrain.match.assigners`) take these as required arguments and default to none of them;
+:mod:`.criteria` builds them from this module, for :class:`~.detector.StreamPETR`,
+:class:`~drivetrain.models.focal2d.FocalDetector2D` and users' own training code. This module holds data only.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 __all__ = [
     "CLASSES",
     "CODE_WEIGHTS",
+    "DN_SPLIT",
     "FOCAL_HEAD_MATCH_COSTS",
     "FOCAL_HEAD_WEIGHTS",
     "LOSS_WEIGHTS",
@@ -24,6 +26,7 @@ __all__ = [
     "POST_CENTER_RANGE",
     "SIZE_DIVISOR",
     "STD",
+    "STRIDE",
 ]
 
 # ------------------------------------------------------------------------------------------------ classes
@@ -43,6 +46,10 @@ STD = (58.395, 57.12, 57.375)
 
 SIZE_DIVISOR = 32
 """``PadMultiViewImage(size_divisor=32)``: images are padded at the bottom/right to a multiple of this."""
+
+STRIDE = 16
+"""The stride of the feature level the heads read (CPFPN's first output, C4 of ``out_indices=(2, 3)``): the
+``stride=16`` default of ``FocalHead`` and ``StreamPETRHead``, which the config leaves as is."""
 
 # ------------------------------------------------------------------------------------------------- ranges
 PC_RANGE = (-51.2, -51.2, -5.0, 51.2, 51.2, 3.0)
@@ -69,6 +76,10 @@ computed. The denoising terms take the same weights (``dn_weight=1.0``)."""
 MATCH_COSTS = {"cls_weight": 2.0, "reg_weight": 0.25}
 """``train_cfg.pts.assigner`` (``HungarianAssigner3D``): ``cls_cost`` (focal) and ``reg_cost`` (code-weighted L1)
 weights; its ``iou_cost`` weight is 0."""
+
+DN_SPLIT = 0.75
+"""``pts_bbox_head.split``: the noise radius beyond which a denoising query is background (its label), and the
+radius of the ball the denoising classification term is normalised by."""
 
 # --------------------------------------------------------------------------------------------- focal head
 FOCAL_HEAD_WEIGHTS = {
