@@ -13,10 +13,12 @@ import drivetrain.geometry.delta_coder as delta_coder
 import drivetrain.losses.anchor_head as anchor_head
 import drivetrain.match as match
 import drivetrain.match.max_iou as max_iou
+from drivetrain.data.formats import FORMATS
 from drivetrain.data.nuscenes_format import CLASSES
 from drivetrain.losses import AnchorHeadLoss
 from drivetrain.models.pointpillars import SSN, PointPillars
 from drivetrain.models.pointpillars.anchors import num_grid_anchors
+from drivetrain.models.pointpillars.model import dataset_class_names
 from drivetrain.models.pointpillars.recipe import (
     LOSS_WEIGHTS,
     LYFT_CODE_WEIGHTS,
@@ -88,6 +90,15 @@ def test_code_weights_follow_the_code_size():
         code_weights_for(8)
     with pytest.raises(ValueError, match="code_size"):
         PointPillars(**{**TINY, "code_size": 8})
+
+
+def test_a_dataset_format_name_reads_the_format_records_classes():
+    # "nuscenes" and "lyft" name the records of drivetrain.data.formats: the model keeps no copy of their classes.
+    assert dataset_class_names("lyft") == FORMATS["lyft"].classes
+    assert dataset_class_names("nuscenes") == FORMATS["nuscenes"].classes == CLASSES
+    assert dataset_class_names(["car", "truck"]) == ("car", "truck")
+    with pytest.raises(ValueError, match=r"dataset_classes: expected one of \['lyft', 'nuscenes'\] or a list"):
+        dataset_class_names("kitti")
 
 
 def test_the_model_criterion_is_the_loss_built_from_the_recipe():

@@ -25,8 +25,7 @@ import torch
 from torch import nn
 
 from drivetrain.compiled import compile_options, compiled, ragged_dynamic
-from drivetrain.data.lyft_format import LYFT_CLASSES
-from drivetrain.data.nuscenes_format import CLASSES
+from drivetrain.data.formats import FORMATS
 from drivetrain.losses.anchor_head import AnchorHeadLoss, batched_anchor_head_loss
 from drivetrain.match.anchor_window import WindowedAnchors, WindowPairs, windowed_max_iou_assign
 from drivetrain.match.max_iou import (
@@ -70,15 +69,13 @@ from drivetrain.ragged import RaggedBatch
 __all__ = ["SSN", "PointPillars", "dataset_class_names"]
 
 
-_DATASET_CLASSES = {"nuscenes": CLASSES, "lyft": LYFT_CLASSES}
-
-
 def dataset_class_names(classes: str | Sequence[str]) -> tuple[str, ...]:
-    """The class names a dataset's labels index: ``"nuscenes"``, ``"lyft"``, or the names themselves."""
+    """The class names a dataset's labels index: a format's name (``"nuscenes"``, ``"lyft"``: its record's
+    classes, :data:`~drivetrain.data.formats.FORMATS`) or the names themselves."""
     if isinstance(classes, str):
-        if classes not in _DATASET_CLASSES:
-            raise ValueError(f"dataset_classes: expected 'nuscenes', 'lyft' or a list of names, got {classes!r}")
-        return tuple(_DATASET_CLASSES[classes])
+        if classes not in FORMATS:
+            raise ValueError(f"dataset_classes: expected one of {sorted(FORMATS)} or a list of names, got {classes!r}")
+        return tuple(FORMATS[classes].classes)
     return tuple(str(c) for c in classes)
 
 
