@@ -13,11 +13,12 @@ from drivetrain.pipeline.dali import dali_available
 DALI = {"dali"} if dali_available() else set()
 
 
-# The default set's run times each variant once without warm-up; the slow set's twice after one, and trains.
+# All in the slow set, with the benchmarks: a short run times each variant once without warm-up; the others twice
+# after one, and train.
 @pytest.mark.parametrize(
     ("train", "repeat", "warmup"),
     [
-        (False, 1, 0),
+        pytest.param(False, 1, 0, marks=pytest.mark.slow),
         pytest.param(False, 2, 1, marks=pytest.mark.slow),
         pytest.param(True, 2, 1, marks=pytest.mark.slow),
     ],

@@ -10,8 +10,9 @@ import pytest
 from drivetrain.cli.main import main
 
 
+@pytest.mark.slow
 def test_bench_precision_on_ssn_short_run_writes_the_result_files(tmp_path, capsys):
-    """The default set's run: one variant, one process, one timed step."""
+    """The short run (slow set, with the benchmarks): one variant, one process, one timed step."""
     argv = ["bench", "precision", "--model", "ssn", "--variants", "fp32", "--repeat", "1", "--warmup", "1"]
     argv += ["--json", str(tmp_path / "r.json"), "--md", str(tmp_path / "r.md")]
     assert main(argv) == 0

@@ -35,8 +35,10 @@ def test_bench_switches_measures_variants_and_writes_the_fastest_fitting_one(tmp
     assert "## Switches (the performance guide's table, measured)" in (tmp_path / "r.md").read_text()
 
 
+@pytest.mark.slow
 def test_bench_switches_short_run_writes_the_table_the_files_and_the_fastest_fitting_config(tmp_path, capsys):
-    """The default set's run: the baseline and one switch, one process each, one timed step, nothing counted."""
+    """The short run (slow set, with the benchmarks: issue 30's 4-minute default set): the baseline and one switch,
+    one process each, one timed step, nothing counted."""
     argv = ["bench", "switches", "--model", "pointpillars", "--variants", "act_ckpt", "--steps", "1",
             "--warmup", "1", "--repeat", "1", "--no-ddp", "--no-schedule", "--no-channels-table", "--no-count",
             "--json", str(tmp_path / "r.json"), "--md", str(tmp_path / "r.md"),

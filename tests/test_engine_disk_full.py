@@ -19,6 +19,7 @@ from drivetrain.cli.main import main
 from drivetrain.engine import Checkpointer, CheckpointError
 from drivetrain.engine.checkpoint import MARKER, NO_ROOM, no_room
 from drivetrain.engine.metrics import write_failure
+from drivetrain.engine.rundir import RUN_MARKER
 from helpers.engine import SMOKE, losses, metrics, overrides
 
 ERRNOS = [errno.ENOSPC, errno.EDQUOT, errno.EROFS]
@@ -158,6 +159,40 @@ def test_no_room_for_the_config_copy_at_start_up_names_it(tmp_path, monkeypatch,
     assert train(tmp_path, "train.steps=2") == 1
     line = one_line(capsys)
     assert line.startswith(f"drivetrain train: cannot write {tmp_path / 'config.yaml'} (the disk is full); ")
+
+
+@pytest.mark.parametrize("code", ERRNOS, ids=["ENOSPC", "EDQUOT", "EROFS"])
+def test_no_room_for_the_run_marker_is_a_write_failure_not_a_config_error(tmp_path, monkeypatch, capsys, code):
+    """The run directory's marker is the first file a run writes; a full disk there is status 1 and the
+    write-failure line naming the marker, not status 2 and "config error" (nothing in the config is wrong)."""
+    real_replace = os.replace
+
+    def replace(src, dst, *args, **kwargs):
+        if str(dst).endswith(RUN_MARKER):
+            raise no_room_error(code)
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", replace)
+    assert train(tmp_path, "train.steps=2") == 1
+    line = one_line(capsys)
+    assert line.startswith(f"drivetrain train: cannot write {tmp_path / RUN_MARKER} ({NO_ROOM[code]}); "), line
+    assert "config error" not in line
+
+
+def test_a_marker_write_failing_for_another_reason_stays_a_config_error(tmp_path, monkeypatch, capsys):
+    real_replace = os.replace
+
+    def replace(src, dst, *args, **kwargs):
+        if str(dst).endswith(RUN_MARKER):
+            raise OSError(errno.EACCES, os.strerror(errno.EACCES))
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", replace)
+    assert train(tmp_path, "train.steps=2") == 2
+    line = one_line(capsys)
+    assert (
+        line == f"drivetrain train: config error: run.out_dir: cannot write {tmp_path / RUN_MARKER} (Permission denied)"
+    )
 
 
 def test_no_room_is_found_behind_a_wrapping_error_and_named() -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import drivetrain
+from drivetrain.engine.checkpoint import no_room
 from drivetrain.engine.config import ConfigError
 from drivetrain.safe_files import replace_text
 
@@ -142,6 +143,8 @@ def write_run_marker(out_dir: Path) -> Path:
     try:
         return replace_text(marker, json.dumps(content, indent=1) + "\n")
     except OSError as err:
+        if no_room(err) is not None:  # a full disk is not the config's fault: the caller's write-failure line
+            raise
         raise ConfigError(f"run.out_dir: cannot write {marker} ({err.strerror})") from None
 
 
@@ -169,6 +172,8 @@ class RunDirLock:
         try:
             f = open(self.path, "a+")  # noqa: SIM115 - held open for the life of the run
         except OSError as err:
+            if no_room(err) is not None:  # as for the marker: a write failure, named by the caller
+                raise
             raise ConfigError(f"run.out_dir: cannot write {self.path} ({err.strerror})") from None
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
