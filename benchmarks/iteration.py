@@ -3,15 +3,14 @@
 ``--model pointpillars|ssn`` runs ``_iteration_lidar.py`` (anchor assignment and losses; see its docstring);
 the rest of this text is about StreamPETR.
 
-One process builds the model once from ``configs/streampetr_{size}.yaml`` (``model.args``, read with
-``yaml.safe_load``) and the engine's AdamW (``optim``: peak lr × each group's ``lr_mult``, weight decay, no
-schedule; gradients clipped to ``optim.clip_norm``), then deep-copies model and optimizer: the two paths
-run on **identical copies**, alternating repeat by repeat (``reference`` then ``batched``), each copy
-walking the same batches in the same order with its own memory bank and optimizer state. The path is
-switched with ``model.impl``, which both the losses (``StreamPETRLoss``, ``FocalHeadLoss``) and the
-denoising-query builder (``make_dn_queries`` / ``reference_make_dn_queries``) follow. Before every
-iteration the global RNG is reseeded with ``seed + 1 + i``, so both copies draw the same denoising noise
-and dropout masks.
+One process builds the model once from ``configs/streampetr_{size}.yaml`` (``model.args``, read with its ``base:``
+chain as ``drivetrain train`` reads it) and the engine's AdamW (``optim``: peak lr × each group's ``lr_mult``,
+weight decay, no schedule; gradients clipped to ``optim.clip_norm``), then deep-copies model and optimizer: the two
+paths run on **identical copies**, alternating repeat by repeat (``reference`` then ``batched``), each copy walking
+the same batches in the same order with its own memory bank and optimizer state. The path is switched with
+``model.impl``, which both the losses (``StreamPETRLoss``, ``FocalHeadLoss``) and the denoising-query builder
+(``make_dn_queries`` / ``reference_make_dn_queries``) follow. Before every iteration the global RNG is reseeded
+with ``seed + 1 + i``, so both copies draw the same denoising noise and dropout masks.
 
 Data: the synthetic nuScenes-format set (``drivetrain.data.sources.synthetic``, the config's
 ``data.args``; ``full`` is rendered at 704×256 into ``data/synth-full-704``, generated on first use with a
@@ -63,12 +62,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from drivetrain.data.sampler import SequenceSampler
 from drivetrain.data.sources import synthetic
 from drivetrain.engine.build import build_optimizer
-from drivetrain.engine.config import OptimConfig, from_dict
+from drivetrain.engine.config import ConfigError, OptimConfig, from_dict
+from drivetrain.engine.config_files import read_config_file
 from drivetrain.losses.weights import resolve_weights, weighted_total
 from drivetrain.models import StreamPETR
 from drivetrain.pipeline.transfer import to_device
@@ -116,12 +115,13 @@ PUBLISHED = {
 
 # ------------------------------------------------------------------------------------------ setup
 def load_config(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
-    """The run config of ``--model``/``--size`` (or ``--config``), read with ``yaml.safe_load``."""
+    """The run config of ``--model``/``--size`` (or ``--config``) with its ``base:`` chain merged, as ``drivetrain
+    train`` reads it (:func:`~drivetrain.engine.config_files.read_config_file`: ``yaml.safe_load`` per file)."""
     path = args.config or ROOT / "configs" / f"{MODELS[args.model]}_{args.size}.yaml"
     try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except OSError as err:
-        raise SystemExit(f"--config: cannot read {path} ({err.strerror})") from None
+        raw = read_config_file(path).data
+    except ConfigError as err:
+        raise SystemExit(f"--config: {err}") from None
     for key in ("model", "data", "optim"):
         if not isinstance(raw, dict) or not isinstance(raw.get(key), dict):
             raise SystemExit(f"{path}: needs a '{key}' section")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -90,6 +91,20 @@ def test_bench_iteration_batch_larger_than_the_scenes_is_a_clear_error(data_root
     argv[argv.index("--batch") + 1] = "3"
     with pytest.raises(SystemExit, match=r"--batch 3: .*2 scenes"):
         main(argv)
+
+
+def test_bench_iteration_reads_a_config_with_its_base_chain(data_root, tmp_path):
+    # A child config holds only what it changes; the bench merges its base as `drivetrain train` does (it read the
+    # file alone before, and a child without its own model/data/optim sections was refused).
+    (tmp_path / "base.yaml").write_text(Path("configs/streampetr_tiny.yaml").read_text())
+    (tmp_path / "child.yaml").write_text("base: base.yaml\nmodel:\n  args:\n    num_query: 33\n")
+    argv = ["bench", "iteration", *TINY, "--data-root", str(data_root), "--config", str(tmp_path / "child.yaml")]
+    argv[argv.index("--batch") + 1] = "3"
+    with pytest.raises(SystemExit, match=r"--batch 3: .*2 scenes"):  # past the config: merged, all sections there
+        main(argv)
+    (tmp_path / "loop.yaml").write_text("base: loop.yaml\n")
+    with pytest.raises(SystemExit, match=r"--config: .*loop\.yaml: base: the chain loops"):
+        main([*argv[:-1], str(tmp_path / "loop.yaml")])
 
 
 LIDAR_ROWS = {
