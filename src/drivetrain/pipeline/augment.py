@@ -51,6 +51,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from drivetrain.constants import constant
 from drivetrain.ragged import RaggedBatch, select
 
 __all__ = [
@@ -332,7 +333,7 @@ def transform_boxes_2d(
     moved = (a.unsqueeze(-3) @ corners.unsqueeze(-1)).squeeze(-1) + t.unsqueeze(-2)  # (B, N, G, 4, 2)
     lo = moved.amin(-2)  # (B, N, G, 2)
     hi = moved.amax(-2)  # (B, N, G, 2)
-    limit = torch.tensor([final_w, final_h], dtype=lo.dtype, device=lo.device)
+    limit = constant((final_w, final_h), dtype=lo.dtype, device=lo.device)  # (2,), copied to the device once
     lo = torch.minimum(lo.clamp(min=0), limit)
     hi = torch.minimum(hi.clamp(min=0), limit)
     new_boxes = torch.cat([lo, hi], -1)  # (B, N, G, 4)

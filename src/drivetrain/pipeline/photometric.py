@@ -33,6 +33,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
+from drivetrain.constants import constant
 from drivetrain.pipeline._config import finite_numbers
 
 __all__ = [
@@ -138,6 +139,11 @@ def rgb_to_hsv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     return h, s, v
 
 
+# Per 60° sector, the rows of (v, v·(1 − s), v·(1 − s·f), v·(1 − s·(1 − f))) that are its (r, g, b): OpenCV's
+# sector_data, reordered from its (b, g, r)
+_SECTOR_PICK = (0, 3, 1, 2, 0, 1, 1, 0, 3, 1, 2, 0, 3, 1, 0, 0, 1, 2)
+
+
 def hsv_to_rgb(h: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """OpenCV's float ``HSV2RGB`` (sectors of 60°): ``(..., 3, h, w)``."""
     h6 = h * (6.0 / 360.0)
@@ -149,7 +155,7 @@ def hsv_to_rgb(h: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> torch.Tenso
     frac = torch.where(bad, 0.0, frac)
     tab = torch.stack([v, v * (1 - s), v * (1 - s * frac), v * (1 - s * (1 - frac))], 0)  # (4, ...)
     # OpenCV's sector_data gives (b, g, r) rows of tab per sector; here (r, g, b)
-    pick = torch.tensor([[0, 3, 1], [2, 0, 1], [1, 0, 3], [1, 2, 0], [3, 1, 0], [0, 1, 2]], device=h.device)
+    pick = constant(_SECTOR_PICK, dtype=torch.int64, device=h.device).view(6, 3)  # copied to the device once
     rgb = pick[sector]  # (..., 3)
     out = torch.gather(tab, 0, rgb.movedim(-1, 0))  # (3, ...)
     return out.movedim(0, -3)
@@ -204,8 +210,8 @@ def normalize(
     images: torch.Tensor, mean: tuple[float, ...] = IMAGENET_MEAN, std: tuple[float, ...] = IMAGENET_STD
 ) -> torch.Tensor:
     """``(x − mean) · (1/std)`` per channel of float images ``(..., 3, H, W)``."""
-    m = torch.tensor(mean, dtype=images.dtype, device=images.device).view(3, 1, 1)
-    inv = torch.tensor([1 / s for s in std], dtype=torch.float64).to(images.dtype).to(images.device).view(3, 1, 1)
+    m = constant(mean, dtype=images.dtype, device=images.device).view(3, 1, 1)  # copied to the device once
+    inv = constant([1 / s for s in std], dtype=images.dtype, device=images.device).view(3, 1, 1)  # 1/s rounded once
     return (images - m) * inv
 
 
