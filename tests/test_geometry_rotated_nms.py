@@ -149,6 +149,26 @@ def test_multiclass_equals_reference(gen, score_threshold, iou_threshold, max_nu
     assert (out_scores.sizes <= max_num).all()
 
 
+@pytest.mark.parametrize(("score_threshold", "iou_threshold"), [(0.05, 0.2), (0.5, 0.0)])
+def test_a_greedy_pass_as_long_as_the_largest_class_equals_the_full_pass(gen, score_threshold, iou_threshold):
+    boxes, scores = _lidar_scene(gen, 3, 60, 4)  # (3, 60, 9), (3, 60, 4)
+    valid = torch.rand(3, 60, generator=gen) < 0.8
+    candidates = (scores > score_threshold) & valid.unsqueeze(-1)  # (B, N, C)
+    steps = int(candidates.sum(dim=1).max())
+    assert 0 < steps < 60  # the shortened pass is shorter
+    full = multiclass_rotated_nms(boxes, scores, valid, score_threshold, iou_threshold, 500)
+    for given in (steps, steps + 5, 1000):
+        short = multiclass_rotated_nms(boxes, scores, valid, score_threshold, iou_threshold, 500, max_candidates=given)
+        for a, b in zip(full, short, strict=True):
+            assert torch.equal(a.sizes, b.sizes) and torch.equal(a.tensor, b.tensor)
+    # the count matters: with nothing suppressed (IoU is never > 1), one position fewer drops the last candidate
+    # of the largest class
+    every = multiclass_rotated_nms(boxes, scores, valid, score_threshold, 1.0, 500)
+    cut = multiclass_rotated_nms(boxes, scores, valid, score_threshold, 1.0, 500, max_candidates=steps - 1)
+    assert int(every[1].sizes.sum()) == int(candidates.sum())
+    assert int(cut[1].sizes.sum()) < int(every[1].sizes.sum())
+
+
 def test_multiclass_order_is_class_major_unless_truncated(gen):
     boxes, scores = _lidar_scene(gen, 1, 60, 3)
     valid = torch.ones(1, 60, dtype=torch.bool)

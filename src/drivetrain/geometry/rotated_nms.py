@@ -21,8 +21,8 @@ for the greedy pass, the kept indices copied back). mmcv makes that mask in one 
 with :func:`rotated_bev_iou_pairwise`, a fixed number of ATen ops per call (``benchmarks/originals.py`` counts both).
 
 Batched path: one pairwise IoU matrix per sample, the "i suppresses j" relation as a boolean matrix over
-score-sorted positions, then one pass over positions ``k = 0..N-1`` for the whole batch (N small vectorised
-steps, a Python loop over a shape): position ``k`` is kept iff it is valid and no kept earlier position
+score-sorted positions, then one pass over positions ``k = 0..N-1`` for the whole batch (N steps of two
+kernels each, a Python loop over a shape): position ``k`` is kept iff it is valid and no kept earlier position
 suppresses it. No host sync.
 """
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from drivetrain.geometry.rotated_iou import rotated_bev_iou_pairwise
 from drivetrain.ragged import RaggedBatch
@@ -90,7 +91,12 @@ def _nms_bev(bev: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> t
 
 
 def _greedy_keep(suppresses: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Greedy NMS over score-sorted positions.
+    """Greedy NMS over score-sorted positions, as the original's host pass: visit ``k = 0..N-1``; a position not
+    removed yet is kept and removes every later position it suppresses.
+
+    Two kernels per position (the pass is launch-bound on a GPU): for bools ``a > b`` is ``a & ~b``, so
+    ``later[k] > removed[k]`` is "row ``k`` if ``k`` is kept" in one op, and ``|=`` the other. Position ``k`` is
+    final when it is visited (only earlier positions reach it).
 
     Args:
         suppresses: bool ``(..., N, N)``: ``[i, j]`` is True when position ``i`` would suppress ``j``;
@@ -102,12 +108,11 @@ def _greedy_keep(suppresses: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """
     num = valid.shape[-1]
     earlier = torch.ones(num, num, dtype=torch.bool, device=valid.device).triu(1)  # (N, N) i < j
-    by_target = (suppresses & earlier).transpose(-1, -2).contiguous()  # (..., N, N) [j, i]
-    keep = torch.zeros_like(valid)  # (..., N)
+    later = suppresses & earlier  # (..., N, N) [i, j]: i would suppress the later j
+    removed = ~valid  # (..., N): padding is never kept and never suppresses
     for k in range(num):
-        hit = (by_target[..., k, :] & keep).any(-1)  # (...) a kept earlier position suppresses k
-        keep[..., k] = valid[..., k] & ~hit
-    return keep
+        removed |= torch.gt(later[..., k, :], removed[..., k : k + 1])  # (..., N)
+    return ~removed
 
 
 def batched_rotated_nms(
@@ -167,6 +172,7 @@ def multiclass_rotated_nms(
     max_num: int = 500,
     *,
     sparse: bool = False,
+    max_candidates: int | None = None,
 ) -> tuple[RaggedBatch, RaggedBatch, RaggedBatch, RaggedBatch]:
     """mmdet3d's ``box3d_multiclass_nms`` (rotated) for a whole batch; no host sync.
 
@@ -184,6 +190,10 @@ def multiclass_rotated_nms(
         max_num: at most this many detections per sample.
         sparse: compute the IoU of nearby pairs only (the same result; one host read, see
             :func:`~drivetrain.geometry.rotated_iou.rotated_bev_iou_pairwise`).
+        max_candidates: the largest number of one class's candidates in one sample, when the caller read it on
+            the host (compact decoding does): the greedy pass visits that many positions instead of ``N`` (a
+            class's candidates sort first; the positions after them are padding in every row). Must not be less
+            than the true count; None: ``N``.
 
     Returns:
         RaggedBatches ``boxes (B, K, D)``, ``scores (B, K)``, int64 ``labels (B, K)`` and int64 ``indices
@@ -197,10 +207,13 @@ def multiclass_rotated_nms(
     order = _score_order(class_scores, candidate)  # (B, C, N)
     bev = boxes[..., list(BEV_COLUMNS)]  # (B, N, 5)
     overlap = rotated_bev_iou_pairwise(bev, bev, sparse=sparse) > iou_threshold  # (B, N, N)
-    rows = order.unsqueeze(-1).expand(num_batch, num_classes, num, num)  # (B, C, N, N)
-    suppresses = overlap.unsqueeze(1).expand(-1, num_classes, -1, -1).gather(2, rows)  # (B, C, N, N)
-    suppresses = suppresses.gather(3, order.unsqueeze(-2).expand_as(rows))  # (B, C, N, N) sorted both ways
-    keep_sorted = _greedy_keep(suppresses, candidate.gather(2, order))  # (B, C, N)
+    steps = num if max_candidates is None else max(0, min(int(max_candidates), num))  # S positions a class may hold
+    head = order[..., :steps]  # (B, C, S) every candidate of every class
+    rows = head.unsqueeze(-1).expand(num_batch, num_classes, steps, num)  # (B, C, S, N)
+    suppresses = overlap.unsqueeze(1).expand(-1, num_classes, -1, -1).gather(2, rows)  # (B, C, S, N)
+    suppresses = suppresses.gather(3, head.unsqueeze(-2).expand(-1, -1, steps, -1))  # (B, C, S, S) sorted both ways
+    keep_head = _greedy_keep(suppresses, candidate.gather(2, head))  # (B, C, S)
+    keep_sorted = F.pad(keep_head, (0, num - steps))  # (B, C, N): no position after S is a candidate
     # Class-major order of kept entries: position c·N + rank; padding sorts last (stable).
     flat_keep = keep_sorted.flatten(1)  # (B, C·N)
     class_major = (~flat_keep).to(torch.int8).argsort(dim=1, stable=True)  # (B, C·N)

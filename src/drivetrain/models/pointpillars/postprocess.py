@@ -124,16 +124,20 @@ def reference_decode(
 
 def _candidates_only(
     boxes: torch.Tensor, scores: torch.Tensor, dir_bins: torch.Tensor, threshold: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """The boxes some class may keep (a score ``> threshold``) moved to the front in their order, the rest cut
-    to the batch's largest candidate count; returns the cut ``boxes``, ``scores``, ``dir_bins`` and ``valid``."""
-    candidate = (scores > threshold).any(dim=-1)  # (B, N)
-    # sync: the largest candidate count sizes the NMS (decoding for evaluation, not the training step)
-    width = max(int(candidate.sum(dim=1).max()), 1)
+    to the batch's largest candidate count; returns the cut ``boxes``, ``scores``, ``dir_bins``, ``valid`` and the
+    largest candidate count of one class in one sample (the greedy pass's length)."""
+    per_class = scores > threshold  # (B, N, C)
+    candidate = per_class.any(dim=-1)  # (B, N)
+    counts = torch.stack([candidate.sum(dim=1).max(), per_class.sum(dim=1).max()])  # (2,)
+    # sync: the largest candidate counts size the NMS (decoding for evaluation, not the training step)
+    width, steps = counts.tolist()
+    width = max(width, 1)
     order = (~candidate).to(torch.int8).argsort(dim=1, stable=True)[:, :width]  # (B, M) candidates first
     boxes = boxes.gather(1, order.unsqueeze(-1).expand(-1, -1, boxes.shape[-1]))  # (B, M, D)
     scores = scores.gather(1, order.unsqueeze(-1).expand(-1, -1, scores.shape[-1]))  # (B, M, C)
-    return boxes, scores, dir_bins.gather(1, order), candidate.gather(1, order)
+    return boxes, scores, dir_bins.gather(1, order), candidate.gather(1, order), steps
 
 
 def decode(
@@ -149,8 +153,9 @@ def decode(
 
     ``compact=True`` first drops the boxes that are no class's NMS candidate (every score ``≤
     score_threshold``), keeping the rest in their order, and clips only the candidate pairs whose circumscribed
-    circles meet: the same detections at a fraction of the cost (evaluation), for two host reads (the largest
-    candidate count, the number of meeting pairs).
+    circles meet, and the greedy pass visits only as many positions as one class has candidates: the same
+    detections at a fraction of the cost (evaluation), for two host reads (the largest candidate counts, the number
+    of meeting pairs).
 
     Returns:
         ``boxes (B, K, D)``, ``scores (B, K)``, int64 ``labels (B, K)`` as RaggedBatches, each sample's rows in
@@ -174,10 +179,11 @@ def decode(
         priors, deltas = anchors.expand(num_batch, -1, -1), box_preds  # (B, A, D)
     boxes = decode_delta_xyzwlhr(priors, deltas)  # (B, N, D)
     valid = torch.ones(boxes.shape[:2], dtype=torch.bool, device=boxes.device)  # (B, N)
+    steps = None
     if compact:
-        boxes, scores, dir_bins, valid = _candidates_only(boxes, scores, dir_bins, cfg.score_threshold)
+        boxes, scores, dir_bins, valid, steps = _candidates_only(boxes, scores, dir_bins, cfg.score_threshold)
     kept_boxes, kept_scores, labels, indices = multiclass_rotated_nms(
-        boxes, scores, valid, cfg.score_threshold, cfg.nms_threshold, cfg.max_num, sparse=compact
+        boxes, scores, valid, cfg.score_threshold, cfg.nms_threshold, cfg.max_num, sparse=compact, max_candidates=steps
     )
     corrected = _correct_yaw(kept_boxes.tensor, dir_bins.gather(1, indices.tensor), cfg)  # (B, K, D)
     return kept_boxes.with_tensor(corrected), kept_scores, labels
