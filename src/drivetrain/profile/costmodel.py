@@ -57,35 +57,36 @@ counted, and a region that did nothing else has no cost (shown "–").
 ``GPU est. (launch-bound)``: what the launches and waits alone cost on the GPU the constants come from, nothing
 about the kernels' own run time — a lower bound for launch-bound work. The two constants are the least-squares
 fit of ``reference_ms = kernels × PER_KERNEL_US + syncs × PER_SYNC_US`` over the reference path's leaf rows of the
-recorded H100 loss result (``benchmarks/results/loss-cuda.json``: NVIDIA H100 80GB HBM3, torch 2.11.0+cu130,
-batch 8, 6 layers, 900 queries, 10 denoising groups, seed 0), counted on the CPU with the same config
-(:data:`CALIBRATION`; the rows that hold a SciPy solve on the host are left out):
+recorded H200 loss result (``benchmarks/results/loss-cuda.json``: NVIDIA H200, torch 2.11.0+cu130, CUDA 13.0, batch 8,
+6 layers, 900 queries, 10 denoising groups, seed 0, 2026-11-26), with the counts that run recorded beside its times
+(:data:`CALIBRATION`). ``loss backward`` is left out: on CUDA the autograd engine runs the backward ops on its
+device thread, which the counter does not see (87 counted kernels for 19.1 ms), so its count is no launch count:
 
 =============================================  =======  =====  ==========
-row (reference path)                           kernels  syncs  H100 ms
+row (reference path)                           kernels  syncs  H200 ms
 =============================================  =======  =====  ==========
-loss forward/streampetr/cost                     1,200      0      37.389
-loss forward/streampetr/targets                    981      2      18.479
-loss forward/streampetr/losses                     294     36       9.935
-loss forward/focal_head/cost                     3,240      0      59.836
-loss forward/focal_head/targets                  3,216      1      53.081
-loss forward/focal_head/heatmap                  5,172  1,410     117.241
-loss forward/focal_head/losses                     100      0       3.179
-loss backward                                    1,246     12      33.038
-heatmap drawing (48 images, 0-20 boxes each)     5,171  1,410     106.702
+loss forward/streampetr/cost                     1,200      0      31.133
+loss forward/streampetr/targets                  1,506    196      32.459
+loss forward/streampetr/losses                     372     36      10.335
+loss forward/focal_head/cost                     3,240      0      51.275
+loss forward/focal_head/targets                  1,905    193      33.187
+loss forward/focal_head/heatmap                  1,909  1,455      83.168
+loss forward/focal_head/losses                      88      0       2.045
+heatmap drawing (48 images, 0-20 boxes each)       941  1,455      48.968
 =============================================  =======  =====  ==========
 
-→ ``PER_KERNEL_US`` = 18.9 µs, ``PER_SYNC_US`` = 10.1 µs (the reference ``loss forward`` as a whole: 14,240
-kernels and 1,640 syncs, 369.7 ms measured, 285.7 ms estimated; the rest is the SciPy solves and transfers).
-``tests/test_profile_costmodel.py`` refits them from the committed JSON and :data:`CALIBRATION`, and (a slow test)
-recounts :data:`CALIBRATION`, so neither can drift silently.
+→ ``PER_KERNEL_US`` = 17.2 µs, ``PER_SYNC_US`` = 28.4 µs (the reference ``loss forward`` as a whole: 10,259
+kernels and 2,071 syncs, 327.4 ms measured, 235.3 ms estimated; the rest is the SciPy solves and transfers). The
+fit before it (H100, 2026-11, the reference paths before they were rewritten op by op after the originals) gave
+18.9 and 10.1 µs. ``tests/test_profile_costmodel.py`` refits them from the committed JSON and :data:`CALIBRATION`,
+and (a slow test) recounts :data:`CALIBRATION` on the CPU, so neither can drift silently.
 
 Example:
     >>> cost = count_call(lambda: (a + b).sum())
     >>> cost.kernels, cost.syncs
     (2, 0)
     >>> cost.gpu_est_ms  # (2 × PER_KERNEL_US + 0 × PER_SYNC_US) / 1000
-    0.0378
+    0.0344
 """
 
 from __future__ import annotations
@@ -117,20 +118,19 @@ __all__ = [
 ]
 
 LABEL = "GPU est. (launch-bound)"
-PER_KERNEL_US = 18.9  # H100, least squares over the loss benchmark's reference rows (see the module docstring)
-PER_SYNC_US = 10.1  # H100, the same fit
+PER_KERNEL_US = 17.2  # H200, least squares over the loss benchmark's reference rows (see the module docstring)
+PER_SYNC_US = 28.4  # H200, the same fit
 CALIBRATION_RESULT = "benchmarks/results/loss-cuda.json"
 # (kernels, syncs) of the reference path of CALIBRATION_RESULT's leaf rows, counted on the CPU with its config
 CALIBRATION: dict[str, tuple[int, int]] = {
     "loss forward/streampetr/cost": (1200, 0),
-    "loss forward/streampetr/targets": (981, 2),
-    "loss forward/streampetr/losses": (294, 36),
+    "loss forward/streampetr/targets": (1506, 196),
+    "loss forward/streampetr/losses": (372, 36),
     "loss forward/focal_head/cost": (3240, 0),
-    "loss forward/focal_head/targets": (3216, 1),
-    "loss forward/focal_head/heatmap": (5172, 1410),
-    "loss forward/focal_head/losses": (100, 0),
-    "loss backward": (1246, 12),
-    "heatmap drawing (48 images, 0-20 boxes each)": (5171, 1410),
+    "loss forward/focal_head/targets": (1905, 193),
+    "loss forward/focal_head/heatmap": (1909, 1455),
+    "loss forward/focal_head/losses": (88, 0),
+    "heatmap drawing (48 images, 0-20 boxes each)": (941, 1455),
 }
 
 NO_KERNEL = frozenset(
