@@ -55,6 +55,15 @@ STAGE = AugmentConfig(camera=CFG)  # the trainer's stage with this camera recipe
 # rounded to integers (≤ 0.5 each): below 2 levels, as long as no intermediate value is clipped to [0, 255] —
 # which cannot happen for inputs in [64, 192] (the kernel's negative lobes overshoot by ≤ 0.125 · 128 = 16).
 PIL_LEVELS = 2.0
+# The float path (CUDA's, and a float input's on the CPU: the same code) against ATen's integer kernels (the uint8
+# CPU path): both run PIL's two passes, rows then columns, each rounded half up and clamped. What is left is the
+# weights' rounding: the integer kernels round each to a multiple of 2^-p in int16 (p ≥ 14, as the largest weight is
+# ≤ 1: ≤ 2^-15 off), the float path's are float32 (2^-24 relative, negligible). Row pass: ≤ 7 taps of ≤ 255 for
+# scales ≥ 0.76 (support 2/0.76 on each side), sums < 7·255·2^-15 = 0.055 apart, so the rounded levels are ≤ 1
+# apart. Column pass: those ±1 levels through weights whose absolute sum is ≤ 1.27 (the cubic's negative lobes,
+# renormalised where the border cuts taps), plus its own 0.055: < 2 apart, so ≤ 2 levels. (Rounding once at the end
+# instead carries the row pass's overshoot beyond [0, 255] at sharp edges into the column pass: tens of levels.)
+FLOAT_PATH_LEVELS = 2.0
 
 
 def _batch(synth_root, frames_=(0, 1, 2), split="mini_train"):
@@ -170,6 +179,29 @@ def test_image_op_matches_pil_and_fills_outside_with_zeros():
     # sample 0: resized to 56×31, the crop (3, 10)-(67, 42) runs past it: zeros right and below
     assert (out[0, :, :, 21:] == 0).all() and (out[0, :, :, :, 53:] == 0).all()
     assert (out[1, :, :, :, -4:] == 0).all()  # sample 1: crop starts at x = −4, mirrored to the right edge
+
+
+@pytest.mark.parametrize("scale", [0.76, 0.85, 0.97, 1.0, 1.007, 1.04, 1.1])
+def test_float_images_resize_as_the_integer_kernels_round_each_pass(synth_index, synth_root, scale):
+    """The device path's arithmetic on the CPU (float images take CUDA's code): within FLOAT_PATH_LEVELS of the
+    uint8 kernels on the test set's images and on random black-and-white ones (the sharpest edges overshoot most);
+    integers in [0, 255]; equal where no pass runs (s = 1) — and s = 1.007 runs the row pass only (161 × 90)."""
+    batch = _batch(synth_root)
+    g = torch.Generator().manual_seed(5)
+    edges = torch.randint(0, 2, batch.images.shape, dtype=torch.uint8, generator=g) * 255  # (3, 6, 3, 90, 160)
+    images = torch.cat([batch.images, edges])  # (6, 6, 3, 90, 160)
+    num = images.shape[0]
+    params = ImageAugParams(
+        torch.full((num,), scale, dtype=torch.float64), torch.zeros(num, 2, dtype=torch.int64),
+        torch.zeros(num, dtype=torch.bool), torch.zeros(num, dtype=torch.float64),
+    )  # fmt: skip
+    final = (int(160 * scale), int(90 * scale))  # the whole resized image
+    integer = resize_crop_flip(images, params, final)
+    floating = resize_crop_flip(images.float(), params, final)
+    assert torch.equal(floating, floating.round()) and floating.min() >= 0 and floating.max() <= 255
+    torch.testing.assert_close(floating, integer, rtol=0, atol=FLOAT_PATH_LEVELS)
+    if final == (160, 90):
+        assert torch.equal(floating, integer)
 
 
 def test_filter_invisible_is_the_originals_for_random_and_tied_boxes():
@@ -316,8 +348,9 @@ def test_cuda_device_path_equals_the_cpu_one(synth_index, synth_root):
     params = sample_params(batch, CFG, torch.Generator().manual_seed(0))
     cpu = apply(batch, params, CFG)
     gpu = apply(batch.to("cuda"), params, CFG)
-    # bicubic on another device rounds its float sums differently: a value may round to the neighbouring level
-    torch.testing.assert_close(gpu.images.cpu(), cpu.images, rtol=0, atol=1.0 / min(IMAGENET_STD) + 1e-6)
+    # CUDA runs the float path (FLOAT_PATH_LEVELS); normalised, plus each value's float32 rounding (|v| < 4: 2^-22)
+    atol = FLOAT_PATH_LEVELS / min(IMAGENET_STD) + 1e-6
+    torch.testing.assert_close(gpu.images.cpu(), cpu.images, rtol=0, atol=atol)
     for name in ("intrinsics", "lidar2img", "ego_pose", "ego_pose_inv"):
         a, b = getattr(gpu, name).cpu(), getattr(cpu, name)
         assert ((a - b).abs() <= 1e-5 * b.abs().amax(dim=(-2, -1), keepdim=True)).all(), name

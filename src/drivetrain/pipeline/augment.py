@@ -12,13 +12,13 @@ matrix (``ida``): ``A = s·I``, ``b = −crop``; a flip maps ``A ← F·A``, ``b
 
 The pixels (:func:`resize_crop_flip`) follow the original's ``_img_transform`` op by op: each sample's cameras are
 resized to ``(int(W·s), int(H·s))`` with an antialiased bicubic filter (``F.interpolate(antialias=True)``, PIL's
-kernel with ``a = −0.5``, which PIL's default ``Image.resize`` filter is), clamped and rounded to integers as
-PIL's uint8 result is, cropped with zero fill outside the resized image (PIL's ``crop``), and mirrored. So the
-pixels follow the scale ``int(W·s)/W`` while the matrices use ``s``, exactly as in the original (at most one
-output pixel apart at the far edge). The original asserts ``rot_lim == (0, 0)``; a rotation here is a bilinear
-:func:`warp_images` of the cropped image about its centre, the matrix's rotation. :func:`warp_images` resamples
-through any image matrix in one ``grid_sample``; it is not antialiased, so it is the rotation step and a tool,
-not the resize.
+kernel with ``a = −0.5``, which PIL's default ``Image.resize`` filter is), rows then columns, each pass rounded and
+clamped to integers as PIL's uint8 passes are, cropped with zero fill outside the resized image (PIL's ``crop``),
+and mirrored. So the pixels follow the scale ``int(W·s)/W`` while the matrices use ``s``, exactly as in the original
+(at most one output pixel apart at the far edge). The original asserts ``rot_lim == (0, 0)``; a rotation here is a
+bilinear :func:`warp_images` of the cropped image about its centre, the matrix's rotation. :func:`warp_images`
+resamples through any image matrix in one ``grid_sample``; it is not antialiased, so it is the rotation step and a
+tool, not the resize.
 
 2D annotations (``_bboxes_transform``): boxes and projected centres are scaled, shifted by the crop, clipped to
 the output image and flipped; boxes narrower or lower than ``min_size`` (2 px) after clipping are dropped with
@@ -216,8 +216,8 @@ def warp_images(images: torch.Tensor, ida: torch.Tensor, final_size: tuple[int, 
 def resize_crop_flip(images: torch.Tensor, params: ImageAugParams, final_size: tuple[int, int]) -> torch.Tensor:
     """The original's image op for every sample: antialiased bicubic resize, crop, flip (and rotation).
 
-    One ``F.interpolate`` per sample (its cameras together: each sample has its own resized size); the
-    parameters are host tensors, so the loop reads no device memory.
+    One resize per sample (its cameras together: each sample has its own resized size; see
+    :func:`_resize_to_levels`); the parameters are host tensors, so the loop reads no device memory.
 
     Args:
         images: ``(B, N, 3, H, W)`` uint8 or float images (0–255) on any device.
@@ -235,11 +235,7 @@ def resize_crop_flip(images: torch.Tensor, params: ImageAugParams, final_size: t
     flips, rotations = params.flip.tolist(), params.rotate.tolist()
     for i in range(b):
         new_w, new_h = int(w * scales[i]), int(h * scales[i])
-        if images.dtype == torch.uint8 and images.device.type == "cpu":  # integer kernels, rounded as PIL's
-            resized = F.interpolate(images[i], size=(new_h, new_w), mode="bicubic", antialias=True).float()
-        else:  # CUDA has float kernels only: round and clamp to PIL's uint8 values after
-            resized = F.interpolate(images[i].float(), size=(new_h, new_w), mode="bicubic", antialias=True)
-            resized = resized.clamp_(0, 255).round_()  # (N, 3, new_h, new_w)
+        resized = _resize_to_levels(images[i], (new_h, new_w))  # (N, 3, new_h, new_w)
         crop_w, crop_h = crops[i]
         x0, y0 = max(crop_w, 0), max(crop_h, 0)
         x1, y1 = min(crop_w + final_w, new_w), min(crop_h + final_h, new_h)
@@ -253,6 +249,42 @@ def resize_crop_flip(images: torch.Tensor, params: ImageAugParams, final_size: t
                 torch.zeros(1, dtype=torch.bool), params.rotate[i : i + 1],
             )  # fmt: skip
             out[i] = warp_images(out[i : i + 1], ida_matrix(only, final_size), final_size)[0]
+    return out
+
+
+def _resize_to_levels(images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """PIL's uint8 ``Image.resize`` (antialiased bicubic, ``a = −0.5``) of a stack of images, in its two passes.
+
+    PIL resamples the rows first, stores that pass as a uint8 image (rounded half up and clamped to [0, 255]),
+    then resamples its columns and rounds and clamps again; a pass whose size is unchanged is skipped. ATen's
+    CPU kernels for uint8 images do the same with int16 fixed-point weights. The float path (every other dtype
+    and device: CUDA has float kernels only) runs the two passes as two ``F.interpolate`` calls — the unchanged
+    axis's weights are exactly (0, 1, 0, 0) — and rounds and clamps after each, so it is the same code on the
+    CPU and on CUDA. Rounding only once at the end would pass the first pass's overshoot beyond [0, 255] at
+    sharp edges (up to 1/8 of the step) into the second pass: many levels apart from PIL's.
+
+    Args:
+        images: ``(N, 3, H, W)`` uint8, or float holding 0–255, on any device.
+        size: ``(new_h, new_w)``.
+
+    Returns:
+        float32 ``(N, 3, new_h, new_w)`` holding integers in [0, 255]. The float path differs from the integer
+        kernels by at most 2 levels (tests/test_pipeline_camera_aug.py derives the bound), from their weights'
+        rounding to int16.
+    """
+    if images.dtype == torch.uint8 and images.device.type == "cpu":  # ATen's integer kernels (CPU only)
+        return F.interpolate(images, size=size, mode="bicubic", antialias=True).float()
+    out = images.float()  # (N, 3, H, W)
+    height, width = out.shape[-2:]
+    new_h, new_w = size
+    if new_w != width:  # the rows first, as PIL
+        out = F.interpolate(out, size=(height, new_w), mode="bicubic", antialias=True)  # (N, 3, H, new_w)
+        out = out.add_(0.5).floor_().clamp_(0, 255)  # PIL's uint8 intermediate image: rounded half up, clamped
+    if new_h != height:
+        out = F.interpolate(out, size=(new_h, new_w), mode="bicubic", antialias=True)  # (N, 3, new_h, new_w)
+        out = out.add_(0.5).floor_().clamp_(0, 255)
+    if new_w == width and new_h == height:  # no pass: the copy PIL returns (in levels)
+        out = out.add(0.5).floor_().clamp_(0, 255)
     return out
 
 
