@@ -12,6 +12,7 @@ import pytest
 from drivetrain import doctor
 from drivetrain.cli.main import main
 from drivetrain.engine import Trainer, load_config
+from drivetrain.engine.stepsplit import LABELS, PARTS
 from helpers import doctor_cases  # noqa: F401 - registers slow-data and slow-loss
 from helpers.engine import FAST, SMOKE
 
@@ -46,7 +47,26 @@ def test_a_loss_bound_run_is_named_with_its_share(tmp_path):
     kinds = _kinds(run)
     assert "loss-bound" in kinds and "data-bound" not in kinds
     window = json.loads((run / "doctor.json").read_text())["window"]
-    assert window["parts"]["loss"] >= 50 and window["parts"]["loss"] / window["step_ms"] >= 0.25
+    loss = window["parts"]["loss"]["median_ms"]
+    assert loss >= 50 and loss / window["step_ms"] >= 0.25
+
+
+def test_the_profiled_window_is_the_split_bench_train_reports(tmp_path):
+    """The doctor's window is :func:`drivetrain.engine.stepsplit.measure_steps`'s split: the same parts, overhead
+    share and host syncs in doctor.json, and the same table in doctor.md."""
+    run = _run(tmp_path / "plain")
+    _kinds(run)
+    window = json.loads((run / "doctor.json").read_text())["window"]
+    assert tuple(window["parts"]) == doctor.PARTS == (*PARTS, "other")
+    parts = {p: window["parts"][p]["median_ms"] for p in doctor.PARTS}
+    assert window["overhead_share"] == round(1 - (parts["forward"] + parts["backward"]) / window["step_ms"], 4)
+    assert window["data_wait_ms"] == parts["data"] and window["steps"] == 3 and window["warmup"] == 1
+    # The CPU counts host reads too: the smoke model's step has the trainer's one, the skip decision.
+    assert window["syncs_per_step"] == 1 and window["region_syncs"] == {"step/optimizer": 1}
+    report = (run / "doctor.md").read_text()
+    for label in LABELS.values():
+        assert f"| {label} |" in report
+    assert "overhead share = 1 − (forward + backward) / step" in report and "host syncs per step: 1" in report
 
 
 def test_a_memory_heavy_run_is_named_against_its_budget(tmp_path):
@@ -60,9 +80,12 @@ def test_a_memory_heavy_run_is_named_against_its_budget(tmp_path):
     assert "memory-heavy" not in relaxed
 
 
-def _window(step_ms: float, **parts: float) -> dict:
-    return {"step_ms": step_ms, "parts": {p: parts.get(p, 0.0) for p in doctor.PARTS}, "inner": {},
-            "syncs_per_step": None, "device": "cpu"}  # fmt: skip
+def _window(step_ms: float, syncs: int = 1, region_syncs: dict | None = None, **parts: float) -> dict:
+    """A profiled window in measure_steps' JSON form with the given part medians (ms)."""
+    forward_backward = parts.get("forward", 0.0) + parts.get("backward", 0.0)
+    return {"step_ms": step_ms, "parts": {p: {"median_ms": parts.get(p, 0.0)} for p in doctor.PARTS}, "inner_ms": {},
+            "overhead_share": 1 - forward_backward / step_ms, "syncs_per_step": syncs, "syncs_source": "counted",
+            "region_syncs": region_syncs or {"step/optimizer": 1}, "device": "cpu"}  # fmt: skip
 
 
 def test_a_run_whose_forward_and_backward_dominate_is_network_bound_and_nothing_else():
@@ -83,3 +106,16 @@ def test_a_run_whose_forward_and_backward_dominate_is_network_bound_and_nothing_
 def test_doctor_names_a_folder_that_is_not_a_run(tmp_path):
     with pytest.raises(SystemExit, match="metrics"):
         main(["doctor", str(tmp_path)])
+
+
+def test_host_syncs_beyond_the_trainers_one_are_named_with_their_regions():
+    summary = {"data_share": 0.0, "data_wait_ms": 0.0, "step_ms": 20.0, "peak_memory_mb": 100.0,
+               "config": {"data": {"num_workers": 0}, "model": {}}}  # fmt: skip
+    parts = {"forward": 8.0, "backward": 8.0}
+    reads = {"step/forward/input": 1, "step/loss/assignment": 1, "step/optimizer": 1}
+    three = doctor.diagnose(summary, _window(20.0, 3, reads, **parts), memory_budget_mb=1e6)
+    syncs = [f for f in three if f.kind == "host-syncs"]
+    assert len(syncs) == 1 and "3 host syncs per step" in syncs[0].statement
+    assert "step/forward/input 1" in syncs[0].statement and "step/loss/assignment 1" in syncs[0].statement
+    one = doctor.diagnose(summary, _window(20.0, 1, **parts), memory_budget_mb=1e6)
+    assert "host-syncs" not in [f.kind for f in one]

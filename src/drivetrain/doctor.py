@@ -6,21 +6,23 @@ Two sources of numbers:
    ``next(batch)`` blocked), samples/s, peak memory (CUDA allocator peak, or the process's peak RSS on a CPU),
    fp16 loss scale and skipped steps;
 2. a short **profiled window**: the run's config trained again for ``--steps`` steps (after ``--warmup``) in a
-   scratch directory, with a :class:`~drivetrain.profile.Profiler` receiving the trainer's regions — ``step`` →
-   ``data``, ``forward``, ``loss``, ``backward``, ``optimizer`` (and the models' and losses' own regions inside
-   them) — and, on CUDA, ``torch.cuda.set_sync_debug_mode`` counting the host syncs per step.
+   scratch directory by :func:`drivetrain.engine.stepsplit.measure_steps` — the split ``drivetrain bench train``
+   reports: the ``step`` region's data wait (blocked on the loader), host → device copy, forward, loss, backward,
+   optimizer and other (the models' and losses' own regions inside them), ``overhead_share`` = 1 − (forward +
+   backward) / step, and the host syncs per step (counted on any device; on CUDA every synchronising call seen by
+   ``torch.cuda.set_sync_debug_mode``).
 
 Findings, each stated with the numbers behind it (thresholds are parameters of :func:`diagnose`):
 
-- **data-bound**: the data wait is ≥ 20 % of the step → ``data.num_workers`` (more, up to the cores),
-  ``data.augment_on=device`` (augmenting in the workers), ``data.loader=dali``, ``data.prefetch=true`` (CUDA),
-  and ``drivetrain tune loader`` to measure them;
+- **data-bound**: the data wait (in the window: loader and copy) is ≥ 20 % of the step → ``data.num_workers``
+  (more, up to the cores), ``data.augment_on=device`` (augmenting in the workers), ``data.loader=dali``,
+  ``data.prefetch=true`` (CUDA), and ``drivetrain tune loader`` to measure them;
 - **loss-bound**: the loss is ≥ 25 % of the step → ``model.args.impl=batched`` when the run uses the reference
   (per-sample) loss path, otherwise the loss's largest part is named;
 - **memory-heavy**: peak memory ≥ 85 % of the budget (``--memory-budget-mb``; default the GPU's memory, or the
   machine's RAM) → ``speed.activation_checkpointing`` and ``precision.mode=bf16`` (fp32 runs); a CUDA run at
   ≤ 30 % has room for a larger ``data.batch_size``;
-- **host syncs**: more than the one documented sync per step (CUDA only);
+- **host syncs**: more than the trainer's one documented sync per step (the regions that read are named);
 - otherwise **network-bound**: forward + backward dominate → ``precision.mode=bf16`` on a GPU,
   ``speed.compile``, ``speed.channels_last``.
 """
@@ -31,14 +33,12 @@ import dataclasses
 import json
 import os
 import statistics
-import tempfile
-import warnings
 from pathlib import Path
 from typing import Any
 
 __all__ = ["Finding", "diagnose", "memory_budget_mb", "profile_window", "render", "run_summary", "to_json"]
 
-PARTS = ("data", "forward", "loss", "backward", "optimizer")
+PARTS = ("data", "copy", "forward", "loss", "backward", "optimizer", "other")  # drivetrain.engine.stepsplit's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,56 +89,23 @@ def run_summary(run_dir: str | Path) -> dict[str, Any]:
 def profile_window(
     run_dir: str | Path, *, steps: int = 5, warmup: int = 2, overrides: list[str] | None = None
 ) -> dict[str, Any]:
-    """Train the run's config ``warmup + steps`` steps in a scratch directory under the profiler (see the module).
+    """Train the run's config ``warmup + steps`` steps in a scratch directory under the profiler (see the module):
+    :func:`drivetrain.engine.stepsplit.measure_steps`, as ``drivetrain bench train`` does.
 
     Returns:
-        ``{"step_ms", "parts": {part: ms}, "inner": {region path: ms}, "syncs_per_step" (None on a CPU),
-        "device"}``: medians over the timed steps.
+        :meth:`~drivetrain.engine.stepsplit.StepSplit.as_dict`: ``step_ms``, ``step_max_ms``, ``parts`` ({part:
+        ``median_ms``, ``max_ms``, ``share``} for data, copy, forward, loss, backward, optimizer, other),
+        ``data_wait_ms``, ``overhead_share``, ``syncs_per_step``, ``syncs_source``, ``kernels_per_step``,
+        ``region_syncs``, ``logged``, ``inner_ms`` ({region path: median ms}), ``device``.
     """
-    import torch
+    from drivetrain.engine.stepsplit import measure_steps
 
-    from drivetrain.engine import Trainer, load_config
-    from drivetrain.profile import Profiler
-    from drivetrain.profile.timer import active
-    from drivetrain.safe_files import remove_path
+    split = measure_steps(Path(run_dir) / "config.yaml", overrides or [], steps=steps, warmup=warmup)
+    return split.as_dict()
 
-    run_dir = Path(run_dir)
-    with tempfile.TemporaryDirectory() as tmp:
-        keys = [
-            f"run.out_dir={Path(tmp) / 'run'}", "log.progress=false", "log.tensorboard=false", "eval.every=0",
-            "eval.at_start=false", f"train.steps={warmup + steps}", f"checkpoint.every={warmup + steps}",
-            "checkpoint.keep=1",
-        ]  # fmt: skip
-        cfg = load_config(run_dir / "config.yaml", [*(overrides or []), *keys])
-        trainer = Trainer(cfg)
-        profiler = Profiler(trainer.device, warmup=warmup)
-        cuda = trainer.device.type == "cuda"
-        syncs = 0
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                if cuda:
-                    torch.cuda.set_sync_debug_mode("warn")
-                try:
-                    with active(profiler):
-                        trainer.fit()
-                finally:
-                    if cuda:
-                        torch.cuda.set_sync_debug_mode("default")
-            syncs = sum("synchroniz" in str(w.message).lower() for w in caught)
-        finally:
-            trainer.close()
-            remove_path(Path(tmp) / "run", ignore_errors=True)
-    summary = profiler.summary()
-    inner = {name: stats.median for name, stats in summary.items() if name.startswith("step/")}
-    parts = {part: inner.get(f"step/{part}", 0.0) for part in PARTS}
-    return {
-        "step_ms": summary["step"].median if "step" in summary else float("nan"),
-        "parts": parts,
-        "inner": inner,
-        "syncs_per_step": syncs / (warmup + steps) if cuda else None,
-        "device": str(trainer.device),
-    }
+
+def _ms(window: dict[str, Any], part: str) -> float:
+    return window["parts"][part]["median_ms"]
 
 
 def diagnose(
@@ -157,7 +124,8 @@ def diagnose(
     cuda = window is not None and window["device"].startswith("cuda")
     findings: list[Finding] = []
     wait = summary["data_share"]
-    window_wait = window["parts"]["data"] / window["step_ms"] if window and window["step_ms"] > 0 else float("nan")
+    waits = (_ms(window, "data") + _ms(window, "copy")) if window else float("nan")  # loader + host→device copy
+    window_wait = waits / window["step_ms"] if window and window["step_ms"] > 0 else float("nan")
     worst_wait = max(v for v in (wait, window_wait, 0.0) if v == v)  # NaN-free
     if worst_wait >= data_share:
         switches = []
@@ -175,21 +143,22 @@ def diagnose(
         findings.append(Finding(
             "data-bound",
             f"the step waits for data: {wait:.0%} of the step in the run (median {summary['data_wait_ms']:.1f} of "
-            f"{summary['step_ms']:.1f} ms)" + (f", {window_wait:.0%} in the profiled window" if window else ""),
+            f"{summary['step_ms']:.1f} ms)" + (f", {window_wait:.0%} in the profiled window (loader "
+            f"{_ms(window, 'data'):.1f} ms, copy {_ms(window, 'copy'):.1f} ms)" if window else ""),
             tuple(switches),
         ))  # fmt: skip
     if window and window["step_ms"] > 0:
-        share = window["parts"]["loss"] / window["step_ms"]
+        share = _ms(window, "loss") / window["step_ms"]
         if share >= loss_share:
             impl = (model_cfg.get("args") or {}).get("impl")
-            inner = {k.removeprefix("step/loss/"): v for k, v in window["inner"].items() if k.count("/") == 2
+            inner = {k.removeprefix("step/loss/"): v for k, v in window["inner_ms"].items() if k.count("/") == 2
                      and k.startswith("step/loss/")}  # fmt: skip
             largest = max(inner, key=inner.get) if inner else None
             detail = f"; its largest part is {largest!r} ({inner[largest]:.1f} ms)" if largest else ""
             switches = ["model.args.impl=batched (the batched loss path)"] if impl == "reference" else []
             findings.append(Finding(
                 "loss-bound",
-                f"the loss takes {share:.0%} of the step ({window['parts']['loss']:.1f} of {window['step_ms']:.1f} ms"
+                f"the loss takes {share:.0%} of the step ({_ms(window, 'loss'):.1f} of {window['step_ms']:.1f} ms"
                 f" in the profiled window){detail}" + (", on the reference (per-sample) path" if switches else ""),
                 tuple(switches or ["the batched loss path is in use: see the largest part above"]),
             ))  # fmt: skip
@@ -211,12 +180,15 @@ def diagnose(
                 (f"data.batch_size larger than {data_cfg.get('batch_size')} (with the lr scaled along)",),
             ))  # fmt: skip
     if window and window["syncs_per_step"] is not None and window["syncs_per_step"] > 1:
+        where = ", ".join(f"{name} {n}" for name, n in window["region_syncs"].items())
         findings.append(Finding(
-            "host-syncs", f"{window['syncs_per_step']:.1f} host syncs per step (one is documented)",
-            ("run the profiled window under torch.cuda.set_sync_debug_mode('error') to find them",),
+            "host-syncs",
+            f"{window['syncs_per_step']:g} host syncs per step ({window['syncs_source']}"
+            + (f"; host reads counted in {where}" if where else "") + "); the trainer's own is one, the skip decision",
+            ("torch.cuda.set_sync_debug_mode('error') (on a GPU: raises at each; one kept needs a `# sync:` reason)",),
         ))  # fmt: skip
     if not any(f.kind in ("data-bound", "loss-bound") for f in findings) and window and window["step_ms"] > 0:
-        net = (window["parts"]["forward"] + window["parts"]["backward"]) / window["step_ms"]
+        net = 1.0 - window["overhead_share"]
         switches = ["speed.compile=[<modules>]", "speed.channels_last=2d"]
         if cuda and (config.get("precision") or {}).get("mode", "fp32") == "fp32":
             switches.insert(0, "precision.mode=bf16")
@@ -237,15 +209,10 @@ def render(summary: dict[str, Any], window: dict[str, Any] | None, findings: lis
         "",
     ]  # fmt: skip
     if window:
-        lines += [f"## Profiled window ({window['device']})", "", "| part | ms (median) | share of the step |",
-                  "|---|---:|---:|"]  # fmt: skip
-        for part, ms in window["parts"].items():
-            share = ms / window["step_ms"] if window["step_ms"] > 0 else float("nan")
-            lines.append(f"| {part} | {ms:.1f} | {share:.0%} |")
-        lines.append(f"| step | {window['step_ms']:.1f} | 100% |")
-        if window["syncs_per_step"] is not None:
-            lines.append(f"\nHost syncs per step: {window['syncs_per_step']:.1f}")
-        lines.append("")
+        from drivetrain.engine.stepsplit import table_lines
+
+        lines += [f"## Profiled window ({window['device']}, {window['warmup']} warm-up + {window['steps']} steps)", ""]
+        lines += [*table_lines(window), ""]
     lines += ["## Findings", ""]
     for finding in findings:
         lines.append(f"- **{finding.kind}**: {finding.statement}.")

@@ -13,8 +13,9 @@ examples:
   drivetrain doctor runs/demo --no-profile                    # the run's metrics alone (no training)
   drivetrain doctor runs/x --memory-budget-mb 16000 train.device=cpu   # overrides for the profiled window
 
-Writes RUN_DIR/doctor.md (and doctor.json): the run's medians, the profiled window's breakdown (data, forward,
-loss, backward, optimizer; host syncs per step on CUDA) and the findings with the switches to try.
+Writes RUN_DIR/doctor.md (and doctor.json): the run's medians, the profiled window's split of the trainer's step
+(the one `drivetrain bench train` reports: data wait, copy, forward, loss, backward, optimizer, other; overhead
+share = 1 - (forward + backward) / step; host syncs per step) and the findings with the switches to try.
 """
 
 

@@ -441,7 +441,7 @@ class Trainer:
     def _iteration(self, log: MetricsLogger) -> str | None:
         """One optimizer iteration; returns the name of a received stop signal (agreed across ranks)."""
         t_start = time.perf_counter()
-        with region("step"):  # profiled regions (drivetrain doctor): no-ops unless a profiler is active
+        with region("step"):  # profiled regions (doctor, bench train): no-ops unless a profiler is active
             micro = self._forward_backward()
             with region("optimizer"):
                 grad_norm, grads_bad = self.strategy.unscale_and_clip()
@@ -464,8 +464,9 @@ class Trainer:
         )
         for micro in range(accum):
             t0 = time.perf_counter()
-            with region("data"):
+            with region("data"):  # blocked on the loader (and, with the prefetcher, on its side stream)
                 batch, indices = self.data.next()
+            with region("copy"):  # host → device; the prefetcher's batches are there already (a pass-through)
                 batch = to_device(batch, self.device, cfg.speed.channels_last)
             out.data_wait += time.perf_counter() - t0
             out.indices.append(indices)

@@ -1,0 +1,284 @@
+"""The trainer's own step, split into its parts: what ``drivetrain bench train`` and ``drivetrain doctor`` measure.
+
+:func:`measure_steps` trains a config with the real :class:`~drivetrain.engine.Trainer` — its loader and workers,
+prefetcher, precision, strategy — in a scratch run directory it deletes afterwards (evaluation off; the one
+checkpoint the trainer always writes at the end comes after the last timed step), ``warmup`` steps then ``steps``
+timed ones, under a :class:`~drivetrain.profile.Profiler` that receives the trainer's regions:
+
+- ``data``: blocked on the loader (``next(batch)``; with the prefetcher this includes waiting for its side stream),
+- ``copy``: the host → device copy (``to_device``; a pass-through for a batch the prefetcher already copied),
+- ``forward`` (the network, under autocast), ``loss``, ``backward``,
+- ``optimizer`` (unscale, clip, the skip decision — the step's one documented host read —, step, schedule),
+- ``other``: the rest of the ``step`` region (per step: the step minus its parts; gradient bookkeeping).
+
+Times are medians over the timed steps (and their maxima); on CUDA they are CUDA-event times on the training
+stream, so a part is the stream time between its marks — ``data`` is what the GPU waits while the host blocks on
+the loader, not the host's wait when the GPU is still busy. The trainer's own host-clock log (``metrics.jsonl``:
+``step_time_s``, ``data_wait_s``, which includes the copy) is reported beside them.
+
+Host syncs per step: the last warm-up step is counted by :mod:`drivetrain.profile.costmodel` (the ATen kernels and
+host reads of the ``step`` region, the loader's host work in ``data`` excepted), on any device; on CUDA the timed
+steps also run under ``torch.cuda.set_sync_debug_mode("warn")`` and every synchronising call is counted (the
+metric log's flush every ``log.every`` steps included), which is then the reported number.
+
+``overhead_share = 1 − (forward + backward) / step``: the share of the step that is not the network's own work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from drivetrain.engine.config import load_config
+from drivetrain.engine.trainer import Trainer
+from drivetrain.profile.timer import Profiler, Stats, active
+
+__all__ = ["LABELS", "PARTS", "StepSplit", "measure_steps", "table_lines"]
+
+PARTS = ("data", "copy", "forward", "loss", "backward", "optimizer")  # the trainer's regions inside ``step``
+STEP = "step"
+HOST_REGIONS = ("step/data",)  # the loader's host work (decoding, collating) is no GPU cost: not counted
+LABELS = {
+    "data": "data wait (loader)", "copy": "copy (host → device)", "forward": "forward (network)", "loss": "loss",
+    "backward": "backward", "optimizer": "optimizer", "other": "other",
+}  # fmt: skip
+SYNC_WARNING = "synchroniz"  # in the message of every warning torch.cuda.set_sync_debug_mode("warn") gives
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSplit:
+    """One measurement of the trainer's step (see the module docstring). Times in milliseconds.
+
+    Attributes:
+        device: the trainer's device, e.g. ``"cpu"``, ``"cuda:0"``.
+        steps: timed steps; ``warmup``: untimed steps before them (the last one counted).
+        step: the ``step`` region's stats over the timed steps.
+        parts: ``PARTS`` and ``"other"`` → their stats over the timed steps.
+        inner: every region path (``step/...``, the models' and losses' regions included) → its median.
+        kernels_per_step, counted_syncs_per_step: the counted step's ATen kernels and host reads (None if it was
+            not counted, e.g. while another counter counted).
+        syncs_per_step: host syncs per step: on CUDA the synchronising calls seen per timed step, else the counted.
+        syncs_source: ``"cuda sync debug mode"`` or ``"counted"``.
+        region_syncs: region path → host reads of the counted step made in that region itself (not in a region
+            inside it), for the regions that make any.
+        logged: medians of the trainer's log over the timed steps: ``step_ms``, ``data_wait_ms`` (host clock; the
+            wait includes the copy), and the run's ``peak_memory_mb``.
+    """
+
+    device: str
+    steps: int
+    warmup: int
+    step: Stats
+    parts: dict[str, Stats]
+    inner: dict[str, float]
+    kernels_per_step: int | None
+    counted_syncs_per_step: int | None
+    syncs_per_step: float | None
+    syncs_source: str
+    region_syncs: dict[str, int]
+    logged: dict[str, float]
+
+    @property
+    def data_wait_ms(self) -> float:
+        """Median time blocked on the loader (the ``data`` part)."""
+        return self.parts["data"].median
+
+    @property
+    def overhead_share(self) -> float:
+        """``1 − (forward + backward) / step`` from the medians; NaN for a step of no time."""
+        step = self.step.median
+        if step <= 0:
+            return float("nan")
+        return 1.0 - (self.parts["forward"].median + self.parts["backward"].median) / step
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON of ``drivetrain bench train`` (and the doctor's window): ms to 6 decimals, shares to 4."""
+
+        def stats(s: Stats) -> dict[str, float]:
+            share = s.median / self.step.median if self.step.median > 0 else float("nan")
+            return {"median_ms": round(s.median, 6), "max_ms": round(s.max, 6), "share": round(share, 4)}
+
+        return {
+            "device": self.device,
+            "steps": self.steps,
+            "warmup": self.warmup,
+            "step_ms": round(self.step.median, 6),
+            "step_max_ms": round(self.step.max, 6),
+            "parts": {name: stats(s) for name, s in self.parts.items()},
+            "data_wait_ms": round(self.data_wait_ms, 6),
+            "overhead_share": round(self.overhead_share, 4),
+            "syncs_per_step": self.syncs_per_step,
+            "syncs_source": self.syncs_source,
+            "counted_syncs_per_step": self.counted_syncs_per_step,
+            "kernels_per_step": self.kernels_per_step,
+            "region_syncs": self.region_syncs,
+            "logged": {k: round(v, 6) for k, v in self.logged.items()},
+            "inner_ms": {k: round(v, 6) for k, v in self.inner.items()},
+        }
+
+
+class _StepMarks(Profiler):
+    """A profiler that notes, as each step closes, how many warnings have been caught so far."""
+
+    def __init__(
+        self, device: torch.device, warmup: int, caught: list[warnings.WarningMessage], nvtx: bool = False
+    ) -> None:
+        super().__init__(device, warmup=warmup, nvtx=nvtx, host_regions=HOST_REGIONS)
+        self.caught = caught
+        self.marks: list[int] = []
+
+    def step(self) -> None:
+        super().step()
+        self.marks.append(len(self.caught))
+
+
+def measure_steps(
+    config: str | Path,
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    steps: int = 5,
+    warmup: int = 2,
+    device: str | None = None,
+    scratch: str | Path | None = None,
+    nvtx: bool = False,
+) -> StepSplit:
+    """Train ``config`` (its ``base:`` chain and ``overrides`` applied) ``warmup + steps`` steps and split its step.
+
+    Args:
+        config: a run config (YAML), read as ``drivetrain train`` reads it.
+        overrides: ``key=value`` overrides (before the scratch run's own: out_dir, steps, no evaluation).
+        steps: timed steps (≥ 1).
+        warmup: untimed steps before them (≥ 1: the last one is counted).
+        device: ``train.device`` if given, else the config's.
+        scratch: the folder the scratch run directory is made in (default: the system's temporary folder).
+        nvtx: also emit an NVTX range per region (CUDA only), for Nsight Systems.
+
+    Returns:
+        The :class:`StepSplit`.
+
+    Raises:
+        ValueError: ``steps`` < 1 or ``warmup`` < 1.
+        ConfigError: the config or an override is invalid.
+    """
+    if steps < 1 or warmup < 1:
+        raise ValueError(f"steps must be ≥ 1 and warmup ≥ 1, got steps={steps}, warmup={warmup}")
+    total = warmup + steps
+    with tempfile.TemporaryDirectory(prefix="drivetrain-steps-", dir=scratch) as tmp:
+        out = Path(tmp) / "run"
+        keys = [
+            f"run.out_dir={out}", "log.progress=false", "log.tensorboard=false", "eval.every=0",
+            "eval.at_start=false", f"train.steps={total}", f"checkpoint.every={total}", "checkpoint.keep=1",
+            *([f"train.device={device}"] if device is not None else []),
+        ]  # fmt: skip
+        trainer = Trainer(load_config(config, [*overrides, *keys]))
+        cuda = trainer.device.type == "cuda"
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                profiler = _StepMarks(trainer.device, warmup, caught, nvtx)
+                if cuda:
+                    torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    with active(profiler):
+                        trainer.fit()
+                finally:
+                    if cuda:
+                        torch.cuda.set_sync_debug_mode("default")
+            logged = _logged(out / "metrics.jsonl", warmup, total)
+        finally:
+            trainer.close()
+    for w in caught:  # the run's other warnings reach the caller as they would have (once per place)
+        if SYNC_WARNING not in str(w.message).lower():
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    step_times = profiler.samples(STEP)
+    per_part = {part: _samples(profiler, f"{STEP}/{part}", len(step_times)) for part in PARTS}
+    other = [s - sum(parts) for s, *parts in zip(step_times, *per_part.values(), strict=True)]
+    summary = profiler.summary()
+    counted = profiler.cost(STEP)
+    syncs: float | None = None if counted is None else int(counted.syncs)
+    source = "counted"
+    if cuda and len(profiler.marks) >= total:  # the warnings between the end of warm-up and the last timed step
+        window = caught[profiler.marks[warmup - 1] : profiler.marks[total - 1]]
+        seen = sum(SYNC_WARNING in str(w.message).lower() for w in window)
+        syncs, source = (seen // steps if seen % steps == 0 else seen / steps), "cuda sync debug mode"
+    region_syncs = _own_syncs(profiler)
+    return StepSplit(
+        device=str(trainer.device),
+        steps=steps,
+        warmup=warmup,
+        step=Stats.of(step_times),
+        parts={**{part: Stats.of(s) for part, s in per_part.items()}, "other": Stats.of(other)},
+        inner={name: s.median for name, s in summary.items() if name.startswith(f"{STEP}/")},
+        kernels_per_step=None if counted is None else int(counted.kernels),
+        counted_syncs_per_step=None if counted is None else int(counted.syncs),
+        syncs_per_step=syncs,
+        syncs_source=source,
+        region_syncs=region_syncs,
+        logged=logged,
+    )
+
+
+def _own_syncs(profiler: Profiler) -> dict[str, int]:
+    """Region path → the host reads of the counted step made in that region itself, not in a region inside it."""
+    syncs = {name: int(cost.syncs) for name in profiler.names if (cost := profiler.cost(name)) is not None}
+    own = {}
+    for name, n in syncs.items():
+        inside = sum(m for child, m in syncs.items() if child.rpartition("/")[0] == name)
+        if name.startswith(f"{STEP}/") and n > inside:
+            own[name] = n - inside
+    return own
+
+
+def _samples(profiler: Profiler, name: str, count: int) -> list[float]:
+    """Per-step ms of region ``name`` over the timed steps; zeros for a region the trainer never entered."""
+    if name not in profiler.names:
+        return [0.0] * count
+    samples = profiler.samples(name)
+    if len(samples) != count:  # a part entered in some steps only: the step-by-step remainder would misalign
+        raise RuntimeError(f"{name}: timed in {len(samples)} of {count} steps")
+    return samples
+
+
+def _logged(path: Path, warmup: int, total: int) -> dict[str, float]:
+    """Medians of the trainer's own log over the timed steps (``step`` numbers ``warmup + 1 … total``)."""
+    records = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    timed = [r for r in records if "step_time_s" in r and warmup < int(r.get("step", 0)) <= total]
+    out: dict[str, float] = {}
+    if timed:
+        out["step_ms"] = statistics.median(r["step_time_s"] for r in timed) * 1e3
+        out["data_wait_ms"] = statistics.median(r["data_wait_s"] for r in timed) * 1e3
+    memory = [float(r["peak_memory_mb"]) for r in records if isinstance(r.get("peak_memory_mb"), (int, float))]
+    if memory:
+        out["peak_memory_mb"] = max(memory)
+    return out
+
+
+def table_lines(split: dict[str, Any]) -> list[str]:
+    """Markdown lines of a split in :meth:`StepSplit.as_dict` form: each part's median, max and share of the step,
+    the step, then overhead share, host syncs, kernels and the trainer's own log (``bench train``, ``doctor``)."""
+    lines = ["| part | median ms | max ms | share of the step |", "|---|---:|---:|---:|"]
+    for part, label in LABELS.items():
+        p = split["parts"][part]
+        lines.append(f"| {label} | {p['median_ms']:.2f} | {p['max_ms']:.2f} | {p['share']:.1%} |")
+    lines += [f"| **step** | **{split['step_ms']:.2f}** | {split['step_max_ms']:.2f} | 100% |", ""]
+    lines.append(f"- overhead share = 1 − (forward + backward) / step = {split['overhead_share']:.3f}")
+    syncs = "n/a" if split["syncs_per_step"] is None else f"{split['syncs_per_step']:g}"
+    where = ", ".join(f"{name} {n}" for name, n in split["region_syncs"].items()) or "none"
+    lines.append(f"- host syncs per step: {syncs} ({split['syncs_source']}; host reads counted by region: {where})")
+    if split["kernels_per_step"] is not None:
+        lines.append(f"- ATen kernels per step (counted, the loader's work excepted): {split['kernels_per_step']:,}")
+    logged = split["logged"]
+    if "step_ms" in logged:
+        lines.append(
+            f"- the trainer's log (host clock): step {logged['step_ms']:.2f} ms, data wait {logged['data_wait_ms']:.2f}"
+            " ms (the copy included)"
+            + (f", peak memory {logged['peak_memory_mb']:.0f} MB" if "peak_memory_mb" in logged else "")
+        )
+    return lines
