@@ -131,3 +131,35 @@ def test_synthetic_builder_reindexes_an_index_of_an_older_format(tmp_path):
     np.savez(index, **arrays)
     with pytest.warns(RuntimeWarning, match="re-indexing the synthetic dataset"):
         assert len(synthetic(root=str(tmp_path), **small)) == 4
+
+
+def test_gpu_solver_shapes_met_in_a_step_are_compiled_between_steps(
+    synth_index, synth_root, tmp_path, monkeypatch, capsys
+):
+    """The trainer with the gpu backend's plumbing on the CPU (a recording SciPy stand-in for the Triton kernel):
+    the first step meets its shapes uncompiled and solves them with SciPy, the trainer compiles every bucket of
+    that head after the step (one line saying so), no later step falls back, and the losses are those of a run
+    with the scipy backend."""
+    import importlib
+
+    import test_match_solve_buckets as buckets
+
+    index = synth_root / "drivetrain_index.npz"
+    run(tmp_path / "scipy", index, "train.steps=4")
+    solve_module = importlib.import_module("drivetrain.match.solve")
+    kernel = buckets.RecordingKernel()
+    monkeypatch.setattr(solve_module, "gpu_solver_available", lambda device: True)
+    monkeypatch.setattr(solve_module, "_triton_assignment", kernel)
+    monkeypatch.setattr(solve_module, "_SHAPES", solve_module._ShapeBook())
+    with pytest.warns(UserWarning, match="not compiled yet"):
+        run(tmp_path / "gpu", index, "train.steps=4")
+    shapes = solve_module.gpu_solver_shapes()
+    fallbacks = shapes["fallbacks"]
+    assert fallbacks >= 1 and shapes["pending"] == []
+    compiled = {(q, g) for _, q, g in shapes["compiled"]}
+    assert {g for _, g in compiled} == {8, 16, 32, 64}  # every bucket up to 64 of the head's Q
+    assert set(kernel.shapes) <= compiled and len(kernel.shapes) > len(compiled)  # later steps ran the kernel
+    assert losses(tmp_path / "gpu") == losses(tmp_path / "scipy")
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("solver: ")]
+    assert len(lines) == 1 and lines[0].startswith("solver: compiled 4 GPU assignment kernels (Q ")
+    assert lines[0].endswith("after step 1")

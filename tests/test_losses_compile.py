@@ -184,21 +184,25 @@ def cpu_assignment(cost: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def test_gpu_solver_path_is_one_graph_without_a_break(gen, monkeypatch):
-    """The gpu backend's plumbing under torch.compile (nan_to_num, constant padding columns, the kernel as the
-    ``drivetrain::solve_gpu`` node, pairs without a sync), checked on the CPU with a SciPy stand-in for the
-    Triton kernel: one graph, no break, the pairs of the scipy backend. The real kernel needs CUDA."""
+def test_gpu_solver_path_is_one_graph_per_target_bucket_without_a_break(gen, monkeypatch):
+    """The gpu backend's plumbing under torch.compile (nan_to_num, constant padding columns up to the target bucket,
+    the kernel as the ``drivetrain::solve_gpu`` node, pairs without a sync), checked on the CPU with a SciPy stand-in
+    for the Triton kernel: no break, the pairs of the scipy backend, and one graph per padded target count — the
+    kernel's shape is a compile-time constant, so G 7 (bucket 8), 9 and 12 (bucket 16) make two graphs, not three.
+    The real kernel needs CUDA."""
     monkeypatch.setattr(solve_module, "gpu_solver_available", lambda device: True)
     monkeypatch.setattr(solve_module, "_triton_assignment", cpu_assignment)
     recorder = Recorder()
     gpu_loss = streampetr_loss(backend="gpu")
     scipy_loss = streampetr_loss(backend="scipy")
-    for num_gt in SP_BATCHES[:2]:
+    buckets = {solve_module.padded_target_count(max(num_gt), 30) for num_gt in SP_BATCHES}
+    assert buckets == {8, 16}
+    for num_gt in SP_BATCHES:
         outputs, targets = streampetr_case(num_gt, layers=2, queries=30, groups=2, gen=gen)
         gpu_loss.compile_options = {"backend": recorder}
         assert_bit_equal(run(gpu_loss, outputs, targets, "batched"), run(scipy_loss, outputs, targets, "batched"))
-    assert len(recorder.graphs) == 1 and graph_breaks() == 0
-    assert recorder.calls("drivetrain.solve_gpu") == 1 and recorder.calls("drivetrain.solve_scipy") == 0
+    assert len(recorder.graphs) == len(buckets) and graph_breaks() == 0
+    assert recorder.calls("drivetrain.solve_gpu") == len(buckets) and recorder.calls("drivetrain.solve_scipy") == 0
 
 
 # ---------------------------------------------------------------------------------------------- lidar

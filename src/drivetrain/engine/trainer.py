@@ -58,6 +58,7 @@ from drivetrain.engine.schedule import lr_factor
 from drivetrain.engine.state import FixedState, RngState, ScheduleState, Stateful, StrategyState
 from drivetrain.engine.strategy import build_strategy
 from drivetrain.losses.weights import base_name, resolve_weights, weighted_total
+from drivetrain.match import warm_pending
 from drivetrain.pipeline.augmentation import Augmentation
 from drivetrain.pipeline.prefetch import DevicePrefetcher
 from drivetrain.pipeline.transfer import to_device
@@ -338,6 +339,9 @@ class Trainer:
                             stop = self._iteration(log)
                         except DataError as err:
                             raise self._data_failure(err, data_state) from None
+                        warm = warm_pending()  # GPU solver shapes the step met uncompiled: compiled between steps
+                        if warm.shapes:
+                            log.message(f"solver: {warm.describe()} after step {self.state.iteration}")
                         if self._step_delay:
                             time.sleep(self._step_delay)
                         done = self.state.iteration

@@ -9,7 +9,15 @@ from drivetrain.match.max_iou import (
     reference_max_iou_assign,
     reference_max_iou_assign_per_class,
 )
-from drivetrain.match.solve import BACKENDS, gpu_solver_available, pairs_from_assignment, solve
+from drivetrain.match.solve import (
+    BACKENDS,
+    gpu_solver_available,
+    gpu_solver_shapes,
+    pairs_from_assignment,
+    solve,
+    warm_gpu_solver,
+    warm_pending,
+)
 
 __all__ = [
     "BACKENDS",
@@ -23,9 +31,12 @@ __all__ = [
     "focal_cost",
     "giou_cost",
     "gpu_solver_available",
+    "gpu_solver_shapes",
     "l1_cost",
     "pairs_from_assignment",
     "reference_max_iou_assign",
     "reference_max_iou_assign_per_class",
     "solve",
+    "warm_gpu_solver",
+    "warm_pending",
 ]

@@ -18,7 +18,21 @@ Backends:
         columns unchanged: with ``G ≤ Q`` every column is matched anyway, and with ``G > Q`` a prediction
         matched to a padding column while a real column is free could swap to that column for less, so the
         optimum uses ``min(Q, M_p)`` real columns, as SciPy on the real block does.
-    ``auto``: ``gpu`` when its requirements are met, else ``scipy``.
+    ``auto``: ``gpu`` when its requirements are met **and the kernel for this shape is compiled**, else
+        ``scipy`` (see below).
+
+**Shape buckets.** The Triton kernel takes its row and column counts as compile-time constants, so every new
+padded target count ``G`` (a batch's largest ground-truth count) would compile a new kernel (0.3–0.75 s on an
+H200, measured 2026-11-26) — inside a training step. The ``gpu`` backend therefore pads ``G`` up to a fixed
+bucket (:func:`padded_target_count`: 8, 16, 32, 64, then multiples of 64) with the same constant padding
+cost, and slices the pairs back: ``G`` from 1 to 64 reaches at most 4 kernel shapes per ``Q``. The extra columns
+cost the kernel at most twice the rows it would solve unpadded (at least 8 in all); the batch
+size is a run-time argument of the kernel and needs no bucket. :func:`warm_gpu_solver` compiles the buckets of a
+``Q`` before training or timing starts, and reports the seconds. ``auto`` never compiles: a shape not compiled
+yet is solved by SciPy for that call (one host transfer) and noted; :func:`warm_pending` compiles every noted
+shape (all buckets up to 64 of its ``Q``, and its own) outside the step — the trainer calls it between steps.
+:func:`gpu_solver_shapes` says what was compiled, what waits, and how many calls fell back. ``backend="gpu"``
+named explicitly compiles what it needs (the caller asked for that kernel).
 
 Under ``torch.compile`` both solvers enter the graph as custom operators, ``drivetrain::solve_scipy`` and
 ``drivetrain::solve_gpu``, whose output shapes follow from the input shapes: dynamo traces through
@@ -32,7 +46,10 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -42,7 +59,21 @@ from scipy.optimize import linear_sum_assignment
 from drivetrain.profile import region
 from drivetrain.ragged import RaggedBatch
 
-__all__ = ["BACKENDS", "gpu_solver_available", "num_assigned", "num_unassigned", "pairs_from_assignment", "solve"]
+__all__ = [
+    "BACKENDS",
+    "TARGET_BUCKETS",
+    "SolverWarmUp",
+    "gpu_solver_available",
+    "gpu_solver_shapes",
+    "num_assigned",
+    "num_unassigned",
+    "padded_target_count",
+    "pairs_from_assignment",
+    "solve",
+    "target_buckets",
+    "warm_gpu_solver",
+    "warm_pending",
+]
 
 BACKENDS = ("auto", "scipy", "gpu")
 NAN_COST, POSINF_COST, NEGINF_COST = 100.0, 100.0, -100.0
@@ -50,6 +81,10 @@ NAN_COST, POSINF_COST, NEGINF_COST = 100.0, 100.0, -100.0
 # of 704 × ≤20 (Σ ≈ 4.5e6) solve in 4 ms serially and 5.6 ms in the pool; 48 of 900 × 20–60 (Σ ≈ 7.7e7)
 # in 30 ms serially and 17 ms in the pool.
 PARALLEL_MIN_WORK = 20_000_000
+# The GPU kernel's padded target counts up to 64: 4 shapes cover every G from 1 to 64 (a frame of nuScenes holds
+# 0–60 boxes in most key frames); above 64 the bucket grows by BUCKET_STEP, so a rare crowded frame costs one more.
+TARGET_BUCKETS = (8, 16, 32, 64)
+BUCKET_STEP = 64
 
 
 def solve(costs: RaggedBatch, *, backend: str = "auto", num_threads: int | None = None) -> RaggedBatch:
@@ -79,10 +114,15 @@ def solve(costs: RaggedBatch, *, backend: str = "auto", num_threads: int | None 
         )
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    if backend == "auto":
-        backend = "gpu" if gpu_solver_available(costs.device) else "scipy"
-    if backend == "gpu":
-        return _solve_gpu(costs)
+    if backend == "auto" and gpu_solver_available(costs.device):
+        if torch.compiler.is_compiling():  # the operator decides at run time (compiled kernel, or SciPy for now)
+            return _solve_gpu(costs, compile_new=False)
+        q, g = costs.shape[-2:]
+        if _SHAPES.ready(costs.device, q, padded_target_count(g)):
+            return _solve_gpu(costs, compile_new=False)
+        _SHAPES.note(costs.device, q, padded_target_count(g))  # SciPy now; compiled between steps
+    elif backend == "gpu":
+        return _solve_gpu(costs, compile_new=True)
     tensor = costs.tensor.detach()
     if tensor.dtype not in (torch.float32, torch.float64):
         tensor = tensor.float()
@@ -223,26 +263,170 @@ def _(costs: torch.Tensor, num_targets: torch.Tensor, num_threads: int) -> torch
 
 
 # ---------------------------------------------------------------------- gpu
-def _solve_gpu(costs: RaggedBatch) -> RaggedBatch:
+def padded_target_count(num_targets: int) -> int:
+    """The target count ``G`` a batch of ``num_targets`` padded targets is solved at by the ``gpu`` backend.
+
+    The smallest of :data:`TARGET_BUCKETS` that holds ``G``, above them the next multiple of :data:`BUCKET_STEP`;
+    0 stays 0 (no kernel runs). A bucket may exceed ``Q``: the padding argument of the module docstring holds for
+    any number of padding columns, so the shapes do not depend on ``Q`` (4 for ``G`` from 1 to 64, whatever ``Q``).
+
+    Example:
+        >>> [padded_target_count(g) for g in (0, 1, 8, 9, 33, 64, 65, 130)]
+        [0, 8, 8, 16, 64, 64, 128, 192]
+    """
+    if num_targets <= 0:
+        return 0
+    bucket = next((b for b in TARGET_BUCKETS if num_targets <= b), None)
+    return bucket if bucket is not None else -(-num_targets // BUCKET_STEP) * BUCKET_STEP
+
+
+def target_buckets(max_targets: int) -> list[int]:
+    """Every padded target count that ``G`` from 1 to ``max_targets`` reaches, ascending (what
+    :func:`warm_gpu_solver` compiles)."""
+    return sorted({padded_target_count(g) for g in range(1, max_targets + 1)})
+
+
+@dataclass(frozen=True)
+class SolverWarmUp:
+    """What one warm-up compiled: the ``(Q, G)`` kernel shapes and the seconds it took (0 when nothing was new)."""
+
+    shapes: tuple[tuple[int, int], ...]
+    seconds: float
+
+    def describe(self) -> str:
+        """One line for people, e.g. ``compiled 4 GPU assignment kernels (Q 900: G 8, 16, 32, 64) in 2.1 s``."""
+        by_q: dict[int, list[int]] = {}
+        for q, g in self.shapes:
+            by_q.setdefault(q, []).append(g)
+        parts = "; ".join(f"Q {q}: G {', '.join(map(str, sorted(gs)))}" for q, gs in sorted(by_q.items()))
+        return f"compiled {len(self.shapes)} GPU assignment kernels ({parts}) in {self.seconds:.1f} s"
+
+
+@dataclass
+class _ShapeBook:
+    """The ``gpu`` backend's kernel shapes in this process: compiled ones, ones ``auto`` met before they were
+    compiled (solved by SciPy, to compile between steps), and the number of such fallbacks."""
+
+    compiled: set[tuple[str, int, int]] = field(default_factory=set)  # (device, Q, G)
+    pending: set[tuple[str, int, int]] = field(default_factory=set)
+    fallbacks: int = 0
+
+    def ready(self, device: torch.device, q: int, g: int) -> bool:
+        return g == 0 or (str(device), q, g) in self.compiled
+
+    def note(self, device: torch.device, q: int, g: int) -> None:
+        key = (str(device), q, g)
+        if key not in self.pending:
+            warnings.warn(
+                f"solve: the GPU assignment kernel for Q {q} × G {g} is not compiled yet; SciPy solves this call "
+                "(drivetrain.match.warm_pending compiles it outside the step; the trainer does so between steps)",
+                stacklevel=3,
+            )
+        self.pending.add(key)
+        self.fallbacks += 1
+
+
+_SHAPES = _ShapeBook()
+
+
+def gpu_solver_shapes() -> dict[str, object]:
+    """The ``gpu`` backend's kernel shapes of this process: ``{"compiled": [(device, Q, G), ...], "pending":
+    [...], "fallbacks": n}`` (``fallbacks``: calls ``auto`` handed to SciPy because their shape was not compiled)."""
+    return {"compiled": sorted(_SHAPES.compiled), "pending": sorted(_SHAPES.pending), "fallbacks": _SHAPES.fallbacks}
+
+
+def warm_gpu_solver(
+    num_predictions: int, max_targets: int = TARGET_BUCKETS[-1], device: torch.device | str = "cuda"
+) -> SolverWarmUp:
+    """Compile the ``gpu`` backend's kernel for every bucket ``G`` from 1 to ``max_targets`` reaches at
+    ``Q = num_predictions`` (before training or timing starts: no step then compiles). Nothing happens where the
+    backend is unavailable (a CPU, no Triton): an empty :class:`SolverWarmUp`.
+
+    Args:
+        num_predictions: ``Q``, the predictions of the head (e.g. 900 queries, or 704 tokens per image).
+        max_targets: the largest padded target count to prepare for (default 64: 4 kernels).
+        device: the CUDA device.
+
+    Returns:
+        The shapes compiled by this call (those compiled before are skipped) and the seconds it took.
+    """
+    device = torch.device(device)
+    if not gpu_solver_available(device):
+        return SolverWarmUp((), 0.0)
+    if device.type == "cuda" and device.index is None:  # the key of a shape names the device as tensors do
+        device = torch.device("cuda", torch.cuda.current_device())
+    start = time.perf_counter()
+    done = []
+    for g in target_buckets(max_targets):
+        if _SHAPES.ready(device, num_predictions, g):
+            continue
+        cost = torch.rand((1, num_predictions, g), device=device)  # (1, Q, G)
+        _triton_assignment(cost)
+        _SHAPES.compiled.add((str(device), num_predictions, g))
+        _SHAPES.pending.discard((str(device), num_predictions, g))
+        done.append((num_predictions, g))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # sync: the warm-up's end, outside any step
+    return SolverWarmUp(tuple(done), time.perf_counter() - start if done else 0.0)
+
+
+def warm_pending() -> SolverWarmUp:
+    """Compile what ``auto`` met uncompiled (:func:`gpu_solver_shapes`' ``pending``): for each such ``Q`` every
+    bucket up to 64 and the met ones. Call it outside a training step; cheap when nothing is pending."""
+    pending, _SHAPES.pending = sorted(_SHAPES.pending), set()
+    shapes: list[tuple[int, int]] = []
+    seconds = 0.0
+    for device, q, g in pending:
+        warm = warm_gpu_solver(q, max(g, TARGET_BUCKETS[-1]), device)
+        shapes += warm.shapes
+        seconds += warm.seconds
+    return SolverWarmUp(tuple(shapes), seconds)
+
+
+def _solve_gpu(costs: RaggedBatch, *, compile_new: bool) -> RaggedBatch:
     if not gpu_solver_available(costs.device):
         raise RuntimeError(
             "backend='gpu' needs a CUDA device with compute capability ≥ 8.0 and the packages "
             "torch-linear-assignment and triton (pip install 'drivetrain[gpu]'); use backend='scipy' or 'auto'"
         )
     batch, (q, g) = costs.batch_shape, costs.shape[-2:]
-    valid = costs.mask.unsqueeze(-2)  # (*batch, 1, G)
-    clean = torch.nan_to_num(costs.tensor.detach().float(), nan=NAN_COST, posinf=POSINF_COST, neginf=NEGINF_COST)
-    # One padding cost above every real cost (see the module docstring): no real column is ever left free for
-    # a padding one. NEGINF_COST stands in for the padding while taking the maximum (any real cost may win).
-    top = torch.where(valid, clean, NEGINF_COST).amax()  # ()
-    padding = (top.abs() * 2 + 1).clamp(max=torch.finfo(torch.float32).max)  # (): finite, as the kernel needs
-    clean = torch.where(valid, clean, padding)  # (*batch, Q, G)
-    flat = clean.reshape(math.prod(batch), q, g)  # (P, Q, G)
-    # Under torch.compile the kernel is one opaque node of the graph.
-    kernel = torch.ops.drivetrain.solve_gpu if torch.compiler.is_compiling() else _triton_assignment
-    assignment = kernel(flat)  # (P, Q): column of each row or -1
-    pairs = pairs_from_assignment(assignment, costs.sizes.reshape(-1), g)  # (P, G, 2)
-    return _pairs_batch(pairs.view(*batch, g, 2), costs)
+    if g == 0:  # no problem has a target: no pairs, no kernel
+        return _pairs_batch(costs.tensor.new_zeros((*batch, 0, 2), dtype=torch.int64), costs)
+    bucket = padded_target_count(g)
+    with region("solve"):
+        clean = torch.nan_to_num(costs.tensor.detach().float(), nan=NAN_COST, posinf=POSINF_COST, neginf=NEGINF_COST)
+        clean = torch.nn.functional.pad(clean, (0, bucket - g))  # (*batch, Q, G'): G' = the bucket
+        valid = (torch.arange(bucket, device=costs.device) < costs.sizes.unsqueeze(-1)).unsqueeze(-2)  # (*b, 1, G')
+        # One padding cost above every real cost (see the module docstring): no real column is ever left free for
+        # a padding one. NEGINF_COST stands in for the padding while taking the maximum (any real cost may win).
+        top = torch.where(valid, clean, NEGINF_COST).amax()  # ()
+        padding = (top.abs() * 2 + 1).clamp(max=torch.finfo(torch.float32).max)  # (): finite, as the kernel needs
+        clean = torch.where(valid, clean, padding)  # (*batch, Q, G')
+        flat = clean.reshape(math.prod(batch), q, bucket)  # (P, Q, G')
+        # Under torch.compile the kernel is one opaque node of the graph, which decides when it runs.
+        kernel = torch.ops.drivetrain.solve_gpu if torch.compiler.is_compiling() else _assignment
+        assignment = kernel(flat, compile_new)  # (P, Q): column of each row or -1
+        pairs = pairs_from_assignment(assignment, costs.sizes.reshape(-1), bucket)[:, :g]  # (P, G, 2)
+    return _pairs_batch(pairs.reshape(*batch, g, 2), costs)
+
+
+def _assignment(cost: torch.Tensor, compile_new: bool) -> torch.Tensor:
+    """``(P, Q, G)`` padded costs → ``(P, Q)`` assignment: the compiled kernel, or (``compile_new`` False and the
+    shape not compiled: only reached under ``torch.compile``) SciPy on the host for now, the shape noted."""
+    p, q, g = cost.shape
+    if compile_new or _SHAPES.ready(cost.device, q, g):
+        assignment = _triton_assignment(cost)
+        _SHAPES.compiled.add((str(cost.device), q, g))
+        return assignment
+    _SHAPES.note(cost.device, q, g)
+    with region("transfer"):
+        host = cost.cpu().numpy()  # sync: the SciPy fallback's one host transfer (a shape not compiled yet)
+    out = np.full((p, q), -1, dtype=np.int64)
+    for i in range(p):
+        if g:
+            rows, cols = linear_sum_assignment(host[i])
+            out[i, rows] = cols
+    return torch.from_numpy(out).to(cost.device)
 
 
 def _triton_assignment(cost: torch.Tensor) -> torch.Tensor:
@@ -264,14 +448,19 @@ def _triton_assignment(cost: torch.Tensor) -> torch.Tensor:
         return batch_linear_assignment(cost)  # sync: the public wrapper validates on the host
 
 
-@torch.library.custom_op("drivetrain::solve_gpu", mutates_args=(), schema="(Tensor cost) -> Tensor")
-def _solve_gpu_op(cost: torch.Tensor) -> torch.Tensor:
-    """:func:`_triton_assignment` as an operator for compiled graphs."""
-    return _triton_assignment(cost)
+@torch.library.custom_op(
+    "drivetrain::solve_gpu",
+    mutates_args=(),
+    schema="(Tensor cost, bool compile_new) -> Tensor",
+    tags=(torch.Tag.cudagraph_unsafe,),  # its SciPy fallback waits for the stream
+)
+def _solve_gpu_op(cost: torch.Tensor, compile_new: bool) -> torch.Tensor:
+    """:func:`_assignment` as an operator for compiled graphs."""
+    return _assignment(cost, compile_new)
 
 
 @_solve_gpu_op.register_fake
-def _(cost: torch.Tensor) -> torch.Tensor:
+def _(cost: torch.Tensor, compile_new: bool) -> torch.Tensor:
     return cost.new_empty(cost.shape[:2], dtype=torch.int64)  # (P, Q)
 
 
