@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +23,11 @@ from drivetrain.profile import (
     rows_from_profilers,
     time_call,
 )
+from drivetrain.profile.bench import count_variation
+from drivetrain.profile.charts import load_result
+from drivetrain.profile.report import FLAG, MAX_OVER_MEDIAN
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def busy(seconds: float) -> None:
@@ -136,13 +142,141 @@ def test_bench_result_json_follows_the_design_format(tmp_path):
         "reference_ms": 10.0,
         "batched_ms": 2.5,
         "speedup": 4.0,
+        "reference_max_ms": None,  # built by hand without a max: none recorded, nothing flagged
+        "batched_max_ms": None,
+        "max_over_median": False,
+        "max_over_median_paths": [],
     }
     assert data["rows"][2]["variants"] == {"scipy": 3.0, "gpu": 1.5} and data["rows"][2]["baseline"] == "scipy"
     md = md_path.read_text()
-    assert "| loss | 10.000 | 2.500 | ×4.00 |" in md
+    assert "| loss | 10.000 | 2.500 | ×4.00 |" in md  # a median alone: no max recorded
     assert "↳ match" in md
     table = result.render_table()
     assert "×4.00" in table and "reference ms" in table
+
+
+def _flag_result() -> BenchResult:
+    """A result with one row per case: a cold first repeat of the batched path (flagged), a steady row exactly at
+    the bound (not flagged: the bound is strict), a row without a max, and a variant row whose compiled variant
+    has the cold repeat."""
+    result = BenchResult("demo", "CPU test", {})
+    result.add(Row.from_samples("cold", [4.0, 4.2, 3.9, 4.1, 4.0], [90.0, 1.0, 1.1, 0.9, 1.0]))
+    result.add(Row.from_samples("steady", [2.0, 2.0, 2.0 * MAX_OVER_MEDIAN], [1.0, 1.0, 1.0], parent="cold"))
+    result.add(Row("by hand", 3.0, 1.5))
+    result.add(
+        Row("compiled", 3.0, 1.5, variants={"reference": 3.0, "batched": 1.5, "compiled": 1.0}, baseline="reference",
+            reference_max_ms=3.3, batched_max_ms=1.6, variants_max={"reference": 3.3, "batched": 1.6, "compiled": 40.0})
+    )  # fmt: skip
+    return result
+
+
+def test_from_samples_takes_each_paths_median_and_max():
+    row = Row.from_samples("r", [3.0, 1.0, 2.0, 9.0], [0.5, 0.25, 0.75], parent=None)
+    assert (row.reference_ms, row.reference_max_ms) == (2.5, 9.0)
+    assert (row.batched_ms, row.batched_max_ms) == (0.5, 0.75)
+    with pytest.raises(ValueError, match="no timed steps"):
+        Row.from_samples("empty", [], [1.0])
+
+
+def test_a_max_over_five_medians_is_flagged_per_path_and_at_the_bound_is_not():
+    cold, steady, by_hand, compiled = _flag_result().rows
+    assert cold.max_over_median == ["batched"]  # 90 > 5 × 1.0; the reference's 4.2 < 5 × 4.0
+    assert steady.max_over_median == []  # max == MAX_OVER_MEDIAN × median exactly: not over it
+    assert by_hand.max_over_median == [] and by_hand.reference_max_ms is None
+    assert compiled.max_over_median == ["compiled"]  # a variant's max counts too, named by its variant
+    assert Row("zero", 0.0, 1.0, reference_max_ms=0.0).max_over_median == []  # 0 is not over 5 × 0
+
+
+def test_flagged_rows_are_marked_in_json_table_and_markdown(tmp_path):
+    result = _flag_result()
+    result.write(tmp_path / "r.json", tmp_path / "r.md")
+    rows = {row["name"]: row for row in json.loads((tmp_path / "r.json").read_text())["rows"]}
+    assert rows["cold"]["max_over_median"] is True and rows["cold"]["max_over_median_paths"] == ["batched"]
+    assert (rows["cold"]["reference_max_ms"], rows["cold"]["batched_max_ms"]) == (4.2, 90.0)
+    assert rows["steady"]["max_over_median"] is False and rows["steady"]["max_over_median_paths"] == []
+    assert rows["by hand"]["reference_max_ms"] is None and rows["by hand"]["max_over_median"] is False
+    assert rows["compiled"]["variants_max"] == {"reference": 3.3, "batched": 1.6, "compiled": 40.0}
+    assert rows["compiled"]["max_over_median_paths"] == ["compiled"]
+
+    md = (tmp_path / "r.md").read_text()
+    assert "| region | reference ms (max) | batched ms (max) | speedup |" in md
+    assert f"| cold {FLAG} | 4.000 (4.200) | 1.000 (90.000 {FLAG}) | ×4.00 |" in md  # the row and the path
+    assert "| &nbsp;&nbsp;↳ steady | 2.000 (10.000) | 1.000 (1.000) | ×2.00 |" in md
+    assert "| by hand | 3.000 | 1.500 | ×2.00 |" in md
+    assert f"| compiled | reference | 3.000 (3.300) | 1.500 (1.600) | 1.000 (40.000 {FLAG}) |" in md
+    assert f"{FLAG} max > 5× median in 2 row(s): cold (batched); compiled (compiled)" in md
+
+    table = result.render_table()
+    lines = {line.split()[0]: line for line in table.splitlines()[3:7]}  # region → its line, after the header
+    assert FLAG in lines["cold"] and f"1.000 (90.000 {FLAG})" in lines["cold"] and "4.000 (4.200)" in lines["cold"]
+    assert FLAG not in table.splitlines()[4]  # the steady child row
+    assert f"{FLAG} max > 5× median in 2 row(s)" in table
+
+
+def test_maxima_survive_a_json_round_trip_and_old_files_read_without_them(tmp_path):
+    result = _flag_result()
+    result.write(tmp_path / "r.json")
+    loaded = load_result(tmp_path / "r.json")
+    for before, after in zip(result.rows, loaded.rows, strict=True):
+        assert (after.reference_max_ms, after.batched_max_ms) == (before.reference_max_ms, before.batched_max_ms)
+        assert after.variants_max == before.variants_max and after.max_over_median == before.max_over_median
+    old = json.loads((tmp_path / "r.json").read_text())
+    for row in old["rows"]:  # a file from before the maxima
+        for key in ("reference_max_ms", "batched_max_ms", "variants_max", "max_over_median", "max_over_median_paths"):
+            row.pop(key, None)
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    rows = load_result(tmp_path / "old.json").rows
+    assert all(r.reference_max_ms is None and r.variants_max is None and r.max_over_median == [] for r in rows)
+    committed = load_result(ROOT / "benchmarks" / "results" / "ragged-cpu.json")  # committed results load too
+    assert committed.rows and all(r.reference_ms > 0 for r in committed.rows)
+
+
+def cold_once(calls: list[int], cold_call: int, seconds: float = 0.05):
+    """A callable that sleeps only on its ``cold_call``-th call (1-based), counted in ``calls``."""
+
+    def fn() -> None:
+        calls.append(1)
+        if len(calls) == cold_call:
+            time.sleep(seconds)
+
+    return fn
+
+
+def test_compare_fills_max_and_a_cold_first_timed_repeat_is_flagged():
+    calls: list[int] = []
+    warmup, repeat = 2, 5
+    # sleeps ≥ 50 ms on its first timed call only; every other call of both paths does nothing (microseconds)
+    ref, bat = compare(cold_once(calls, warmup + 1), lambda: None, device="cpu", repeat=repeat, warmup=warmup,
+                       count=False)  # fmt: skip
+    assert len(calls) == warmup + repeat
+    row = Row.from_samples("cold start", ref, bat)
+    assert row.reference_max_ms == max(ref) and row.batched_max_ms == max(bat)
+    assert "reference" in row.max_over_median  # the median is a no-op's time: the ≥ 50 ms repeat is far over 5× it
+
+
+def test_rows_from_profilers_fill_max_from_the_timed_steps():
+    ref, bat = Profiler("cpu", warmup=1), Profiler("cpu", warmup=1)
+    calls: list[int] = []
+    cold = cold_once(calls, 2)  # the first timed step (the warm-up step is call 1)
+    for _ in range(5):
+        for prof, work in ((ref, cold), (bat, lambda: None)):
+            with prof.region("loss"):
+                work()
+            prof.step()
+    (row,) = rows_from_profilers(ref, bat)
+    assert row.reference_max_ms == max(ref.samples("loss"))
+    assert row.batched_max_ms == max(bat.samples("loss")) and row.reference_ms == ref.median("loss")
+    assert "reference" in row.max_over_median
+
+
+def test_count_variation_counts_distinct_timed_values_and_those_new_after_warmup():
+    per_batch = [{"g": 3, "h": 1}, {"g": 5, "h": 1}, {"g": 5, "h": 1}, {"g": 7, "h": 1}, {"g": 3, "h": 1}]
+    assert count_variation(per_batch, warmup=2) == {
+        "batches": 3,
+        "g": {"per_batch": [5, 7, 3], "distinct": 3, "not_in_warmup": 1},  # 7: no warm-up batch had it
+        "h": {"per_batch": [1, 1, 1], "distinct": 1, "not_in_warmup": 0},
+    }
+    assert count_variation(per_batch, warmup=0)["g"]["not_in_warmup"] == 3  # no warm-up: every value is new
 
 
 def test_device_helpers_name_the_cpu():

@@ -44,3 +44,15 @@ def test_emit_writes_the_chart_unless_the_benchmark_draws_its_own(tmp_path, caps
     args.png = tmp_path / "own.png"
     assert tmp_path / "own.png" not in emit(_result(True), args, chart=False)
     assert not (tmp_path / "own.png").exists()
+
+
+def test_chart_draws_a_whisker_from_each_median_to_its_recorded_max(tmp_path):
+    plain, whiskered = BenchResult("demo", "CPU test", {}), BenchResult("demo", "CPU test", {})
+    for result in (plain, whiskered):
+        result.add(Row("wide", 100.0, 0.1))  # sets the same log axis in both charts: 0.1 to 100 ms
+    plain.add(Row("cold", 4.0, 2.0))
+    whiskered.add(Row("cold", 4.0, 2.0, reference_max_ms=40.0, batched_max_ms=30.0))  # both flagged: ⚠ in the label
+    before = bench_chart(plain, tmp_path / "plain.png")
+    after = bench_chart(whiskered, tmp_path / "whiskered.png")
+    for colour in (REFERENCE, BATCHED):  # a decade of log axis beyond each bar, in the path's colour
+        assert _pixels(after, colour) > _pixels(before, colour) + 20

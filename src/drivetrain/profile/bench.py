@@ -2,7 +2,9 @@
 
 Every benchmark times its reference and batched paths in one process on the same data, after warm-up,
 with the device synchronised around each timed region; the two paths are interleaved repeat by repeat so
-drifting machine load hits both alike. Results are medians. Each path's ATen kernels and host syncs are
+drifting machine load hits both alike. Results are medians, each with the slowest timed repeat beside it
+(:class:`~drivetrain.profile.report.Row`: a max over ``MAX_OVER_MEDIAN`` × the median is flagged, so a compile or
+a cold start inside the timed repeats shows). Each path's ATen kernels and host syncs are
 counted in an untimed call of their own (:mod:`drivetrain.profile.costmodel`): :func:`compare` after timing,
 a :class:`~drivetrain.profile.Profiler` in its last warm-up step.
 """
@@ -25,6 +27,7 @@ __all__ = [
     "Samples",
     "add_bench_arguments",
     "compare",
+    "count_variation",
     "emit",
     "resolve_device",
     "rows_from_profilers",
@@ -83,7 +86,8 @@ def resolve_device(name: str) -> torch.device:
 
 class Samples(list):
     """Per-repeat milliseconds of one path, with ``cost``: its kernels and host syncs in one untimed call (None
-    when not counted)."""
+    when not counted). ``Row.from_samples(name, reference, batched, reference_cost=reference.cost, ...)`` makes a
+    row of two of them (medians and maxima)."""
 
     cost: Cost | None = None
 
@@ -121,9 +125,31 @@ def compare(
     return out
 
 
+def count_variation(per_batch: list[dict[str, int]], warmup: int) -> dict[str, Any]:
+    """How counts that set a shape (e.g. the padded ground-truth count G a matcher solves) varied over the timed
+    batches, for a benchmark's config.
+
+    Args:
+        per_batch: each batch's counts by name (the same names in every batch), warm-up batches first.
+        warmup: how many leading batches are warm-up batches; the rest are timed.
+
+    Returns:
+        ``{"batches": number timed, name: {"per_batch": [count of each timed batch], "distinct": how many values
+        those took, "not_in_warmup": how many of them no warm-up batch had}}``: a kernel compiled per shape compiles
+        ``not_in_warmup`` times inside the timed repeats.
+    """
+    timed = per_batch[warmup:]
+    out: dict[str, Any] = {"batches": len(timed)}
+    for name in per_batch[0] if per_batch else {}:
+        seen = {b[name] for b in per_batch[:warmup]}
+        values = [b[name] for b in timed]
+        out[name] = {"per_batch": values, "distinct": len(set(values)), "not_in_warmup": len(set(values) - seen)}
+    return out
+
+
 def rows_from_profilers(reference: Profiler, batched: Profiler) -> list[Row]:
-    """Rows for every region both profilers timed, parents from the ``/``-separated names, with each path's
-    kernels and host syncs from its counted step (:meth:`Profiler.cost`)."""
+    """Rows for every region both profilers timed, parents from the ``/``-separated names: each path's median and
+    slowest timed step, and its kernels and host syncs from its counted step (:meth:`Profiler.cost`)."""
     ref, bat = reference.summary(), batched.summary()
     rows = []
     for name in reference.names:
@@ -137,6 +163,8 @@ def rows_from_profilers(reference: Profiler, batched: Profiler) -> list[Row]:
                     parent=parent,
                     reference_cost=reference.cost(name),
                     batched_cost=batched.cost(name),
+                    reference_max_ms=ref[name].max,
+                    batched_max_ms=bat[name].max,
                 )
             )
     return rows

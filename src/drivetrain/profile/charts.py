@@ -1,11 +1,13 @@
 """A benchmark result as a picture: time per row, reference vs batched, and the ratio, with the published anchor.
 
 Left panel: each row's median time, reference and batched side by side (log scale; children indented under
-their parent, as in the Markdown table). Right panel: each row's speedup (reference / batched), a line at ×1
-and, where the benchmark names a published figure for a row (``BenchResult.extra["published"]``: row name →
-``(speedup, source)``), a line with a diamond at that figure. Every ``drivetrain bench`` writes it next to its JSON with
-``--save`` (or where ``--png`` says); benchmarks with a picture of their own (iteration, sweeps, precision of the
-lidar detector, augment) draw that instead. Needs matplotlib (the ``viz`` extra); without it a note is printed.
+their parent, as in the Markdown table), a whisker from each median to the path's slowest timed repeat where the
+result records it, and ``⚠`` before the label of a row whose max exceeds ``MAX_OVER_MEDIAN`` × its median. Right
+panel: each row's speedup (reference / batched), a line at ×1 and, where the benchmark names a published figure for
+a row (``BenchResult.extra["published"]``: row name → ``(speedup, source)``), a line with a diamond at that figure.
+Every ``drivetrain bench`` writes it next to its JSON with ``--save`` (or where ``--png`` says); benchmarks with a
+picture of their own (iteration, sweeps, precision of the lidar detector, augment) draw that instead. Needs
+matplotlib (the ``viz`` extra); without it a note is printed.
 
 ``python -m drivetrain.profile.charts RESULT.json [...]`` draws saved results (``benchmarks/results/*.json``) next
 to their JSON.
@@ -17,7 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
-from drivetrain.profile.report import BenchResult, Row
+from drivetrain.profile.report import FLAG, BenchResult, Row
 
 __all__ = ["bench_chart", "load_result"]
 
@@ -43,6 +45,7 @@ def bench_chart(result: BenchResult, path: str | Path) -> Path | None:
     # tick labels are right-aligned: nesting shows as the parent's name before the child's
     labels = [r.name.replace("/", " › ") if r.parent else r.name for r in rows]
     labels = [label if len(label) <= 60 else "…" + label[-57:] for label in labels]
+    labels = [f"{FLAG} {label}" if row.max_over_median else label for row, label in zip(rows, labels, strict=True)]
     published = result.extra.get("published", {})
     height = 1.2 + 0.32 * len(rows)
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, height), dpi=100, sharey=True,
@@ -52,9 +55,19 @@ def bench_chart(result: BenchResult, path: str | Path) -> Path | None:
               color=REFERENCE, label="reference")  # fmt: skip
     left.barh([p - 0.2 for p in positions], [max(r.batched_ms, 1e-6) for r in rows], height=0.38, color=BATCHED,
               label="batched")  # fmt: skip
+    for offset, colour, spans in (
+        (0.2, REFERENCE, [(r.reference_ms, r.reference_max_ms) for r in rows]),
+        (-0.2, BATCHED, [(r.batched_ms, r.batched_max_ms) for r in rows]),
+    ):
+        whiskers = [(p + offset, max(lo, 1e-6), max(hi, 1e-6)) for p, (lo, hi) in zip(positions, spans, strict=True)
+                    if hi is not None]  # fmt: skip
+        if whiskers:
+            ys, lows, highs = zip(*whiskers, strict=True)
+            left.hlines(ys, lows, highs, color=colour, lw=0.8)
+            left.plot(highs, ys, "|", color=colour, ms=5)
     left.set_xscale("log")
     left.set_yticks(positions, labels, fontsize=7)
-    left.set_xlabel("ms (median)")
+    left.set_xlabel("ms (median; whisker to the max)")
     left.legend(fontsize=7, loc="lower right")
     speedups = [min(r.speedup, 1e4) for r in rows]
     right.barh(positions, speedups, height=0.6, color=[BATCHED if s >= 1 else REFERENCE for s in speedups])
@@ -81,7 +94,7 @@ def bench_chart(result: BenchResult, path: str | Path) -> Path | None:
 
 def load_result(path: str | Path) -> BenchResult:
     """A saved result (the JSON ``BenchResult.write`` wrote) back as a :class:`BenchResult` (rows, their counts
-    where recorded, and anchors)."""
+    and maxima where recorded, and anchors)."""
     data = json.loads(Path(path).read_text())
     result = BenchResult(data["benchmark"], data["device"], data.get("config", {}), date=data.get("date", ""))
     for row in data["rows"]:

@@ -2,15 +2,20 @@
 
 One format for every ``drivetrain bench <what>`` (see DESIGN.md):
 ``{"benchmark", "device", "torch", "date", "config", "rows": [row, ...]}`` with
-``row = {"name", "parent", "reference_ms", "batched_ms", "speedup"}`` (medians; ``parent`` names the
-enclosing row and builds the tree). Rows that compare more than two variants add
-``"variants": {name: ms}`` and ``"baseline"``. Extra top-level keys (``versions``, ``resources``,
-``notes``) carry context for people and never change the meaning of the rows.
+``row = {"name", "parent", "reference_ms", "batched_ms", "speedup", "reference_max_ms", "batched_max_ms",
+"max_over_median", "max_over_median_paths"}`` (medians, and each path's slowest timed repeat: null where the
+benchmark recorded none; ``parent`` names the enclosing row and builds the tree). ``"max_over_median"`` is true
+when some path's max exceeds :data:`MAX_OVER_MEDIAN` × its median, and ``"max_over_median_paths"`` lists those
+paths (``"reference"``, ``"batched"``, variant names): a compile, a cold start or a stall in a timed repeat, which
+the median hides. Rows that compare more than two variants add ``"variants": {name: ms}``, ``"baseline"`` and,
+where recorded, ``"variants_max": {name: ms}``. Extra top-level keys (``versions``, ``resources``, ``notes``)
+carry context for people and never change the meaning of the rows.
 
 Counted rows (:mod:`drivetrain.profile.costmodel`) add ``"reference_kernels"``, ``"reference_syncs"``,
 ``"reference_gpu_est_ms"`` and the same three for ``batched`` (null for a path that was not counted), and
 rows with variants ``"variants_cost": {name: {"kernels", "syncs", "gpu_est_ms"}}``; the top-level
-``"cost_model"`` records the constants of the estimate. Files without these keys read as rows not counted.
+``"cost_model"`` records the constants of the estimate. Files without these keys read as rows not counted, and
+files without the max keys as rows without a recorded max.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import json
 import os
 import platform
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,16 +34,29 @@ import torch
 
 from drivetrain.profile import costmodel
 from drivetrain.profile.costmodel import LABEL, Cost
+from drivetrain.profile.timer import Stats
 
-__all__ = ["BenchResult", "Row", "device_name", "device_slug", "environment"]
+__all__ = ["MAX_OVER_MEDIAN", "BenchResult", "Row", "device_name", "device_slug", "environment"]
 
 MISSING = "–"  # a path or row that was not counted
+# A path whose slowest timed repeat exceeds this many times its median is flagged. Steady repeats spread far less:
+# the committed ragged results' max / median is at most 2.2 on a shared CPU and 1.4 on CUDA. A one-off costs far
+# more than a warm call: a Triton kernel compiled for a new shape took 0.3–0.75 s against a solve well under 1 ms
+# (issue 38), a torch.compile recompile seconds against a loss of milliseconds. 5 lies between the two: noise
+# seldom reaches it, and a one-off in fewer than half the repeats passes it (in more than half it is the median
+# itself, which no max shows: a benchmark says how many distinct shapes its timed repeats saw for that).
+MAX_OVER_MEDIAN = 5.0
+FLAG = "⚠"  # marks a flagged path's max in the tables
 
 
 @dataclass
 class Row:
-    """One line of the breakdown: medians of the two paths in milliseconds, and what each path costs a GPU
-    (kernels, host syncs; None when not counted)."""
+    """One line of the breakdown: medians of the two paths in milliseconds, each path's slowest timed repeat (None
+    when not recorded), and what each path costs a GPU (kernels, host syncs; None when not counted).
+
+    Build it from per-repeat samples with :meth:`from_samples` (medians and maxima), or give the medians and
+    ``reference_max_ms`` / ``batched_max_ms`` (and ``variants_max``) by hand.
+    """
 
     name: str
     reference_ms: float
@@ -48,6 +67,34 @@ class Row:
     reference_cost: Cost | None = None
     batched_cost: Cost | None = None
     variant_costs: dict[str, Cost | None] | None = None
+    reference_max_ms: float | None = None
+    batched_max_ms: float | None = None
+    variants_max: dict[str, float | None] | None = None
+
+    @classmethod
+    def from_samples(cls, name: str, reference: Sequence[float], batched: Sequence[float], **kwargs: Any) -> Row:
+        """A row from each path's per-repeat milliseconds: their medians and maxima; ``kwargs`` as the fields.
+
+        Raises:
+            ValueError: if a path has no samples.
+        """
+        ref, bat = Stats.of(list(reference)), Stats.of(list(batched))
+        return cls(name, ref.median, bat.median, reference_max_ms=ref.max, batched_max_ms=bat.max, **kwargs)
+
+    @property
+    def max_over_median(self) -> list[str]:
+        """The paths whose max exceeds :data:`MAX_OVER_MEDIAN` × their median: ``"reference"``, ``"batched"``,
+        then the variants' names (those also named by ``reference``/``batched`` included), in that order."""
+        paths = [
+            ("reference", self.reference_ms, self.reference_max_ms),
+            ("batched", self.batched_ms, self.batched_max_ms),
+        ]
+        paths += [(k, v, (self.variants_max or {}).get(k)) for k, v in (self.variants or {}).items()]
+        flagged: list[str] = []
+        for path, median, slowest in paths:
+            if _flagged(median, slowest) and path not in flagged:
+                flagged.append(path)
+        return flagged
 
     @property
     def speedup(self) -> float:
@@ -63,7 +110,11 @@ class Row:
             "reference_ms": round(self.reference_ms, 6),
             "batched_ms": round(self.batched_ms, 6),
             "speedup": round(self.speedup, 4),
+            "reference_max_ms": _rounded(self.reference_max_ms),
+            "batched_max_ms": _rounded(self.batched_max_ms),
         }
+        flagged = self.max_over_median
+        out.update(max_over_median=bool(flagged), max_over_median_paths=flagged)
         if self.reference_cost is not None or self.batched_cost is not None:
             for path, cost in (("reference", self.reference_cost), ("batched", self.batched_cost)):
                 counts = cost.as_dict() if cost is not None else {"kernels": None, "syncs": None, "gpu_est_ms": None}
@@ -71,6 +122,8 @@ class Row:
         if self.variants is not None:
             out["variants"] = {k: round(v, 6) for k, v in self.variants.items()}
             out["baseline"] = self.baseline
+            if self.variants_max:
+                out["variants_max"] = {k: _rounded(v) for k, v in self.variants_max.items()}
             if self.variant_costs:
                 out["variants_cost"] = {
                     k: c.as_dict() if c is not None else None for k, c in self.variant_costs.items()
@@ -79,12 +132,19 @@ class Row:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Row:
-        """A row of a saved result (:meth:`as_dict`'s format; files from before the counts read as not counted)."""
+        """A row of a saved result (:meth:`as_dict`'s format; files from before the counts read as not counted,
+        files from before the maxima as rows without a recorded max; the flag is derived, not read)."""
         variant_costs = {k: Cost.from_dict(v) for k, v in (data.get("variants_cost") or {}).items()} or None
         return cls(data["name"], data["reference_ms"], data["batched_ms"], parent=data.get("parent"),
                    variants=data.get("variants"), baseline=data.get("baseline"),
                    reference_cost=Cost.from_dict(data, "reference_"), batched_cost=Cost.from_dict(data, "batched_"),
-                   variant_costs=variant_costs)  # fmt: skip
+                   variant_costs=variant_costs, reference_max_ms=data.get("reference_max_ms"),
+                   batched_max_ms=data.get("batched_max_ms"), variants_max=data.get("variants_max"))  # fmt: skip
+
+    def time_cells(self) -> tuple[str, str]:
+        """Table cells of the two paths: the median, then the max in parentheses where recorded, with
+        :data:`FLAG` after a max over :data:`MAX_OVER_MEDIAN` × the median (``"12.300 (80.100 ⚠)"``)."""
+        return _time_cell(self.reference_ms, self.reference_max_ms), _time_cell(self.batched_ms, self.batched_max_ms)
 
     def cost_cells(self) -> tuple[str, str, str]:
         """Table cells: kernels "reference / batched", syncs likewise, and the GPU estimate in ms."""
@@ -94,6 +154,21 @@ class Row:
             f"{_count(ref, 'syncs')} / {_count(bat, 'syncs')}",
             f"{_estimate(ref)} / {_estimate(bat)}",
         )
+
+
+def _flagged(median: float, slowest: float | None) -> bool:
+    return slowest is not None and slowest > MAX_OVER_MEDIAN * median
+
+
+def _rounded(ms: float | None) -> float | None:
+    return None if ms is None else round(ms, 6)
+
+
+def _time_cell(median: float, slowest: float | None) -> str:
+    """``"12.300"``, ``"12.300 (15.000)"`` or, flagged, ``"12.300 (80.100 ⚠)"``."""
+    if slowest is None:
+        return f"{median:.3f}"
+    return f"{median:.3f} ({slowest:.3f}{' ' + FLAG if _flagged(median, slowest) else ''})"
 
 
 def _count(cost: Cost | None, field: str) -> str:
@@ -165,13 +240,29 @@ class BenchResult:
         lines = []
         for r in self.rows:
             label = "  " * depth[r.name] + ("↳ " if depth[r.name] else "") + r.name
-            times = (f"{r.reference_ms:.3f}", f"{r.batched_ms:.3f}", f"×{r.speedup:.2f}")
-            lines.append((label, *times, *r.cost_cells()))
+            label += f" {FLAG}" if r.max_over_median else ""  # the row, whichever path (or variant) it is
+            lines.append((label, *r.time_cells(), f"×{r.speedup:.2f}", *r.cost_cells()))
         return lines
+
+    def flagged(self) -> list[Row]:
+        """Rows with a path whose max exceeds :data:`MAX_OVER_MEDIAN` × its median."""
+        return [r for r in self.rows if r.max_over_median]
+
+    def _max_notes(self) -> list[str]:
+        """The note on the (max) cells, and one line naming the flagged rows and paths, if any."""
+        notes = [
+            f"(max) = the slowest timed repeat, beside the median (a median alone: no max recorded); {FLAG} = max > "
+            f"{MAX_OVER_MEDIAN:g}× median: a compile, a cold start or a stall in a timed repeat, which the median hides"
+        ]
+        flagged = self.flagged()
+        if flagged:
+            listed = "; ".join(f"{r.name} ({', '.join(r.max_over_median)})" for r in flagged)
+            notes.append(f"{FLAG} max > {MAX_OVER_MEDIAN:g}× median in {len(flagged)} row(s): {listed}")
+        return notes
 
     def render_table(self) -> str:
         """Plain-text breakdown table for the console: times, then each path's kernels, syncs and GPU estimate."""
-        header = ("region", "reference ms", "batched ms", "speedup", *COST_HEADERS)
+        header = ("region", "reference ms (max)", "batched ms (max)", "speedup", *COST_HEADERS)
         rows = [header, *self._table_rows()]
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
         fmt = [f"{{:<{widths[0]}}}"] + [f"{{:>{w}}}" for w in widths[1:]]
@@ -180,6 +271,7 @@ class BenchResult:
             out.append("  ".join(f.format(c) for f, c in zip(fmt, row, strict=True)))
             if i == 0:
                 out.append("  ".join("-" * w for w in widths))
+        out += self._max_notes()
         return "\n".join(out)
 
     @staticmethod
@@ -200,18 +292,24 @@ class BenchResult:
             f"- date: {self.date}",
             "- config: " + ", ".join(f"{k}={v}" for k, v in self.config.items()),
             "",
-            "| region | reference (ms) | batched (ms) | speedup | " + " | ".join(COST_HEADERS) + " |",
+            "| region | reference ms (max) | batched ms (max) | speedup | " + " | ".join(COST_HEADERS) + " |",
             "|---|---:|---:|---:|---:|---:|---:|",
         ]
         for label, *cells in self._table_rows():
             lines.append(f"| {label.replace('  ', '&nbsp;&nbsp;')} | " + " | ".join(cells) + " |")
         lines += ["", f"*{self._cost_note()} (drivetrain.profile.costmodel).*"]
+        max_note, *flagged = self._max_notes()
+        lines += ["", f"*{max_note}.*", *[f"\n**{line}**" for line in flagged]]
         if any(r.variants for r in self.rows):
             lines += ["", "| region | baseline | " + " | ".join(self._variant_names()) + " |"]
             lines.append("|---|---|" + "---:|" * len(self._variant_names()))
             for r in self.rows:
                 if r.variants:
-                    cells = [f"{r.variants[v]:.3f}" if v in r.variants else "" for v in self._variant_names()]
+                    slowest = r.variants_max or {}
+                    cells = [
+                        _time_cell(r.variants[v], slowest.get(v)) if v in r.variants else ""
+                        for v in self._variant_names()
+                    ]
                     lines.append(f"| {r.name} | {r.baseline} | " + " | ".join(cells) + " |")
             lines += ["", f"Variants, kernels / syncs / {LABEL} ms:", ""]
             lines += ["| region | " + " | ".join(self._variant_names()) + " |"]
