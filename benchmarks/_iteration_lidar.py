@@ -12,13 +12,15 @@ windowed assignment and the loss on the window pairs, all samples and classes at
 (:class:`drivetrain.pipeline.augmentation.Augmentation`, drawn per batch from the seed and the batch's position),
 so both copies see the same augmented points and boxes.
 
-Data: the config's synthetic set (``data.args``); batches of ``--batch`` frames in scene order, every batch
-read once before timing. **remaining (data wait)** is timed inside each iteration as a loader without workers
-costs: read the frames with their sweeps, collate, pin (CUDA), copy to the device and augment there.
+Data: the config's synthetic set (``data.args``); batches of ``--batch`` frames in scene order, a batch of its own
+for every iteration (``gt_counts_timed`` in the config: the timed batches' padded ground-truth counts, as read,
+before the augmentation's range filter), every batch read once before timing. **remaining (data wait)** is timed
+inside each iteration as a loader without workers costs: read the frames with their sweeps, collate, pin (CUDA),
+copy to the device and augment there.
 
-Rows (medians over ``--repeat`` after ``--warmup``): iteration → forward (input: voxelization;
-encoder: HardVFE + BEV scatter; backbone + neck; head) → loss (assignment; targets + loss) → optimisation
-(backward, clip, step) → remaining (data wait). The regions inside forward and loss are the library's own
+Rows (medians over ``--repeat`` after ``--warmup``, each with its slowest timed iteration): iteration → forward
+(input: voxelization; encoder: HardVFE + BEV scatter; backbone + neck; head) → loss (assignment; targets + loss) →
+optimisation (backward, clip, step) → remaining (data wait). The regions inside forward and loss are the library's own
 (``drivetrain.profile.region`` in ``PointPillars.forward`` / ``loss``). Before timing, a throw-away copy checks
 that both paths assign identically and give the same loss terms (≤ 1e-4 relative). ``--compile`` adds a third copy
 whose batched assignment and loss run under ``torch.compile`` in one graph (the model's ``compile_loss``), as in
@@ -43,7 +45,7 @@ from drivetrain.engine.build import build_model, build_optimizer
 from drivetrain.losses.weights import resolve_weights, weighted_total
 from drivetrain.pipeline.augmentation import Augmentation
 from drivetrain.profile import Profiler, active, device_name, device_slug, emit, rows_from_profilers, synchronize
-from drivetrain.profile.bench import RESULTS_DIR
+from drivetrain.profile.bench import RESULTS_DIR, count_variation
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {("pointpillars", "tiny"): "pointpillars_tiny", ("pointpillars", "full"): "pointpillars_nus",
@@ -155,10 +157,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     steps = args.warmup + args.repeat
     keys = base.batch_keys(ds, args.batch, steps + int(count_syncs), args.seed)
     print(f"reading {len(keys)} batches of {args.batch} frames once (warming the file cache) ...", flush=True)
-    t0, gt_counts, point_counts, first = time.perf_counter(), [], [], None
+    t0, gt_counts, point_counts, padded, first = time.perf_counter(), [], [], [], None
     for i, k in enumerate(keys):
         batch = base.fetch(ds, k, device)
         gt_counts.extend(batch.gt_boxes.sizes.tolist())
+        padded.append(base.padded_gt_counts(batch, images=False))
         point_counts.extend(batch.points.sizes.tolist())
         first = batch if i == 0 else first
         print(f"\r  {i + 1}/{len(keys)} batches ({time.perf_counter() - t0:.1f} s)", end="", flush=True)
@@ -245,6 +248,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "points_per_sample": {"min": min(point_counts), "median": statistics.median(point_counts),
                               "max": max(point_counts)},
         "gt_per_sample": {"min": min(gt_counts), "median": statistics.median(gt_counts), "max": max(gt_counts)},
+        "gt_counts_timed": count_variation(padded[:steps], args.warmup),
         "trainable_params": num_params,
         "optimizer": f"AdamW lr {cfg.optim.lr:g}, weight decay {cfg.optim.weight_decay:g}, clip {cfg.optim.clip_norm}",
         "precision": "fp32",

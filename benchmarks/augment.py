@@ -213,20 +213,24 @@ def training(
     shutil.rmtree(out, ignore_errors=True)
     steps = [r for r in records if "step_time_s" in r][warmup:]
     step = statistics.median(r["step_time_s"] for r in steps)
+    slowest = max(r["step_time_s"] for r in steps)
     wait = statistics.median(r["data_wait_s"] for r in steps)
     assert monitor.result is not None
     cost = step_cost(profiler)
-    return {"ms_per_frame": step * 1e3 / batch, "data_wait_ms": wait * 1e3, "cpu_cores": monitor.result.cpu_cores,
-            "cost": cost.per(batch) if cost is not None else None}  # fmt: skip
+    return {"ms_per_frame": step * 1e3 / batch, "max_ms_per_frame": slowest * 1e3 / batch, "data_wait_ms": wait * 1e3,
+            "cpu_cores": monitor.result.cpu_cores, "cost": cost.per(batch) if cost is not None else None}  # fmt: skip
 
 
 def variant_row(name: str, measured: dict[str, dict[str, Any]], batched: str) -> Row:
-    """A row of every variant's ms per frame (and kernels and syncs per frame): reference = ``worker``, batched =
-    ``batched``."""
+    """A row of every variant's ms per frame (and kernels and syncs per frame, and the slowest step's ms per frame
+    where measured per step): reference = ``worker``, batched = ``batched``."""
     per_frame = {k: v["ms_per_frame"] for k, v in measured.items()}
+    slowest = {k: v.get("max_ms_per_frame") for k, v in measured.items()}
     costs = {k: v.get("cost") for k, v in measured.items()}
     return Row(name, per_frame["worker"], per_frame[batched], variants=per_frame, baseline="worker",
-               reference_cost=costs["worker"], batched_cost=costs[batched], variant_costs=costs)  # fmt: skip
+               reference_cost=costs["worker"], batched_cost=costs[batched], variant_costs=costs,
+               reference_max_ms=slowest["worker"], batched_max_ms=slowest[batched],
+               variants_max=slowest if any(v is not None for v in slowest.values()) else None)  # fmt: skip
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -304,7 +308,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                     f"{k} {m}": round(val, 3)
                     for k, v in runs.items()
                     for m, val in v.items()
-                    if m not in ("ms_per_frame", "cost")
+                    if m not in ("ms_per_frame", "max_ms_per_frame", "cost")
                 }
                 print(
                     f"{tname}: "
@@ -317,12 +321,15 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     result.notes.append(
         "pipeline rows: reference = augmentation per sample in the loader workers (PIL, NumPy: the originals), "
         "batched = the whole batch on the device after the copy; ms per frame over the timed batches, device "
-        "synchronised at the end; 'cpu' gives the CPU seconds of the whole process tree (main + workers) per frame."
+        "synchronised at the end; 'cpu' gives the CPU seconds of the whole process tree (main + workers) per frame. "
+        "No max: a pipeline row is a throughput over the whole timed window, which counts a one-off in full (a "
+        "prefetching loader's per-batch times measure its queue, not a cold start)."
     )
     if train:
         result.notes.append(
             "training rows: reference = worker augmentation, batched = device augmentation on the side stream with "
-            "the frozen encoder run ahead; ms per frame = median trainer step time / B over the timed steps; "
+            "the frozen encoder run ahead; ms per frame = median trainer step time / B over the timed steps (max: "
+            "the slowest timed step / B); "
             "'cpu' gives the median data wait and the process tree's CPU cores over the whole run."
         )
     if device.type == "cpu":

@@ -16,12 +16,17 @@ Data: the synthetic nuScenes-format set (``drivetrain.data.sources.synthetic``, 
 ``data.args``; ``full`` is rendered at 704×256 into ``data/synth-full-704``, generated on first use with a
 progress bar). Batches are ``--batch`` slots of consecutive frames in scene order (``SequenceSampler``
 without shuffling, epochs repeated as needed), so the memory bank streams as in training (``prev_exists``
-as in the data). Every batch the run needs is read once before timing (warming the OS file cache, so
-neither path pays for cold reads). **remaining (data wait)** is then timed inside each iteration as what
-a loader without workers costs: read and decode the frames (``ds[(frame, prev_exists)]``), ``ds.collate``,
-pin (CUDA) and copy to the device (the trainer's ``to_device``). It is the same work for both paths.
+as in the data). Every iteration, warm-up and timed, trains on a batch of its own, so the timed iterations see the
+ground-truth counts the data gives, as training does: the config's ``gt_counts_timed`` records the padded count of
+each timed batch (the largest per sample, and per image for the focal head: the shape the matcher solves), how
+many distinct values they took and how many of them no warm-up batch had (a kernel compiled per shape compiles
+there, inside a timed iteration: the row's max shows it). Every batch the run needs is read once before timing
+(warming the OS file cache, so neither path pays for cold reads). **remaining (data wait)** is then timed inside
+each iteration as what a loader without workers costs: read and decode the frames (``ds[(frame, prev_exists)]``),
+``ds.collate``, pin (CUDA) and copy to the device (the trainer's ``to_device``). It is the same work for both paths.
 
-Rows (medians over ``--repeat`` after ``--warmup``; CUDA events on a GPU, no sync inside an iteration):
+Rows (medians over ``--repeat`` after ``--warmup``, each with its slowest timed iteration; CUDA events on a GPU,
+no sync inside an iteration):
 iteration → forward (network, with its denoising queries; loss → StreamPETR head (main: cost, transfer,
 solve, targets, losses; dn: targets, losses) and focal head (cost, transfer, solve, targets, heatmap,
 losses)) → optimisation (backward, clip, step) → remaining (data wait). The ``main``/``dn``/``dn queries``
@@ -85,7 +90,7 @@ from drivetrain.profile import (
     setup_bench,
     synchronize,
 )
-from drivetrain.profile.bench import RESULTS_DIR
+from drivetrain.profile.bench import RESULTS_DIR, count_variation
 from drivetrain.profile.costmodel import host_work
 
 DESCRIPTION = __doc__.splitlines()[0]
@@ -204,15 +209,26 @@ def compile_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def add_compiled_variant(rows: list[Row], compiled: Profiler) -> None:
-    """Give every row the compiled copy also timed ``"variants": {reference, batched, compiled}`` (its kernels
-    are not counted: a compiled graph's kernels are not ATen ops)."""
+    """Give every row the compiled copy also timed ``"variants": {reference, batched, compiled}`` and their maxima
+    (its kernels are not counted: a compiled graph's kernels are not ATen ops)."""
     times = compiled.summary()
     for row in rows:
         if row.name in times:
             row.variants = {"reference": row.reference_ms, "batched": row.batched_ms}
             row.variants["compiled"] = times[row.name].median
+            row.variants_max = {"reference": row.reference_max_ms, "batched": row.batched_max_ms}
+            row.variants_max["compiled"] = times[row.name].max
             row.baseline = "reference"
             row.variant_costs = {"reference": row.reference_cost, "batched": row.batched_cost}
+
+
+def padded_gt_counts(batch: Any, *, images: bool) -> dict[str, int]:
+    """The padded ground-truth counts of ``batch`` (the matchers' target dimension G): the largest count per sample
+    and, with ``images`` (a head matching 2D boxes), per image. Read before timing (host reads)."""
+    counts = {"max_gt_per_sample": int(batch.gt_boxes.sizes.max())}
+    if images:
+        counts["max_gt_per_image"] = int(batch.gt_boxes_2d.sizes.max())
+    return counts
 
 
 def compiled_note(options: dict[str, Any], seconds: float, diff: float) -> str:
@@ -467,11 +483,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     steps = args.warmup + args.repeat
     keys = batch_keys(ds, args.batch, steps + int(count_syncs), args.seed)
     print(f"reading {len(keys)} batches of {args.batch} frames once (warming the file cache) ...", flush=True)
-    t0, gt_counts = time.perf_counter(), []
+    t0, gt_counts, padded = time.perf_counter(), [], []
     first = None
     for i, k in enumerate(keys):
         batch = fetch(ds, k, device)
         gt_counts.extend(batch.gt_boxes.sizes.tolist())
+        padded.append(padded_gt_counts(batch, images=True))
         first = batch if i == 0 else first
         print(f"\r  {i + 1}/{len(keys)} batches ({time.perf_counter() - t0:.1f} s)", end="", flush=True)
     print(flush=True)
@@ -567,6 +584,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "images": f"{n} cameras x {w}x{h}",
         "data": f"synthetic {data_args.get('size')} ({data_args.get('split')}), root {shown(data_args['root'])}",
         "gt_per_sample": {"min": min(gt_counts), "median": statistics.median(gt_counts), "max": max(gt_counts)},
+        "gt_counts_timed": count_variation(padded[:steps], args.warmup),
         "trainable_params": num_params,
         "optimizer": f"AdamW lr {optim_cfg.lr:g} (x lr_mult per group), weight decay {optim_cfg.weight_decay:g}, "
         f"clip {optim_cfg.clip_norm}",

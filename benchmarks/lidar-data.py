@@ -143,17 +143,15 @@ def bench_sweeps(folder: Path, args: argparse.Namespace, result: BenchResult) ->
         per_frame_points = points / len(fly)
         merged_bytes = per_frame_points * 4 * len(USE_DIM)
         parent = result.add(
-            Row(
-                name=f"N = {n} sweeps ({per_frame_points / 1e3:.0f}k points): points of a frame",
-                reference_ms=statistics.median(ms_fly),
-                batched_ms=statistics.median(ms_cache),
+            Row.from_samples(
+                f"N = {n} sweeps ({per_frame_points / 1e3:.0f}k points): points of a frame", ms_fly, ms_cache
             )
         )
         result.add(
-            Row(
-                name=f"N = {n}: whole sample (FrameDataset[i], no images)",
-                reference_ms=statistics.median(ms_fly_sample),
-                batched_ms=statistics.median(ms_cache_sample),
+            Row.from_samples(
+                f"N = {n}: whole sample (FrameDataset[i], no images)",
+                ms_fly_sample,
+                ms_cache_sample,
                 parent=parent.name,
             )
         )
@@ -221,19 +219,19 @@ def bench_voxels(args: argparse.Namespace, device: torch.device, result: BenchRe
         loop_cost = count_call(lambda c=clouds, g=grid: reference_hard_voxelize_batch([x.cpu() for x in c], g))
         label = f"{name} grid {grid.grid_size[0]}×{grid.grid_size[1]}, B = {args.batch} × {num_points // 1000}k points"
         parent = result.add(
-            Row(
-                name=f"{label}: hard voxelization vs the reference loop",
-                reference_ms=statistics.median(loop_ms),
-                batched_ms=statistics.median(bat_ms),
+            Row.from_samples(
+                f"{label}: hard voxelization vs the reference loop",
+                loop_ms,
+                bat_ms,
                 reference_cost=loop_cost,
                 batched_cost=bat_ms.cost,
             )
         )
         result.add(
-            Row(
-                name=f"{name}: vs per-sample calls of the vectorised path",
-                reference_ms=statistics.median(ref_ms),
-                batched_ms=statistics.median(bat_ms),
+            Row.from_samples(
+                f"{name}: vs per-sample calls of the vectorised path",
+                ref_ms,
+                bat_ms,
                 parent=parent.name,
                 reference_cost=ref_ms.cost,
                 batched_cost=bat_ms.cost,
@@ -251,10 +249,10 @@ def bench_voxels(args: argparse.Namespace, device: torch.device, result: BenchRe
             warmup=args.warmup,
         )
         result.add(
-            Row(
-                name=f"{name} grid: pillar scatter to BEV (64 channels)",
-                reference_ms=statistics.median(ref_ms),
-                batched_ms=statistics.median(bat_ms),
+            Row.from_samples(
+                f"{name} grid: pillar scatter to BEV (64 channels)",
+                ref_ms,
+                bat_ms,
                 reference_cost=ref_ms.cost,
                 batched_cost=bat_ms.cost,
             )
@@ -285,10 +283,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         result.notes.append(
             "sweep rows: reference = merging the sweeps from their files (mmdetection3d's LoadPointsFromMultiSweeps), "
             "batched = the float32 sweep cache (equal points, checked); ms per frame in this process (CPU), median "
-            "over passes after a warm-up pass with the files in the page cache; `sweeps` in the JSON has frames/s, "
-            "points/s, CPU ms per frame (process time) and bytes per frame (merged float32 array = what a pickle "
-            "of the points holds, before the pickle's own overhead). No kernel or sync counts (–): reading and "
-            "merging sweeps is host work on any machine."
+            "over passes (max: the slowest pass) after a warm-up pass with the files in the page cache; `sweeps` in "
+            "the JSON has frames/s, points/s, CPU ms per frame (process time) and bytes per frame (merged float32 "
+            "array = what a pickle of the points holds, before the pickle's own overhead). No kernel or sync counts "
+            "(–): reading and merging sweeps is host work on any machine."
         )
     bench_voxels(args, device, result)
     result.notes.append(

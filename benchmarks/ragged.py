@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             check(reference(), batched())
             ref_ms, bat_ms = compare(reference, batched, device=device, repeat=args.repeat, warmup=args.warmup)
         r, b = Stats.of(ref_ms), Stats.of(bat_ms)
-        result.add(Row(name, r.median, b.median, reference_cost=ref_ms.cost, batched_cost=bat_ms.cost))
+        result.add(Row.from_samples(name, ref_ms, bat_ms, reference_cost=ref_ms.cost, batched_cost=bat_ms.cost))
         spread[name] = [round(r.min, 4), round(r.max, 4), round(b.min, 4), round(b.max, 4)]
     result.extra["min_max_ms"] = {"order": ["reference min", "reference max", "batched min", "batched max"], **spread}
     result.notes.append(

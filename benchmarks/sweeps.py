@@ -10,7 +10,8 @@ sweeps recorded between key frames, as nuScenes' 20 Hz lidar between 2 Hz key fr
 
 Columns: points per frame (mean over mini_train, after the merge), data time (the trainer's median wait per
 batch: reading and merging the sweeps in the loop, ``num_workers`` 0), step time (median compute per step, data
-wait excluded), mAP and NDS after the budget, and the whole run's wall time.
+wait excluded), mAP and NDS after the budget, and the whole run's wall time. The rows give each median with the
+slowest timed step (or wait) beside it.
 
 Run: ``drivetrain bench sweeps [--model ssn|pointpillars] [--sweeps 0,5,10] [--steps 300] [--save]``.
 """
@@ -75,10 +76,14 @@ def child(args: argparse.Namespace, sweeps: int, root: str) -> dict:
     evals = [r for r in logged if "eval/mAP" in r]
     if not evals:
         raise SystemExit(f"{sweeps} sweeps: the run logged no evaluation")
+    data_ms = [1000 * r["data_wait_s"] for r in train]
+    step_ms = [1000 * (r["step_time_s"] - r["data_wait_s"]) for r in train]
     return {
         "points_per_frame": statistics.fmean(points),
-        "data_ms": 1000 * statistics.median(r["data_wait_s"] for r in train),
-        "step_ms": 1000 * statistics.median(r["step_time_s"] - r["data_wait_s"] for r in train),
+        "data_ms": statistics.median(data_ms),
+        "data_max_ms": max(data_ms),
+        "step_ms": statistics.median(step_ms),
+        "step_max_ms": max(step_ms),
         "mAP": evals[-1]["eval/mAP"],
         "NDS": evals[-1]["eval/NDS"],
         "wall_s": wall,
@@ -140,8 +145,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     result = BenchResult(f"sweeps-{args.model}", device_name(device), config)
     for n, m in measured.items():
         result.add(Row(name=f"step: {n} vs {base_n} sweeps", reference_ms=base["step_ms"], batched_ms=m["step_ms"],
-                       reference_cost=Cost.from_dict(base), batched_cost=Cost.from_dict(m)))  # fmt: skip
-        result.add(Row(name=f"data: {n} vs {base_n} sweeps", reference_ms=base["data_ms"], batched_ms=m["data_ms"]))
+                       reference_cost=Cost.from_dict(base), batched_cost=Cost.from_dict(m),
+                       reference_max_ms=base["step_max_ms"], batched_max_ms=m["step_max_ms"]))  # fmt: skip
+        result.add(Row(name=f"data: {n} vs {base_n} sweeps", reference_ms=base["data_ms"], batched_ms=m["data_ms"],
+                       reference_max_ms=base["data_max_ms"], batched_max_ms=m["data_max_ms"]))  # fmt: skip
     table = [
         f"| sweeps | points / frame | data (ms / batch) | step (ms) | mAP after {args.steps} steps | NDS | run (s) "
         "| published: score, training time |",

@@ -35,6 +35,7 @@ def data_root(tmp_path_factory):
 def test_bench_iteration_times_both_paths_and_writes_json_md_png(tmp_path, data_root, capsys):
     out = tmp_path / "out"
     argv = ["bench", "iteration", *TINY, "--data-root", str(data_root)]
+    argv[argv.index("--repeat") + 1] = "3"  # three timed iterations: a max to report beside each median
     argv += ["--json", str(out / "r.json"), "--md", str(out / "r.md"), "--png", str(out / "r.png")]
     assert main(argv) == 0
     printed = capsys.readouterr().out
@@ -44,7 +45,14 @@ def test_bench_iteration_times_both_paths_and_writes_json_md_png(tmp_path, data_
     assert {"benchmark", "device", "torch", "date", "config", "rows"} <= set(data)
     assert data["benchmark"] == "iteration" and data["device"].startswith("CPU")
     assert data["config"]["model"] == "streampetr" and data["config"]["size"] == "tiny"
-    assert data["config"]["batch"] == 2 and data["config"]["repeat"] == 1
+    assert data["config"]["batch"] == 2 and data["config"]["repeat"] == 3
+    # every timed iteration trained on a batch of its own: its padded ground-truth counts, as the data gives them
+    timed, per_sample = data["config"]["gt_counts_timed"], data["config"]["gt_per_sample"]
+    assert timed["batches"] == 3 and set(timed) == {"batches", "max_gt_per_sample", "max_gt_per_image"}
+    assert len(timed["max_gt_per_sample"]["per_batch"]) == 3
+    assert all(per_sample["min"] <= g <= per_sample["max"] for g in timed["max_gt_per_sample"]["per_batch"])
+    for counts in (timed["max_gt_per_sample"], timed["max_gt_per_image"]):
+        assert counts["distinct"] == len(set(counts["per_batch"])) == counts["not_in_warmup"]  # no warm-up here
     rows = {row["name"]: row for row in data["rows"]}
     assert set(rows) >= TOP_ROWS
     assert {"iteration/forward/loss/streampetr head/main", "iteration/forward/loss/streampetr head/dn"} <= set(rows)
@@ -54,6 +62,8 @@ def test_bench_iteration_times_both_paths_and_writes_json_md_png(tmp_path, data_
         assert row["parent"] is None or row["parent"] in seen  # parents come first and exist
         assert row["parent"] == (row["name"].rsplit("/", 1)[0] if "/" in row["name"] else None)
         assert row["reference_ms"] > 0 and row["batched_ms"] > 0
+        assert row["reference_max_ms"] >= row["reference_ms"] and row["batched_max_ms"] >= row["batched_ms"]
+        assert row["max_over_median"] == bool(row["max_over_median_paths"])
         # speedup is rounded to 4 decimals (≤ 5e-5 off) and each ms to 6 (≤ 5e-7 ms off, relative 5e-7 / ms)
         ratio = row["reference_ms"] / row["batched_ms"]
         ms_rounding = ratio * (5e-7 / row["reference_ms"] + 5e-7 / row["batched_ms"])
@@ -68,7 +78,8 @@ def test_bench_iteration_times_both_paths_and_writes_json_md_png(tmp_path, data_
     assert data["host_syncs_per_iteration"]["reference"].startswith("n/a")  # the CPU has no sync to count
 
     md = (out / "r.md").read_text()
-    assert md.startswith("# Benchmark `iteration`") and "| region | reference (ms) | batched (ms) | speedup |" in md
+    assert md.startswith("# Benchmark `iteration`")
+    assert "| region | reference ms (max) | batched ms (max) | speedup |" in md
     assert "## Published layout" in md and "| training iteration |" in md and "| 760 → 615 (×1.24) |" in md
     pytest.importorskip("matplotlib")
     assert (out / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -132,6 +143,7 @@ def test_bench_iteration_of_the_lidar_detectors(model, tmp_path, data_root, caps
     data = json.loads((out / "r.json").read_text())
     assert data["config"]["model"] == model and data["config"]["anchors"] > 0
     assert data["config"]["points_per_sample"]["min"] > 1000  # key frame + 2 sweeps of the 16-beam lidar
+    assert set(data["config"]["gt_counts_timed"]) == {"batches", "max_gt_per_sample"}  # no 2D head to count for
     rows = {row["name"]: row for row in data["rows"]}
     assert set(rows) >= LIDAR_ROWS
     assert all(r["reference_ms"] > 0 and r["batched_ms"] > 0 for r in data["rows"])
