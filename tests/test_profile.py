@@ -180,11 +180,11 @@ def test_from_samples_takes_each_paths_median_and_max():
 
 def test_a_max_over_five_medians_is_flagged_per_path_and_at_the_bound_is_not():
     cold, steady, by_hand, compiled = _flag_result().rows
-    assert cold.max_over_median == ["batched"]  # 90 > 5 × 1.0; the reference's 4.2 < 5 × 4.0
-    assert steady.max_over_median == []  # max == MAX_OVER_MEDIAN × median exactly: not over it
-    assert by_hand.max_over_median == [] and by_hand.reference_max_ms is None
-    assert compiled.max_over_median == ["compiled"]  # a variant's max counts too, named by its variant
-    assert Row("zero", 0.0, 1.0, reference_max_ms=0.0).max_over_median == []  # 0 is not over 5 × 0
+    assert cold.max_over_median_paths == ["batched"]  # 90 > 5 × 1.0; the reference's 4.2 < 5 × 4.0
+    assert steady.max_over_median_paths == []  # max == MAX_OVER_MEDIAN × median exactly: not over it
+    assert by_hand.max_over_median_paths == [] and by_hand.reference_max_ms is None
+    assert compiled.max_over_median_paths == ["compiled"]  # a variant's max counts too, named by its variant
+    assert Row("zero", 0.0, 1.0, reference_max_ms=0.0).max_over_median_paths == []  # 0 is not over 5 × 0
 
 
 def test_flagged_rows_are_marked_in_json_table_and_markdown(tmp_path):
@@ -219,14 +219,14 @@ def test_maxima_survive_a_json_round_trip_and_old_files_read_without_them(tmp_pa
     loaded = load_result(tmp_path / "r.json")
     for before, after in zip(result.rows, loaded.rows, strict=True):
         assert (after.reference_max_ms, after.batched_max_ms) == (before.reference_max_ms, before.batched_max_ms)
-        assert after.variants_max == before.variants_max and after.max_over_median == before.max_over_median
+        assert after.variants_max == before.variants_max and after.max_over_median_paths == before.max_over_median_paths
     old = json.loads((tmp_path / "r.json").read_text())
     for row in old["rows"]:  # a file from before the maxima
         for key in ("reference_max_ms", "batched_max_ms", "variants_max", "max_over_median", "max_over_median_paths"):
             row.pop(key, None)
     (tmp_path / "old.json").write_text(json.dumps(old))
     rows = load_result(tmp_path / "old.json").rows
-    assert all(r.reference_max_ms is None and r.variants_max is None and r.max_over_median == [] for r in rows)
+    assert all(r.reference_max_ms is None and r.variants_max is None and r.max_over_median_paths == [] for r in rows)
     committed = load_result(ROOT / "benchmarks" / "results" / "ragged-cpu.json")  # committed results load too
     assert committed.rows and all(r.reference_ms > 0 for r in committed.rows)
 
@@ -251,7 +251,9 @@ def test_compare_fills_max_and_a_cold_first_timed_repeat_is_flagged():
     assert len(calls) == warmup + repeat
     row = Row.from_samples("cold start", ref, bat)
     assert row.reference_max_ms == max(ref) and row.batched_max_ms == max(bat)
-    assert "reference" in row.max_over_median  # the median is a no-op's time: the ≥ 50 ms repeat is far over 5× it
+    assert (
+        "reference" in row.max_over_median_paths
+    )  # the median is a no-op's time: the ≥ 50 ms repeat is far over 5× it
 
 
 def test_rows_from_profilers_fill_max_from_the_timed_steps():
@@ -266,7 +268,7 @@ def test_rows_from_profilers_fill_max_from_the_timed_steps():
     (row,) = rows_from_profilers(ref, bat)
     assert row.reference_max_ms == max(ref.samples("loss"))
     assert row.batched_max_ms == max(bat.samples("loss")) and row.reference_ms == ref.median("loss")
-    assert "reference" in row.max_over_median
+    assert "reference" in row.max_over_median_paths
 
 
 def test_count_variation_counts_distinct_timed_values_and_those_new_after_warmup():

@@ -45,7 +45,9 @@ def bench_chart(result: BenchResult, path: str | Path) -> Path | None:
     # tick labels are right-aligned: nesting shows as the parent's name before the child's
     labels = [r.name.replace("/", " › ") if r.parent else r.name for r in rows]
     labels = [label if len(label) <= 60 else "…" + label[-57:] for label in labels]
-    labels = [f"{FLAG} {label}" if row.max_over_median else label for row, label in zip(rows, labels, strict=True)]
+    labels = [
+        f"{FLAG} {label}" if row.max_over_median_paths else label for row, label in zip(rows, labels, strict=True)
+    ]
     published = result.extra.get("published", {})
     height = 1.2 + 0.32 * len(rows)
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, height), dpi=100, sharey=True,

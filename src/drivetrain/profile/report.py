@@ -82,7 +82,7 @@ class Row:
         return cls(name, ref.median, bat.median, reference_max_ms=ref.max, batched_max_ms=bat.max, **kwargs)
 
     @property
-    def max_over_median(self) -> list[str]:
+    def max_over_median_paths(self) -> list[str]:
         """The paths whose max exceeds :data:`MAX_OVER_MEDIAN` × their median: ``"reference"``, ``"batched"``,
         then the variants' names (those also named by ``reference``/``batched`` included), in that order."""
         paths = [
@@ -102,8 +102,8 @@ class Row:
         return self.reference_ms / self.batched_ms if self.batched_ms > 0 else float("inf")
 
     def as_dict(self) -> dict[str, Any]:
-        """The row in the JSON format; ``variants`` and ``baseline`` only when ``variants`` is set, the counts
-        only when a path was counted."""
+        """The row in the JSON format: the maxima and the flag always (null and false where no max was recorded),
+        ``variants`` and ``baseline`` only when ``variants`` is set, the counts only when a path was counted."""
         out: dict[str, Any] = {
             "name": self.name,
             "parent": self.parent,
@@ -113,7 +113,7 @@ class Row:
             "reference_max_ms": _rounded(self.reference_max_ms),
             "batched_max_ms": _rounded(self.batched_max_ms),
         }
-        flagged = self.max_over_median
+        flagged = self.max_over_median_paths
         out.update(max_over_median=bool(flagged), max_over_median_paths=flagged)
         if self.reference_cost is not None or self.batched_cost is not None:
             for path, cost in (("reference", self.reference_cost), ("batched", self.batched_cost)):
@@ -240,13 +240,13 @@ class BenchResult:
         lines = []
         for r in self.rows:
             label = "  " * depth[r.name] + ("↳ " if depth[r.name] else "") + r.name
-            label += f" {FLAG}" if r.max_over_median else ""  # the row, whichever path (or variant) it is
+            label += f" {FLAG}" if r.max_over_median_paths else ""  # the row, whichever path (or variant) it is
             lines.append((label, *r.time_cells(), f"×{r.speedup:.2f}", *r.cost_cells()))
         return lines
 
     def flagged(self) -> list[Row]:
         """Rows with a path whose max exceeds :data:`MAX_OVER_MEDIAN` × its median."""
-        return [r for r in self.rows if r.max_over_median]
+        return [r for r in self.rows if r.max_over_median_paths]
 
     def _max_notes(self) -> list[str]:
         """The note on the (max) cells, and one line naming the flagged rows and paths, if any."""
@@ -256,7 +256,7 @@ class BenchResult:
         ]
         flagged = self.flagged()
         if flagged:
-            listed = "; ".join(f"{r.name} ({', '.join(r.max_over_median)})" for r in flagged)
+            listed = "; ".join(f"{r.name} ({', '.join(r.max_over_median_paths)})" for r in flagged)
             notes.append(f"{FLAG} max > {MAX_OVER_MEDIAN:g}× median in {len(flagged)} row(s): {listed}")
         return notes
 
