@@ -119,6 +119,64 @@ def test_batch_to_moves_every_tensor(batch):
     assert moved.sample_tokens == batch.sample_tokens
 
 
+@pytest.fixture(scope="module")
+def batch_with_points(synth_index, synth_root) -> Batch:
+    dataset = FrameDataset(synth_index, DatasetConfig(load_points=True), synth_root)
+    out = collate([dataset[0], dataset[3]])
+    _ = out.gt_boxes.mask  # a cached mask: it moves with its batch, once
+    return out
+
+
+def test_batch_to_copies_every_tensor_once_without_blocking_toward_a_device(batch_with_points):
+    """Each tensor once — a ragged field's data, sizes and cached mask too (the data went over twice before) —
+    and non-blocking toward a device; ``non_blocking=False`` forces blocking copies."""
+    from drivetrain.pipeline.transfer import flatten
+    from helpers.copies import CopyRecorder
+
+    leaves = flatten(batch_with_points)[0]  # every tensor of the batch, ragged parts and the mask included
+    with CopyRecorder() as copies:
+        moved = batch_with_points.to("meta")
+    assert sorted(copies.sources()) == sorted(map(id, leaves))
+    assert all(call.non_blocking for call in copies.calls)
+    assert moved.gt_boxes.cached_mask is not None and moved.gt_boxes.cached_mask.device.type == "meta"
+    with CopyRecorder() as forced:
+        batch_with_points.to("meta", non_blocking=False)
+    assert len(forced.calls) == len(leaves) and not any(call.non_blocking for call in forced.calls)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_pinned_batch_copies_are_all_non_blocking_and_equal(batch_with_points):
+    from drivetrain.pipeline import to_device
+    from drivetrain.pipeline.transfer import flatten
+    from helpers.copies import CopyRecorder
+
+    pinned = batch_with_points.pin_memory()
+    leaves = flatten(pinned)[0]
+    assert all(t.is_pinned() for t in leaves if t.numel())  # sizes and masks too
+    for move in (lambda b: b.to("cuda"), lambda b: to_device(b, torch.device("cuda"))):  # the trainer's call
+        with CopyRecorder() as copies:
+            moved = move(pinned)
+        assert sorted(copies.sources()) == sorted(map(id, leaves))
+        assert all(call.non_blocking for call in copies.calls)
+        for got, want in zip(flatten(moved)[0], flatten(batch_with_points)[0], strict=True):
+            assert got.is_cuda and got.dtype == want.dtype and torch.equal(got.cpu(), want)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_batch_back_to_the_cpu_blocks_and_round_trips(batch_with_points):
+    from drivetrain.pipeline.transfer import flatten
+    from helpers.copies import CopyRecorder
+
+    on_gpu = batch_with_points.to("cuda")
+    with CopyRecorder() as copies:
+        back = on_gpu.to("cpu")
+    assert copies.calls and not any(call.non_blocking for call in copies.calls)  # the host reads them next
+    for got, want in zip(flatten(back)[0], flatten(batch_with_points)[0], strict=True):
+        assert not got.is_cuda and torch.equal(got, want)
+
+
 def test_dataloader_with_two_workers_yields_the_same_batches(dataset):
     def run(workers):
         sampler = SequenceSampler(dataset.scene_lengths(), 2, seed=3)

@@ -57,34 +57,42 @@ class Batch:
         """Samples in the batch, B."""
         return len(self.sample_tokens)
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-        """A copy with every tensor on ``device`` (non_blocking copies from pinned memory are async)."""
-        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+    def to(self, device: torch.device | str, non_blocking: bool | None = None) -> Batch:
+        """A copy with every tensor on ``device``, each copied once (a ragged field: its data, sizes and cached mask).
+
+        Args:
+            device: the target device.
+            non_blocking: None (default) copies toward a device without blocking — asynchronously from pinned memory
+                (:meth:`pin_memory`, a loader with ``pin_memory``) — and blocks for copies to the CPU, which the host
+                is about to read; True or False forces it either way.
+
+        Returns:
+            The batch on ``device`` (tensors already there are shared, not copied).
+        """
+        device = torch.device(device)
+        asynchronous = device.type != "cpu" if non_blocking is None else non_blocking
+        return self._map(lambda t: t.to(device, non_blocking=asynchronous))
 
     def pin_memory(self) -> Batch:
-        """Page-locked copy (``DataLoader(pin_memory=True)`` calls this); a no-op without CUDA."""
+        """Page-locked copy (``DataLoader(pin_memory=True)`` calls this), ragged sizes and masks included; a no-op
+        without CUDA."""
         if not torch.cuda.is_available():
             return self
         return self._map(lambda t: t.pin_memory())
 
     def _map(self, fn: Any) -> Batch:
+        """The batch with ``fn`` applied once to every tensor, ragged fields' data, sizes and cached masks too."""
         changes = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, torch.Tensor | RaggedBatch):
-                changes[f.name] = _ragged_map(value, fn) if isinstance(value, RaggedBatch) else fn(value)
+            if isinstance(value, torch.Tensor):
+                changes[f.name] = fn(value)
+            elif isinstance(value, RaggedBatch):
+                mask = value.cached_mask
+                changes[f.name] = RaggedBatch.unchecked(
+                    fn(value.tensor), fn(value.sizes), value.ragged_dim, None if mask is None else fn(mask)
+                )
         return dataclasses.replace(self, **changes)
-
-
-def _ragged_map(rb: RaggedBatch, fn: Any) -> RaggedBatch:
-    moved = fn(rb.tensor)
-    if (
-        isinstance(moved, torch.Tensor)
-        and moved.device == rb.tensor.device
-        and moved.data_ptr() != rb.tensor.data_ptr()
-    ):
-        return RaggedBatch.unchecked(moved, rb.sizes, rb.ragged_dim)  # pinned copy, same device
-    return rb.to(moved.device, non_blocking=True) if moved.device != rb.tensor.device else rb
 
 
 def collate(samples: Sequence[Sample | Skipped]) -> Batch:

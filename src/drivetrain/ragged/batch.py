@@ -308,6 +308,12 @@ class RaggedBatch:
             mask = mask.to(tensor.device, non_blocking=non_blocking) if mask is not None else None
         return RaggedBatch.unchecked(tensor, sizes, self._ragged_dim, mask)
 
+    def pin_memory(self) -> RaggedBatch:
+        """Page-locked copies of the data, sizes and cached mask (``DataLoader(pin_memory=True)`` calls this), so
+        a later non-blocking copy of each to a GPU runs asynchronously."""
+        mask = self._mask.pin_memory() if self._mask is not None else None
+        return RaggedBatch.unchecked(self._tensor.pin_memory(), self._sizes.pin_memory(), self._ragged_dim, mask)
+
     def with_tensor(self, tensor: torch.Tensor, ragged_dim: int | None = None) -> RaggedBatch:
         """Wrap ``tensor`` with this batch's sizes (shared, not copied).
 
