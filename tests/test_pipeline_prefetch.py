@@ -49,17 +49,22 @@ def test_cpu_prefetcher_passes_through_with_the_streams_positions():
     assert prefetcher.next()[1].tolist() == [1]
 
 
-def test_training_with_prefetch_learns_and_resumes_exactly(tmp_path):
-    def run(out, *extra, resume=None):
-        cfg = load_config(SMOKE, overrides(out, "train.steps=6", "checkpoint.every=3", *extra))
-        Trainer(cfg, resume=resume).fit()
+# the shipped GPU configs' loader: the prefetcher with persistent workers
+GPU_LOADER = ["data.prefetch=true", "data.num_workers=2", "data.persistent_workers=true"]
+
+
+@pytest.mark.parametrize("loader", [["data.prefetch=true"], GPU_LOADER], ids=["prefetch", "prefetch+persistent"])
+def test_training_with_prefetch_learns_and_resumes_exactly(tmp_path, loader):
+    def run(out, *extra, resume=None):  # 64 samples: 4 batches an epoch, so the runs cross epochs (and resume in one)
+        steps = ["train.steps=6", "checkpoint.every=3", "data.args.num_samples=64"]
+        Trainer(load_config(SMOKE, overrides(out, *steps, *extra)), resume=resume).fit()
 
     run(tmp_path / "plain")
-    run(tmp_path / "prefetch", "data.prefetch=true")
+    run(tmp_path / "prefetch", *loader)
     assert_same_weights(final_state(tmp_path / "prefetch")["model"], final_state(tmp_path / "plain")["model"])
-    run(tmp_path / "resumed", "data.prefetch=true")
+    run(tmp_path / "resumed", *loader)
     shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "step-00000006")
-    run(tmp_path / "resumed", "data.prefetch=true", resume="auto")
+    run(tmp_path / "resumed", *loader, resume="auto")
     assert_same_weights(final_state(tmp_path / "resumed")["model"], final_state(tmp_path / "plain")["model"])
 
 
@@ -74,3 +79,88 @@ def test_cuda_prefetcher_hands_out_in_order_and_keeps_the_batch_in_flight_out_of
         assert prefetcher.state_dict()["step"] == i + 1 and stream.position == i + 2  # one in flight
     prefetcher.load_state_dict({"epoch": 0, "step": 2})
     assert prefetcher.next()[0]["meta"][0].item() == 2
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+BUSY = 200_000_000  # GPU cycles of torch.cuda._sleep: ~0.1 s at 2 GHz, far longer than the host work around it
+
+
+class BatchStream:
+    """Collated synthetic batches (with points) in a fixed order, their position as the state."""
+
+    def __init__(self, batches) -> None:
+        self.batches, self.position = batches, 0
+
+    def next(self):
+        batch = self.batches[self.position % len(self.batches)]
+        self.position += 1
+        return batch, torch.tensor([self.position - 1])
+
+    def state_dict(self):
+        return {"epoch": 0, "step": self.position}
+
+    def load_state_dict(self, state):
+        self.position = state["step"]
+
+
+@pytest.fixture(scope="module")
+def batches(synth_index, synth_root):
+    from drivetrain.data import DatasetConfig, FrameDataset, collate
+
+    dataset = FrameDataset(synth_index, DatasetConfig(load_points=True), synth_root)
+    return [collate([dataset[i], dataset[i + 1]]) for i in (0, 2, 4)]
+
+
+def scale_images(batch, position):
+    """A device transform: float images scaled by the step (a stand-in for the augmentation)."""
+    from dataclasses import replace
+
+    return replace(batch, images=batch.images.float() * position["step"])
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_prefetched_batches_equal_the_cpu_pass_through(batches):
+    from drivetrain.pipeline.transfer import flatten
+
+    on_cpu = DevicePrefetcher(BatchStream(batches), "cpu", transform=scale_images)
+    on_gpu = DevicePrefetcher(BatchStream(batches), "cuda", transform=scale_images)
+    for _ in range(5):  # wraps around the three batches
+        (want, want_rows), (got, got_rows) = on_cpu.next(), on_gpu.next()
+        assert torch.equal(want_rows, got_rows) and got.sample_tokens == want.sample_tokens
+        for a, b in zip(flatten(got)[0], flatten(want)[0], strict=True):
+            assert a.is_cuda and a.dtype == b.dtype and torch.equal(a.cpu(), b)
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_transform_runs_on_the_side_stream_and_the_consumer_waits_for_it():
+    seen = []
+
+    def slow_double(batch, position):
+        seen.append(torch.cuda.current_stream())
+        torch.cuda._sleep(BUSY)  # the transform's work is still queued when next() returns
+        return {**batch, "x": batch["x"] * 2}
+
+    prefetcher = DevicePrefetcher(CountingStream(), "cuda", transform=slow_double)
+    for i in range(3):
+        batch, _ = prefetcher.next()
+        assert batch["x"].tolist() == [2.0 * i] * 3  # read on the consumer stream: after the transform
+    consumer = torch.cuda.current_stream()
+    assert seen and all(stream == prefetcher._side and stream != consumer for stream in seen)
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_batch_freed_while_the_consumer_reads_it_is_not_overwritten_by_the_next():
+    """The prefetcher records each batch on the consumer stream: freed by the host while the consumer's kernels
+    still read it, its memory is not handed to batch n+1's copy or transform on the side stream."""
+    for transform in (None, lambda batch, position: {**batch, "x": batch["x"] + 0}):
+        prefetcher = DevicePrefetcher(CountingStream(), "cuda", transform=transform)
+        totals = []
+        for _ in range(4):
+            batch, _ = prefetcher.next()
+            torch.cuda._sleep(BUSY // 4)  # the consumer is busy ...
+            totals.append(batch["x"].sum())  # ... then reads the batch
+            del batch  # batch n+1 was started with the last next(); batch n+2 starts with the next one
+        assert [t.item() for t in totals] == [3.0 * i for i in range(4)]
