@@ -58,11 +58,12 @@ PIL_LEVELS = 2.0
 # The float path (CUDA's, and a float input's on the CPU: the same code) against ATen's integer kernels (the uint8
 # CPU path): both run PIL's two passes, rows then columns, each rounded half up and clamped. What is left is the
 # weights' rounding: the integer kernels round each to a multiple of 2^-p in int16 (p ≥ 14, as the largest weight is
-# ≤ 1: ≤ 2^-15 off), the float path's are float32 (2^-24 relative, negligible). Row pass: ≤ 7 taps of ≤ 255 for
-# scales ≥ 0.76 (support 2/0.76 on each side), sums < 7·255·2^-15 = 0.055 apart, so the rounded levels are ≤ 1
-# apart. Column pass: those ±1 levels through weights whose absolute sum is ≤ 1.27 (the cubic's negative lobes,
-# renormalised where the border cuts taps), plus its own 0.055: < 2 apart, so ≤ 2 levels. (Rounding once at the end
-# instead carries the row pass's overshoot beyond [0, 255] at sharp edges into the column pass: tens of levels.)
+# ≤ 1: ≤ 2^-15 off), the float path's are float32 (2^-24 relative, negligible). Row pass: K ≤ 2⌈2/s⌉ + 1 taps of
+# ≤ 255 (7 at s ≥ 0.76, 13 at the published recipe's 0.38), sums < 13·255·2^-15 = 0.11 apart, so the rounded
+# levels are ≤ 1 apart. Column pass: those ±1 levels through weights whose absolute sum is ≤ 1.27 (the cubic's
+# negative lobes, renormalised where the border cuts taps), plus its own 0.11: < 2 apart, so ≤ 2 levels. (Rounding
+# once at the end instead carries the row pass's overshoot beyond [0, 255] at sharp edges into the column pass:
+# tens of levels.)
 FLOAT_PATH_LEVELS = 2.0
 
 
