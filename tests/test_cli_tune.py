@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from drivetrain.cli.main import main
-from drivetrain.cli.tune import grid, recommend
+from drivetrain.cli.tune import grid, recommend, worker_rule
 from drivetrain.engine import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +47,15 @@ def test_recommendation_is_the_fastest_that_keeps_up_with_fewer_workers_on_a_tie
     assert not keeps_up and best["num_workers"] == 2  # nothing keeps up: the fastest
 
 
+def test_worker_rule_reads_the_loader_cost_off_the_setting_without_workers():
+    rows = [({"loader": "torch", "num_workers": 0}, {"step_ms": 156.5, "wait_ms": 111.6}),  # PointPillars full, H200
+            ({"loader": "torch", "num_workers": 4}, {"step_ms": 46.0, "wait_ms": 0.5})]  # fmt: skip
+    rule = worker_rule(rows, cores=16)
+    assert rule is not None and rule["workers"] == 4 and rule["wait_ms"] == 0.0
+    assert rule["worker_ms_per_batch"] == 111.6 and rule["step_ms"] == pytest.approx(44.9)
+    assert worker_rule(rows[1:], cores=16) is None  # no setting without workers: nothing to read the cost off
+
+
 def test_tune_loader_on_the_smoke_config_prints_recommends_and_writes(tmp_path, capsys):
     out = tmp_path / "tuned.yaml"
     argv = ["tune", "loader", "--config", str(ROOT / "configs" / "smoke.yaml"), "--workers", "0,1", "--steps", "2",
@@ -57,5 +66,6 @@ def test_tune_loader_on_the_smoke_config_prints_recommends_and_writes(tmp_path, 
     assert "| loader setting | step ms | data wait ms |" in printed and "← recommended" in printed
     measured = json.loads((tmp_path / "t.json").read_text())
     assert len(measured["rows"]) == 2 and all(r["step_ms"] > 0 and r["wait_ms"] >= 0 for r in measured["rows"])
+    assert "worker rule (docs/data.md):" in printed and measured["worker_rule"]["workers"] >= 0
     tuned = load_config(out)
     assert tuned.data.num_workers == measured["recommended"]["num_workers"] and tuned.model.args["width"] == 8

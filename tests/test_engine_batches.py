@@ -1,5 +1,6 @@
-"""The trainer's batch stream: shuffled batches sharded by rank, datasets with their own batching, and the
-resume position the engine records per batch (exact with prefetching and persistent workers)."""
+"""The trainer's batch stream: shuffled batches sharded by rank, datasets with their own batching, the
+resume position the engine records per batch (exact with prefetching and persistent workers), and the
+worker-count rule."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from torch.utils.data import default_collate
 
 from drivetrain.data.sampler import SequenceSampler
 from drivetrain.engine import BatchStream, ShuffledBatches, brings_own_batching
+from drivetrain.engine.batches import HEADROOM, WAIT_TARGET, loader_wait_ms, suggest_num_workers
 from drivetrain.engine.config import DataConfig
 from drivetrain.engine.smoke import SmokeDataset
 
@@ -121,3 +123,34 @@ def test_ranks_read_disjoint_rows(kind: str) -> None:
     streams = [BatchStream(dataset, config(0), seed=5, rank=r, world_size=2) for r in range(2)]
     rows = [torch.cat([s.next()[1] for _ in range(2)]) for s in streams]  # within the first epoch
     assert not set(rows[0].tolist()) & set(rows[1].tolist())
+
+
+def test_no_workers_while_the_loader_costs_at_most_the_wait_target_of_the_step() -> None:
+    assert suggest_num_workers(16, worker_ms_per_batch=5.0, step_ms=5.0 / WAIT_TARGET) == 0
+    assert suggest_num_workers(16, worker_ms_per_batch=5.01, step_ms=5.0 / WAIT_TARGET) == 1
+    assert loader_wait_ms(0, 5.0, 100.0) == 5.0  # without workers the step waits for the whole loader
+
+
+@pytest.mark.parametrize("cores", [2, 4, 16, 64])
+def test_suggested_workers_keep_up_with_headroom_unless_the_cores_run_out(cores: int) -> None:
+    for worker_ms in (1.0, 7.5, 33.0, 111.6, 400.0):
+        for step_ms in (10.0, 44.9, 250.0, 1000.0):
+            workers = suggest_num_workers(cores, worker_ms, step_ms)
+            assert 0 <= workers <= max(1, cores - 1)
+            if workers == 0:
+                continue
+            delivered = workers * step_ms / worker_ms  # batches the workers deliver per batch the step takes
+            if workers < cores - 1:  # not capped: HEADROOM × what the step takes, and one worker fewer is short
+                assert delivered >= HEADROOM and loader_wait_ms(workers, worker_ms, step_ms) == 0
+                assert workers == 1 or (workers - 1) * step_ms / worker_ms < HEADROOM
+            elif worker_ms / workers > step_ms:  # capped and short: the wait says by how much
+                assert loader_wait_ms(workers, worker_ms, step_ms) == pytest.approx(worker_ms / workers - step_ms)
+
+
+def test_the_published_lidar_loader_needs_four_workers_on_an_h200_host() -> None:
+    # bench iteration, PointPillars full, H200 (2026-11-26): 111.6 ms data wait without workers, 156.5 ms iteration
+    assert suggest_num_workers(16, 111.6, 156.5 - 111.6) == 4
+    assert suggest_num_workers(2, 111.6, 156.5 - 111.6) == 1  # a 2-core machine: the cap
+    assert loader_wait_ms(1, 111.6, 44.9) == pytest.approx(111.6 - 44.9)
+    with pytest.raises(ValueError, match="cores ≥ 1"):
+        suggest_num_workers(0, 10.0, 10.0)

@@ -9,7 +9,9 @@ CPU cores the process tree used. The grid: ``--workers`` × ``--prefetch`` × ``
 NVIDIA DALI is installed). The recommendation is the fastest step among the settings whose data wait stays
 below ``--max-wait`` of the step (the field's rule: the loader keeps up when the step hardly waits for it),
 fewer workers on a tie within 3 %; ``--write-config OUT.yaml`` writes the whole config (with the overrides) with
-that setting in its ``data`` section, ready for ``drivetrain train --config OUT.yaml``.
+that setting in its ``data`` section, ready for ``drivetrain train --config OUT.yaml``. Beside it, the worker-count
+rule (``drivetrain.engine.batches.suggest_num_workers``, docs/data.md) applied to the ``workers=0`` setting's
+measurements: its data wait is the loader's cost per batch, its step time less that wait the step's own.
 """
 
 from __future__ import annotations
@@ -216,6 +218,11 @@ def run(args: argparse.Namespace) -> int:
         "(more CPU cores, the device augmentation or DALI would help)"
     )  # fmt: skip
     print(f"recommended: {_label(best)} — {verdict}")
+    rule = worker_rule(rows, _cores())
+    if rule is not None:
+        print(f"worker rule (docs/data.md): {rule['workers']} worker(s) for {rule['cores']} cores, a loader cost of "
+              f"{rule['worker_ms_per_batch']:.1f} ms a batch and a {rule['step_ms']:.1f} ms step; expected data wait "
+              f"{rule['wait_ms']:.1f} ms")  # fmt: skip
     print("as overrides: " + " ".join(f"data.{k}={'null' if v is None else json.dumps(v)}" for k, v in best.items()))
     if args.write_config is not None:
         args.write_config.parent.mkdir(parents=True, exist_ok=True)
@@ -228,8 +235,33 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {args.write_config}")
     if args.json is not None:
         args.json.write_text(json.dumps({"config": args.config, "recommended": best, "keeps_up": keeps_up,
-                                         "rows": [{**s, **m} for s, m in rows]}, indent=1))  # fmt: skip
+                                         "worker_rule": rule, "rows": [{**s, **m} for s, m in rows]},
+                                        indent=1))  # fmt: skip
     return 0
+
+
+def worker_rule(rows: list[tuple[dict[str, Any], dict[str, float]]], cores: int) -> dict[str, float] | None:
+    """The worker-count rule on the torch loader's ``workers=0`` measurement (the loader's cost per batch is its
+    data wait, the step's own time the rest): ``{"workers", "worker_ms_per_batch", "step_ms", "wait_ms", "cores"}``
+    with the wait the rule predicts; None without that measurement."""
+    from drivetrain.engine.batches import loader_wait_ms, suggest_num_workers
+
+    serial = [m for s, m in rows if s["loader"] == "torch" and s["num_workers"] == 0]
+    if not serial:
+        return None
+    worker_ms = min(m["wait_ms"] for m in serial)
+    step_ms = max(min(m["step_ms"] for m in serial) - worker_ms, 1e-3)  # the step without its data wait
+    workers = suggest_num_workers(cores, worker_ms, step_ms)
+    return {"workers": workers, "worker_ms_per_batch": round(worker_ms, 3), "step_ms": round(step_ms, 3),
+            "wait_ms": round(loader_wait_ms(workers, worker_ms, step_ms), 3), "cores": cores}  # fmt: skip
+
+
+def _cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _label(setting: dict[str, Any]) -> str:

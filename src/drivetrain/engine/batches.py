@@ -23,15 +23,27 @@ took. The dataset's records (samples, the collated batch) carry nothing of it.
 **One DataLoader, and which options apply.** It is built once per stream from ``DataConfig``:
 ``num_workers`` and ``prefetch_factor`` as configured; ``pin_memory`` only when CUDA is available (there is
 nothing to pin for on a CPU-only machine); ``persistent_workers`` keeps the workers across epochs and across
-the restart of iteration at a restored position. Each (re)start of iteration reseeds the loader's private
-generator from ``(seed, rank, epoch, step)``, so worker seeds never come from (or consume) the global RNG;
-persistent workers, however, keep the seeds they were started with, so a dataset that draws augmentation
-from its worker's global RNG sees other draws after a resume. drivetrain's datasets draw every random
-number from a per-sample generator (``mix_seed(seed, index)``) and resume exactly either way.
+the restart of iteration at a restored position (the shipped GPU configs keep them: a mini set's epoch is 40–80
+steps, and starting 4 workers again costs seconds each time). Each (re)start of iteration reseeds the loader's
+private generator from ``(seed, rank, epoch, step)``, so worker seeds never come from (or consume) the global
+RNG. A worker's own global RNG is never part of the resume position, with or without persistence: a resumed run
+starts its workers at another position than the uninterrupted one did (persistent workers keep the seeds of
+their first start, others are reseeded each epoch), and batches reach the workers in another rotation. So a
+dataset that drew augmentation from its worker's global RNG would see other draws after a resume; drivetrain's
+datasets draw every random number from a per-sample generator (``mix_seed(seed, index)``) and the worker-side
+augmentation from the batch position, and resume exactly with persistent workers too
+(tests/test_engine_batches.py, tests/test_pipeline_prefetch.py).
+
+**How many workers** (:func:`suggest_num_workers`). A worker delivers a batch every ``w`` ms (the loader's cost
+per batch, measured without workers: ``drivetrain tune loader`` reads it off its ``workers=0`` setting); ``W``
+workers deliver ``W`` in that time while the step takes ``s`` ms, so they keep up when ``W ≥ w / s``, with
+``HEADROOM`` for the batches that cost more than the median; they share the cores with the training process,
+which keeps one. docs/data.md has the rule with the costs measured on the shipped configs.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -42,7 +54,20 @@ from torch.utils.data import DataLoader, Dataset
 from drivetrain.engine.config import ConfigError, DataConfig
 from drivetrain.seeding import mix_seed
 
-__all__ = ["BatchSampler", "BatchStream", "ShuffledBatches", "brings_own_batching"]
+__all__ = [
+    "HEADROOM",
+    "BatchSampler",
+    "BatchStream",
+    "ShuffledBatches",
+    "brings_own_batching",
+    "loader_wait_ms",
+    "suggest_num_workers",
+]
+
+# Workers deliver HEADROOM × the batches the step takes: the 90th percentile of a batch's loader cost is 1.06–1.64×
+# its median on the shipped configs (docs/data.md), and prefetch_factor batches per worker ride out single slow ones.
+HEADROOM = 1.5
+WAIT_TARGET = 0.05  # the data wait a step may have (share of the step): the loader in the main process is fine below
 
 
 class BatchSampler(Protocol):
@@ -278,3 +303,41 @@ def _make_loader(dataset: Dataset, batch_sampler: _Recorded, collate: Any, cfg: 
         generator=torch.Generator(),
         **workers,
     )
+
+
+def suggest_num_workers(cores: int, worker_ms_per_batch: float, step_ms: float) -> int:
+    """``data.num_workers`` for a loader that costs ``worker_ms_per_batch`` a batch and a step of ``step_ms``.
+
+    ``0`` when the loader, run in the training process, takes at most ``WAIT_TARGET`` (5 %) of the step; else
+    ``⌈HEADROOM · w / s⌉`` workers (each delivers a batch every ``w`` ms, the step takes one every ``s`` ms), at
+    most ``cores − 1`` (the training process keeps a core) and at least one. :func:`loader_wait_ms` says what
+    remains when the cap leaves the loader behind.
+
+    Args:
+        cores: CPU cores this rank's loader may use (the machine's, divided by the ranks on it); ≥ 1.
+        worker_ms_per_batch: host milliseconds to read, decode and collate one batch (median, without workers).
+        step_ms: milliseconds of the training step without its data wait.
+
+    Returns:
+        The number of loader workers.
+
+    Example:
+        >>> suggest_num_workers(16, worker_ms_per_batch=111.6, step_ms=44.9)  # PointPillars full, H200 host
+        4
+    """
+    if cores < 1 or worker_ms_per_batch < 0 or step_ms <= 0:
+        raise ValueError(
+            f"suggest_num_workers: needs cores ≥ 1, worker_ms_per_batch ≥ 0 and step_ms > 0, got {cores}, "
+            f"{worker_ms_per_batch}, {step_ms}"
+        )
+    if worker_ms_per_batch <= WAIT_TARGET * step_ms:
+        return 0
+    return max(1, min(cores - 1, math.ceil(HEADROOM * worker_ms_per_batch / step_ms)))
+
+
+def loader_wait_ms(workers: int, worker_ms_per_batch: float, step_ms: float) -> float:
+    """The data wait a step is expected to have with ``workers`` workers: ``w`` without workers (the loader runs
+    in the step), else ``max(0, w / workers − s)`` (the batches the workers cannot deliver in time)."""
+    if workers == 0:
+        return worker_ms_per_batch
+    return max(0.0, worker_ms_per_batch / workers - step_ms)
