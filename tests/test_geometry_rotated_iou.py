@@ -222,6 +222,7 @@ def test_no_host_sync(gen):
         rotated_bev_iou_aligned(a[:9], b)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_cpu(gen):
     boxes = _random_boxes(gen, 300)

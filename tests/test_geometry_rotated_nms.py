@@ -205,6 +205,7 @@ def test_multiclass_rejects_bad_input():
         )
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_reference(gen):
     boxes, scores = _lidar_scene(gen, 2, 200, 4)
