@@ -13,27 +13,28 @@ small tensors are concatenated by dtype into one pinned staging buffer (one regi
 element size so each region starts at a multiple of its element size), and that buffer goes over in one
 non-blocking copy; the outputs are typed views into the one device buffer. The host work is one pass over the
 leaves in Python and, per dtype, one concatenation and one split into views in C++ (``flatten_dense_tensors`` /
-``unflatten_dense_tensors``, as DDP's buckets use) — no Python step per tensor. Large tensors
-(``PACK_BELOW`` bytes and more) are pinned and copied one by one; a structure with fewer than ``PACK_MIN_LEAVES``
-small tensors has each copied on its own, non-blocking, as it is. Non-tensor leaves pass through. The copy is issued on the caller's stream (or a
-given one); :class:`Transfer` is the handle: ``ready()`` asks the copy's event, ``get()`` makes the current
-stream wait for it and records the buffers on that stream (``record_stream``), so the caching allocator does not
-hand them out while the consumer still reads them. Staging buffers come from PyTorch's caching pinned allocator,
-which reuses them across batches once their copies have completed. Device→host (``to_host``) is the same in
-reverse, into one pinned host buffer.
+``unflatten_dense_tensors``, as DDP's buckets use) — no Python step per tensor. Large tensors (``PACK_BELOW``
+bytes and more) are pinned and copied one by one; a structure with fewer than ``PACK_MIN_LEAVES`` small tensors
+has each copied on its own, non-blocking, as it is. Non-tensor leaves pass through. The copy is issued on the
+caller's stream (or a given one); :class:`Transfer` is the handle: ``ready()`` asks the copy's event, ``get()``
+makes the current stream wait for it and records the buffers on that stream (``record_stream``), so the caching
+allocator does not hand them out while the consumer still reads them. Staging buffers come from PyTorch's caching
+pinned allocator, which reuses them across batches once their copies have completed. Device→host (``to_host``) is
+the same in reverse, into one pinned host buffer.
 
 **The two thresholds, measured** (CPU, 2 cores, AMD EPYC, torch 2.13, one thread; the 2026-11-26 H200 run of
 ``bench copy``). Per-tensor ``.to(non_blocking=True)`` from pinned memory cost 6.85 µs of host time a tensor on
 the H200's host (3.615 ms for 528). The packed path's host work is the same code on any device: fitted over
 4–528 tensors it costs 22.3 µs + 1.68 µs a tensor on this CPU; the previous packed path (reshape/split/view per
 tensor in Python) cost 43 µs + 4.0 µs a tensor here and 4.305 ms for 528 on the H200, so that host runs this
-code 2.0× slower. Packing wins where 2.0 × (22.3 + 1.68 n) < 6.85 n: from n ≈ 13 tensors; ``PACK_MIN_LEAVES``
-= 16 leaves margin for a host up to 2.2× slower (n ≈ 15.5). A tensor packed costs two host copies of its bytes
-(the group's concatenation, then the staging write): 0.6 µs more at 16 KB, 4.8 µs at 64 KB on this CPU, against
-the 3.4 µs (6.85 / 2.0) a tensor of its own costs: ``PACK_BELOW`` = 32 KB, near where the two meet. A layout
-cache (per structure: groups, offsets) was measured and left out: the one Python pass that finds the layout
-costs 0.19 µs a tensor, a cache key of dtypes and shapes 0.12 µs, and the views (0.93 µs a tensor in C++) are
-new for every buffer.
+code 2.0× slower. Packing wins where 2.0 × (22.3 + 1.68 n) < 6.85 n, from n ≈ 13 tensors, and for a host up to
+2.2× slower from n ≈ 15.6: ``PACK_MIN_LEAVES`` = 16. A packed tensor costs two host copies of its bytes (its
+group's concatenation, then the staging write): 0.6 µs more at 16 KB and 4.8 µs at 64 KB on this CPU, against
+the 1.7 µs (6.85 / 2.0 − 1.68) that packing saves a tensor: they meet near 29 KB, ``PACK_BELOW`` = 32 KB. A
+layout cache (per structure: groups, offsets) was measured and left out: the one Python pass that finds the
+layout costs 0.19 µs a tensor, a cache key of dtypes and shapes 0.12 µs, and the views (0.93 µs a tensor in C++)
+are new for every buffer. Grouping equal shapes (one view and ``unbind`` per shape) was 27 % faster at 528
+tensors of 11 shapes and 32 % slower at 24 tensors, a collated batch's count: left out too.
 """
 
 from __future__ import annotations
