@@ -38,6 +38,7 @@ import torch
 
 from drivetrain.engine.config import load_config
 from drivetrain.engine.trainer import Trainer
+from drivetrain.profile.costmodel import Cost
 from drivetrain.profile.timer import Profiler, Stats, active
 
 __all__ = ["LABELS", "PARTS", "StepSplit", "measure_steps", "table_lines"]
@@ -68,6 +69,8 @@ class StepSplit:
         syncs_source: ``"cuda sync debug mode"`` or ``"counted"``.
         region_syncs: region path → host reads of the counted step made in that region itself (not in a region
             inside it), for the regions that make any.
+        part_costs: part → its kernels and host reads in the counted step (None: not counted, e.g. ``data``, the
+            loader's host work); ``other``'s are the step's minus the parts'.
         logged: medians of the trainer's log over the timed steps: ``step_ms``, ``data_wait_ms`` (host clock; the
             wait includes the copy), and the run's ``peak_memory_mb``.
     """
@@ -83,6 +86,7 @@ class StepSplit:
     syncs_per_step: float | None
     syncs_source: str
     region_syncs: dict[str, int]
+    part_costs: dict[str, Cost | None]
     logged: dict[str, float]
 
     @property
@@ -101,9 +105,12 @@ class StepSplit:
     def as_dict(self) -> dict[str, Any]:
         """The JSON of ``drivetrain bench train`` (and the doctor's window): ms to 6 decimals, shares to 4."""
 
-        def stats(s: Stats) -> dict[str, float]:
+        def stats(part: str, s: Stats) -> dict[str, Any]:
             share = s.median / self.step.median if self.step.median > 0 else float("nan")
-            return {"median_ms": round(s.median, 6), "max_ms": round(s.max, 6), "share": round(share, 4)}
+            cost = self.part_costs.get(part)
+            return {"median_ms": round(s.median, 6), "max_ms": round(s.max, 6), "share": round(share, 4),
+                    "kernels": None if cost is None else int(cost.kernels),
+                    "syncs": None if cost is None else int(cost.syncs)}  # fmt: skip
 
         return {
             "device": self.device,
@@ -111,7 +118,7 @@ class StepSplit:
             "warmup": self.warmup,
             "step_ms": round(self.step.median, 6),
             "step_max_ms": round(self.step.max, 6),
-            "parts": {name: stats(s) for name, s in self.parts.items()},
+            "parts": {name: stats(name, s) for name, s in self.parts.items()},
             "data_wait_ms": round(self.data_wait_ms, 6),
             "overhead_share": round(self.overhead_share, 4),
             "syncs_per_step": self.syncs_per_step,
@@ -209,6 +216,10 @@ def measure_steps(
         seen = sum(SYNC_WARNING in str(w.message).lower() for w in window)
         syncs, source = (seen // steps if seen % steps == 0 else seen / steps), "cuda sync debug mode"
     region_syncs = _own_syncs(profiler)
+    part_costs = {part: profiler.cost(f"{STEP}/{part}") for part in PARTS}
+    if counted is not None:
+        kernels = counted.kernels - sum(c.kernels for c in part_costs.values() if c is not None)
+        part_costs["other"] = Cost(kernels, counted.syncs - sum(c.syncs for c in part_costs.values() if c is not None))
     return StepSplit(
         device=str(trainer.device),
         steps=steps,
@@ -221,6 +232,7 @@ def measure_steps(
         syncs_per_step=syncs,
         syncs_source=source,
         region_syncs=region_syncs,
+        part_costs=part_costs,
         logged=logged,
     )
 
@@ -261,13 +273,18 @@ def _logged(path: Path, warmup: int, total: int) -> dict[str, float]:
 
 
 def table_lines(split: dict[str, Any]) -> list[str]:
-    """Markdown lines of a split in :meth:`StepSplit.as_dict` form: each part's median, max and share of the step,
-    the step, then overhead share, host syncs, kernels and the trainer's own log (``bench train``, ``doctor``)."""
-    lines = ["| part | median ms | max ms | share of the step |", "|---|---:|---:|---:|"]
+    """Markdown lines of a split in :meth:`StepSplit.as_dict` form: each part's median, max, share of the step and
+    counted kernels and host reads, the step, then overhead share, host syncs, kernels and the trainer's own log
+    (``bench train``, ``doctor``)."""
+    lines = ["| part | median ms | max ms | share of the step | kernels | host reads |"]
+    lines.append("|---|---:|---:|---:|---:|---:|")
     for part, label in LABELS.items():
         p = split["parts"][part]
-        lines.append(f"| {label} | {p['median_ms']:.2f} | {p['max_ms']:.2f} | {p['share']:.1%} |")
-    lines += [f"| **step** | **{split['step_ms']:.2f}** | {split['step_max_ms']:.2f} | 100% |", ""]
+        counts = " | ".join("–" if p.get(key) is None else f"{p[key]:,}" for key in ("kernels", "syncs"))
+        lines.append(f"| {label} | {p['median_ms']:.2f} | {p['max_ms']:.2f} | {p['share']:.1%} | {counts} |")
+    totals = ("kernels_per_step", "counted_syncs_per_step")
+    counts = " | ".join("–" if split[key] is None else f"{split[key]:,}" for key in totals)
+    lines += [f"| **step** | **{split['step_ms']:.2f}** | {split['step_max_ms']:.2f} | 100% | {counts} |", ""]
     lines.append(f"- overhead share = 1 − (forward + backward) / step = {split['overhead_share']:.3f}")
     syncs = "n/a" if split["syncs_per_step"] is None else f"{split['syncs_per_step']:g}"
     where = ", ".join(f"{name} {n}" for name, n in split["region_syncs"].items()) or "none"

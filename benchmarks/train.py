@@ -1,0 +1,133 @@
+"""The trainer's own step, measured: data wait, copy, forward, loss, backward, optimizer, other; host syncs per step.
+
+Runs ``drivetrain train``'s trainer itself on ``--config`` (its ``base:`` chain and ``KEY=VALUE`` overrides, read as
+``drivetrain train`` reads them) with everything the config sets — loader and workers, prefetcher, precision,
+strategy, the model's path (``model.args.impl``) — in a temporary run directory that is deleted afterwards
+(evaluation off; the one checkpoint the trainer always writes at the end follows the last timed step):
+``--warmup`` steps, then ``--steps`` timed ones (:func:`drivetrain.engine.stepsplit.measure_steps`, which
+``drivetrain doctor`` uses too).
+
+Parts of the trainer's ``step`` region, medians and maxima over the timed steps (CUDA events on a GPU):
+
+- **data wait**: blocked on the loader (with the prefetcher: waiting for its side stream too);
+- **copy**: the host → device copy of the batch (a pass-through for a batch the prefetcher already copied);
+- **forward** (the network), **loss**, **backward**, **optimizer** (unscale, clip, the skip decision, step);
+- **other**: each step minus its parts (the median of those remainders; part medians need not add up exactly).
+
+``overhead_share = 1 − (forward + backward) / step`` (medians): the share of the trainer's step that is not the
+network's own work. Host syncs per step: on CUDA every synchronising call of the timed steps
+(``torch.cuda.set_sync_debug_mode("warn")``); on the CPU the host reads of the last warm-up step, counted by
+:mod:`drivetrain.profile.costmodel` with its kernels (counted on CUDA too). The trainer's host-clock log
+(``metrics.jsonl``: step time, data wait including the copy) is reported beside them.
+
+JSON: the standard rows (one path: each row's ``reference_ms`` and ``batched_ms`` are the same measurement; the
+counts in the batched column) and the top-level keys ``train_device``, ``steps``, ``warmup``, ``step_ms``,
+``step_max_ms``, ``parts`` ({part: ``median_ms``, ``max_ms``, ``share``, ``kernels``, ``syncs``}),
+``data_wait_ms``, ``overhead_share``, ``syncs_per_step``, ``syncs_source``, ``counted_syncs_per_step``,
+``kernels_per_step``, ``region_syncs``, ``logged``, ``inner_ms``.
+
+Run: ``drivetrain bench train --config configs/streampetr_tiny.yaml [--steps N] [--warmup N] [--device cpu|cuda]
+[KEY=VALUE ...] [--save]``; ``--save`` writes ``benchmarks/results/train-<model>-<size>-<device>.{json,md}``
+(size: the config's name after the model's, ``nus`` named ``full`` as ``bench iteration`` names it).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from drivetrain.engine import ConfigError, load_config
+from drivetrain.engine.stepsplit import LABELS, StepSplit, measure_steps, table_lines
+from drivetrain.profile import BenchResult, Row, add_bench_arguments, device_name, emit, setup_bench
+from drivetrain.profile.costmodel import Cost
+from drivetrain.profile.timer import Stats
+
+DESCRIPTION = __doc__.splitlines()[0]
+ROOT = Path(__file__).resolve().parents[1]
+SIZE_NAMES = {"nus": "full"}  # the published lidar configs (pointpillars_nus, ssn_nus): bench iteration's "full"
+
+
+def result_name(config: Path, model: str) -> str:
+    """``train-<model>-<size>``: the size is the config file's name after the model's (``streampetr_tiny`` →
+    ``tiny``, ``pointpillars_nus`` → ``full``); a config not named after its model gives its whole name."""
+    stem = config.stem
+    size = stem.removeprefix(f"{model}_")
+    if size == stem:
+        return f"train-{stem.replace('_', '-')}"
+    return f"train-{model}-{SIZE_NAMES.get(size, size).replace('_', '-')}"
+
+
+def rows(split: StepSplit) -> list[Row]:
+    """The step and its parts as rows, medians and maxima (one path: reference and batched are the same numbers)."""
+    out = [_row("step", split.step, batched_cost=_cost(split))]
+    for part, label in LABELS.items():
+        out.append(_row(label, split.parts[part], parent="step", batched_cost=split.part_costs.get(part)))
+    return out
+
+
+def _row(name: str, stats: Stats, **kwargs: Any) -> Row:
+    return Row(name, stats.median, stats.median, reference_max_ms=stats.max, batched_max_ms=stats.max, **kwargs)
+
+
+def _cost(split: StepSplit) -> Cost | None:
+    if split.kernels_per_step is None or split.counted_syncs_per_step is None:
+        return None
+    return Cost(split.kernels_per_step, split.counted_syncs_per_step)
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    add_bench_arguments(parser, repeat=10, warmup=3)
+    parser.set_defaults(seed=None)  # the config's run.seed unless --seed is given
+    parser.add_argument("--config", type=Path, required=True, help="the run config (YAML; base: chains read)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps (default: --repeat, 10)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, as drivetrain train")
+    args = parser.parse_args(argv)
+    device = setup_bench(args)
+    steps = args.steps if args.steps is not None else args.repeat
+    if steps < 1 or args.warmup < 1:
+        raise SystemExit("bench train: --steps must be ≥ 1 and --warmup ≥ 1 (the last warm-up step is counted)")
+    overrides = [*args.overrides, *([f"run.seed={args.seed}"] if args.seed is not None else [])]
+    try:
+        cfg = load_config(args.config, [*overrides, f"train.device={device}"])
+    except ConfigError as err:
+        raise SystemExit(f"bench train: --config: {err}") from None
+    print(f"bench train: {args.config}, {args.warmup} warm-up + {steps} timed steps on {device} ...", flush=True)
+    split = measure_steps(args.config, overrides, steps=steps, warmup=args.warmup, device=str(device), nvtx=args.nvtx)
+    shown = args.config.resolve()
+    shown = shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else args.config
+    config = {
+        "config": str(shown), "overrides": overrides, "steps": steps, "warmup": args.warmup,
+        "model": cfg.model.name, "impl": cfg.model.args.get("impl"), "batch_size": cfg.data.batch_size,
+        "num_workers": cfg.data.num_workers, "prefetch": cfg.data.prefetch, "pin_memory": cfg.data.pin_memory,
+        "persistent_workers": cfg.data.persistent_workers, "precision": cfg.precision.mode,
+        "accumulation": cfg.train.accumulation,
+    }  # fmt: skip
+    result = BenchResult(result_name(args.config, cfg.model.name), device_name(device), config)
+    for row in rows(split):
+        result.add(row)
+    measured = split.as_dict()
+    measured["train_device"] = measured.pop("device")  # the top-level "device" is the device's name
+    result.extra.update(measured)
+    result.notes += [
+        "One path (the config's model.args.impl): the trainer runs it alone, so each row's reference_ms and "
+        "batched_ms hold the same measurement (speedup 1 by construction); the counts of the counted step are in "
+        "the batched column ('other': the step's minus its parts'). The numbers to read are the top-level keys "
+        "(step_ms, parts, overhead_share, ...).",
+        "Parts: medians over the timed steps; 'other' is the median of each step minus its parts, so the part "
+        "medians need not add up to the step's median exactly.",
+        "overhead_share = 1 - (forward + backward) / step, from the medians.",
+    ]
+    written = emit(result, args, chart=False)
+    lines = table_lines(split.as_dict())
+    print("\n".join(lines))
+    for path in written:
+        if path.suffix == ".md":
+            with open(path, "a") as f:
+                f.write("\n## The trainer's step\n\n" + "\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
