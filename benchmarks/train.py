@@ -24,11 +24,18 @@ JSON: the standard rows (one path: each row's ``reference_ms`` and ``batched_ms`
 counts in the batched column) and the top-level keys ``train_device``, ``steps``, ``warmup``, ``step_ms``,
 ``step_max_ms``, ``parts`` ({part: ``median_ms``, ``max_ms``, ``share``, ``kernels``, ``syncs``}),
 ``data_wait_ms``, ``overhead_share``, ``syncs_per_step``, ``syncs_source``, ``counted_syncs_per_step``,
-``kernels_per_step``, ``region_syncs``, ``logged``, ``inner_ms``.
+``kernels_per_step``, ``region_syncs``, ``logged``, ``inner_ms``; with ``--profile``, ``profile`` ({``steps``,
+``file``, ``chrome_trace``, ``syncs_per_step``, ``gpu_idle_share``}).
+
+``--profile N`` runs N more steps under ``torch.profiler`` (nothing timed there) and writes
+``profile-<model>-<size>-<device>.md`` beside the JSON (:mod:`drivetrain.profile.trace`: top 30 ops by device and by
+CPU time, GPU idle time between kernels per step, each host sync with its Python call site) and the Chrome trace
+(``.trace.json``) when it is at most 4 MB.
 
 Run: ``drivetrain bench train --config configs/streampetr_tiny.yaml [--steps N] [--warmup N] [--device cpu|cuda]
-[KEY=VALUE ...] [--save]``; ``--save`` writes ``benchmarks/results/train-<model>-<size>-<device>.{json,md}``
-(size: the config's name after the model's, ``nus`` named ``full`` as ``bench iteration`` names it).
+[--profile N] [KEY=VALUE ...] [--save]``; ``--save`` writes
+``benchmarks/results/train-<model>-<size>-<device>.{json,md}`` (size: the config's name after the model's, ``nus``
+named ``full`` as ``bench iteration`` names it).
 """
 
 from __future__ import annotations
@@ -37,14 +44,18 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from drivetrain.engine import ConfigError, load_config
 from drivetrain.engine.stepsplit import LABELS, StepSplit, measure_steps, table_lines
-from drivetrain.profile import BenchResult, Row, add_bench_arguments, device_name, emit, setup_bench
+from drivetrain.profile import BenchResult, Row, add_bench_arguments, device_name, device_slug, emit, setup_bench, trace
+from drivetrain.profile.bench import RESULTS_DIR
 from drivetrain.profile.costmodel import Cost
 from drivetrain.profile.timer import Stats
 
 DESCRIPTION = __doc__.splitlines()[0]
 ROOT = Path(__file__).resolve().parents[1]
+TRACE_KEEP_MB = 4  # a Chrome trace larger than this is not kept (the run book's tarball stays small)
 SIZE_NAMES = {"nus": "full"}  # the published lidar configs (pointpillars_nus, ssn_nus): bench iteration's "full"
 
 
@@ -82,19 +93,31 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.set_defaults(seed=None)  # the config's run.seed unless --seed is given
     parser.add_argument("--config", type=Path, required=True, help="the run config (YAML; base: chains read)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps (default: --repeat, 10)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="then N more steps under torch.profiler → profile-<model>-<size>-<device>.md beside the "
+                        "JSON (and its Chrome trace when ≤ 4 MB); default 0: none")  # fmt: skip
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, as drivetrain train")
     args = parser.parse_args(argv)
     device = setup_bench(args)
     steps = args.steps if args.steps is not None else args.repeat
-    if steps < 1 or args.warmup < 1:
-        raise SystemExit("bench train: --steps must be ≥ 1 and --warmup ≥ 1 (the last warm-up step is counted)")
+    if steps < 1 or args.warmup < 1 or args.profile < 0:
+        raise SystemExit("bench train: --steps and --warmup must be ≥ 1 (the last warm-up step is counted), "
+                         "--profile ≥ 0")  # fmt: skip
     overrides = [*args.overrides, *([f"run.seed={args.seed}"] if args.seed is not None else [])]
     try:
         cfg = load_config(args.config, [*overrides, f"train.device={device}"])
     except ConfigError as err:
         raise SystemExit(f"bench train: --config: {err}") from None
-    print(f"bench train: {args.config}, {args.warmup} warm-up + {steps} timed steps on {device} ...", flush=True)
-    split = measure_steps(args.config, overrides, steps=steps, warmup=args.warmup, device=str(device), nvtx=args.nvtx)
+    name = result_name(args.config, cfg.model.name)
+    profile_md = _profile_path(name, device, args) if args.profile else None
+    trace_file = profile_md.with_suffix(".trace.json") if profile_md is not None else None
+    if trace_file is not None:
+        trace_file.parent.mkdir(parents=True, exist_ok=True)
+    traced = f", then {args.profile} under torch.profiler" if args.profile else ""
+    print(f"bench train: {args.config}, {args.warmup} warm-up + {steps} timed steps{traced} on {device} ...",
+          flush=True)  # fmt: skip
+    split = measure_steps(args.config, overrides, steps=steps, warmup=args.warmup, device=str(device), nvtx=args.nvtx,
+                          trace_steps=args.profile, trace_file=trace_file)  # fmt: skip
     shown = args.config.resolve()
     shown = shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else args.config
     config = {
@@ -104,7 +127,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "persistent_workers": cfg.data.persistent_workers, "precision": cfg.precision.mode,
         "accumulation": cfg.train.accumulation,
     }  # fmt: skip
-    result = BenchResult(result_name(args.config, cfg.model.name), device_name(device), config)
+    result = BenchResult(name, device_name(device), config)
     for row in rows(split):
         result.add(row)
     measured = split.as_dict()
@@ -119,6 +142,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "medians need not add up to the step's median exactly.",
         "overhead_share = 1 - (forward + backward) / step, from the medians.",
     ]
+    if split.trace is not None:
+        result.extra["profile"] = _write_profile(split, result, profile_md, trace_file)
     written = emit(result, args, chart=False)
     lines = table_lines(split.as_dict())
     print("\n".join(lines))
@@ -127,6 +152,46 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             with open(path, "a") as f:
                 f.write("\n## The trainer's step\n\n" + "\n".join(lines) + "\n")
     return 0
+
+
+def _profile_path(name: str, device: torch.device, args: argparse.Namespace) -> Path | None:
+    """Where ``--profile`` writes: ``profile-<model>-<size>-<device>.md`` beside the JSON (or the Markdown), named as
+    it is with ``train-`` replaced; None when no result file is written (the summary is printed alone)."""
+    target = args.json or args.md or (RESULTS_DIR / f"{name}-{device_slug(device)}.json" if args.save else None)
+    if target is None:
+        return None
+    stem = Path(target).stem
+    return Path(target).with_name(f"profile-{stem.removeprefix('train-')}.md")
+
+
+def _write_profile(split: StepSplit, result: BenchResult, md: Path | None, trace_file: Path | None) -> dict[str, Any]:
+    """Print (and write to ``md``) the traced steps' summary; keep the Chrome trace only up to ``TRACE_KEEP_MB``.
+    Returns the JSON's ``profile`` entry."""
+    summary = split.trace
+    assert summary is not None
+    notes = [f"device: {result.device}", f"config: {result.config['config']} {' '.join(result.config['overrides'])}",
+             f"the {summary['steps']} steps after bench train's {split.warmup} warm-up and {split.steps} timed steps",
+             f"torch {torch.__version__}; {result.date}"]  # fmt: skip
+    kept = None
+    if trace_file is not None and trace_file.is_file():
+        size_mb = trace_file.stat().st_size / 2**20
+        if size_mb <= TRACE_KEEP_MB:
+            kept = trace_file.name
+            notes.append(f"Chrome trace: {kept} ({size_mb:.1f} MB; chrome://tracing or ui.perfetto.dev)")
+        else:
+            trace_file.unlink()  # ours, written just now
+            notes.append(f"the Chrome trace ({size_mb:.0f} MB) was over {TRACE_KEEP_MB} MB and is not kept")
+    text = trace.render(summary, f"Profile of `{result.benchmark}`: the trainer's steps", notes=notes)
+    if md is not None:
+        md.parent.mkdir(parents=True, exist_ok=True)
+        md.write_text(text)
+        print(f"wrote {md}")
+    else:
+        print(text)
+    gpu = summary["gpu"]
+    return {"steps": summary["steps"], "file": md.name if md is not None else None, "chrome_trace": kept,
+            "syncs_per_step": summary["syncs_per_step"],
+            "gpu_idle_share": None if gpu is None else round(gpu["idle_share"], 4)}  # fmt: skip
 
 
 if __name__ == "__main__":

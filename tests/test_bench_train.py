@@ -73,6 +73,28 @@ def test_bench_train_splits_the_trainers_step_and_leaves_no_run_behind(tmp_path,
     assert "| copy (host → device) |" in (tmp_path / "r.md").read_text()
 
 
+def test_bench_train_profiles_more_steps_after_the_timed_ones(tmp_path, monkeypatch):
+    """--profile N: N steps under torch.profiler after the timed ones, summarised beside the JSON; the timed split
+    is the same as without (the traced steps are not timed)."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    out = tmp_path / "train-smoke-cpu.json"
+    argv = ["bench", "train", "--config", str(SMOKE), "--steps", "1", "--warmup", "1", "--profile", "2"]
+    assert main([*argv, "--json", str(out), *SMALL]) == 0
+    data = json.loads(out.read_text())
+    _check_split(data)
+    assert data["steps"] == 1 and data["syncs_per_step"] == 1
+    profile = data["profile"]
+    assert profile["steps"] == 2 and profile["file"] == "profile-smoke-cpu.md" and profile["gpu_idle_share"] is None
+    text = (tmp_path / "profile-smoke-cpu.md").read_text()
+    assert "## Host syncs" in text and "## Top" in text and "No device kernels" in text
+    # the smoke model's 2 steps make a trace of about 1.8 MB, kept under the 4 MB limit
+    assert profile["chrome_trace"] == "profile-smoke-cpu.trace.json"
+    assert json.loads((tmp_path / profile["chrome_trace"]).read_text())["traceEvents"]
+    assert list(scratch.iterdir()) == []
+
+
 def test_bench_train_refuses_a_missing_config_in_one_line(tmp_path):
     missing = tmp_path / "nope.yaml"
     with pytest.raises(SystemExit) as err:

@@ -22,6 +22,10 @@ steps also run under ``torch.cuda.set_sync_debug_mode("warn")`` and every synchr
 metric log's flush every ``log.every`` steps included), which is then the reported number.
 
 ``overhead_share = 1 − (forward + backward) / step``: the share of the step that is not the network's own work.
+
+With ``trace_steps``, that many more steps follow the timed ones under ``torch.profiler`` (``with_stack``; no region
+is timed there): :func:`drivetrain.profile.trace.summarize` gives their top ops, GPU idle time between kernels and
+host syncs by call site, and the trace can be kept as a Chrome trace file.
 """
 
 from __future__ import annotations
@@ -31,13 +35,16 @@ import json
 import statistics
 import tempfile
 import warnings
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from drivetrain.engine.config import load_config
 from drivetrain.engine.trainer import Trainer
+from drivetrain.profile import trace
 from drivetrain.profile.costmodel import Cost
 from drivetrain.profile.timer import Profiler, Stats, active
 
@@ -73,6 +80,7 @@ class StepSplit:
             loader's host work); ``other``'s are the step's minus the parts'.
         logged: medians of the trainer's log over the timed steps: ``step_ms``, ``data_wait_ms`` (host clock; the
             wait includes the copy), and the run's ``peak_memory_mb``.
+        trace: :func:`drivetrain.profile.trace.summarize` of the traced steps after the timed ones (None without).
     """
 
     device: str
@@ -88,6 +96,7 @@ class StepSplit:
     region_syncs: dict[str, int]
     part_costs: dict[str, Cost | None]
     logged: dict[str, float]
+    trace: dict[str, Any] | None = None
 
     @property
     def data_wait_ms(self) -> float:
@@ -132,18 +141,43 @@ class StepSplit:
 
 
 class _StepMarks(Profiler):
-    """A profiler that notes, as each step closes, how many warnings have been caught so far."""
+    """A profiler of the first ``limit`` steps that notes, as each step closes, how many warnings have been caught so
+    far, and then runs ``torch.profiler`` over the next ``trace_steps`` steps (``trace``, once they are done)."""
 
     def __init__(
-        self, device: torch.device, warmup: int, caught: list[warnings.WarningMessage], nvtx: bool = False
-    ) -> None:
+        self, device: torch.device, warmup: int, limit: int, caught: list[warnings.WarningMessage], *,
+        nvtx: bool = False, trace_steps: int = 0,
+    ) -> None:  # fmt: skip
         super().__init__(device, warmup=warmup, nvtx=nvtx, host_regions=HOST_REGIONS)
-        self.caught = caught
+        self.limit, self.caught, self.trace_steps = limit, caught, trace_steps
         self.marks: list[int] = []
+        self.trace: Any = None
+        self._traced = 0  # steps closed under the trace
+        self._tracing = False
+
+    def region(self, name: str) -> AbstractContextManager[None]:
+        """Time ``name`` within the first ``limit`` steps; nothing after them (the traced steps)."""
+        return super().region(name) if self.num_steps < self.limit else nullcontext()
 
     def step(self) -> None:
-        super().step()
-        self.marks.append(len(self.caught))
+        if self.num_steps < self.limit:
+            super().step()
+            self.marks.append(len(self.caught))
+        else:
+            self._traced += 1
+        if self.trace_steps and self.num_steps == self.limit and self.trace is None:
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+            self.trace = profile(activities=activities, with_stack=True)
+            self.trace.start()
+            self._tracing = True
+        elif self._tracing and self._traced == self.trace_steps:
+            self.end_trace()
+
+    def end_trace(self) -> None:
+        """Stop the trace if it runs (also when training stopped early: no profiler is left running)."""
+        if self._tracing:
+            self._tracing = False
+            self.trace.stop()
 
 
 def measure_steps(
@@ -155,6 +189,8 @@ def measure_steps(
     device: str | None = None,
     scratch: str | Path | None = None,
     nvtx: bool = False,
+    trace_steps: int = 0,
+    trace_file: str | Path | None = None,
 ) -> StepSplit:
     """Train ``config`` (its ``base:`` chain and ``overrides`` applied) ``warmup + steps`` steps and split its step.
 
@@ -166,22 +202,25 @@ def measure_steps(
         device: ``train.device`` if given, else the config's.
         scratch: the folder the scratch run directory is made in (default: the system's temporary folder).
         nvtx: also emit an NVTX range per region (CUDA only), for Nsight Systems.
+        trace_steps: steps after the timed ones run under ``torch.profiler`` (0: none).
+        trace_file: where to export those steps' Chrome trace (JSON; with ``trace_steps``).
 
     Returns:
         The :class:`StepSplit`.
 
     Raises:
-        ValueError: ``steps`` < 1 or ``warmup`` < 1.
+        ValueError: ``steps`` < 1, ``warmup`` < 1 or ``trace_steps`` < 0.
         ConfigError: the config or an override is invalid.
     """
-    if steps < 1 or warmup < 1:
-        raise ValueError(f"steps must be ≥ 1 and warmup ≥ 1, got steps={steps}, warmup={warmup}")
+    if steps < 1 or warmup < 1 or trace_steps < 0:
+        raise ValueError(f"steps ≥ 1, warmup ≥ 1, trace_steps ≥ 0: got {steps}, {warmup}, {trace_steps}")
     total = warmup + steps
     with tempfile.TemporaryDirectory(prefix="drivetrain-steps-", dir=scratch) as tmp:
         out = Path(tmp) / "run"
         keys = [
             f"run.out_dir={out}", "log.progress=false", "log.tensorboard=false", "eval.every=0",
-            "eval.at_start=false", f"train.steps={total}", f"checkpoint.every={total}", "checkpoint.keep=1",
+            "eval.at_start=false", f"train.steps={total + trace_steps}", f"checkpoint.every={total + trace_steps}",
+            "checkpoint.keep=1",
             *([f"train.device={device}"] if device is not None else []),
         ]  # fmt: skip
         trainer = Trainer(load_config(config, [*overrides, *keys]))
@@ -189,13 +228,14 @@ def measure_steps(
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                profiler = _StepMarks(trainer.device, warmup, caught, nvtx)
+                profiler = _StepMarks(trainer.device, warmup, total, caught, nvtx=nvtx, trace_steps=trace_steps)
                 if cuda:
                     torch.cuda.set_sync_debug_mode("warn")
                 try:
                     with active(profiler):
                         trainer.fit()
                 finally:
+                    profiler.end_trace()
                     if cuda:
                         torch.cuda.set_sync_debug_mode("default")
             logged = _logged(out / "metrics.jsonl", warmup, total)
@@ -216,6 +256,11 @@ def measure_steps(
         seen = sum(SYNC_WARNING in str(w.message).lower() for w in window)
         syncs, source = (seen // steps if seen % steps == 0 else seen / steps), "cuda sync debug mode"
     region_syncs = _own_syncs(profiler)
+    traced = None
+    if profiler.trace is not None:
+        traced = trace.summarize(profiler.trace, trace_steps)
+        if trace_file is not None:
+            profiler.trace.export_chrome_trace(str(trace_file))
     part_costs = {part: profiler.cost(f"{STEP}/{part}") for part in PARTS}
     if counted is not None:
         kernels = counted.kernels - sum(c.kernels for c in part_costs.values() if c is not None)
@@ -233,6 +278,7 @@ def measure_steps(
         syncs_source=source,
         region_syncs=region_syncs,
         part_costs=part_costs,
+        trace=traced,
         logged=logged,
     )
 
