@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU evidence within a time budget, on a machine with an NVIDIA GPU and its own CUDA PyTorch (no internet
 # needed): install the wheels from scripts/gpu_wheels.sh into a private folder, then run the run book's steps
-# highest priority first (CUDA tests, StreamPETR, lidar, data path, precision + switches, sweeps, the rest), each
+# highest priority first (CUDA tests, solver, trainer step and profile, iterations, data path, the rest), each
 # capped to end inside the budget; a step that cannot fit is skipped and named (drivetrain/profile/runbook.py).
 #
 #   bash scripts/gpu_check.sh OUT_DIR [--budget SECONDS] [--part N] [--device cuda|cpu] [--wheels DIR] [--save] [--full]
@@ -9,9 +9,10 @@
 #   OUT_DIR     receives two files: gpu-results.tar.gz (logs, JUnit XML, results, environment.txt, steps.json;
 #               at most 16 MiB) and summary.md (step, part, status, seconds, cap, expected)
 #   --budget    seconds for the whole command, wheel install included (default: every step's cap)
-#   --part      1-4: only that part's steps, each part sized for one device command of at most 9 minutes
-#               (1 CUDA tests + StreamPETR + copy, 2 lidar iterations + augment, 3 precision + switches +
-#               sweeps + lidar-data, 4 the rest); without it every step runs in priority order
+#   --part      1-4: only that part's steps (a 15-minute GPU lease runs parts 1 and 2): 1 CUDA tests, bench
+#               solve, bench train --profile and full-size iterations of the three published configs (8.5 min);
+#               2 tiny iterations, copy, loss, ragged (5 min); 3 augment, precision, switches; 4 the rest;
+#               without it every step runs in priority order
 #   --device    cpu: a dry run of the run book with tiny sizes and few repeats (CUDA-only steps are skipped)
 #   --wheels    folder of wheels from scripts/gpu_wheels.sh (default: .whl; skipped if absent)
 #   --save      also copy the CUDA results to benchmarks/results/<what>-cuda.{json,md,png} (as gpu_results.sh)

@@ -146,19 +146,32 @@ def test_the_steps_keep_the_issue_priority_order():
     names = [s.name for s in plan("cuda", "python3", Path("w"))]
     order = [
         "tests-cuda",
-        "iteration-streampetr-tiny",
+        "synth-full-704",
+        "solve",
+        "train-streampetr-full",
         "iteration-streampetr-full",
-        "iteration-pointpillars-tiny",
-        "iteration-ssn-full",
-        "augment",
+        "iteration-streampetr-tiny",
         "copy",
+        "augment",
         "precision-ssn-full",
-        "switches-pointpillars",
         "sweeps-ssn",
     ]
     assert [names.index(n) for n in order] == sorted(names.index(n) for n in order)
     priorities = [s.priority for s in plan("cuda", "python3", Path("w"))]
     assert priorities == sorted(priorities)
+
+
+def test_part_1_measures_the_three_published_configs_in_the_trainer_and_in_the_iteration():
+    """Issue 38 item 8: CUDA tests, bench solve, bench train with its profile and bench iteration --size full for
+    StreamPETR, PointPillars and SSN, all in part 1 (one command of at most 8.5 minutes)."""
+    part1 = {s.name: s.argv for s in select(plan("cuda", "python3", Path("w")), 1)}
+    assert {"tests-cuda", "synth-full-704", "solve"} <= set(part1)
+    for config in ("streampetr_full", "pointpillars_nus", "ssn_nus"):
+        (train,) = [argv for argv in part1.values() if "train" in argv and f"configs/{config}.yaml" in argv]
+        assert "--profile" in train
+    for model in ("streampetr", "pointpillars", "ssn"):
+        assert f"iteration-{model}-full" in part1
+    assert PART_BUDGET_S[1] <= 510 and PART_BUDGET_S[1] + PART_BUDGET_S[2] <= 810  # with a 1.5-min start: 15 min
 
 
 @pytest.mark.parametrize("part", [1, 2, 3, 4])
@@ -182,8 +195,10 @@ def test_the_cpu_dry_run_uses_tiny_sizes_small_batches_and_the_cpu(tmp_path):
         if "bench" in argv:
             assert argv[argv.index("--device") + 1] == "cpu" and str(tmp_path) in argv[argv.index("--json") + 1]
     skipped = {s.name for s in plan("cpu", "python3", tmp_path) if s.skip}
-    gpu_only = ["synth-full-704", "iteration-streampetr-full", "synth-full-704-p2", "iteration-pointpillars-full"]
-    assert skipped == {*gpu_only, "iteration-ssn-full"}
+    full = ("streampetr", "pointpillars", "ssn")
+    gpu_only = {"synth-full-704", *(f"iteration-{m}-full" for m in full), *(f"train-{m}-full" for m in full)}
+    assert skipped == gpu_only
+    assert {s.name for s in plan("cuda", "python3", tmp_path) if s.skip} == {"train-streampetr-tiny"}
 
 
 def test_the_host_loader_result_is_named_for_the_gpu_host_only_on_cuda(tmp_path):
@@ -333,7 +348,6 @@ def test_the_full_set_is_rendered_once_with_the_settings_the_full_configs_read(t
 
     steps = {s.name: s for s in plan("cuda", "python3", tmp_path)}
     script = steps["synth-full-704"].argv[2]
-    assert steps["synth-full-704-p2"].argv == steps["synth-full-704"].argv
     assert script.startswith("test -f data/synth-full-704/drivetrain_index.npz || ")
     for name in ("streampetr_full", "pointpillars_nus", "ssn_nus"):
         data = read_config_file(ROOT / "configs" / f"{name}.yaml").data["data"]["args"]  # with its base chain

@@ -1,13 +1,16 @@
 """The GPU check's run book: its steps in a fixed priority order, each capped to end inside a time budget.
 
-A borrowed GPU comes for minutes at a time, so ``scripts/gpu_check.sh`` spends them highest priority first:
-(1) the CUDA tests, (2) StreamPETR iterations, (3) the lidar iterations, (4) the camera data path, (5) precision
-and switches, (6) sweeps, then what is left. Each step has the time it is expected to need and a cap; it runs
-under ``timeout`` with min(cap, what remains of the budget − a reserve for packing), and a step expected to need
-more than what remains is skipped and named rather than started and cut. ``--part N`` picks one group of steps
-sized for one device command (:data:`PART_BUDGET_S`); the parts partition the steps. Everything a run writes
-goes into one ``gpu-results.tar.gz`` (kept under the 16 MiB a borrowed machine hands back) beside ``summary.md``;
-:func:`collect` (``scripts/gpu_results.sh``) copies the results out of such tarballs into ``benchmarks/results``.
+A borrowed GPU comes for 15 minutes in all (its start included), so ``scripts/gpu_check.sh`` spends them highest
+priority first: (1) the CUDA tests, (2) the solver's kernel shapes (``bench solve``) over the synthetic full set,
+(3) the trainer's own step at the three published configs with a profile of each (``bench train --profile``),
+(4) the full-size iterations, reference vs batched; part 2 the tiny iterations, copy, loss and ragged ops; parts 3
+and 4 the camera data path, precision, switches, sweeps and the rest, for a later lease. Each step has the time it
+is expected to need and a cap; it runs under ``timeout`` with min(cap, what remains of the budget − a reserve for
+packing), and a step expected to need more than what remains is skipped and named rather than started and cut.
+``--part N`` picks one group of steps sized for one device command (:data:`PART_BUDGET_S`); the parts partition
+the steps. Everything a run writes goes into one ``gpu-results.tar.gz`` (kept under the 16 MiB a borrowed machine
+hands back) beside ``summary.md``; :func:`collect` (``scripts/gpu_results.sh``) copies the results out of such
+tarballs into ``benchmarks/results``.
 
 Only the standard library is used here: collecting results needs no torch.
 The expected seconds on CUDA are estimates until a borrowed run measures them: ``summary.md`` lists the measured
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import re
 import shlex
 import shutil
@@ -42,12 +46,16 @@ KILL_AFTER_S = 10
 SETUP_S = 30.0  # wheels, environment.txt and this module's start, before the first step (CUDA estimate)
 TARBALL = "gpu-results.tar.gz"
 TARBALL_LIMIT = 16 * 1024 * 1024  # the largest file a borrowed machine hands back
-PART_BUDGET_S = {1: 450, 2: 510, 3: 450, 4: 540}  # --budget of each part's device command (≤ 9 min)
+# --budget of each part's device command, wheel install included. A borrowed GPU comes for 15 minutes in all, its
+# start (1–2 min) included: part 1 (8.5 min) then part 2 (5 min) fit one lease; parts 3 and 4 are for a later one.
+PART_BUDGET_S = {1: 510, 2: 300, 3: 540, 4: 540}
 PARTS = {
-    1: "CUDA tests, StreamPETR iterations tiny and full, copy",
-    2: "PointPillars and SSN iterations tiny and full, camera augmentation (+ side stream, encoder ahead, DALI)",
-    3: "precision (SSN full), switches (PointPillars), sweeps (SSN), lidar-data",
-    4: "spare: switches (StreamPETR, VoxelNet), ragged, loss, the loader on the host CPU; --full: the whole suite",
+    1: "CUDA tests, bench solve, bench train (with its profile) and full-size iterations of the three published "
+    "configs",
+    2: "tiny iterations of the three models, copy, loss, ragged",
+    3: "camera augmentation (+ side stream, encoder ahead, DALI), precision (SSN full), switches (PointPillars), "
+    "sweeps (SSN)",
+    4: "spare: lidar-data, switches (StreamPETR, VoxelNet), the loader on the host CPU; --full: the whole suite",
 }
 RESULT = re.compile(r"[a-z0-9][a-z0-9-]*-cuda\.(json|md|png)|data-gpu-host\.(json|md)")
 
@@ -105,46 +113,59 @@ FULL_ROOT = "data/synth-full-704"  # the root of configs/{streampetr_full,pointp
 
 # The run book, highest priority first: name, priority, part, benchmark (None: pytest), then (expected s, cap s,
 # options) on CUDA and in the CPU dry run (None: not in the dry run). {data} is the work folder's data/: the dry
-# run generates 4 scenes there instead of the presets under the checkout's data/. CUDA seconds are estimates.
+# run generates 4 scenes there instead of the presets under the checkout's data/.
+# Expected CUDA seconds: the 2026-11-26 H200 run (its steps.json) where a step ran then, with a margin; the new
+# steps (solve, train) are estimates until a run measures them.
 _BOOK: list[tuple[str, int, int, str | None, tuple, tuple | None]] = [
-    ("tests-cuda", 1, 1, None, (90, 240, "-m cuda"), (20, 60, "-m cuda")),
-    # StreamPETR at the published batch 8. The full size reads the synthetic set at 704×256, which the benchmark
-    # would render on first use in one process (~4 min); "synth" renders it with a process per scene first.
-    ("iteration-streampetr-tiny", 2, 1, "iteration", (60, 150, "--model streampetr --size tiny --batch 8"),
+    ("tests-cuda", 1, 1, None, (60, 150, "-m cuda"), (30, 90, "-m cuda")),  # 31 s for 16 tests then
+    # The published configs read the synthetic set at 704×256, which a benchmark would render on first use in one
+    # process (~4 min); "synth" renders it with a process per core first (35 s on 16 cores then).
+    ("synth-full-704", 2, 1, "synth", (40, 150, FULL_ROOT), None),
+    ("solve", 2, 1, "solve", (20, 60, ""),
+     (20, 60, "--config configs/streampetr_tiny.yaml --batch 2 --scenes 4 --repeat 2 --data-root {data}/camera")),
+    # The trainer's own step at the published configs, each with a torch.profiler trace of 3 more steps.
+    ("train-streampetr-full", 3, 1, "train", (60, 150, "--config configs/streampetr_full.yaml --steps 8 --warmup 3 "
+     "--profile 3"), None),
+    ("train-pointpillars-full", 3, 1, "train", (40, 120, "--config configs/pointpillars_nus.yaml --steps 8 --warmup 3 "
+     "--profile 3"), None),
+    ("train-ssn-full", 3, 1, "train", (40, 120, "--config configs/ssn_nus.yaml --steps 8 --warmup 3 --profile 3"),
+     None),
+    ("train-streampetr-tiny", 3, 1, "train", None,
+     (40, 120, "--config configs/streampetr_tiny.yaml --steps 2 --warmup 1 --profile 1 data.args.root={data}/train "
+      "data.args.scenes=4 data.batch_size=2")),
+    # Reference vs batched iterations at the published sizes (StreamPETR batch 8: 50 s then; lidar batch 4: 25 s).
+    ("iteration-streampetr-full", 4, 1, "iteration", (55, 150, "--model streampetr --size full --batch 8"), None),
+    ("iteration-pointpillars-full", 4, 1, "iteration", (30, 90, "--model pointpillars --size full --batch 4"), None),
+    ("iteration-ssn-full", 4, 1, "iteration", (30, 90, "--model ssn --size full --batch 4"), None),
+    # Part 2: the tiny sizes (35, 14 and 19 s then), the packed copy (11 s), the loss and ragged ops (13 s).
+    ("iteration-streampetr-tiny", 5, 2, "iteration", (40, 100, "--model streampetr --size tiny --batch 8"),
      (25, 60, "--model streampetr --size tiny --batch 2 --repeat 1 --warmup 0 --scenes 4 --data-root {data}/camera")),
-    ("synth-full-704", 2, 1, "synth", (60, 240, FULL_ROOT), None),
-    ("iteration-streampetr-full", 2, 1, "iteration", (120, 300, "--model streampetr --size full --batch 8"), None),
-    # PointPillars / SSN at the published batch 4: tiny, and full (the published nuScenes configs, on the same
-    # synthetic set: already there on a machine kept warm since part 1, rendered again after a cold start).
-    ("iteration-pointpillars-tiny", 3, 2, "iteration", (40, 120, "--model pointpillars --size tiny --batch 4"),
+    ("iteration-pointpillars-tiny", 5, 2, "iteration", (20, 60, "--model pointpillars --size tiny --batch 4"),
      (10, 40, "--model pointpillars --size tiny --batch 2 --repeat 1 --warmup 0 --scenes 4 --data-root {data}/lidar")),
-    ("synth-full-704-p2", 3, 2, "synth", (5, 240, FULL_ROOT), None),
-    ("iteration-pointpillars-full", 3, 2, "iteration", (100, 240, "--model pointpillars --size full --batch 4"), None),
-    ("iteration-ssn-tiny", 3, 2, "iteration", (40, 120, "--model ssn --size tiny --batch 4"),
+    ("iteration-ssn-tiny", 5, 2, "iteration", (25, 60, "--model ssn --size tiny --batch 4"),
      (10, 40, "--model ssn --size tiny --batch 2 --repeat 1 --warmup 0 --scenes 4 --data-root {data}/lidar")),
-    ("iteration-ssn-full", 3, 2, "iteration", (100, 240, "--model ssn --size full --batch 4"), None),
-    # The camera data path: worker vs device augmentation, + the prefetcher's side stream, + the frozen ResNet-50
-    # encoder run ahead, + DALI where its wheels are installed; then the packed host→device copy.
-    ("augment", 4, 2, "augment", (120, 240, "--train --batch 8"),
+    ("copy", 6, 2, "copy", (15, 45, ""), (5, 30, "--repeat 3 --warmup 1")),
+    ("loss", 6, 2, "loss", (40, 90, ""), (15, 60, "--repeat 2 --warmup 1")),
+    ("ragged", 6, 2, "ragged", (15, 45, ""), (10, 40, "--repeat 3 --warmup 1")),
+    # Part 3: the camera data path (worker vs device augmentation, + the prefetcher's side stream, + the frozen
+    # ResNet-50 encoder run ahead, + DALI where installed: it timed out at 240 s then, the 1600×900 set took 40 s of
+    # it), precision and switches, sweeps.
+    ("augment", 7, 3, "augment", (240, 330, "--train --batch 8"),
      (80, 150, "--train --batch 1 --sizes tiny --repeat 2 --warmup 1 --data-dir {data}/augment")),
-    ("copy", 4, 1, "copy", (20, 60, ""), (5, 30, "--repeat 3 --warmup 1")),
-    ("precision-ssn-full", 5, 3, "precision", (150, 300, "--model ssn --size full --repeat 8 --warmup 3"),
+    ("precision-ssn-full", 8, 3, "precision", (150, 300, "--model ssn --size full --repeat 8 --warmup 3"),
      (40, 90, "--model ssn --size tiny --repeat 3 --warmup 1 --variants 'fp32,fp32 + act. ckpt'")),
-    ("switches-pointpillars", 5, 3, "switches", (100, 180, "--model pointpillars {switches}"),
+    ("switches-pointpillars", 8, 3, "switches", (100, 180, "--model pointpillars {switches}"),
      (40, 90, "--model pointpillars {switches_cpu}")),
-    ("sweeps-ssn", 6, 3, "sweeps", (90, 180, "--model ssn --steps 60"),
+    # Part 4, spare: the lidar data path, the switches of the other two models and the loader on the host's CPU.
+    ("sweeps-ssn", 9, 4, "sweeps", (90, 180, "--model ssn --steps 60"),
      (80, 150, "--model ssn --steps 6 --warmup 2 --sweeps 0,5 --scenes 4 --data-root {data}/sweeps")),
-    ("lidar-data", 7, 3, "lidar-data", (60, 150, ""),
+    ("lidar-data", 9, 4, "lidar-data", (60, 150, ""),
      (20, 60, "--repeat 1 --warmup 0 --points 30000 --skip-sweeps --data-dir {data}/lidar-data")),
-    # The spare part: the switches of the other two models, ragged and loss (measured on CUDA before:
-    # benchmarks/results/{ragged,loss}-cuda.*), and the loader on the host's CPU.
-    ("switches-streampetr", 8, 4, "switches", (100, 180, "--model streampetr {switches}"),
+    ("switches-streampetr", 10, 4, "switches", (100, 180, "--model streampetr {switches}"),
      (40, 90, "--model streampetr {switches_cpu}")),
-    ("switches-voxelnet", 8, 4, "switches", (100, 180, "--model voxelnet {switches}"),
+    ("switches-voxelnet", 10, 4, "switches", (100, 180, "--model voxelnet {switches}"),
      (40, 90, "--model voxelnet {switches_cpu}")),
-    ("ragged", 8, 4, "ragged", (30, 90, ""), (10, 40, "--repeat 3 --warmup 1")),
-    ("loss", 8, 4, "loss", (40, 90, ""), (15, 60, "--repeat 2 --warmup 1")),
-    ("data-host", 8, 4, "data", (120, 300, "--repeat 2"), (120, 240, "--repeat 1 --data-dir {data}/loader")),
+    ("data-host", 10, 4, "data", (120, 300, "--repeat 2"), (120, 240, "--repeat 1 --data-dir {data}/loader")),
 ]  # fmt: skip
 _SWITCHES = {  # short: one process per variant, no DDP, schedule or channels table
     "switches": "--variants bf16,fp16,channels_last,cudnn_benchmark,tf32 --repeat 1 --no-ddp --no-schedule "
@@ -152,7 +173,7 @@ _SWITCHES = {  # short: one process per variant, no DDP, schedule or channels ta
     "switches_cpu": "--variants channels_last --steps 2 --warmup 1 --repeat 1 --no-ddp --no-schedule "
     "--no-channels-table",
 }
-_FULL = ("tests-all", 9, 4, None, (480, 1800, ""), None)  # --full: the whole suite on the GPU machine
+_FULL = ("tests-all", 11, 4, None, (480, 1800, ""), None)  # --full: the whole suite on the GPU machine
 
 
 def plan(device: str, python: str, work: Path, *, full: bool = False) -> list[Step]:
@@ -171,7 +192,8 @@ def plan(device: str, python: str, work: Path, *, full: bool = False) -> list[St
     for name, priority, part, what, on_cuda, on_cpu in _BOOK + ([_FULL] if full else []):
         spec = on_cuda if device == "cuda" else on_cpu
         if spec is None:
-            steps.append(Step(name, priority, part, 0.0, 0.0, (), skip="GPU only: not in the CPU dry run"))
+            why = "GPU only: not in the CPU dry run" if device == "cpu" else "CPU dry run only"
+            steps.append(Step(name, priority, part, 0.0, 0.0, (), skip=why))
             continue
         expected, cap, options = spec
         opts = shlex.split(options.format(data=shlex.quote(str(work / "data")), **_SWITCHES))
@@ -188,7 +210,8 @@ def _command(name: str, what: str | None, opts: list[str], device: str, python: 
                 "--junitxml", str(work / f"{name}.xml"), "tests")  # fmt: skip
     if what == "synth":
         root, cli = shlex.quote(opts[0]), f"{shlex.quote(python)} -m drivetrain.cli.main data"
-        synth = f"{cli} synth --out {root} --size full --image-size 704x256 --workers 10 --overwrite"
+        workers = os.cpu_count() or 1  # one process per core: 35 s on the H200 machine's 16
+        synth = f"{cli} synth --out {root} --size full --image-size 704x256 --workers {workers} --overwrite"
         index = f"{cli} index --root {root} --quiet"
         return ("bash", "-c", f"test -f {root}/drivetrain_index.npz || {{ {synth} && {index}; }}")
     # The loader runs on the host CPU: on a GPU machine recorded as its host, never as the CPU machine's results.
