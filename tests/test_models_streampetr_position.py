@@ -104,3 +104,29 @@ def test_inverse_sigmoid_inverts_and_clamps() -> None:
     assert edges[0].item() == edges[1].item() == pytest.approx(-bound, rel=1e-6)
     assert edges[2].item() == edges[3].item() == pytest.approx(bound, rel=1e-6)
     assert torch.isfinite(edges).all()
+
+
+def test_token_points_invert_the_projections_without_the_singularity_check() -> None:
+    """``torch.linalg.inv`` runs ``_linalg_check_errors``, which reads the info flags on the host to raise on a
+    singular matrix (a sync on CUDA every forward; from C++, so only the profiler sees it on a CPU); the rays use
+    ``inv_ex``, the same arithmetic without that read. (On the CPU, LAPACK's LU solve inside both reads twice more;
+    whether CUDA's does is for the GPU profile to show: it names each sync's call site.)"""
+    from torch.profiler import ProfilerActivity, profile
+
+    from drivetrain.profile.trace import summarize
+
+    gen = torch.Generator().manual_seed(0)
+    l2i = torch.eye(4).repeat(2, 3, 1, 1) + 0.1 * torch.rand(2, 3, 4, 4, generator=gen)  # (B, N, 4, 4)
+    centres = torch.rand(2, 3, 5, 2, generator=gen) * 100  # (B, N, T, 2)
+    depths = lid_depths(1.0, 61.2, 4)
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as ours:
+        points = token_points(centres, l2i, depths)  # (B, N, T, D, 3)
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as plain:
+        torch.linalg.inv(l2i)
+    assert not any(e.name == "aten::_linalg_check_errors" for e in ours.events())
+    assert any(e.name == "aten::_linalg_check_errors" for e in plain.events())
+    assert summarize(ours, steps=1)["syncs_per_step"] == summarize(plain, steps=1)["syncs_per_step"] - 1
+    uv = centres.unsqueeze(-2) * depths.view(1, 1, 1, -1, 1)
+    coords = torch.cat([uv, depths.view(1, 1, 1, -1, 1).expand_as(uv[..., :1]), torch.ones_like(uv[..., :1])], -1)
+    expected = (torch.linalg.inv(l2i)[:, :, None, None] @ coords.unsqueeze(-1)).squeeze(-1)[..., :3]
+    assert torch.equal(points, expected)  # inv_ex computes what inv computes

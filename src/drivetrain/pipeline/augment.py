@@ -198,7 +198,9 @@ def warp_images(images: torch.Tensor, ida: torch.Tensor, final_size: tuple[int, 
     """
     b, n, c, h, w = images.shape
     final_w, final_h = final_size
-    inverse = torch.linalg.inv(ida).to(images.device)  # (B, 3, 3): output point → source point
+    # inv_ex: no singularity check, whose host read of the info flags would sync a device ``ida`` (an affine
+    # augmentation matrix is invertible by construction)
+    inverse = torch.linalg.inv_ex(ida).inverse.to(images.device)  # (B, 3, 3): output point → source point
     ys, xs = torch.meshgrid(
         torch.arange(final_h, dtype=torch.float64, device=images.device) + 0.5,
         torch.arange(final_w, dtype=torch.float64, device=images.device) + 0.5,
@@ -428,7 +430,7 @@ def bev_aug_cameras(
         ``(lidar2img · M⁻¹, ego_pose · M⁻¹, M · ego_pose_inv)`` in the inputs' dtypes.
     """
     m = matrix.to(device=lidar2img.device, dtype=torch.float64)  # (B, 4, 4)
-    m_inv = torch.linalg.inv(m)  # (B, 4, 4)
+    m_inv = torch.linalg.inv_ex(m).inverse  # (B, 4, 4): a rigid-and-scale matrix; inv_ex: no host-read check
     new_l2i = (lidar2img.to(torch.float64) @ m_inv[:, None]).to(lidar2img.dtype)  # (B, N, 4, 4)
     new_pose = (ego_pose.to(torch.float64) @ m_inv).to(ego_pose.dtype)  # (B, 4, 4)
     new_pose_inv = (m @ ego_pose_inv.to(torch.float64)).to(ego_pose_inv.dtype)  # (B, 4, 4)

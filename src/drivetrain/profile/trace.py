@@ -102,6 +102,12 @@ def render(summary: dict[str, Any], title: str, *, notes: list[str] | None = Non
             "",
         ]
     lines += [f"## Host syncs ({summary['syncs_per_step']:g} per step)", ""]
+    if gpu is None:
+        lines += [
+            "A CPU trace: every read of a tensor's value counts, host tensors included (e.g. an optimizer's step "
+            "counters, which are no sync on a GPU); on CUDA only the waits for the device are counted.",
+            "",
+        ]
     if summary["syncs"]:
         lines += ["| call site | kind | count | per step |", "|---|---|---:|---:|"]
         lines += [f"| `{s['site']}` | {s['kind']} | {s['count']} | {s['per_step']:g} |" for s in summary["syncs"]]

@@ -60,7 +60,9 @@ def token_points(centres: torch.Tensor, lidar2img: torch.Tensor, depths: torch.T
     d = depths.view(1, 1, 1, -1, 1).to(centres)  # (1, 1, 1, D, 1)
     uv = centres.unsqueeze(-2) * torch.clamp(d, min=eps)  # (B, N, T, D, 2): u·d, v·d as the original
     coords = torch.cat([uv, d.expand_as(uv[..., :1]), torch.ones_like(uv[..., :1])], dim=-1)  # (B, N, T, D, 4)
-    img2lidar = torch.linalg.inv(lidar2img.to(centres.dtype))  # (B, N, 4, 4)
+    # inv_ex: linalg.inv's arithmetic without its singularity check, which reads the device's info flags on the
+    # host (a sync on CUDA every forward); a projection matrix of the data is invertible by construction.
+    img2lidar = torch.linalg.inv_ex(lidar2img.to(centres.dtype)).inverse  # (B, N, 4, 4)
     points = (img2lidar[:, :, None, None] @ coords.unsqueeze(-1)).squeeze(-1)  # (B, N, T, D, 4)
     return points[..., :3]  # (B, N, T, D, 3)
 
