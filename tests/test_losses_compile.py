@@ -195,7 +195,7 @@ def test_gpu_solver_path_is_one_graph_per_target_bucket_without_a_break(gen, mon
     recorder = Recorder()
     gpu_loss = streampetr_loss(backend="gpu")
     scipy_loss = streampetr_loss(backend="scipy")
-    buckets = {solve_module.padded_target_count(max(num_gt), 30) for num_gt in SP_BATCHES}
+    buckets = {solve_module.padded_target_count(max(num_gt)) for num_gt in SP_BATCHES}
     assert buckets == {8, 16}
     for num_gt in SP_BATCHES:
         outputs, targets = streampetr_case(num_gt, layers=2, queries=30, groups=2, gen=gen)
