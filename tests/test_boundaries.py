@@ -26,9 +26,11 @@ SOURCE = Path(drivetrain.__file__).resolve().parent  # src/drivetrain
 LAYERS: tuple[frozenset[str], ...] = (
     # the package itself: __version__ only
     frozenset({"drivetrain"}),
-    # leaves: ragged batches, cached device constants, seed mixing, safe file writes, and profile (timed regions and
-    # cost counting, which every layer may use)
-    frozenset({"ragged", "constants", "seeding", "safe_files", "profile"}),
+    # safe file writes (no link followed), under every writer: profile's result files included
+    frozenset({"safe_files"}),
+    # leaves: ragged batches, cached device constants, seed mixing, and profile (timed regions and cost counting,
+    # which every layer may use)
+    frozenset({"ragged", "constants", "seeding", "profile"}),
     # on ragged and the constants: geometry (boxes, IoU, projection), heatmaps, the torch.compile helpers
     frozenset({"geometry", "heatmap", "compiled"}),
     # matching (costs, solvers, assigners), nuScenes-format data (no models, no pipeline), drawing
