@@ -85,6 +85,9 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"drivetrain train: config error: {err}", file=sys.stderr)
         return 2
+    except CheckpointError as err:  # moving unusable checkpoints aside was refused (a linked checkpoints/corrupt)
+        print(f"drivetrain train: checkpoint error: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("drivetrain train: interrupted while starting; no step was run", file=sys.stderr)
         return 130

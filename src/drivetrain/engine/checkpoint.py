@@ -21,7 +21,10 @@ without a marker, with a wrong checksum or that fails to load is skipped with a 
 Committed checkpoints that fail to load are never deleted: :meth:`Checkpointer.set_aside` moves them to
 ``checkpoints/corrupt/`` (and checkpoints of an abandoned continuation to ``checkpoints/superseded/``), where
 pruning does not see them. Pruning after a save counts only checkpoints up to the one just written, so a
-newer, bad checkpoint can never push good ones out.
+newer, bad checkpoint can never push good ones out. Saving, pruning and moving aside refuse (one
+:class:`CheckpointError` line) a ``checkpoints`` folder, or its ``corrupt``/``superseded`` folder, that is a symbolic
+link: writing or deleting there would reach another run's checkpoints (a linked ``step-N`` is pruned or moved as
+the link, its target kept).
 
 What the state is: a dict of stateful components (:mod:`drivetrain.engine.state`). :meth:`Checkpointer.save_state`
 writes every component's ``state_dict()`` under its name beside the metadata and the format version;
@@ -54,7 +57,7 @@ from drivetrain.engine.state import (
     Stateful,
     format_version,
 )
-from drivetrain.safe_files import remove_path
+from drivetrain.safe_files import LinkedFolderError, real_dir, remove_path
 
 __all__ = [
     "NO_ROOM",
@@ -254,8 +257,8 @@ class Checkpointer:
         """
         final = self.root / self.name(step)
         tmp = self.root / f".{final.name}.tmp-{os.getpid()}"
+        self._check_root(create=True)
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
             remove_path(tmp)  # a leftover of this pid's killed save (a link there is unlinked, never followed)
             tmp.mkdir()
             with open(tmp / STATE_FILE, "wb") as f:
@@ -326,6 +329,29 @@ class Checkpointer:
             "--resume auto"
         )
 
+    def _check_root(self, folder: str = "", *, create: bool = False) -> Path:
+        """``root`` (or ``root/folder``), checked to be real folders before a save, a prune or a move writes or
+        deletes there (:func:`~drivetrain.safe_files.real_dir`; made when missing with ``create`` or ``folder``).
+
+        Raises:
+            CheckpointError: one of them is a link (a run's ``checkpoints`` linked to another run's would make
+                pruning delete that run's checkpoints) or a file; nothing was written, deleted or moved.
+        """
+        target = self.root / folder
+        try:
+            if create:
+                self.root.parent.mkdir(parents=True, exist_ok=True)  # the run directory (named by the user)
+            return real_dir(target, base=self.root.parent, create=create or bool(folder))
+        except (LinkedFolderError, NotADirectoryError) as err:
+            raise CheckpointError(
+                f"not writing or deleting checkpoints in {err.filename}: {err.strerror}; nothing was saved, deleted "
+                "or moved"
+            ) from None
+        except OSError as err:
+            if create:  # the folder could not be made: a write failure, named as a failed save is
+                raise CheckpointError(self._write_failure(err)) from None
+            raise
+
     def _sleep(self) -> None:
         if self._delay > 0:
             time.sleep(self._delay)
@@ -346,6 +372,7 @@ class Checkpointer:
         Args:
             newest: count only checkpoints up to this step (the one just saved); newer ones are left alone.
         """
+        self._check_root()
         counted = [(step, path) for step, path in self.committed() if newest is None or step <= newest]
         for _, path in counted[: -self.keep]:
             remove_path(path, ignore_errors=True)  # a linked checkpoint loses its link, its target stays
@@ -412,12 +439,14 @@ class Checkpointer:
         return None
 
     def set_aside(self, path: Path, folder: str) -> Path:
-        """Move checkpoint ``path`` into ``root/folder/`` (out of pruning's and resume's sight); returns where."""
-        target_dir = self.root / folder
-        target_dir.mkdir(parents=True, exist_ok=True)
+        """Move checkpoint ``path`` into ``root/folder/`` (out of pruning's and resume's sight); returns where.
+
+        A linked ``path`` is moved as the link; ``root`` or ``root/folder`` being a link is a CheckpointError.
+        """
+        target_dir = self._check_root(folder)
         target = target_dir / path.name
         n = 1
-        while target.exists():
+        while target.exists() or target.is_symlink():
             target = target_dir / f"{path.name}.{n}"
             n += 1
         os.replace(path, target)

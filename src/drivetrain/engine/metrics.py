@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from drivetrain.engine.checkpoint import NO_ROOM, no_room
-from drivetrain.safe_files import replace_text
+from drivetrain.safe_files import no_follow, replace_text
 
 __all__ = ["MetricsLogger", "RunWriteError", "peak_memory_mb", "truncate_metrics"]
 
@@ -82,8 +82,9 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:
-    """Drop records after ``last_step`` (written by a run that was killed after its last checkpoint)."""
-    if not path.is_file():
+    """Drop records after ``last_step`` (written by a run that was killed after its last checkpoint). A link at
+    the name holds no records of this run: it is left for the logger to replace."""
+    if path.is_symlink() or not path.is_file():
         return
     kept = []
     for line in path.read_text().splitlines():
@@ -135,9 +136,8 @@ class MetricsLogger:
             if start == 0 and path.exists():
                 path.unlink()
             truncate_metrics(path, start)
-            if path.is_symlink():  # appending would write into the link's target: keep our records in our own file
-                path.unlink()
-            self._file = open(path, "a")  # noqa: SIM115 - kept open for the whole run
+            # kept open for the whole run; a link at the name is replaced, never appended through
+            self._file = open(path, "a", opener=no_follow)  # noqa: SIM115
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -214,9 +214,7 @@ class MetricsLogger:
         if same:
             return
         self._file.close()
-        if self._path.is_symlink():  # never append through a link planted at the name
-            self._path.unlink()
-        self._file = open(self._path, "a")  # noqa: SIM115 - kept open for the whole run
+        self._file = open(self._path, "a", opener=no_follow)  # noqa: SIM115 - never through a link at the name
         warnings.warn(
             f"{self._path} was deleted or replaced while the run wrote it; writing the next records to a new "
             "file there (earlier records are in the run's TensorBoard log, if enabled)",

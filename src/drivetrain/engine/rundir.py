@@ -9,6 +9,14 @@ existing folder is refused with one :class:`ConfigError` line naming it, so that
 the marker (``config.yaml`` and committed checkpoints, no marker) is refused too, with the way to adopt it:
 create an empty ``.drivetrain-run`` (``touch DIR/.drivetrain-run``); the next run there writes the full marker.
 
+**Folders.** The folders a run writes into and deletes from — ``checkpoints`` (with ``corrupt`` and
+``superseded``), ``eval``, ``tensorboard`` — must be real folders of the run: :func:`check_run_dir` refuses one that
+is a symbolic link (one ConfigError line naming it) before anything is written, so that a run whose
+``checkpoints`` links to another run's never prunes, moves or overwrites that run's checkpoints. The run
+directory itself may be a link (to a larger disk): the user named it. A file of the run that is a link
+(``config.yaml``, ``metrics.jsonl``, the lock, the marker) is replaced by the run's own file, its target kept
+(:mod:`drivetrain.safe_files`).
+
 **Lock.** One training process per run directory: an advisory lock on ``<run.out_dir>/.drivetrain.lock``.
 
 Two ``drivetrain train`` processes writing the same run directory would interleave metrics lines and
@@ -35,14 +43,16 @@ from typing import IO, Any
 import drivetrain
 from drivetrain.engine.checkpoint import no_room
 from drivetrain.engine.config import ConfigError
-from drivetrain.safe_files import replace_text
+from drivetrain.safe_files import LinkedFolderError, open_output, real_dir, replace_text
 
 __all__ = [
     "LOCK_FILE",
+    "RUN_FOLDERS",
     "RUN_FORMAT",
     "RUN_MARKER",
     "RunDirLock",
     "check_run_dir",
+    "check_run_folders",
     "prepare_run_dir",
     "write_run_marker",
 ]
@@ -51,6 +61,8 @@ LOCK_FILE = ".drivetrain.lock"
 RUN_MARKER = ".drivetrain-run"
 RUN_FORMAT = "drivetrain-run"
 RUN_VERSION = 1
+# The folders of a run that training writes into or deletes from (checked not to be links by check_run_dir).
+RUN_FOLDERS = ("checkpoints", "checkpoints/corrupt", "checkpoints/superseded", "eval", "tensorboard")
 _HELD: dict[Path, IO[str]] = {}  # run directories this process holds, by their lock file's path (resolved folder)
 
 
@@ -77,7 +89,8 @@ def prepare_run_dir(out_dir: Path) -> Path:
 
 def check_run_dir(out_dir: Path) -> None:
     """ConfigError (one line, naming the folder) unless ``out_dir`` may be written by a run: it is missing, empty,
-    or a drivetrain run (its marker). Reads only; see the module docstring."""
+    or a drivetrain run (its marker) whose :data:`RUN_FOLDERS` are real folders. Reads only; see the module
+    docstring."""
     out_dir = Path(out_dir)
     if not out_dir.exists():
         return
@@ -86,6 +99,7 @@ def check_run_dir(out_dir: Path) -> None:
     marker = out_dir / RUN_MARKER
     if marker.exists() or marker.is_symlink():
         _read_marker(marker)
+        check_run_folders(out_dir)
         return
     try:
         entries = [p for p in out_dir.iterdir() if p.name != LOCK_FILE]
@@ -102,6 +116,15 @@ def check_run_dir(out_dir: Path) -> None:
         f"run.out_dir: {out_dir} is not empty and is not a drivetrain run (no {RUN_MARKER}); choose a new or empty "
         "folder"
     )
+
+
+def check_run_folders(out_dir: Path) -> None:
+    """ConfigError (one line naming it) when one of the run's :data:`RUN_FOLDERS` is a symbolic link or a file."""
+    for name in RUN_FOLDERS:
+        try:
+            real_dir(out_dir / name, base=out_dir)
+        except (LinkedFolderError, NotADirectoryError) as err:
+            raise ConfigError(f"run.out_dir: {err.filename} is {err.strerror}") from None
 
 
 def _read_marker(marker: Path) -> dict[str, Any] | None:
@@ -167,10 +190,8 @@ class RunDirLock:
         """Take the lock (no-op if this process holds it); ConfigError naming the holder if another does."""
         if self.key in _HELD:
             return
-        if self.path.is_symlink():  # writing our pid through it would overwrite the link's target
-            self.path.unlink()
-        try:
-            f = open(self.path, "a+")  # noqa: SIM115 - held open for the life of the run
+        try:  # a link at the name is replaced: writing our pid through it would overwrite the link's target
+            f = open_output(self.path, "a+")  # held open for the life of the run
         except OSError as err:
             if no_room(err) is not None:  # as for the marker: a write failure, named by the caller
                 raise

@@ -63,7 +63,7 @@ from drivetrain.pipeline.augmentation import Augmentation
 from drivetrain.pipeline.prefetch import DevicePrefetcher
 from drivetrain.pipeline.transfer import to_device
 from drivetrain.profile.timer import region, step_active
-from drivetrain.safe_files import replace_text
+from drivetrain.safe_files import LinkedFolderError, real_dir, replace_text
 
 __all__ = ["NonFiniteLossError", "TrainState", "Trainer"]
 
@@ -410,6 +410,7 @@ class Trainer:
         if self.ctx.is_main:
             out = self.out_dir / "eval" / f"step-{step:08d}"
             try:
+                real_dir(out, base=self.out_dir, create=True)  # eval/ and step-N/ real folders of the run, not links
                 first: dict[str, Any] = {}
 
                 def keep_first(frame: int, batch: Any, boxes: Any, scores: Any, labels: Any) -> None:
@@ -426,7 +427,7 @@ class Trainer:
                         log.image("eval/frame-0", _frame_picture(**first), step)
                     except ImportError as err:  # a lidar frame's picture needs matplotlib
                         log.message(f"drivetrain train: no frame picture in TensorBoard ({err})")
-            except DataError as err:
+            except (DataError, LinkedFolderError, NotADirectoryError) as err:
                 log.message(f"drivetrain train: evaluation at step {step} failed, training goes on: {err}")
             else:
                 summary = result.summary()
