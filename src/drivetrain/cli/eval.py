@@ -10,6 +10,7 @@ control (the sensor data blanked); ``--json FILE`` writes the flat summary (``mA
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -142,8 +143,38 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _score(fmt: Any, predictions: Path, root: Path, *, version: str, split: str, out: Path | None, options: Any) -> Any:
-    """The metric of ``fmt`` on a predictions file: what ``--predictions`` and ``--checkpoint`` both print."""
-    return fmt.metric(predictions, root, version=version, split=split, out_dir=out, options=options)
+    """The metric of ``fmt`` on a predictions file: what ``--predictions`` and ``--checkpoint`` both print.
+
+    Its files go to ``out`` (default: ``<predictions stem>_eval`` beside the file, which must be a real folder, not
+    a link), written first into a folder made just now inside it and renamed into place
+    (:func:`~drivetrain.safe_files.staged_outputs`): a link at one of their names is replaced, never written
+    through. A folder this call made is removed again when scoring fails.
+    """
+    from drivetrain.data.errors import DataError
+    from drivetrain.safe_files import LinkedFolderError, real_dir, staged_outputs
+
+    if not predictions.parent.is_dir():  # the metric's own check, before a folder is made beside the file
+        raise DataError("predictions file does not exist", predictions)
+    named = out is not None
+    out = out if out is not None else predictions.parent / f"{predictions.stem}_eval"
+    made = not (out.exists() or out.is_symlink())
+    try:
+        if named:
+            out.mkdir(parents=True, exist_ok=True)  # the user's folder (a link there is where they send it)
+        else:
+            real_dir(out, create=True)  # a name we picked: a link planted there is refused
+    except (LinkedFolderError, NotADirectoryError) as err:
+        raise SystemExit(f"eval: not writing the metrics into {err}") from None
+    except OSError as err:
+        raise SystemExit(f"eval: cannot create the metrics folder {out} ({err.strerror})") from None
+    try:
+        with staged_outputs(out) as stage:
+            return fmt.metric(predictions, root, version=version, split=split, out_dir=stage, options=options)
+    except BaseException:
+        if made:
+            with contextlib.suppress(OSError):
+                out.rmdir()  # only if empty: the folder of a refused or failed scoring is not left behind
+        raise
 
 
 def _score_predictions(args: argparse.Namespace, options: Any) -> tuple[Any, dict[str, Any], dict[str, str]]:
@@ -178,18 +209,33 @@ def _score_checkpoint(args: argparse.Namespace, options: Any) -> tuple[Any, dict
     """``drivetrain predict`` of the run's model over the split's frames (the run's data, or ``--root``'s index),
     written to ``OUT/results.json``, then scored as ``--predictions`` with the metric of the frames' format."""
     from drivetrain.data.evaluate import write_submission
+    from drivetrain.safe_files import LinkedFolderError, real_dir
 
     device = pick_device(args.device, "eval")
     model, cfg, path = load_detector(args.checkpoint, "eval", tta=args.tta, batch_size=args.batch_size)
     dataset, split = _checkpoint_frames(args, cfg)
     default = f"{path.name}-{split}" + ("-blank" if args.blank_inputs else "")  # the control beside the real one
     out = args.out or path.parent.parent / "eval" / default
+
+    def check_out(create: bool) -> None:
+        """RUN/eval and RUN/eval/step-N-SPLIT: real folders of the run, never links to elsewhere (the user's
+        --out may be one); checked before predicting, made only once there is something to write."""
+        if args.out is None:
+            try:
+                real_dir(out, base=path.parent.parent, create=create)
+            except (LinkedFolderError, NotADirectoryError) as err:
+                raise SystemExit(f"eval: not writing into {err}") from None
+            except OSError as err:
+                raise SystemExit(f"eval: cannot create {out} ({err.strerror})") from None
+
+    check_out(create=False)
     blank = f" with inputs blanked ({blank_note(model, cfg)})" if args.blank_inputs else ""
     print(f"eval: {path} on {split} ({len(dataset)} frames, {device}){blank} → {out}", flush=True)
     submission, skipped = predict_frames(
         model.to(device), cfg, dataset, device, batch_size=args.batch_size, blank=args.blank_inputs, progress=True,
         label="eval",
     )  # fmt: skip
+    check_out(create=True)
     predictions = write_submission(submission, out / "results.json")
     fmt, index = dataset.index.format, dataset.index
     metrics = _score(

@@ -283,5 +283,5 @@ def _no_detections(eval_config: Any, out: Path) -> dict[str, Any]:
         "mean_dist_aps": dict.fromkeys(eval_config.class_names, 0.0),
         "note": "no detections at all: scored 0 without running the devkit",
     }
-    (out / "metrics_summary.json").write_text(json.dumps(summary, indent=2))
+    replace_text(out / "metrics_summary.json", json.dumps(summary, indent=2))  # a link at the name is replaced
     return summary

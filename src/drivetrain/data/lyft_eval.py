@@ -23,6 +23,7 @@ from drivetrain.data.lyft_metric import IOU_THRESHOLDS, LyftBoxes, lyft_average_
 from drivetrain.data.lyft_splits import LYFT_SPLITS
 from drivetrain.data.table_paths import check_root
 from drivetrain.geometry.rigid import yaw_from_matrix, yaw_quaternion
+from drivetrain.safe_files import replace_text
 
 if TYPE_CHECKING:
     from drivetrain.data.index import FrameIndex
@@ -217,7 +218,7 @@ def evaluate_lyft(
     out = Path(out_dir) if out_dir is not None else predictions.parent / f"{predictions.stem}_eval"
     try:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "lyft_metrics.json").write_text(json.dumps(summary, indent=2))
+        replace_text(out / "lyft_metrics.json", json.dumps(summary, indent=2))  # a link at the name is replaced
     except OSError as err:
         raise DataError(f"cannot write the metrics ({err.strerror})", out) from None
     return summary

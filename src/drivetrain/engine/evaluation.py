@@ -37,6 +37,7 @@ from drivetrain.data.formats import NUSCENES, DatasetFormat, MetricOptions
 from drivetrain.data.index import FrameIndex
 from drivetrain.engine.protocol import Detector, input_modalities
 from drivetrain.ragged import RaggedBatch
+from drivetrain.safe_files import open_output, staged_outputs
 
 __all__ = [
     "BLANK_GREY",
@@ -285,12 +286,14 @@ def evaluate_model(
     )
     out = Path(out_dir)
     path = write_submission(submission, out / "results.json")
-    with contextlib.ExitStack() as stack:
+    # The devkit opens its files itself: it writes into a folder made just now, renamed into out (a link planted
+    # at one of those names in out is replaced, never written through).
+    with staged_outputs(out) as stage, contextlib.ExitStack() as stack:
         if quiet:
-            stack.enter_context(contextlib.redirect_stdout(stack.enter_context(open(out / "devkit.log", "w"))))
+            stack.enter_context(contextlib.redirect_stdout(stack.enter_context(open_output(stage / "devkit.log"))))
         metrics = fmt.metric(
             path, root if root is not None else dataset.root, version=dataset.index.meta["version"], split=split,
-            out_dir=out, options=options or MetricOptions(),
+            out_dir=stage, options=options or MetricOptions(),
         )  # fmt: skip
     return EvalResult(metrics, path, len(dataset), skipped, time.perf_counter() - start, fmt)
 
