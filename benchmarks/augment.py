@@ -35,7 +35,6 @@ import argparse
 import gc
 import json
 import os
-import shutil
 import statistics
 import tempfile
 import time
@@ -64,6 +63,7 @@ from drivetrain.profile import (
 )
 from drivetrain.profile.costmodel import count_call
 from drivetrain.profile.timer import synchronize
+from drivetrain.safe_files import remove_path, save_figure
 
 DESCRIPTION = __doc__.splitlines()[0]
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,7 +176,7 @@ def training(
     from drivetrain.engine import Trainer, load_config
 
     out = folder / f"run-{size}-{batch}-{variant}"
-    shutil.rmtree(out, ignore_errors=True)  # a run of an earlier benchmark in a kept --data-dir
+    remove_path(out, ignore_errors=True)  # a run of an earlier benchmark in a kept --data-dir (a link: unlinked)
     image = SIZES[size][1]
     overrides = [
         f"run.out_dir={out}",
@@ -210,7 +210,7 @@ def training(
         del trainer
         gc.collect()
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    shutil.rmtree(out, ignore_errors=True)
+    remove_path(out, ignore_errors=True)
     steps = [r for r in records if "step_time_s" in r][warmup:]
     step = statistics.median(r["step_time_s"] for r in steps)
     slowest = max(r["step_time_s"] for r in steps)
@@ -378,7 +378,7 @@ def write_png(result: BenchResult, path: Path) -> bool:
     fig.suptitle(f"camera augmentation: worker vs device on {result.device}", fontsize=9, x=0.01, ha="left")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)  # a link at the name is replaced, its target never written
     plt.close(fig)
     return True
 

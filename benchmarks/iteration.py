@@ -93,6 +93,7 @@ from drivetrain.profile import (
 )
 from drivetrain.profile.bench import RESULTS_DIR, count_variation
 from drivetrain.profile.costmodel import host_work
+from drivetrain.safe_files import save_figure
 
 DESCRIPTION = __doc__.splitlines()[0]
 
@@ -435,7 +436,7 @@ def write_png(result: BenchResult, path: Path) -> Path | None:
     ax.grid(axis="x", which="both", alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)  # a link at the name is replaced, its target never written
     plt.close(fig)
     return path
 

@@ -24,7 +24,6 @@ Run: ``drivetrain bench lidar-data [--device cpu|cuda] [--repeat N] [--save]``.
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import tempfile
 import time
@@ -50,6 +49,7 @@ from drivetrain.profile import BenchResult, Row, add_bench_arguments, device_nam
 from drivetrain.profile.bench import compare
 from drivetrain.profile.costmodel import count_call
 from drivetrain.ragged import RaggedBatch
+from drivetrain.safe_files import remove_path
 
 DESCRIPTION = __doc__.splitlines()[0]
 SWEEPS = (0, 5, 10)
@@ -119,7 +119,7 @@ def bench_sweeps(folder: Path, args: argparse.Namespace, result: BenchResult) ->
         sizes, build_s = {}, {}
         for dtype in ("float32", "float16"):
             out = folder / f"cache-{n}-{dtype}"
-            shutil.rmtree(out, ignore_errors=True)  # time a full build, not the reuse of finished shards
+            remove_path(out, ignore_errors=True)  # time a full build, not the reuse of finished shards
             start = time.perf_counter()
             report = build_cache(index, root, out, config.sweep_config, read_points, dtype=dtype)
             build_s[dtype] = time.perf_counter() - start

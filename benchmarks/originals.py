@@ -67,6 +67,7 @@ from scipy.optimize import linear_sum_assignment
 
 from drivetrain.geometry.rotated_iou import rotated_bev_iou_pairwise
 from drivetrain.profile.costmodel import Cost, CostCounter, count_call, current
+from drivetrain.safe_files import replace_text
 
 LIBRARY = "drivetrain_originals"  # the torch.library namespace of the ports' custom operators (mmcv's C++ kernels)
 FLT_MIN = float(torch.finfo(torch.float32).tiny)
@@ -1601,7 +1602,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             "seed": args.seed,
             "rows": [_row_json(r) for r in rows],
         }
-        args.json.write_text(json.dumps(data, indent=1))
+        replace_text(args.json, json.dumps(data, indent=1))  # a link at the name is replaced, never written through
         print(f"wrote {args.json}")
     return 0
 

@@ -39,6 +39,7 @@ from drivetrain.profile import (
     setup_bench,
 )
 from drivetrain.profile.costmodel import Cost
+from drivetrain.safe_files import open_output, save_figure
 
 DESCRIPTION = __doc__.splitlines()[0]
 
@@ -138,7 +139,7 @@ def write_png(measured: dict[str, dict[str, float]], path: Path, title: str) -> 
     fig.suptitle(title, fontsize=9, x=0.01, ha="left")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)  # a link at the name is replaced, its target never written
     plt.close(fig)
     return path
 
@@ -211,7 +212,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     print("\n".join(table))
     for path in written:
         if path.suffix == ".md":
-            with open(path, "a") as f:
+            with open_output(path, "a") as f:  # the file emit just wrote (never through a link)
                 f.write("\n## Memory and time per precision mode (published layout)\n\n" + "\n".join(table) + "\n")
             args.png = args.png or (path.with_suffix(".png") if args.save else None)
     title = f"{name} on {device_name(device)}: {memory} and median step time per variant (change vs fp32)"

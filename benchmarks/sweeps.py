@@ -30,6 +30,7 @@ from pathlib import Path
 from drivetrain.engine.stepcost import step_cost, step_profiler
 from drivetrain.profile import BenchResult, Row, active, add_bench_arguments, device_name, emit, setup_bench
 from drivetrain.profile.costmodel import Cost
+from drivetrain.safe_files import open_output, save_figure
 
 DESCRIPTION = __doc__.splitlines()[0]
 
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     print("\n".join(table))
     for path in written:
         if path.suffix == ".md":
-            with open(path, "a") as f:
+            with open_output(path, "a") as f:  # the file emit just wrote (never through a link)
                 f.write("\n## Sweeps trade-off (the paper's table 7 layout)\n\n" + "\n".join(table) + "\n")
             args.png = args.png or path.with_suffix(".png")
     if args.png is not None and write_png(measured, args, device_name(device)):
@@ -214,7 +215,7 @@ def write_png(measured: dict[int, dict], args: argparse.Namespace, device: str) 
     fig.suptitle(f"{args.model} tiny: sweeps vs cost and accuracy on {device}", fontsize=9, x=0.01, ha="left")
     fig.tight_layout()
     Path(args.png).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.png, dpi=120)
+    save_figure(fig, args.png, dpi=120)  # a link at the name is replaced, its target never written
     plt.close(fig)
     return True
 

@@ -47,6 +47,7 @@ import yaml
 from drivetrain.engine import stepcost
 from drivetrain.profile import BenchResult, Row, add_bench_arguments, device_name, emit, setup_bench
 from drivetrain.profile.costmodel import Cost
+from drivetrain.safe_files import open_output, replace_text
 
 DESCRIPTION = __doc__.splitlines()[0]
 ROOT = Path(__file__).resolve().parents[1]
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     print("\n".join(lines))
     for path in written:
         if path.suffix == ".md":
-            with open(path, "a") as f:
+            with open_output(path, "a") as f:  # the file emit just wrote (never through a link)
                 f.write("\n## Switches (the performance guide's table, measured)\n\n" + "\n".join(lines) + "\n")
                 if "base_channels" in result.extra:
                     f.write("\n## base_channels × activation checkpointing (voxelnet middle encoder)\n\n"
@@ -329,11 +330,12 @@ def write_config(measured: dict[str, dict[str, Any]], args: argparse.Namespace) 
             node = node.setdefault(part, {})
         node[leaf] = yaml.safe_load(value)
     args.write_config.parent.mkdir(parents=True, exist_ok=True)
-    args.write_config.write_text(
+    replace_text(  # a link at the name is replaced, its target never written
+        args.write_config,
         f"# drivetrain bench switches --model {args.model}: the fastest variant ({name}, "
         f"{fitting[name]['step_ms']:.1f} ms/step, {fitting[name]['memory_mb']:.0f} MB) within "
         f"{args.memory_budget_gb if args.memory_budget_gb is not None else 'any'} GB; merge into the model's config\n"
-        + yaml.safe_dump(overlay, sort_keys=False)
+        + yaml.safe_dump(overlay, sort_keys=False),
     )
     print(f"wrote {args.write_config} ({name})")
 

@@ -52,6 +52,7 @@ from drivetrain.profile import BenchResult, Row, add_bench_arguments, device_nam
 from drivetrain.profile.bench import RESULTS_DIR
 from drivetrain.profile.costmodel import Cost
 from drivetrain.profile.timer import Stats
+from drivetrain.safe_files import replace_text
 
 DESCRIPTION = __doc__.splitlines()[0]
 ROOT = Path(__file__).resolve().parents[1]
@@ -184,7 +185,7 @@ def _write_profile(split: StepSplit, result: BenchResult, md: Path | None, trace
     text = trace.render(summary, f"Profile of `{result.benchmark}`: the trainer's steps", notes=notes)
     if md is not None:
         md.parent.mkdir(parents=True, exist_ok=True)
-        md.write_text(text)
+        replace_text(md, text)  # a link at the name is replaced, its target never written
         print(f"wrote {md}")
     else:
         print(text)

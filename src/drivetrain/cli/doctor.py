@@ -65,8 +65,11 @@ def run(args: argparse.Namespace) -> int:
     text = doctor.render(summary, window, findings, args.run_dir)
     # Only these two files of the run directory are written, each replaced whole (a link there is replaced, not
     # written through: a run directory may come from someone else).
-    replace_text(args.run_dir / "doctor.md", text)
-    replace_text(args.run_dir / "doctor.json", doctor.to_json(summary, window, findings))
+    try:
+        replace_text(args.run_dir / "doctor.md", text)
+        replace_text(args.run_dir / "doctor.json", doctor.to_json(summary, window, findings))
+    except OSError as err:  # a run on a read-only mount, a full disk
+        raise SystemExit(f"doctor: cannot write {err.filename or args.run_dir} ({err.strerror or err})") from None
     print(text, end="")
     print(f"doctor: wrote {args.run_dir / 'doctor.md'}")
     return 0

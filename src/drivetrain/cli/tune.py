@@ -224,20 +224,30 @@ def run(args: argparse.Namespace) -> int:
               f"{rule['worker_ms_per_batch']:.1f} ms a batch and a {rule['step_ms']:.1f} ms step; expected data wait "
               f"{rule['wait_ms']:.1f} ms")  # fmt: skip
     print("as overrides: " + " ".join(f"data.{k}={'null' if v is None else json.dumps(v)}" for k, v in best.items()))
+    # A link at either name is replaced by the file, its target never written (drivetrain.safe_files).
     if args.write_config is not None:
-        args.write_config.parent.mkdir(parents=True, exist_ok=True)
         tuned = config_to_dict(base)
         tuned["data"].update(best)
-        args.write_config.write_text(
-            f"# {args.config} with the loader setting of `drivetrain tune loader` (fastest step with data wait "
-            f"≤ {args.max_wait:.0%} of it): {_label(best)}\n" + yaml.safe_dump(tuned, sort_keys=False)
-        )
+        _write(args.write_config, "--write-config",
+               f"# {args.config} with the loader setting of `drivetrain tune loader` (fastest step with data wait "
+               f"≤ {args.max_wait:.0%} of it): {_label(best)}\n" + yaml.safe_dump(tuned, sort_keys=False))  # fmt: skip
         print(f"wrote {args.write_config}")
     if args.json is not None:
-        args.json.write_text(json.dumps({"config": args.config, "recommended": best, "keeps_up": keeps_up,
-                                         "worker_rule": rule, "rows": [{**s, **m} for s, m in rows]},
-                                        indent=1))  # fmt: skip
+        _write(args.json, "--json", json.dumps({"config": args.config, "recommended": best, "keeps_up": keeps_up,
+                                                "worker_rule": rule, "rows": [{**s, **m} for s, m in rows]},
+                                               indent=1))  # fmt: skip
     return 0
+
+
+def _write(path: Path, option: str, text: str) -> None:
+    """Write ``text`` as ``path`` (its folder made; a link at the name replaced); one SystemExit line on failure."""
+    from drivetrain.safe_files import replace_text
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        replace_text(path, text)
+    except OSError as err:
+        raise SystemExit(f"tune loader: {option}: cannot write {err.filename or path} ({err.strerror})") from None
 
 
 def worker_rule(rows: list[tuple[dict[str, Any], dict[str, float]]], cores: int) -> dict[str, float] | None:

@@ -131,20 +131,25 @@ def run_frame(args: argparse.Namespace) -> int:
     if pred is not None:
         title += f", {len(pred)} detections with score ≥ {args.score_threshold:g}"
     out = args.png or Path(f"frame-{args.frame}.png")
-    if batch.images is not None:
-        from drivetrain.data.nuscenes_format import CLASSES
-        from drivetrain.viz.camera import frame_png
+    # Each file is written whole and renamed over its name: a link there (the default frame-K.png in the current
+    # folder included) is replaced, its target never written (drivetrain.safe_files).
+    try:
+        if batch.images is not None:
+            from drivetrain.data.nuscenes_format import CLASSES
+            from drivetrain.viz.camera import frame_png
 
-        meta = dataset.index.meta if isinstance(dataset, StreamingFrames) else {}
-        images = batch.images[0].permute(0, 2, 3, 1).numpy()  # (N, H, W, 3)
-        png = frame_png(
-            out, images, batch.lidar2img[0].numpy(), gt, gt_labels, pred, labels, points=points,
-            time_column=time_column, extent=extent or 50.0, camera_names=meta.get("cameras"),
-            class_names=meta.get("classes", CLASSES), title=title,
-        )  # fmt: skip
-    else:
-        png = bev_png(out, points, gt, pred, scores, time_column=time_column, extent=extent or 50.0, title=title)
-    print(f"wrote {png}")
-    if args.ply is not None:
-        print(f"wrote {write_ply(args.ply, points, gt, pred, scores, time_column=time_column)}")
+            meta = dataset.index.meta if isinstance(dataset, StreamingFrames) else {}
+            images = batch.images[0].permute(0, 2, 3, 1).numpy()  # (N, H, W, 3)
+            png = frame_png(
+                out, images, batch.lidar2img[0].numpy(), gt, gt_labels, pred, labels, points=points,
+                time_column=time_column, extent=extent or 50.0, camera_names=meta.get("cameras"),
+                class_names=meta.get("classes", CLASSES), title=title,
+            )  # fmt: skip
+        else:
+            png = bev_png(out, points, gt, pred, scores, time_column=time_column, extent=extent or 50.0, title=title)
+        print(f"wrote {png}")
+        if args.ply is not None:
+            print(f"wrote {write_ply(args.ply, points, gt, pred, scores, time_column=time_column)}")
+    except OSError as err:
+        raise SystemExit(f"viz frame: cannot write {err.filename or out} ({err.strerror or err})") from None
     return 0

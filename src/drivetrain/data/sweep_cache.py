@@ -49,7 +49,7 @@ import numpy as np
 from drivetrain.data.errors import DataError
 from drivetrain.data.index import FrameIndex
 from drivetrain.data.sweeps import DT_COLUMN, SweepConfig, merge_sweeps
-from drivetrain.safe_files import replace_text
+from drivetrain.safe_files import open_output, replace_text
 
 __all__ = ["CACHE_FORMAT", "BuildReport", "SweepCache", "build_cache", "frame_digests", "verify_cache"]
 
@@ -347,14 +347,14 @@ def _build_shard(
         os.fsync(fh.fileno())
     os.replace(tmp, out / f"{name}.points")
     tmp_npz = out / f"{name}.tmp.npz"
-    tmp_npz.unlink(missing_ok=True)
-    np.savez(
-        tmp_npz,
-        point_offset=np.asarray(point_offset, np.int64),
-        part_offset=np.asarray(part_offset, np.int64),
-        part_count=np.asarray(part_count, np.int64),
-        part_dt=np.asarray(part_dt, np.float32),
-    )
+    with open_output(tmp_npz, "wb") as fh:  # a link at the temporary name is replaced, never written through
+        np.savez(
+            fh,
+            point_offset=np.asarray(point_offset, np.int64),
+            part_offset=np.asarray(part_offset, np.int64),
+            part_count=np.asarray(part_count, np.int64),
+            part_dt=np.asarray(part_dt, np.float32),
+        )
     os.replace(tmp_npz, out / f"{name}.npz")
     files = {}
     for suffix in (".points", ".npz"):

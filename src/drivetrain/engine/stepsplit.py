@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 import tempfile
 import warnings
@@ -259,8 +260,10 @@ def measure_steps(
     traced = None
     if profiler.trace is not None:
         traced = trace.summarize(profiler.trace, trace_steps)
-        if trace_file is not None:
-            profiler.trace.export_chrome_trace(str(trace_file))
+        if trace_file is not None:  # torch opens the file itself: exported into a folder made just now, then
+            with tempfile.TemporaryDirectory(dir=Path(trace_file).parent) as fresh:  # renamed over the name
+                profiler.trace.export_chrome_trace(str(Path(fresh) / Path(trace_file).name))
+                os.replace(Path(fresh) / Path(trace_file).name, trace_file)  # (a link there replaced, not followed)
     part_costs = {part: profiler.cost(f"{STEP}/{part}") for part in PARTS}
     if counted is not None:
         kernels = counted.kernels - sum(c.kernels for c in part_costs.values() if c is not None)

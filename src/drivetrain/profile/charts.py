@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 from drivetrain.profile.report import FLAG, BenchResult, Row
+from drivetrain.safe_files import save_figure
 
 __all__ = ["bench_chart", "load_result"]
 
@@ -89,7 +90,7 @@ def bench_chart(result: BenchResult, path: str | Path) -> Path | None:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    save_figure(fig, path)  # a link at the name is replaced, its target never written
     plt.close(fig)
     return path
 

@@ -35,6 +35,7 @@ import torch
 from drivetrain.profile import costmodel
 from drivetrain.profile.costmodel import LABEL, Cost
 from drivetrain.profile.timer import Stats
+from drivetrain.safe_files import replace_text
 
 __all__ = ["MAX_OVER_MEDIAN", "BenchResult", "Row", "device_name", "device_slug", "environment"]
 
@@ -334,17 +335,18 @@ class BenchResult:
         return names
 
     def write(self, json_path: str | Path | None = None, md_path: str | Path | None = None) -> list[Path]:
-        """Write the JSON and/or Markdown files (parent folders are created); return the paths written."""
+        """Write the JSON and/or Markdown files (parent folders are created; a link at either name is replaced, its
+        target never written: :func:`~drivetrain.safe_files.replace_text`); return the paths written."""
         written = []
         if json_path is not None:
             path = Path(json_path)
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(self.as_dict(), indent=2) + "\n")
+            replace_text(path, json.dumps(self.as_dict(), indent=2) + "\n")
             written.append(path)
         if md_path is not None:
             path = Path(md_path)
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(self.to_markdown())
+            replace_text(path, self.to_markdown())
             written.append(path)
         return written
 

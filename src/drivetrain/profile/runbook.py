@@ -12,7 +12,8 @@ the steps. Everything a run writes goes into one ``gpu-results.tar.gz`` (kept un
 hands back) beside ``summary.md``; :func:`collect` (``scripts/gpu_results.sh``) copies the results out of such
 tarballs into ``benchmarks/results``.
 
-Only the standard library is used here: collecting results needs no torch.
+Only the standard library is used here, and :mod:`drivetrain.safe_files` (standard library only) for every file
+written, so that no output is written through a link planted at its name: collecting results needs no torch.
 The expected seconds on CUDA are estimates until a borrowed run measures them: ``summary.md`` lists the measured
 seconds beside them, to be copied into ``_BOOK``.
 
@@ -28,7 +29,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -38,6 +38,8 @@ from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+
+from drivetrain.safe_files import open_output, replace_bytes, replace_text, replacing
 
 __all__ = ["PARTS", "PART_BUDGET_S", "Outcome", "Step", "collect", "pack", "plan", "run_book", "select", "summary"]
 
@@ -273,7 +275,7 @@ def subprocess_runner(work: Path, *, kill_after: int = KILL_AFTER_S) -> Runner:
         log = work / f"{step.name}.log"
         limit = max(1, int(cap))  # whole seconds, never 0 (which would mean no limit)
         start = time.time()
-        with log.open("w") as f:
+        with open_output(log, "w") as f:  # a link at the name is replaced, never written through
             f.write(f"$ {shlex.join(step.argv)}\n(cap {limit} s)\n")
             f.flush()
             argv = ["timeout", f"--kill-after={kill_after}", str(limit), *step.argv]
@@ -281,7 +283,7 @@ def subprocess_runner(work: Path, *, kill_after: int = KILL_AFTER_S) -> Runner:
         seconds = time.time() - start
         timed_out = rc in (124, 137, -9) and seconds >= limit - 1
         if timed_out:
-            with log.open("a") as f:
+            with open_output(log, "a") as f:
                 f.write(f"\n[gpu_check] timed out after {seconds:.0f} s (cap {limit} s): the log above is partial\n")
         return rc, seconds, timed_out
 
@@ -331,7 +333,7 @@ def pack(work: Path, tarball: Path, *, limit: int = TARBALL_LIMIT, write_summary
     for keep_log, with_png, note in _LEVELS:
         notes = [note] if note else []
         write_summary(notes)
-        with tarfile.open(tarball, "w:gz") as tar:
+        with replacing(tarball) as packed, tarfile.open(fileobj=packed, mode="w:gz") as tar:
             for path in sorted(p for p in work.iterdir() if p.is_file()):
                 if path.suffix == ".png" and not with_png:
                     continue
@@ -386,7 +388,7 @@ def collect(tarballs: Iterable[Path], dest: Path) -> list[Path]:
             for result in sorted(folder.rglob("*")):
                 if result.is_file() and RESULT.fullmatch(result.name):
                     dest.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(result, dest / result.name)
+                    replace_bytes(dest / result.name, result.read_bytes())  # a link there replaced, not written
                     written.append(dest / result.name)
                     print(f"{path.name}: wrote {dest / result.name}")
             if record is not None:
@@ -419,7 +421,7 @@ def _run(args: argparse.Namespace) -> int:
         {"name": o.step.name, "part": o.step.part, "priority": o.step.priority, "status": o.status, "rc": o.rc,
          "seconds": round(o.seconds, 1), "cap_s": round(o.cap_s, 1), "expected_s": o.step.expected_s,
          "reason": o.reason} for o in outcomes]}  # fmt: skip
-    (work / "steps.json").write_text(json.dumps(record, indent=1) + "\n")
+    replace_text(work / "steps.json", json.dumps(record, indent=1) + "\n")
     env_path = work / "environment.txt"
     environment = env_path.read_text() if env_path.exists() else ""
     which = f"part {args.part} ({PARTS[args.part]})" if args.part else "all parts"
@@ -434,7 +436,7 @@ def _run(args: argparse.Namespace) -> int:
     def write_summary(notes: list[str]) -> None:
         notes = [setup, *(f"Packing: {note} to stay under 16 MiB." for note in notes)]
         text = summary(outcomes, title=title, environment=environment, notes=notes, tails=tails)
-        (work / "summary.md").write_text(text)
+        replace_text(work / "summary.md", text)
 
     tarball = out / TARBALL
     try:
@@ -443,7 +445,7 @@ def _run(args: argparse.Namespace) -> int:
     except RuntimeError as err:
         print(f"gpu_check: {err}", file=sys.stderr)
         packed = False
-    shutil.copyfile(work / "summary.md", out / "summary.md")
+    replace_bytes(out / "summary.md", (work / "summary.md").read_bytes())
     print((out / "summary.md").read_text())
     print(f"gpu_check: {tarball} ({tarball.stat().st_size / 2**20:.2f} MiB) and {out / 'summary.md'}")
     if args.save and args.device == "cuda" and packed:

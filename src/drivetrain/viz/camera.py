@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from drivetrain.geometry.rigid import box_corners
+from drivetrain.safe_files import save_figure
 
 __all__ = ["CLASS_COLOURS", "NEAR", "camera_grid", "draw_boxes", "frame_png", "project_box_edges"]
 
@@ -157,6 +158,6 @@ def frame_png(
     fig.tight_layout(rect=(0, 0.04, 1, 0.97))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    save_figure(fig, path)  # a link at the name is replaced, its target never written
     plt.close(fig)
     return path

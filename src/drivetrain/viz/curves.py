@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from drivetrain.safe_files import save_figure
+
 __all__ = ["plot_losses", "read_metrics"]
 
 
@@ -87,7 +89,7 @@ def plot_losses(run_dir: str | Path, out: str | Path | None = None, *, smooth: i
     fig.tight_layout()
     out = Path(out) if out is not None else Path(run_dir) / "losses.png"
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
+    save_figure(fig, out)  # a link at the name is replaced, its target never written
     plt.close(fig)
     return out
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from drivetrain.geometry.rigid import box_corners
+from drivetrain.safe_files import replacing, save_figure
 
 __all__ = ["BOX_FACES", "bev_array", "bev_png", "draw_bev", "points_extent", "write_ply"]
 
@@ -109,7 +110,7 @@ def write_ply(
     )
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
+    with replacing(path) as f:  # a link at the name is replaced, its target never written
         f.write(header.encode("ascii"))
         f.write(vertex.tobytes())
         f.write(face.tobytes())
@@ -157,7 +158,7 @@ def bev_png(
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
+    save_figure(fig, path, dpi=dpi)  # a link at the name is replaced, its target never written
     plt.close(fig)
     return path
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from drivetrain.safe_files import replace_bytes, replace_text
+from drivetrain.safe_files import real_dir, replace_bytes, replace_text
 from drivetrain.viz.curves import _moving_average, read_metrics
 
 __all__ = ["RunRecords", "load_run", "write_report"]
@@ -113,6 +113,7 @@ def write_report(runs: Sequence[str | Path], out: str | Path | None = None, *, s
         FileNotFoundError: a run without metrics.
         ValueError: no training record in any run yet.
         ImportError: matplotlib missing.
+        LinkedFolderError: the ``report-vs-...`` folder in the first run is a symbolic link (nothing written).
     """
     try:
         import matplotlib
@@ -127,6 +128,7 @@ def write_report(runs: Sequence[str | Path], out: str | Path | None = None, *, s
     if out is None:
         first = records[0].path
         out = first if len(records) == 1 else first / ("report-vs-" + "-".join(r.name for r in records[1:]))
+        real_dir(out, base=first, create=True)  # report-vs-...: a folder of the run we name, refused if a link
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.mkdir(exist_ok=True)
