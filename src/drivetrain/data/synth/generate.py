@@ -36,6 +36,7 @@ from drivetrain.data.synth.config import SynthConfig
 from drivetrain.data.synth.render import background, corners_in_camera, make_rig, render
 from drivetrain.data.synth.world import CATEGORY, SceneLayout, make_layout
 from drivetrain.geometry.rigid import invert, matrix_to_quaternion, transform, yaw_quaternion
+from drivetrain.safe_files import real_dir, write_inside
 
 __all__ = ["VERSION", "generate"]
 
@@ -56,7 +57,8 @@ def generate(
         raise ValueError(f"dataset: expected one of {DATASETS}, got {dataset!r}")
     root = Path(root)
     version = LYFT_VERSION if dataset == "lyft" else VERSION
-    (root / version).mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True)  # the folder named (--out): the folders below it are real ones
+    real_dir(root / version, base=root, create=True)  # never written through a link (drivetrain.safe_files)
     tables: dict[str, list[dict[str, Any]]] = {name: [] for name in TABLES}
     # the per-scene tables are filled below, "map" last
     tables.update(lyft.lyft_static_tables(config.seed) if dataset == "lyft" else _static_tables(config))
@@ -87,11 +89,11 @@ def generate(
             "filename": lyft.MAP_FILE if dataset == "lyft" else f"maps/{token(config.seed, 'map')}.png",
         }
     ]
-    _write_png(root / tables["map"][0]["filename"], np.full((8, 8), 255, dtype=np.uint8))
+    _write_png(root, tables["map"][0]["filename"], np.full((8, 8), 255, dtype=np.uint8))
     for name, rows in tables.items():
-        (root / version / f"{name}.json").write_text(json.dumps(rows, indent=0))
+        write_inside(root, f"{version}/{name}.json", json.dumps(rows, indent=0).encode())
     settings = {"version": version, **({"dataset": "lyft"} if dataset == "lyft" else {}), **asdict(config)}
-    (root / "drivetrain_synth.json").write_text(json.dumps(settings, indent=2))
+    write_inside(root, "drivetrain_synth.json", json.dumps(settings, indent=2).encode())
     return {name: len(rows) for name, rows in tables.items()}
 
 
@@ -253,8 +255,7 @@ class _SceneWriter:
             if self.lyft:
                 filename = lyft.lidar_file(self.name, ts_k)
             points, hit = _sweep(self.layout, (ts_k - self.t0) / 1e6, self.config, self.l2e, self.rng)
-            (self.root / filename).parent.mkdir(parents=True, exist_ok=True)
-            points.tofile(self.root / filename)
+            write_inside(self.root, filename, points.tobytes())
             if k == 0:
                 lidar_hits = hit
             self._sample_data(LIDAR, ts_k, k == 0, sample_tok, filename, (0, 0))
@@ -279,10 +280,8 @@ class _SceneWriter:
             filename = f"samples/{cam}/{self.name}__{cam}__{ts}.jpg"
             if self.lyft:
                 filename = lyft.image_file(self.name, c, ts)
-            (self.root / filename).parent.mkdir(parents=True, exist_ok=True)
-            (self.root / filename).write_bytes(
-                simplejpeg.encode_jpeg(shot.image, quality=self.config.jpeg_quality, colorspace="RGB")
-            )
+            jpeg = simplejpeg.encode_jpeg(shot.image, quality=self.config.jpeg_quality, colorspace="RGB")
+            write_inside(self.root, filename, jpeg)  # a link at the name (or among its folders) is never followed
             self._sample_data(cam, ts, True, sample_tok, filename, (rig.width, rig.height))
         return covered, visible
 
@@ -381,9 +380,9 @@ def _link(rows: list[dict[str, Any]]) -> None:
         a["next"], b["prev"] = b["token"], a["token"]
 
 
-def _write_png(path: Path, gray: np.ndarray) -> None:
-    """A minimal 8-bit greyscale PNG (the devkit's map mask only needs the file to exist and decode)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _write_png(root: Path, filename: str, gray: np.ndarray) -> None:
+    """A minimal 8-bit greyscale PNG as ``root/filename`` (the devkit's map mask only needs the file to exist and
+    decode)."""
     h, w = gray.shape
     raw = b"".join(b"\x00" + gray[r].tobytes() for r in range(h))
 
@@ -392,4 +391,4 @@ def _write_png(path: Path, gray: np.ndarray) -> None:
 
     png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
     png += chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
-    path.write_bytes(png)
+    write_inside(root, filename, png)
