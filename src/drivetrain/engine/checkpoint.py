@@ -16,8 +16,12 @@ folder and the reason, after removing what the save wrote: nothing of it is mark
 checkpoints are those of before (one of the same step, which the trainer never writes twice, is renamed aside to
 ``.step-N.old-<pid>`` while the new one is written and put back if it fails).
 
-Loading uses ``torch.load(weights_only=True)`` after checking the marker's size and SHA-256; a directory
-without a marker, with a wrong checksum or that fails to load is skipped with a :class:`CheckpointWarning`.
+Loading uses ``torch.load(weights_only=True)`` after checking the marker's size and SHA-256, through
+:func:`~drivetrain.engine.torch_files.load_torch_file`: ``state.pt`` must be a regular file (a FIFO there would
+block the load forever) and a zip archive whose members declare no more bytes than the file holds (what
+``torch.save`` writes; a deflated member that would inflate to gigabytes is refused before a byte is inflated). A
+directory without a marker, with a wrong checksum, a special or expanding state file, or that fails to load is
+skipped with a :class:`CheckpointWarning`.
 Committed checkpoints that fail to load are never deleted: :meth:`Checkpointer.set_aside` moves them to
 ``checkpoints/corrupt/`` (and checkpoints of an abandoned continuation to ``checkpoints/superseded/``), where
 pruning does not see them. Pruning after a save counts only checkpoints up to the one just written, so a
@@ -57,7 +61,9 @@ from drivetrain.engine.state import (
     Stateful,
     format_version,
 )
+from drivetrain.engine.torch_files import TorchFileError, load_torch_file
 from drivetrain.safe_files import LinkedFolderError, real_dir, remove_path
+from drivetrain.safe_reads import read_text
 
 __all__ = [
     "NO_ROOM",
@@ -74,6 +80,7 @@ MARKER = "COMMITTED"
 CORRUPT = "corrupt"  # committed checkpoints that failed to load, moved aside
 SUPERSEDED = "superseded"  # checkpoints newer than the one a run resumed from, moved aside
 STATE_FILE = "state.pt"
+MAX_MARKER_BYTES = 1 << 16  # a marker is ~150 bytes of JSON; a larger one is not ours (and is not read)
 _NAME = re.compile(r"^step-(\d+)$")
 _TMP = re.compile(r"^\.step-\d+\.tmp-\d+$")  # a save's temporary directory (see save)
 # Test hook: seconds to sleep inside a save (after the state file is written, and again after the rename),
@@ -397,25 +404,23 @@ class Checkpointer:
                 )
             raise CheckpointError(f"{path}: no {MARKER} marker (the save did not finish)")
         try:
-            marker = json.loads(marker_path.read_text())
+            marker = json.loads(read_text(marker_path, limit=MAX_MARKER_BYTES, what="a marker may hold"))
         except (OSError, ValueError) as err:  # ValueError includes undecodable bytes
-            raise CheckpointError(f"{path}: unreadable {MARKER} marker ({err})") from None
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else err
+            raise CheckpointError(f"{path}: unreadable {MARKER} marker ({reason})") from None
         fields = {"file": str, "size": int, "sha256": str}
         if not isinstance(marker, dict) or not all(isinstance(marker.get(k), t) for k, t in fields.items()):
             raise CheckpointError(f"{path}: malformed {MARKER} marker (needs file, size and sha256)")
         if Path(marker["file"]).name != marker["file"] or marker["file"] in ("", ".", ".."):
             raise CheckpointError(f"{path}: the {MARKER} marker names a file outside the checkpoint")
         state_path = path / marker["file"]
-        try:
-            size = state_path.stat().st_size
+        try:  # a regular file (a FIFO would block), of the marker's size and SHA-256, whose members do not expand
+            return load_torch_file(state_path, size=marker["size"], sha256=marker["sha256"])
         except OSError as err:
-            raise CheckpointError(f"{path}: unreadable state file ({err.strerror})") from None
-        if size != marker["size"] or _sha256(state_path) != marker["sha256"]:
-            raise CheckpointError(f"{state_path}: size or SHA-256 differs from the {MARKER} marker (corrupt)")
-        try:
-            return torch.load(state_path, map_location="cpu", weights_only=True)
-        except Exception as err:  # torch raises several types for a bad archive
-            raise CheckpointError(f"{state_path}: cannot be loaded ({type(err).__name__}: {err})") from None
+            reason = err.strerror or type(err).__name__
+            raise CheckpointError(f"{state_path}: unreadable state file ({reason})") from None
+        except TorchFileError as err:
+            raise CheckpointError(f"{state_path}: {err}") from None
 
     def load_latest(self) -> tuple[Path, dict[str, Any]] | None:
         """The newest checkpoint that loads, skipping bad ones with a warning; None if there is none.

@@ -2,7 +2,8 @@
 
 A source is read as data, never as code: ``torch.load(..., weights_only=True)`` only, so a file holding pickled
 Python objects is refused (one line naming the file and the object), as is anything that is not a mapping of
-names to tensors. Sources:
+names to tensors. The file must be a regular one (a FIFO would block the load), and a zip archive's members may
+not declare more bytes than the file holds (:mod:`~drivetrain.engine.torch_files`). Sources:
 
 * ``drivetrain``: a run directory (its newest committed checkpoint that loads), a checkpoint directory
   ``checkpoints/step-N`` or its ``state.pt`` (marker and checksum verified by :class:`~.checkpoint.Checkpointer`),
@@ -33,7 +34,6 @@ Example:
 
 from __future__ import annotations
 
-import pickle
 import re
 import sys
 from collections.abc import Mapping
@@ -47,6 +47,7 @@ from torch import nn
 from drivetrain.engine.checkpoint import MARKER, STATE_FILE, Checkpointer, CheckpointError
 from drivetrain.engine.errors import ConfigError
 from drivetrain.engine.registry import weight_maps
+from drivetrain.engine.torch_files import TorchFileError, load_torch_file
 
 __all__ = ["FORMATS", "InitFromError", "LoadReport", "check_init_from", "init_model", "load_weights", "starts_fresh"]
 
@@ -129,25 +130,14 @@ class LoadReport:
 
 # ----------------------------------------------------------------------------------------------------- reading
 def _torch_load(path: Path) -> Any:
-    """``torch.load(path, weights_only=True)`` with every failure as one InitFromError line naming ``path``."""
+    """A weights file through :func:`~.torch_files.load_torch_file` (a regular file, members that do not expand,
+    tensors only; torch's pre-zip format too), every failure one InitFromError line naming ``path``."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(err))
-        if found is None:  # not a pickle of tensors at all (text, another format)
-            reason = re.search(r"WeightsUnpickler error:\s*(.+)", str(err))
-            raise InitFromError(
-                f"{path}: not a PyTorch weights file ({reason[1] if reason else 'unpickling failed'})"
-            ) from None
-        raise InitFromError(
-            f"{path}: holds pickled Python objects (it needs {found[1]}), which are never loaded (torch.load "
-            "weights_only=True); save its tensors alone (a state dict) where you trust the file"
-        ) from None
+        return load_torch_file(path, legacy=True)
+    except TorchFileError as err:
+        raise InitFromError(f"{path}: {err}") from None
     except OSError as err:
-        raise InitFromError(f"{path}: cannot be read ({err.strerror or err})") from None
-    except Exception as err:  # torch raises several types for a file that is not its format
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise InitFromError(f"{path}: not a PyTorch weights file ({type(err).__name__}: {first})") from None
+        raise InitFromError(f"{path}: cannot be read ({err.strerror or type(err).__name__})") from None
 
 
 def _read(source: str | Path) -> tuple[Any, Path, bool]:

@@ -44,6 +44,7 @@ import drivetrain
 from drivetrain.engine.checkpoint import no_room
 from drivetrain.engine.config import ConfigError
 from drivetrain.safe_files import LinkedFolderError, open_output, real_dir, replace_text
+from drivetrain.safe_reads import read_text
 
 __all__ = [
     "LOCK_FILE",
@@ -130,7 +131,7 @@ def check_run_folders(out_dir: Path) -> None:
 def _read_marker(marker: Path) -> dict[str, Any] | None:
     """The marker's content; None for an empty marker (a run adopted with ``touch``); ConfigError if not ours."""
     try:
-        text = marker.read_text()
+        text = read_text(marker, limit=1 << 16)  # a regular file (a FIFO would block) of at most 64 KiB
     except (OSError, UnicodeDecodeError) as err:
         reason = err.strerror if isinstance(err, OSError) else "not text"
         raise ConfigError(f"run.out_dir: {marker} is not a drivetrain run marker ({reason})") from None
