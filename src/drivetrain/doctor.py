@@ -57,17 +57,18 @@ def run_summary(run_dir: str | Path) -> dict[str, Any]:
         FileNotFoundError: no metrics.jsonl or config.yaml in ``run_dir``.
         ValueError: no training step recorded yet.
     """
-    import yaml
-
+    from drivetrain.engine.config_files import read_yaml_file
     from drivetrain.viz.curves import read_metrics
 
     run_dir = Path(run_dir)
     train, _ = read_metrics(run_dir)
     if not train:
         raise ValueError(f"{run_dir / 'metrics.jsonl'}: no training step recorded yet")
-    if not (run_dir / "config.yaml").is_file():
+    if not ((run_dir / "config.yaml").exists() or (run_dir / "config.yaml").is_symlink()):
         raise FileNotFoundError(f"{run_dir / 'config.yaml'}: not found (is {run_dir} a run directory?)")
-    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    config = read_yaml_file(run_dir / "config.yaml")  # bounded, a regular file: ConfigError (a ValueError) if not
+    if not isinstance(config, dict):
+        raise ValueError(f"{run_dir / 'config.yaml'}: not a run's config (a {type(config).__name__}, not a mapping)")
 
     def median(key: str) -> float:
         values = [float(r[key]) for r in train if isinstance(r.get(key), (int, float))]

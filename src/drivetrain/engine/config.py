@@ -423,15 +423,17 @@ RESUME_MUTABLE = (
 # ---------------------------------------------------------------------- files and overrides
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Return a copy of ``data`` with ``a.b=value`` overrides applied (values parsed as YAML)."""
+    from drivetrain.engine.config_files import load_yaml, yaml_problem
+
     out = _deepcopy(data)
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key or any(not part for part in key.split(".")):
             raise ConfigError(f"override {item!r}: expected KEY=VALUE with a dotted key, e.g. optim.lr=3e-4")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = load_yaml(raw) if raw.strip() else ""  # bounded: an alias bomb typed here is refused too
         except yaml.YAMLError as err:
-            raise ConfigError(f"override {item!r}: value is not valid YAML ({err})") from None
+            raise ConfigError(f"override {item!r}: value is not valid YAML ({yaml_problem(err)})") from None
         node = out
         parts = key.split(".")
         for part in parts[:-1]:

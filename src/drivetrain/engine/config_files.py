@@ -24,6 +24,16 @@ Rules (a config is data from someone else, docs/safety.md):
   chain does not set is an error (a typo would otherwise do nothing).
 - ``base`` and ``unset`` are read here and are not part of the resolved config; unknown keys and wrong types in
   any file of the chain are still errors, named by the file that set the key (:meth:`ConfigSource.explain`).
+
+Bounds (a small file must not stand for a huge one, docs/safety.md): every file of the chain must be a regular
+file (a FIFO would block the read forever) of at most :data:`MAX_CONFIG_BYTES`, and every YAML document drivetrain
+reads — config files, a run's ``config.yaml``, ``KEY=VALUE`` values — is parsed by :class:`BoundedSafeLoader`:
+``yaml.SafeLoader`` (no tags that build Python objects) that counts each node *as the copies aliases make of it*.
+A document that would expand to more than :data:`MAX_YAML_NODES` nodes or nest deeper than :data:`MAX_YAML_DEPTH`
+is refused while it is parsed, in one line naming the file, line and column: an alias "bomb" (nine aliases of
+nine aliases …, a few hundred bytes that the merge would copy into billions of nodes) never reaches the merge.
+A YAML error says what is wrong and where, without quoting the file's text (a ``base:`` may be a link to a file
+that is not a config at all; its contents are not ours to print).
 """
 
 from __future__ import annotations
@@ -37,10 +47,31 @@ from typing import Any
 import yaml
 
 from drivetrain.engine.errors import ConfigError
+from drivetrain.safe_reads import read_text
 
-__all__ = ["BASE_SUFFIXES", "MAX_BASE_DEPTH", "ConfigSource", "merge_config", "read_config_file"]
+__all__ = [
+    "BASE_SUFFIXES",
+    "MAX_BASE_DEPTH",
+    "MAX_CONFIG_BYTES",
+    "MAX_YAML_DEPTH",
+    "MAX_YAML_NODES",
+    "BoundedSafeLoader",
+    "ConfigSource",
+    "YAMLBoundError",
+    "load_yaml",
+    "merge_config",
+    "read_config_file",
+    "read_yaml_file",
+    "yaml_problem",
+]
 
 MAX_BASE_DEPTH = 16  # bases below one config file; deeper is refused (a loop is caught before that)
+# The largest shipped config (configs/ssn_lyft.yaml) is 4.5 KB and ~300 nodes, nested 5 deep, and a run's
+# config.yaml (every field written out) ~400 nodes; the bounds leave 200× and more room above that while keeping
+# what one file can make the merge copy to ~100k small objects (tens of MB at most).
+MAX_CONFIG_BYTES = 1 << 20  # bytes of one config file
+MAX_YAML_NODES = 100_000  # nodes of one document, every alias counted as the copy it stands for
+MAX_YAML_DEPTH = 100  # nesting of one document (through aliases too); the merge recurses this deep
 BASE_SUFFIXES = (".yaml", ".yml")
 _OVERRIDE = "override"  # the origin of a key set on the command line
 
@@ -138,11 +169,122 @@ def merge_config(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# ---------------------------------------------------------------------- bounded YAML
+class YAMLBoundError(yaml.composer.ComposerError):
+    """A YAML document past :data:`MAX_YAML_NODES` / :data:`MAX_YAML_DEPTH`, or one that contains itself."""
+
+
+class BoundedSafeLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` refusing a document that expands past :data:`MAX_YAML_NODES` nodes or nests deeper than
+    :data:`MAX_YAML_DEPTH` (module docstring), with a ``ComposerError`` at the node where the bound is crossed.
+
+    PyYAML builds one object per node and lets every alias share it, so loading a bomb is cheap and copying it
+    (the merge, a dump) is not. The loader counts what the copies would be: a node's expanded size is 1 plus its
+    children's (an alias counts as its anchor's expanded size) and its height 1 plus the tallest child's, computed
+    once per node as it is composed. An alias of a node still being composed (``&a [*a]``: a document that
+    contains itself) has no finite expansion and is refused too.
+
+    Example:
+        >>> yaml.load("a: &x [1, 2]\nb: *x", Loader=BoundedSafeLoader)
+        {'a': [1, 2], 'b': [1, 2]}
+    """
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._depth = 0  # nesting of the node being composed, as written
+        self._expanded: dict[int, tuple[int, int]] = {}  # id(node) → (nodes, height) once composed
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        """The next node, as ``SafeLoader`` composes it, after checking its expansion against the bounds."""
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            node = super().compose_node(parent, index)  # the anchored node itself (or an undefined-alias error)
+            if id(node) not in self._expanded:
+                raise YAMLBoundError(None, None, "holds an alias of a node that contains it", mark)
+            self._check(node, mark)
+            return node
+        mark = self.peek_event().start_mark
+        self._depth += 1
+        if self._depth > MAX_YAML_DEPTH:
+            raise YAMLBoundError(None, None, f"is nested deeper than {MAX_YAML_DEPTH} levels", mark)
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        if isinstance(node, yaml.ScalarNode):
+            children: list[Any] = []
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        else:
+            children = list(node.value)
+        sizes = [self._expanded[id(child)] for child in children]
+        self._expanded[id(node)] = (1 + sum(n for n, _ in sizes), 1 + max((h for _, h in sizes), default=0))
+        self._check(node, mark)
+        return node
+
+    def _check(self, node: Any, mark: Any) -> None:
+        nodes, height = self._expanded[id(node)]
+        if nodes > MAX_YAML_NODES:
+            raise YAMLBoundError(None, None, f"expands to more than {MAX_YAML_NODES} nodes through its aliases", mark)
+        if self._depth + height > MAX_YAML_DEPTH:
+            raise YAMLBoundError(None, None, f"is nested deeper than {MAX_YAML_DEPTH} levels through its aliases", mark)
+
+
+def load_yaml(text: str) -> Any:
+    """``text`` parsed by :class:`BoundedSafeLoader` (``yaml.safe_load``'s values, bounded).
+
+    Raises:
+        yaml.YAMLError: not valid YAML, a tag that is not plain data, or past the bounds; :func:`yaml_problem`
+            words it without quoting ``text``.
+    """
+    return yaml.load(text, Loader=BoundedSafeLoader)  # a SafeLoader: plain data only
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """What is wrong with a YAML text and where (``mapping values are not allowed here (line 3, column 9)``),
+    without the excerpt of the text PyYAML's own message quotes."""
+    if isinstance(err, yaml.MarkedYAMLError):
+        problem = err.problem or err.context or type(err).__name__
+        mark = err.problem_mark or err.context_mark
+        return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else problem
+    return type(err).__name__
+
+
+def read_yaml_file(path: str | Path, where: str | None = None) -> Any:
+    """The YAML document in the file ``path``: a regular file of at most :data:`MAX_CONFIG_BYTES`, UTF-8, parsed by
+    :class:`BoundedSafeLoader` (a run's ``config.yaml``, one file of a config chain).
+
+    Args:
+        path: the file.
+        where: how messages name it (default: the path).
+
+    Raises:
+        ConfigError: one line naming the file: missing, not a regular file, too large, not UTF-8, not valid YAML
+            (the problem and its line, never the file's text), a Python tag, or past the YAML bounds.
+    """
+    where = where or str(path)
+    try:
+        text = read_text(path, limit=MAX_CONFIG_BYTES, what="a config may hold")
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: config file not found") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where}: not a text file (a YAML config is UTF-8 text)") from None
+    except OSError as err:
+        raise ConfigError(f"{where}: cannot read the config ({err.strerror or type(err).__name__})") from None
+    try:
+        return load_yaml(text)
+    except yaml.YAMLError as err:
+        if isinstance(err, YAMLBoundError):
+            raise ConfigError(f"{where}: refused: the YAML {yaml_problem(err)}; a config never needs that") from None
+        link = f"; it is a link to {os.readlink(path)}, which is no YAML config" if Path(path).is_symlink() else ""
+        raise ConfigError(f"{where}: not valid YAML: {yaml_problem(err)}{link}") from None
+
+
 # ---------------------------------------------------------------------- one file
 def _read_document(path: Path, including: Path | None) -> dict[str, Any]:
     """The top-level mapping of one file of the chain (``including``: the file that names it as its base)."""
     where = f"{path} (the base of {including})" if including is not None else str(path)
-    if not path.is_file():
+    if not (path.exists() or path.is_symlink()):
         raise ConfigError(f"{where}: config file not found")
     if path.suffix == ".py":
         raise ConfigError(
@@ -150,18 +292,12 @@ def _read_document(path: Path, including: Path | None) -> dict[str, Any]:
             "data and never run code; start from the YAML equivalent in configs/ (pointpillars_nus.yaml, "
             "ssn_nus.yaml, streampetr_full.yaml; `drivetrain configs` lists them)"
         )
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError(f"{where}: not a text file (a YAML config is UTF-8 text)") from None
-    except OSError as err:
-        raise ConfigError(f"{where}: cannot read the config ({err.strerror})") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{where}: not valid YAML: {err}") from None
+    data = read_yaml_file(path, where)
     if data is None or data == {}:
         raise ConfigError(f"{where}: the config is empty; start from one in configs/ (e.g. configs/smoke.yaml)")
     if not isinstance(data, dict):
-        raise ConfigError(f"{where}: expected a mapping at the top level, got {type(data).__name__}")
+        link = f" ({path} is a link to {os.readlink(path)})" if path.is_symlink() else ""
+        raise ConfigError(f"{where}: expected a mapping at the top level, got {type(data).__name__}{link}")
     return data
 
 

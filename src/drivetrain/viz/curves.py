@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from drivetrain.safe_files import save_figure
+from drivetrain.safe_reads import read_text
 
 __all__ = ["plot_losses", "read_metrics"]
 
@@ -25,10 +26,14 @@ def read_metrics(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[s
         FileNotFoundError: naming the file when the run has none.
     """
     path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no metrics file (is {run_dir} a run directory?)")
+    try:  # a regular file only: a FIFO planted there would block the read forever
+        text = read_text(path, errors="replace")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no metrics file (is {run_dir} a run directory?)") from None
+    except OSError as err:
+        raise FileNotFoundError(f"{path}: cannot be read ({err.strerror or type(err).__name__})") from None
     train, evals = [], []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         try:
             record = json.loads(line)
         except ValueError:

@@ -81,25 +81,27 @@ def load_run(path: str | Path) -> RunRecords:
     Raises:
         FileNotFoundError: no ``metrics.jsonl`` there (naming it).
     """
+    from drivetrain.engine.config_files import read_yaml_file
+
     path = Path(path)
     train, evals = read_metrics(path)
     config = None
     if (path / "config.yaml").is_file():
-        try:
-            config = yaml.safe_load((path / "config.yaml").read_text())
-        except yaml.YAMLError:
+        try:  # bounded YAML of a regular file (a run directory may come from someone else)
+            config = read_yaml_file(path / "config.yaml")
+        except ValueError:  # the engine's ConfigError: the report goes on without the config
             config = None
     return RunRecords(path, train, evals, config, _versions(path))
 
 
 def _versions(path: Path) -> dict[str, str] | None:
     """The versions the newest checkpoint recorded (memory-mapped: the weights are not read)."""
-    import torch
+    from drivetrain.engine.torch_files import TorchFileError, load_torch_file
 
     for state in sorted((path / "checkpoints").glob("step-*/state.pt"), reverse=True):
-        try:
-            versions = torch.load(state, weights_only=True, mmap=True, map_location="cpu").get("versions")
-        except Exception:
+        try:  # a regular file whose members do not expand (a FIFO would block), tensors only
+            versions = load_torch_file(state, mmap=True).get("versions")
+        except (TorchFileError, OSError, AttributeError):
             continue
         if isinstance(versions, dict):
             return {str(k): str(v) for k, v in versions.items()}
