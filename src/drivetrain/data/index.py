@@ -69,6 +69,7 @@ from drivetrain.data.nuscenes_format import CAMERAS, LIDAR, TABLES
 from drivetrain.data.table_paths import ANNOTATION_TABLES, check_root
 from drivetrain.geometry.rigid import invert, transform, yaw_from_matrix
 from drivetrain.safe_files import replacing
+from drivetrain.safe_reads import human_bytes, open_regular
 
 __all__ = ["FrameIndex", "build_index", "check_root", "load_index", "save_index", "table_fingerprint"]
 
@@ -517,25 +518,31 @@ def load_index(path: str | Path, root: str | Path | None = None) -> FrameIndex:
             tables differ from those the index was built from).
     """
     path = Path(path)
-    if not path.is_file():
-        raise DataError("index file does not exist (create it with `drivetrain data index`)", path)
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile):  # numpy reads a non-zip as a (pickled) .npy
-        raise DataError(
-            "not a readable .npz index (truncated, or not a zip archive of arrays); rebuild it with "
-            "`drivetrain data index`",
-            path,
-        ) from None
-    if not isinstance(loaded, np.lib.npyio.NpzFile):
-        raise DataError("not a .npz index (a single .npy array); rebuild it with `drivetrain data index`", path)
-    try:
-        with loaded as npz:
-            data = {k: npz[k] for k in npz.files}
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
-        raise DataError(
-            f"truncated or corrupt .npz index ({err}); rebuild it with `drivetrain data index`", path
-        ) from None
+    try:  # a regular file (a FIFO would block), whose arrays do not expand: np.savez stores them uncompressed
+        f = open_regular(path)
+    except FileNotFoundError:
+        raise DataError("index file does not exist (create it with `drivetrain data index`)", path) from None
+    except OSError as err:
+        raise DataError(f"cannot read the index ({err.strerror or type(err).__name__})", path) from None
+    with f:
+        _check_arrays_size(f, path)
+        try:
+            loaded = np.load(f, allow_pickle=False)
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile):  # numpy reads a non-zip as a (pickled) .npy
+            raise DataError(
+                "not a readable .npz index (truncated, or not a zip archive of arrays); rebuild it with "
+                "`drivetrain data index`",
+                path,
+            ) from None
+        if not isinstance(loaded, np.lib.npyio.NpzFile):
+            raise DataError("not a .npz index (a single .npy array); rebuild it with `drivetrain data index`", path)
+        try:
+            with loaded as npz:
+                data = {k: npz[k] for k in npz.files}
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
+            raise DataError(
+                f"truncated or corrupt .npz index ({err}); rebuild it with `drivetrain data index`", path
+            ) from None
     missing = [k for k in ("meta_json", *ARRAYS) if k not in data]
     if missing:
         raise DataError(f"index lacks arrays {missing}; rebuild it with `drivetrain data index`", path)
@@ -555,6 +562,25 @@ def load_index(path: str | Path, root: str | Path | None = None) -> FrameIndex:
         meta["root"] = str((path.parent / meta["root_from_index"]).resolve())
     _check_fresh(meta, path)
     return FrameIndex(data, meta)
+
+
+def _check_arrays_size(f: Any, path: Path) -> None:
+    """DataError unless the zip archive ``f`` declares at most its own size in arrays: :func:`save_index` writes
+    them uncompressed (``np.savez``), so more is a deflated member made to inflate (refused before inflating)."""
+    size = os.fstat(f.fileno()).st_size
+    try:
+        with zipfile.ZipFile(f) as archive:
+            declared = sum(m.file_size for m in archive.infolist())
+    except (zipfile.BadZipFile, ValueError, EOFError):
+        declared = 0  # not a zip: np.load's own refusal below names it
+    finally:
+        f.seek(0)
+    if declared > size:
+        raise DataError(
+            f"its arrays declare {human_bytes(declared)} uncompressed, more than the file's {human_bytes(size)} (an "
+            "index stores them uncompressed); rebuild it with `drivetrain data index`",
+            path,
+        )
 
 
 def _check_fresh(meta: dict[str, Any], path: Path) -> None:

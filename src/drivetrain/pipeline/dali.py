@@ -50,13 +50,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import simplejpeg
 import torch
 
 from drivetrain.data.collate import Batch, collate
 from drivetrain.data.dataset import FrameDataset, FrameKey
 from drivetrain.data.errors import DataError
-from drivetrain.data.io import read_image
+from drivetrain.data.io import read_image, read_jpeg_bytes
 from drivetrain.data.sampler import SequenceSampler
 from drivetrain.pipeline.camera_aug import CameraAugConfig, augment_seed, draw_params, reference_geometry
 from drivetrain.ragged import RaggedBatch
@@ -178,20 +177,11 @@ def _read_jpeg(path: Path, size: tuple[int, int]) -> np.ndarray:
     """The encoded bytes of one image, uint8 ``(bytes,)``, after checking what can be checked without decoding.
 
     Raises:
-        DataError: naming ``path`` (the PyTorch loader's messages): the file is missing or unreadable, its header
-            is not a JPEG's, or it holds another size than the ``(W, H)`` the index records.
+        DataError: naming ``path`` (the PyTorch loader's messages, :func:`~drivetrain.data.io.read_jpeg_bytes`):
+            the file is missing, unreadable, not a regular file or too large for its size, its header is not a
+            JPEG's, or it holds another size than the ``(W, H)`` the index records.
     """
-    try:
-        data = np.fromfile(path, dtype=np.uint8)
-    except OSError as err:
-        raise DataError(f"cannot read image ({err.strerror or err})", path) from None
-    try:
-        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-    except ValueError as err:
-        raise DataError(f"corrupt or non-JPEG image ({err})", path) from None
-    if (width, height) != tuple(size):
-        raise DataError(f"image is {width}×{height}, the index says {size[0]}×{size[1]}", path)
-    return data
+    return np.frombuffer(read_jpeg_bytes(path, size), dtype=np.uint8)
 
 
 def _pipeline(source: DaliSource, batch_size: int, augment: CameraAugConfig | None, device_id: int | None,
