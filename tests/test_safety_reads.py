@@ -127,8 +127,9 @@ def plant_fifo(path: Path) -> None:
     os.mkfifo(path)
 
 
-def deflate_bomb(state: Path, inflated: int) -> None:
-    """Rewrite the torch archive ``state`` so that its largest record is deflated zeros declaring ``inflated`` bytes.
+def deflate_bomb(state: Path, inflated: int, *, marker: bool = True) -> None:
+    """Rewrite the zip archive ``state`` (a torch file, an ``.npz``) so that its largest member is deflated zeros
+    declaring ``inflated`` bytes, and (``marker``) write the checkpoint's COMMITTED marker for it.
 
     The deflate stream is built from one compressed MiB of zeros repeated (after a full flush the compressor's
     output for the same input is the same bytes), so making a 3.5 GiB bomb costs a few MB and well under a
@@ -154,7 +155,8 @@ def deflate_bomb(state: Path, inflated: int) -> None:
         bomb = dst.getinfo(target)
         bomb.compress_type, bomb.file_size, bomb.CRC = zipfile.ZIP_DEFLATED, blocks * len(chunk), crc
     rewritten.replace(state)
-    commit(state)
+    if marker:
+        commit(state)
 
 
 @pytest.fixture(scope="module")
@@ -553,3 +555,38 @@ def test_a_sparse_2gb_lidar_file_is_refused_from_its_size_before_reading(data: P
     assert tree(tmp_path) == before
     os.truncate(lidar, MAX_POINTS * 20)  # the bound itself is read
     assert read_points(lidar).shape == (MAX_POINTS, 5)
+
+
+def test_an_index_whose_arrays_inflate_is_refused_before_np_load(data: Path, tmp_path: Path) -> None:
+    index = data / "drivetrain_index.npz"
+    deflate_bomb(index, 7 << 29, marker=False)  # 3.5 GiB declared; the process may use 1.5 GiB in all
+    before = tree(tmp_path)
+    proc = drivetrain("data", "inspect", "--index", str(index), memory=SMALL_LIMIT_AS)
+    assert proc.returncode == 1, proc.stderr
+    line = one_line(proc.stderr)
+    assert line.startswith(f"data inspect: {index}: its arrays declare 3.5 GiB uncompressed, more than the file's "), (
+        line
+    )
+    assert tree(tmp_path) == before
+
+
+def test_a_sweep_cache_shard_whose_arrays_inflate_is_refused(synth_root: Path, synth_index, tmp_path: Path) -> None:
+    from drivetrain.data.sweep_cache import build_cache
+    from drivetrain.data.sweeps import SweepConfig
+
+    config = SweepConfig(num_sweeps=1)
+    out = tmp_path / "cache"
+    build_cache(synth_index, synth_root, out, config, read_points, frames_per_shard=5)
+    shard = out / "shard-00000.npz"
+    deflate_bomb(shard, 1 << 30, marker=False)  # 1 GiB declared in ~1 MB
+    manifest = json.loads((out / "manifest.json").read_text())  # the size the cache checks on opening: the bomb's
+    manifest["shards"][0]["files"][shard.name]["bytes"] = shard.stat().st_size
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    frames = FrameDataset(
+        synth_root / "drivetrain_index.npz",
+        DatasetConfig(load_images=False, load_points=True, num_sweeps=1, sweep_cache=str(out)),
+    )
+    with pytest.raises(
+        DataError, match=r"shard-00000\.npz: unreadable sweep-cache shard \(ValueError: its arrays declare"
+    ):
+        frames[0]

@@ -39,6 +39,7 @@ import hashlib
 import json
 import os
 import re
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,7 @@ from drivetrain.data.errors import DataError
 from drivetrain.data.index import FrameIndex
 from drivetrain.data.sweeps import DT_COLUMN, SweepConfig, merge_sweeps
 from drivetrain.safe_files import open_output, replace_text
+from drivetrain.safe_reads import open_regular, zip_members_size
 
 __all__ = ["CACHE_FORMAT", "BuildReport", "SweepCache", "build_cache", "frame_digests", "verify_cache"]
 
@@ -368,7 +370,7 @@ def _build_shard(
 def _file_digest(path: Path) -> tuple[int, str]:
     h = hashlib.sha256()
     size = 0
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:  # a FIFO planted among the shards would block the digest forever
         while chunk := fh.read(1 << 22):
             h.update(chunk)
             size += len(chunk)
@@ -481,11 +483,14 @@ class SweepCache:
         if k not in self._open:  # opened lazily, so each loader worker maps its own view
             name = self._shards[k]["name"]
             path = self.path / f"{name}.npz"
-            try:
+            try:  # a regular file whose arrays declare no more than it holds (np.savez stores them uncompressed)
+                declared, _ = zip_members_size(path)
+                if declared > path.stat().st_size:
+                    raise ValueError(f"its arrays declare {declared} bytes uncompressed, more than the file holds")
                 with np.load(path, allow_pickle=False) as z:
                     meta = {key: z[key] for key in z.files}
                 total = int(meta["point_offset"][-1])
-            except (ValueError, OSError, KeyError, IndexError, TypeError) as err:  # pickled objects, a bad archive
+            except (ValueError, OSError, KeyError, IndexError, TypeError, zipfile.BadZipFile) as err:  # pickled, bad
                 raise DataError(
                     f"unreadable sweep-cache shard ({type(err).__name__}: {err}); rebuild the cache with "
                     "drivetrain data cache --rebuild",
