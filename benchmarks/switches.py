@@ -45,6 +45,7 @@ import torch
 import yaml
 
 from drivetrain.engine import stepcost
+from drivetrain.engine.config_files import load_yaml
 from drivetrain.profile import BenchResult, Row, add_bench_arguments, device_name, emit, setup_bench
 from drivetrain.profile.costmodel import Cost
 from drivetrain.safe_files import open_output, replace_text
@@ -328,7 +329,7 @@ def write_config(measured: dict[str, dict[str, Any]], args: argparse.Namespace) 
         *parents, leaf = key.split(".")
         for part in parents:
             node = node.setdefault(part, {})
-        node[leaf] = yaml.safe_load(value)
+        node[leaf] = load_yaml(value)  # as drivetrain train parses an override's value
     args.write_config.parent.mkdir(parents=True, exist_ok=True)
     replace_text(  # a link at the name is replaced, its target never written
         args.write_config,
