@@ -131,9 +131,10 @@ def _sha256(path: Path) -> str:
 
 def checkpoint_dir(path: str | Path) -> Path:
     """The checkpoint directory a user means: ``path`` itself, or the folder of its ``state.pt`` / ``COMMITTED``
-    file (passing the weights file is the mmdetection habit). Raises CheckpointError for any other file."""
+    file (passing the weights file is the mmdetection habit). Raises CheckpointError for any other file (a FIFO or
+    a device named ``state.pt`` counts as that file: its load then says what it is)."""
     path = Path(path)
-    if path.is_file() or path.is_symlink():
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
         if path.name in (STATE_FILE, MARKER):
             return path.parent
         raise CheckpointError(
