@@ -126,6 +126,7 @@ def measure(
     from drivetrain.engine import Trainer, load_config
     from drivetrain.profile import ResourceMonitor
     from drivetrain.safe_files import remove_path
+    from drivetrain.safe_json import jsonl_records
 
     out = folder / "run"
     data = [f"data.{key}={'null' if value is None else json.dumps(value)}" for key, value in setting.items()]
@@ -141,7 +142,7 @@ def measure(
             trainer.fit()
     finally:
         trainer.close()
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = [r for _, _, r in jsonl_records((out / "metrics.jsonl").read_text(), source=out / "metrics.jsonl")]
     timed = [r for r in records if "step_time_s" in r][warmup:]
     assert monitor.result is not None
     remove_path(out, ignore_errors=True)  # our scratch run (under a temporary folder we made)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from drivetrain import safe_json
 from drivetrain.data.errors import DataError
 from drivetrain.data.nuscenes_format import ATTRIBUTES, CLASSES
 from drivetrain.data.table_paths import check_root
@@ -223,7 +224,9 @@ def evaluate(
     if not predictions.is_file():
         raise DataError("predictions file does not exist", predictions)
     try:
-        submission = json.loads(predictions.read_text())
+        submission = safe_json.load(predictions)
+    except safe_json.JSONLimitError as err:  # nested too deep, an integer outside 64 bits: the place is named
+        raise DataError(f"predictions: {err}", predictions) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise DataError(f"predictions are not valid JSON ({err})", predictions) from None
     num_boxes = check_submission(submission, predictions)

@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from drivetrain import safe_json
 from drivetrain.data.errors import DataError
 from drivetrain.data.formats import FORMATS, DatasetFormat, detect_format, format_of, index_meta
 from drivetrain.data.index_check import check_index
@@ -248,8 +249,15 @@ def _build_index(
 
     class Tables(NuScenes):
         def __load_table__(self, table_name: str) -> Any:  # the devkit's table reader: a missing ANNOTATION_TABLE is []
-            missing = not (Path(self.table_root) / f"{table_name}.json").is_file()
-            return [] if missing and table_name in ANNOTATION_TABLES else super().__load_table__(table_name)
+            path = Path(self.table_root) / f"{table_name}.json"
+            if not path.is_file() and table_name in ANNOTATION_TABLES:
+                return []
+            try:  # check_root read these already; a table it does not know (lidarseg...) is bounded the same way
+                return safe_json.load(path)
+            except safe_json.JSONLimitError as err:
+                raise DataError(str(err), path) from None
+            except ValueError as err:
+                raise DataError(f"table is not valid JSON ({err})", path) from None
 
     nusc = Tables(version=version, dataroot=str(root), verbose=False)
     walk = _IndexWalk(nusc, root, version, cameras, max_sweeps, fmt)
@@ -547,7 +555,9 @@ def load_index(path: str | Path, root: str | Path | None = None) -> FrameIndex:
     if missing:
         raise DataError(f"index lacks arrays {missing}; rebuild it with `drivetrain data index`", path)
     try:
-        meta = json.loads(data.pop("meta_json").tobytes().decode())
+        meta = safe_json.loads(data.pop("meta_json").tobytes().decode())
+    except safe_json.JSONLimitError as err:
+        raise DataError(f"index metadata: {err}; rebuild the index", path) from None
     except (ValueError, UnicodeDecodeError) as err:
         raise DataError(f"index metadata is not valid JSON ({err}); rebuild the index", path) from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:

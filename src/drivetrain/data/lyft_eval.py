@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from drivetrain import safe_json
 from drivetrain.data.errors import DataError
 from drivetrain.data.evaluate import check_box_vectors, is_number, submission_boxes
 from drivetrain.data.lyft_format import LYFT_CLASSES, LYFT_VERSION
@@ -127,7 +128,7 @@ def check_lyft_submission(submission: Any, path: Path) -> int:
 
 
 def _table(root: Path, version: str, name: str) -> list[dict[str, Any]]:
-    return json.loads((root / version / f"{name}.json").read_text())
+    return safe_json.load(root / version / f"{name}.json")  # after check_root read it: valid, bounded
 
 
 def lyft_ground_truth(
@@ -194,7 +195,9 @@ def evaluate_lyft(
     if not predictions.is_file():
         raise DataError("predictions file does not exist", predictions)
     try:
-        submission = json.loads(predictions.read_text())
+        submission = safe_json.load(predictions)
+    except safe_json.JSONLimitError as err:  # nested too deep, an integer outside 64 bits: the place is named
+        raise DataError(f"predictions: {err}", predictions) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise DataError(f"predictions are not valid JSON ({err})", predictions) from None
     num_boxes = check_lyft_submission(submission, predictions)

@@ -22,12 +22,12 @@ stays what it was before Lyft support), which :func:`dataset_of` reads as ``"nus
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from drivetrain import safe_json
 from drivetrain.data.errors import DataError
 
 __all__ = [
@@ -91,7 +91,7 @@ def detect_dataset(root: str | Path, version: str) -> str:
     A missing or unreadable category table reads as nuScenes: the caller's root check reports it.
     """
     try:
-        rows = json.loads((Path(root) / version / "category.json").read_text())
+        rows = safe_json.load(Path(root) / version / "category.json")
         names = {row["name"] for row in rows}
     except (OSError, ValueError, TypeError, KeyError):
         return "nuscenes"
@@ -102,7 +102,7 @@ def check_lyft_categories(root: str | Path, version: str) -> None:
     """DataError naming ``category.json`` and the first category that is not a Lyft class (``--format lyft``)."""
     path = Path(root) / version / "category.json"
     try:
-        rows = json.loads(path.read_text())
+        rows = safe_json.load(path)
         names = [row["name"] for row in rows]
     except (OSError, ValueError, TypeError, KeyError) as err:
         raise DataError(f"cannot read the category names ({type(err).__name__}: {err})", path) from None

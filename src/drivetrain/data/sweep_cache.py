@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from drivetrain import safe_json
 from drivetrain.data.errors import DataError
 from drivetrain.data.index import FrameIndex
 from drivetrain.data.sweeps import DT_COLUMN, SweepConfig, merge_sweeps
@@ -218,7 +219,7 @@ def _cache_records(out: Path) -> list[dict[str, Any]]:
         if not (path.exists() or path.is_symlink()):
             continue
         try:
-            record = json.loads(path.read_text())
+            record = safe_json.load(path)
         except (OSError, ValueError) as err:
             raise DataError(
                 f"is not a drivetrain sweep-cache file (unreadable: {err}); not touching its folder", path
@@ -383,7 +384,7 @@ def _write_json(path: Path, obj: dict[str, Any]) -> None:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
+        return safe_json.load(path)
     except (OSError, ValueError) as err:
         raise DataError(f"unreadable cache file ({err})", path) from None
 

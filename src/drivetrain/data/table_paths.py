@@ -14,13 +14,13 @@ linked folder the system resolves ``..`` into the link target's parent, which is
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from drivetrain.data.errors import DataError
 from drivetrain.data.nuscenes_format import TABLES
+from drivetrain.safe_json import JSONLimitError, load
 
 __all__ = ["ANNOTATION_TABLES", "check_root", "check_table_paths", "path_problem"]
 
@@ -70,8 +70,9 @@ ANNOTATION_TABLES = ("sample_annotation", "instance")
 
 
 def check_root(root: str | Path, version: str, *, annotations: bool = True) -> Path:
-    """Raise :class:`DataError` unless ``root/version`` holds every nuScenes table as valid JSON, whose file names
-    (``sample_data`` and ``map``) stay inside ``root`` (see :mod:`drivetrain.data.table_paths`).
+    """Raise :class:`DataError` unless ``root/version`` holds every nuScenes table as valid JSON (nesting and
+    integers bounded: :mod:`drivetrain.safe_json`), whose file names (``sample_data`` and ``map``) stay inside
+    ``root`` (see :mod:`drivetrain.data.table_paths`).
 
     ``annotations=False`` lets the ``ANNOTATION_TABLES`` be absent (indexing a root without annotations; a metric
     needs them)."""
@@ -93,9 +94,10 @@ def check_root(root: str | Path, version: str, *, annotations: bool = True) -> P
         if not path.is_file():
             raise DataError(f"missing nuScenes table {name!r}", path)
         try:
-            with path.open() as f:
-                rows = json.load(f)
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            rows = load(path)
+        except JSONLimitError as err:  # nested too deep, an integer outside 64 bits: the place is named
+            raise DataError(str(err), path) from None
+        except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
             raise DataError(f"table is not valid JSON ({err})", path) from None
         if not isinstance(rows, list):
             raise DataError(f"a table must be a JSON list of records, got a {type(rows).__name__}", path)

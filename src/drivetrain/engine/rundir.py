@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import drivetrain
+from drivetrain import safe_json
 from drivetrain.engine.checkpoint import no_room
 from drivetrain.engine.config import ConfigError
 from drivetrain.safe_files import LinkedFolderError, open_output, real_dir, replace_text
@@ -138,7 +139,7 @@ def _read_marker(marker: Path) -> dict[str, Any] | None:
     if not text.strip():
         return None
     try:
-        content = json.loads(text)
+        content = safe_json.loads(text)  # nesting bounded: a deep one is "not a marker", not a RecursionError
     except ValueError:
         content = None
     if not isinstance(content, dict) or content.get("format") != RUN_FORMAT:

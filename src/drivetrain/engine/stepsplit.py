@@ -31,7 +31,6 @@ host syncs by call site, and the trace can be kept as a Chrome trace file.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import statistics
 import tempfile
@@ -48,6 +47,7 @@ from drivetrain.engine.trainer import Trainer
 from drivetrain.profile import trace
 from drivetrain.profile.costmodel import Cost
 from drivetrain.profile.timer import Profiler, Stats, active
+from drivetrain.safe_json import jsonl_records
 
 __all__ = ["LABELS", "PARTS", "StepSplit", "measure_steps", "table_lines"]
 
@@ -309,7 +309,7 @@ def _samples(profiler: Profiler, name: str, count: int) -> list[float]:
 
 def _logged(path: Path, warmup: int, total: int) -> dict[str, float]:
     """Medians of the trainer's own log over the timed steps (``step`` numbers ``warmup + 1 … total``)."""
-    records = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    records = [r for _, _, r in jsonl_records(path.read_text(), source=path)] if path.is_file() else []
     timed = [r for r in records if "step_time_s" in r and warmup < int(r.get("step", 0)) <= total]
     out: dict[str, float] = {}
     if timed:

@@ -16,9 +16,9 @@ to their JSON.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
+from drivetrain import safe_json
 from drivetrain.profile.report import FLAG, BenchResult, Row
 from drivetrain.safe_files import save_figure
 
@@ -98,7 +98,7 @@ def bench_chart(result: BenchResult, path: str | Path) -> Path | None:
 def load_result(path: str | Path) -> BenchResult:
     """A saved result (the JSON ``BenchResult.write`` wrote) back as a :class:`BenchResult` (rows, their counts
     and maxima where recorded, and anchors)."""
-    data = json.loads(Path(path).read_text())
+    data = safe_json.load(path)
     result = BenchResult(data["benchmark"], data["device"], data.get("config", {}), date=data.get("date", ""))
     for row in data["rows"]:
         result.add(Row.from_dict(row))  # kernels and syncs too, where the file has them

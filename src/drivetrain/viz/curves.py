@@ -9,11 +9,11 @@ as it is (a running run included): training records carry ``loss`` and ``loss/<t
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 from drivetrain.safe_files import save_figure
+from drivetrain.safe_json import jsonl_records
 from drivetrain.safe_reads import read_text
 
 __all__ = ["plot_losses", "read_metrics"]
@@ -24,6 +24,8 @@ def read_metrics(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[s
 
     Raises:
         FileNotFoundError: naming the file when the run has none.
+        drivetrain.safe_json.JSONLimitError: a ``ValueError`` naming the file and the line that nests deeper than
+            :data:`~drivetrain.safe_json.MAX_DEPTH` or holds an integer outside 64 bits (no kill writes that).
     """
     path = Path(run_dir) / "metrics.jsonl"
     try:  # a regular file only: a FIFO planted there would block the read forever
@@ -33,11 +35,7 @@ def read_metrics(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[s
     except OSError as err:
         raise FileNotFoundError(f"{path}: cannot be read ({err.strerror or type(err).__name__})") from None
     train, evals = [], []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
+    for _, _, record in jsonl_records(text, source=path):  # a line nested too deep is refused, naming it
         if not isinstance(record, dict) or "step" not in record:
             continue
         if "loss" in record:
