@@ -52,6 +52,7 @@ from typing import Any
 
 import torch
 
+from drivetrain import safe_json
 from drivetrain.engine.state import (
     FORMAT_VERSION,
     META_KEYS,
@@ -66,6 +67,7 @@ from drivetrain.safe_files import LinkedFolderError, real_dir, remove_path
 from drivetrain.safe_reads import read_text
 
 __all__ = [
+    "DENIED",
     "NO_ROOM",
     "CheckpointError",
     "CheckpointWarning",
@@ -74,6 +76,7 @@ __all__ = [
     "check_format",
     "checkpoint_dir",
     "no_room",
+    "write_reason",
 ]
 
 MARKER = "COMMITTED"
@@ -94,15 +97,41 @@ NO_ROOM = {
 }
 
 
-def no_room(err: BaseException | None) -> OSError | None:
-    """The OSError of :data:`NO_ROOM` that ``err`` is or was raised from (its cause/context chain), or None."""
+# The write errors of permissions, with their words: neither is a lack of room (chmod fixes them, freeing space
+# does not), so a message never calls them a full disk nor advises freeing space.
+DENIED = {
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+}
+
+
+def _in_chain(err: BaseException | None, codes: dict[int, str]) -> OSError | None:
+    """The OSError with an errno of ``codes`` that ``err`` is or was raised from (its cause/context chain), or None."""
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        if isinstance(err, OSError) and err.errno in NO_ROOM:
+        if isinstance(err, OSError) and err.errno in codes:
             return err
         err = err.__cause__ or err.__context__
     return None
+
+
+def no_room(err: BaseException | None) -> OSError | None:
+    """The OSError of :data:`NO_ROOM` that ``err`` is or was raised from (its cause/context chain), or None."""
+    return _in_chain(err, NO_ROOM)
+
+
+def write_reason(err: BaseException) -> tuple[str, str]:
+    """Why a write failed and what to do, in words: ``("the disk is full", "free space")``,
+    ``("the file system is read-only", "make it writable")``, ``("permission denied: PATH", "make it writable
+    for this user")``, else the error's last line and ``"fix that"``."""
+    room, denied = no_room(err), _in_chain(err, DENIED)
+    if room is not None:
+        return NO_ROOM[room.errno], "make it writable" if room.errno == errno.EROFS else "free space"
+    if denied is not None:
+        where = f": {denied.filename}" if denied.filename else ""
+        return f"{DENIED[denied.errno]}{where}", "make it writable for this user"
+    return (str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__), "fix that"
 
 
 class CheckpointWarning(UserWarning):
@@ -322,16 +351,12 @@ class Checkpointer:
             free: int | None = shutil.disk_usage(self.root).free
         except OSError:  # the folder could not even be made
             free = None
-        room = no_room(err)
-        if room is not None:
-            reason = NO_ROOM[room.errno]
-        elif free is not None and free < (64 << 20):  # torch's "unexpected pos" on a full disk names no errno
-            reason = NO_ROOM[errno.ENOSPC]
-        else:
-            reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-        if free is not None:
+        reason, fix = write_reason(err)
+        errno_named = _in_chain(err, {**NO_ROOM, **DENIED}) is not None
+        if not errno_named and free is not None and free < (64 << 20):  # torch's "unexpected pos" names no errno
+            reason, fix = NO_ROOM[errno.ENOSPC], "free space"
+        if free is not None and _in_chain(err, DENIED) is None:  # room is beside the point of a permission
             reason += f"; {free / 2**20:.0f} MiB free"
-        fix = "make it writable" if room is not None and room.errno == errno.EROFS else "free space"
         return (
             f"cannot write a checkpoint in {self.root} ({reason}); the older checkpoints are kept — {fix}, then "
             "--resume auto"
@@ -405,7 +430,7 @@ class Checkpointer:
                 )
             raise CheckpointError(f"{path}: no {MARKER} marker (the save did not finish)")
         try:
-            marker = json.loads(read_text(marker_path, limit=MAX_MARKER_BYTES, what="a marker may hold"))
+            marker = safe_json.loads(read_text(marker_path, limit=MAX_MARKER_BYTES, what="a marker may hold"))
         except (OSError, ValueError) as err:  # ValueError includes undecodable bytes
             reason = err.strerror if isinstance(err, OSError) and err.strerror else err
             raise CheckpointError(f"{path}: unreadable {MARKER} marker ({reason})") from None

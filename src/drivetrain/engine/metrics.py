@@ -20,7 +20,6 @@ error to the next call of the writer: the thread's own traceback print is kept q
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import resource
@@ -35,7 +34,8 @@ from typing import Any
 
 import torch
 
-from drivetrain.engine.checkpoint import NO_ROOM, no_room
+from drivetrain import safe_json
+from drivetrain.engine.checkpoint import write_reason
 from drivetrain.safe_files import no_follow, replace_text
 
 __all__ = ["MetricsLogger", "RunWriteError", "peak_memory_mb", "truncate_metrics"]
@@ -47,13 +47,7 @@ class RunWriteError(RuntimeError):
 
 def write_failure(path: Path, err: BaseException) -> str:
     """The one line of a failed write of ``path``: why, and that the committed checkpoints are kept."""
-    room = no_room(err)
-    if room is not None:
-        reason = NO_ROOM[room.errno]
-        fix = "make it writable" if room.errno == errno.EROFS else "free space"
-    else:
-        reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-        fix = "fix that"
+    reason, fix = write_reason(err)
     return f"cannot write {path} ({reason}); the committed checkpoints are kept — {fix}, then --resume auto"
 
 
@@ -87,12 +81,16 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     if path.is_symlink() or not path.is_file():
         return
     kept = []
-    for line in path.read_text().splitlines():
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
         try:
-            record = json.loads(line)
+            record = safe_json.loads(line, source=path, line=number)
+        except safe_json.JSONLimitError as err:  # no run of ours writes that: not a record, dropped and said so
+            warnings.warn(f"{err}; dropping that line", RuntimeWarning, stacklevel=2)
+            continue
         except ValueError:  # a line cut short by the kill
             continue
-        if record.get("step", 0) <= last_step:
+        step = record.get("step", 0) if isinstance(record, dict) else None
+        if isinstance(step, int | float) and step <= last_step:
             kept.append(line)
     replace_text(path, "".join(f"{line}\n" for line in kept))
 
