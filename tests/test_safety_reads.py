@@ -13,17 +13,20 @@ exit status, the one line that names the file, no traceback, and that nothing ou
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import pickle
 import resource
 import shutil
+import signal
 import stat
 import subprocess
 import sys
 import zipfile
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +35,7 @@ import simplejpeg
 import torch
 import yaml
 
+from drivetrain import safe_reads
 from drivetrain.data import DatasetConfig, FrameDataset
 from drivetrain.data.dataset import Skipped
 from drivetrain.data.errors import DataError
@@ -91,6 +95,23 @@ def one_line(text: str) -> str:
     text = text.strip()
     assert text and "\n" not in text and "Traceback" not in text, text
     return text
+
+
+@contextlib.contextmanager
+def deadline(seconds: float = HANG_S) -> Iterator[None]:
+    """Raise TimeoutError in the block if it blocks longer than ``seconds``: an in-process read of a FIFO then fails
+    the test instead of hanging the suite (Python retries an interrupted open() only after the handler returns)."""
+
+    def expire(signum: int, frame: object) -> None:
+        raise TimeoutError(f"blocked for {seconds} s (a FIFO was opened for reading?)")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def limit_memory(limit: int):
@@ -200,16 +221,28 @@ def test_special_files_are_refused_before_they_are_opened(tmp_path: Path) -> Non
     (tmp_path / "file").write_bytes(b"12345")
     for path in (fifo, tmp_path / "link", tmp_path, Path("/dev/null")):
         for read in (read_bytes, read_text, open_regular, zip_members_size):
-            with pytest.raises(NotRegularFileError) as err:
+            with deadline(), pytest.raises(NotRegularFileError) as err:
                 read(path)
             assert str(err.value).endswith(", not a regular file") and err.value.filename == str(path)
-    with pytest.raises(NotRegularFileError, match=r"^a FIFO \(named pipe\), not a regular file$"):
+    with deadline(), pytest.raises(NotRegularFileError, match=r"^a FIFO \(named pipe\), not a regular file$"):
         read_bytes(fifo)
     assert read_bytes(tmp_path / "file", limit=5) == b"12345"
     with pytest.raises(FileTooLargeError, match=r"^5 bytes, more than the 4 bytes a test allows$"):
         read_bytes(tmp_path / "file", limit=4, what="a test allows")
     with pytest.raises(FileNotFoundError):
         read_bytes(tmp_path / "absent")
+
+
+def test_a_fifo_swapped_in_after_the_check_is_refused_without_blocking(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second layer: with the stat check passed (as if the FIFO appeared just after it), the open does not
+    block (O_NONBLOCK) and the opened file's fstat refuses it."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    monkeypatch.setattr(safe_reads, "regular_stat", lambda path, **kwargs: None)
+    with deadline(), pytest.raises(NotRegularFileError, match=r"^a FIFO \(named pipe\), not a regular file$"):
+        read_bytes(fifo)
 
 
 def test_a_torch_save_archive_declares_no_more_than_its_size(tmp_path: Path) -> None:
@@ -511,7 +544,7 @@ def test_a_fifo_as_a_camera_image_or_lidar_file_is_one_line_naming_it(data: Path
     assert line == f"viz frame: --frame 0: {lidar}: cannot read lidar file (a FIFO (named pipe), not a regular file)"
     assert tree(tmp_path) == before  # no frame.png
     frames = FrameDataset(data / "drivetrain_index.npz", DatasetConfig(load_points=True, on_error="skip"))
-    with pytest.warns(RuntimeWarning, match=f"skipping frame 0: {image}: cannot read image \\(a FIFO"):
+    with deadline(), pytest.warns(RuntimeWarning, match=f"skipping frame 0: {image}: cannot read image \\(a FIFO"):
         assert isinstance(frames[0], Skipped)  # the loader's skip path: warned about, dropped and counted
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from torch.utils.checkpoint import checkpoint
 from drivetrain.engine import registry
 from drivetrain.engine.config import ConfigError, DataConfig, ModelConfig, OptimConfig, SpeedConfig
 from drivetrain.engine.protocol import MapDataset, missing_members
+from drivetrain.safe_reads import human_bytes
 
 __all__ = ["apply_speed", "build_dataset", "build_model", "build_optimizer"]
 
@@ -43,7 +45,40 @@ def _call(section: str, name: str, args: dict[str, Any]) -> Any:
     try:
         return fn(**args)
     except (TypeError, ValueError) as err:
-        raise ConfigError(f"{section}.args: {name}: {err}") from None
+        raise ConfigError(f"{section}.args: {name}: {_first_line(err)}") from None
+    except (RuntimeError, MemoryError) as err:
+        asked = _cannot_allocate(err)
+        if asked is None:  # not a size problem: a bug, to be seen whole
+            raise
+        sizes = _size_args(args)
+        raise ConfigError(f"{section}.args: {name} cannot be built with these sizes ({sizes}): {asked}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    """The first line of ``err``'s message (torch's may go on with a C++ stack), or its repr when it has none."""
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else repr(err)
+
+
+_NO_MEMORY = re.compile(r"can't allocate memory|cannot allocate memory|out of memory|failed to allocate", re.IGNORECASE)
+_ASKED = re.compile(r"(?:tried to allocate|Tried to allocate) (\d+) bytes")
+
+
+def _cannot_allocate(err: BaseException) -> str | None:
+    """What an allocation failure asked for ("cannot allocate 3.2 PiB at once"), or None when ``err`` is not one
+    (a ``MemoryError``, torch's ``OutOfMemoryError``, or a ``RuntimeError`` from an allocator saying so)."""
+    message = str(err)
+    if not isinstance(err, MemoryError | torch.OutOfMemoryError) and not _NO_MEMORY.search(message):
+        return None
+    asked = _ASKED.search(message)
+    return f"cannot allocate {human_bytes(int(asked.group(1)))} at once" if asked else "out of memory"
+
+
+def _size_args(args: dict[str, Any]) -> str:
+    """The integer arguments, largest first (``width=10000000, depth=3``): the sizes that may be too large."""
+    sizes = sorted(((k, v) for k, v in args.items() if isinstance(v, int) and not isinstance(v, bool)),
+                   key=lambda kv: -abs(kv[1]))  # fmt: skip
+    return ", ".join(f"{k}={v}" for k, v in sizes[:6]) or "no integer arguments"
 
 
 _SCALARS = (bool, int, float, str)
