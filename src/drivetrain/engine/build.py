@@ -71,7 +71,10 @@ def _cannot_allocate(err: BaseException) -> str | None:
     if not isinstance(err, MemoryError | torch.OutOfMemoryError) and not _NO_MEMORY.search(message):
         return None
     asked = _ASKED.search(message)
-    return f"cannot allocate {human_bytes(int(asked.group(1)))} at once" if asked else "out of memory"
+    if asked is None:
+        return "out of memory"
+    amount = asked.group(1)
+    return f"cannot allocate {human_bytes(int(amount.split()[0])) if amount.endswith('bytes') else amount} at once"
 
 
 def _size_args(args: dict[str, Any]) -> str:
