@@ -61,11 +61,11 @@ def _first_line(err: BaseException) -> str:
 
 
 _NO_MEMORY = re.compile(r"can't allocate memory|cannot allocate memory|out of memory|failed to allocate", re.IGNORECASE)
-_ASKED = re.compile(r"(?:tried to allocate|Tried to allocate) (\d+) bytes")
+_ASKED = re.compile(r"tried to allocate (\d+ bytes|[\d.]+ [KMGTPE]iB)", re.IGNORECASE)  # the CPU's, CUDA's wording
 
 
 def _cannot_allocate(err: BaseException) -> str | None:
-    """What an allocation failure asked for ("cannot allocate 3.2 PiB at once"), or None when ``err`` is not one
+    """What an allocation failure asked for ("cannot allocate 3274.2 TiB at once"), or None when ``err`` is not one
     (a ``MemoryError``, torch's ``OutOfMemoryError``, or a ``RuntimeError`` from an allocator saying so)."""
     message = str(err)
     if not isinstance(err, MemoryError | torch.OutOfMemoryError) and not _NO_MEMORY.search(message):
