@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -55,6 +56,22 @@ __all__ = [
 def _check(ok: bool, key: str, message: str) -> None:
     if not ok:
         raise ConfigError(f"{key}: {message}")
+
+
+def _check_finite(key: str, *values: Any) -> None:
+    """ConfigError naming ``key`` for a NaN or infinite number (YAML's ``.nan``/``.inf``, ``1e400``, an integer
+    past float range): no learning rate, decay, factor or weight means anything there, and an ``optim.lr`` of inf
+    trained to NaN losses while the run "succeeded". ``None`` (a switch left off) and non-numbers pass (the type
+    checks name those)."""
+    for value in values:
+        if isinstance(value, float):
+            _check(math.isfinite(value), key, f"must be a finite number, got {value}")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            past = f"an integer of {value.bit_length()} bits, past the float range"  # str() refuses > 4300 digits
+            _check(abs(value) <= _FLOAT_MAX, key, f"must be a finite number, got {past}")
+
+
+_FLOAT_MAX = int(sys.float_info.max)  # an int beyond it has no float: float(x) raises OverflowError
 
 
 @dataclass(frozen=True)
@@ -96,6 +113,7 @@ class ModelConfig:
                 f"model.loss_weights.{name}",
                 f"expected a number, got {weight!r}",
             )
+            _check_finite(f"model.loss_weights.{name}", weight)
         if _is_lidar_model(self.name):  # the augmentation left the lidar models: say where it lives now
             _check("augment" not in self.args, "model.args.augment", f"moved to {_LIDAR_AUGMENT_HOME}")
             _check(
@@ -210,7 +228,14 @@ class ParamGroupConfig:
 
     def __post_init__(self) -> None:
         _check(bool(self.modules), "optim.groups[].modules", "must name at least one module")
+        _check_finite("optim.groups[].lr_mult", self.lr_mult)
+        _check_finite("optim.groups[].weight_decay", self.weight_decay)
         _check(self.lr_mult >= 0, "optim.groups[].lr_mult", f"must be ≥ 0, got {self.lr_mult}")
+        _check(
+            self.weight_decay is None or self.weight_decay >= 0,
+            "optim.groups[].weight_decay",
+            f"must be ≥ 0 or null, got {self.weight_decay}",
+        )
 
 
 @dataclass(frozen=True)
@@ -225,6 +250,9 @@ class OptimConfig:
     groups: list[ParamGroupConfig] = field(default_factory=list)  # extra groups; the rest use lr_mult 1
 
     def __post_init__(self) -> None:
+        for key in ("lr", "weight_decay", "eps", "clip_norm"):
+            _check_finite(f"optim.{key}", getattr(self, key))
+        _check_finite("optim.betas", *self.betas)
         _check(self.lr > 0, "optim.lr", f"must be > 0, got {self.lr}")
         _check(self.weight_decay >= 0, "optim.weight_decay", f"must be ≥ 0, got {self.weight_decay}")
         _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas", "two values in [0, 1)")
@@ -245,6 +273,8 @@ class ScheduleConfig:
     final_div_factor: float = 1e4  # onecycle: final lr = initial lr / final_div_factor
 
     def __post_init__(self) -> None:
+        for key in ("min_lr_ratio", "pct_start", "div_factor", "final_div_factor"):
+            _check_finite(f"schedule.{key}", getattr(self, key))
         _check(self.warmup_steps >= 0, "schedule.warmup_steps", f"must be ≥ 0, got {self.warmup_steps}")
         _check(0 <= self.min_lr_ratio <= 1, "schedule.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
         _check(self.total_steps is None or self.total_steps >= 1, "schedule.total_steps", "must be ≥ 1 or null")
@@ -266,6 +296,8 @@ class PrecisionConfig:
     nonfinite: Literal["skip", "stop"] = "skip"  # non-finite loss: skip the step and count it, or stop
 
     def __post_init__(self) -> None:
+        for key in ("init_scale", "growth_factor", "backoff_factor", "min_scale"):
+            _check_finite(f"precision.{key}", getattr(self, key))
         _check(self.init_scale > 0, "precision.init_scale", f"must be > 0, got {self.init_scale}")
         _check(self.growth_interval >= 1, "precision.growth_interval", "must be ≥ 1")
         _check(self.growth_factor >= 1, "precision.growth_factor", "must be ≥ 1")

@@ -79,7 +79,11 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
                 pass
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{key}: expected a number, got {type(value).__name__} {value!r}")
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an int past the float range (not shown: repr refuses past 4,300 digits)
+            past = f"an integer of {value.bit_length()} bits, past the float range"
+            raise ConfigError(f"{key}: must be a finite number, got {past}") from None
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"{key}: expected a string, got {type(value).__name__} {value!r}")
