@@ -54,6 +54,8 @@ def _parse_block(lines: list[str], start: int) -> list[tuple[int, list[str]]]:
                 break
         if "-m" in tokens and "drivetrain.cli.main" in tokens:  # torchrun ... -m drivetrain.cli.main ...
             tokens = tokens[tokens.index("drivetrain.cli.main") + 1 :]
+        elif "--no-python" in tokens and "drivetrain" in tokens:  # torchrun ... --no-python drivetrain ...
+            tokens = tokens[tokens.index("drivetrain", tokens.index("--no-python")) + 1 :]
         elif tokens[:1] == ["drivetrain"]:
             tokens = tokens[1:]
         else:

@@ -20,7 +20,7 @@ examples:
   drivetrain train --config configs/smoke.yaml precision.mode=bf16 train.accumulation=4 run.out_dir=runs/bf16
   drivetrain train --config configs/smoke.yaml --resume auto        # after a preemption
   drivetrain train --config configs/ssn_tiny.yaml --print-config    # the config resolved; trains nothing
-  torchrun --nproc_per_node 2 -m drivetrain.cli.main train --config configs/smoke.yaml distributed.strategy=ddp
+  torchrun --nproc_per_node 2 --no-python drivetrain train --config configs/smoke.yaml distributed.strategy=ddp
 
 the run directory (run.out_dir) holds config.yaml (resolved), metrics.jsonl (one JSON object per step),
 checkpoints/step-00000040/ (atomic, the newest checkpoint.keep kept; corrupt ones moved to

@@ -81,7 +81,7 @@ def setup(cfg: TrainConfig) -> DistContext:
     if strategy != "none" and "RANK" not in os.environ:
         raise ConfigError(
             f"distributed.strategy: {strategy!r} needs a torchrun launch (RANK/WORLD_SIZE are not set); "
-            "run `torchrun --nproc_per_node N -m drivetrain.cli.main train ...`"
+            "run `torchrun --nproc_per_node N --no-python drivetrain train ...`"
         )
     want = cfg.train.device
     use_cuda = want == "cuda" or (want == "auto" and torch.cuda.is_available())
