@@ -263,6 +263,31 @@ def test_report_and_doctor_refuse_a_hostile_metrics_line_naming_it(
     assert tree(tmp_path) == before  # no picture, report.md or doctor.md written
 
 
+def test_metrics_records_keep_numbers_only(tmp_path: Path) -> None:
+    """What the logger never writes (a string where a time goes, a record without a numeric step) is left out,
+    so report's and doctor's arithmetic only meets numbers (a string time was a TypeError traceback in both)."""
+    from drivetrain.viz.curves import read_metrics
+
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"step": 1, "loss": 1.5, "step_time_s": "x", "data_wait_s": [1], "lr": true}\n'
+        '{"step": "2", "loss": 1.0}\n[3]\n{"step": 3, "loss": NaN, "eval/mAP": 0.5}\n{"step": 4, "eval/NDS": 0.25}\n'
+    )
+    train, evals = read_metrics(tmp_path)
+    assert train[0] == {"step": 1, "loss": 1.5}
+    assert [r["step"] for r in train] == [1, 3] and evals == [{"step": 4, "eval/NDS": 0.25}]
+
+
+def test_doctor_names_a_count_that_is_not_one(run: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    with (copy / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 3, "loss": 1.0, "step_time_s": "x", "data_wait_s": "y", "skipped_steps": Infinity}\n')
+    before = tree(tmp_path)
+    line = refusal(drivetrain("doctor", "--no-profile", str(copy)), 1)
+    assert line == f"doctor: {copy / 'metrics.jsonl'}: skipped_steps: expected a count, got inf"
+    assert tree(tmp_path) == before
+
+
 def test_a_resume_drops_a_hostile_metrics_line_with_a_one_line_warning(tmp_path: Path) -> None:
     assert main(["train", "--config", str(SMOKE), *overrides(tmp_path, "train.steps=2", "checkpoint.every=2")]) == 0
     path = tmp_path / "metrics.jsonl"

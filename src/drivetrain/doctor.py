@@ -82,9 +82,16 @@ def run_summary(run_dir: str | Path) -> dict[str, Any]:
         "data_share": statistics.median(shares) if shares else float("nan"),
         "samples_per_s": median("samples_per_s"),
         "peak_memory_mb": max((float(r.get("peak_memory_mb", 0)) for r in train), default=float("nan")),
-        "skipped_steps": int(train[-1].get("skipped_steps", 0)),
+        "skipped_steps": _count(train[-1].get("skipped_steps", 0), run_dir / "metrics.jsonl", "skipped_steps"),
         "config": config,
     }
+
+
+def _count(value: float, path: Path, key: str) -> int:
+    """``value`` as the count it must be; ValueError naming the file and field for inf, NaN or a fraction."""
+    if not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
+        raise ValueError(f"{path}: {key}: expected a count, got {value}")
+    return int(value)
 
 
 def profile_window(

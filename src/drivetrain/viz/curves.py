@@ -20,7 +20,8 @@ __all__ = ["plot_losses", "read_metrics"]
 
 
 def read_metrics(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Training and evaluation records of ``run_dir/metrics.jsonl`` (lines cut short by a kill are skipped).
+    """Training and evaluation records of ``run_dir/metrics.jsonl`` (lines cut short by a kill are skipped), with
+    the numbers they hold (a record without a numeric ``step`` is skipped, a field that is no number left out).
 
     Raises:
         FileNotFoundError: naming the file when the run has none.
@@ -36,13 +37,20 @@ def read_metrics(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[s
         raise FileNotFoundError(f"{path}: cannot be read ({err.strerror or type(err).__name__})") from None
     train, evals = [], []
     for _, _, record in jsonl_records(text, source=path):  # a line nested too deep is refused, naming it
-        if not isinstance(record, dict) or "step" not in record:
+        if not isinstance(record, dict) or not _is_number(record.get("step")):
             continue
+        # The logger writes numbers only: anything else (a string, a list, true) is not ours and is left out, so the
+        # report's and doctor's arithmetic never meets it.
+        record = {k: v for k, v in record.items() if _is_number(v)}
         if "loss" in record:
             train.append(record)
         elif any(k.startswith("eval/") for k in record):
             evals.append(record)
     return train, evals
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def plot_losses(run_dir: str | Path, out: str | Path | None = None, *, smooth: int = 10) -> Path:
