@@ -61,6 +61,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     synth.add_argument(
         "--image-size", default=None, metavar="WxH", help="image size, e.g. 800x450 (focal scales with W)"
     )
+    synth.add_argument(
+        "--sweeps-per-sample",
+        type=int,
+        default=None,
+        help="lidar sweeps between key frames, 0-9 (overrides the preset's: tiny 2, full 9)",
+    )
     synth.add_argument("--workers", type=int, default=1, help="processes, one scene each at a time (default: 1)")
     synth.add_argument(
         "--format",
@@ -76,7 +82,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="replace the synthetic dataset already in --out (its tables, the files they list under samples/, "
         "sweeps/, maps/, its index and settings are deleted first, nothing else; a folder without "
-        "drivetrain_synth.json is refused); without it a non-empty --out is refused",
+        "drivetrain_synth.json is refused); without it a non-empty --out is refused, except an unfinished "
+        "generation of ours (killed), which is replaced",
     )
     synth.add_argument("--quiet", action="store_true", help="no progress bar")
     synth.set_defaults(run=_synth)
@@ -133,6 +140,8 @@ def _synth(args: argparse.Namespace) -> int:
     for name, value in (("--scenes", args.scenes), ("--frames-per-scene", args.samples), ("--workers", args.workers)):
         if value is not None and value < 1:
             raise SystemExit(f"data synth: {name}: must be ≥ 1, got {value}")
+    if args.sweeps_per_sample is not None and not 0 <= args.sweeps_per_sample <= 9:
+        raise SystemExit(f"data synth: --sweeps-per-sample: must be in 0..9, got {args.sweeps_per_sample}")
     try:
         config = PRESETS[args.preset].with_overrides(seed=args.seed)
         if args.dataset == "lyft":
@@ -143,6 +152,8 @@ def _synth(args: argparse.Namespace) -> int:
             config = config.with_overrides(scenes=config.scenes[: args.scenes])
         if args.samples is not None:
             config = config.with_overrides(samples_per_scene=args.samples)
+        if args.sweeps_per_sample is not None:
+            config = config.with_overrides(sweeps_per_sample=args.sweeps_per_sample)
         if args.image_size is not None:
             try:
                 width, height = (int(v) for v in args.image_size.lower().split("x"))
@@ -153,10 +164,18 @@ def _synth(args: argparse.Namespace) -> int:
             config = config.with_overrides(image_width=width, image_height=height, focal=1266.0 * width / 1600)
     except ValueError as err:
         raise SystemExit(f"data synth: {err}") from None
-    _clear_for_synth(args.root, args.overwrite)
+    from drivetrain.data.errors import DataError
+    from drivetrain.data.synth.manifest import generation_lock
+
+    _check_out(args.root, args.overwrite)  # before anything is created: a refused folder is left as it was
     start = time.perf_counter()
     try:
-        counts = generate(args.root, config, workers=args.workers, progress=not args.quiet, dataset=args.dataset)
+        args.root.mkdir(parents=True, exist_ok=True)
+        with generation_lock(args.root, wait=False):  # not while a trainer (or another data synth) generates here
+            _check_out(args.root, args.overwrite)  # again under the lock: what is there now is what is replaced
+            counts = generate(args.root, config, workers=args.workers, progress=not args.quiet, dataset=args.dataset)
+    except DataError as err:
+        raise SystemExit(f"data synth: {err}") from None
     except OSError as err:
         raise SystemExit(f"data synth: cannot write {err.filename or args.root} ({err.strerror})") from None
     print(
@@ -166,27 +185,30 @@ def _synth(args: argparse.Namespace) -> int:
     return 0
 
 
-def _clear_for_synth(root: Path, overwrite: bool) -> None:
-    """Refuse a non-empty output folder, or with ``overwrite`` delete the synthetic dataset in it: only what the
-    generator made there (:mod:`drivetrain.data.synth.outputs`); a folder without its settings is refused."""
-    if root.exists() and not root.is_dir():
-        raise SystemExit(f"data synth: --out {root} exists and is not a folder")
-    if not root.is_dir() or not any(root.iterdir()):
-        return
-    if not overwrite:
+def _check_out(root: Path, overwrite: bool) -> None:
+    """Refuse an output folder that is not empty, unless it holds a synthetic dataset of ours that may be replaced:
+    an unfinished one (a generation that was killed) always, a finished one with ``overwrite``. The generator then
+    deletes only what it made there (:mod:`drivetrain.data.synth.outputs`); a folder without its manifest is never
+    touched."""
+    from drivetrain.data.errors import DataError
+    from drivetrain.data.synth.manifest import MANIFEST, folder_state
+
+    try:
+        state, _ = folder_state(root)
+    except DataError as err:  # not a folder, or a manifest that is not the generator's
+        raise SystemExit(f"data synth: {err}") from None
+    if state == "foreign":
+        raise SystemExit(
+            f"data synth: --out {root} is not empty and holds no synthetic dataset (no {MANIFEST}); not writing into "
+            "it — choose a new or empty folder"
+        )
+    if state == "complete" and not overwrite:
         raise SystemExit(
             f"data synth: --out {root} is not empty; pass --overwrite to replace the dataset there, or choose an "
             "empty folder (files of an earlier, larger dataset would otherwise remain beside the new one)"
         )
-    from drivetrain.data.errors import DataError
-    from drivetrain.data.synth.outputs import remove_generated
-
-    try:
-        remove_generated(root)
-    except DataError as err:
-        raise SystemExit(f"data synth: {err}") from None
-    except OSError as err:
-        raise SystemExit(f"data synth: cannot delete {err.filename} ({err.strerror})") from None
+    if state == "unfinished":
+        print(f"data synth: {root} holds an unfinished synthetic dataset (its generation was stopped); replacing it")
 
 
 def _index(args: argparse.Namespace) -> int:
@@ -230,6 +252,13 @@ def _inspect(args: argparse.Namespace) -> int:
         raise SystemExit(f"data inspect: --batch-size: must be ≥ 1, got {args.batch_size}")
     try:
         dataset = FrameDataset(args.index, DatasetConfig(load_points=args.points), args.root, args.split)
+        scenes = len(dataset.scene_lengths())
+        if args.batch_size > scenes:  # each of the B slots walks a scene of its own
+            which = f"split {args.split!r}" if args.split else "the index"
+            raise SystemExit(
+                f"data inspect: --batch-size: {args.batch_size} slots need as many scenes (one each), but {which} "
+                f"has {scenes}" + (f"; pass --batch-size {scenes} or less" if scenes else "")
+            )
         sampler = SequenceSampler(dataset.scene_lengths(), args.batch_size)
         batch = collate([dataset[key] for key in next(iter(sampler))])
     except DataError as err:

@@ -10,6 +10,11 @@ per scene from the seed), so the output is identical for a seed, with any number
 
 ``dataset="lyft"`` writes the same scenes as a Lyft Level 5 ``v1.01-train`` folder instead (Lyft classes, tables
 and file names; see :mod:`drivetrain.data.synth.lyft`); the nuScenes output does not change with it.
+
+The generator writes only into a new or empty folder, or over a synthetic dataset of its own — finished or left
+unfinished by a killed generation — which it deletes first (only what it made: :mod:`drivetrain.data.synth.outputs`).
+Any other folder is refused before anything is written: a real dataset's tables are never overwritten. Its manifest
+(:mod:`drivetrain.data.synth.manifest`) is the first file written and is marked complete after the last.
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ import struct
 import zlib
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +32,23 @@ import numpy as np
 import simplejpeg
 from tqdm import tqdm
 
+from drivetrain.data.errors import DataError
 from drivetrain.data.lyft_format import DATASETS, LYFT_VERSION
 from drivetrain.data.nuscenes_format import ATTRIBUTES, CAMERAS, CATEGORIES, LIDAR, TABLES, VISIBILITY_LEVELS, token
 from drivetrain.data.synth import lidar as lidar_sim
 from drivetrain.data.synth import lyft
 from drivetrain.data.synth.config import SynthConfig
+from drivetrain.data.synth.manifest import MANIFEST, folder_state, write_manifest
+from drivetrain.data.synth.names import (
+    KEY_INTERVAL_US,
+    SWEEP_INTERVAL_US,
+    VERSION,
+    camera_file,
+    lidar_file,
+    map_file,
+    scene_start_us,
+)
+from drivetrain.data.synth.outputs import remove_generated
 from drivetrain.data.synth.render import background, corners_in_camera, make_rig, render
 from drivetrain.data.synth.world import CATEGORY, SceneLayout, make_layout
 from drivetrain.geometry.rigid import invert, matrix_to_quaternion, transform, yaw_quaternion
@@ -40,24 +56,41 @@ from drivetrain.safe_files import real_dir, write_inside
 
 __all__ = ["VERSION", "generate"]
 
-VERSION = "v1.0-mini"
-KEY_INTERVAL_US = 500_000
-SWEEP_INTERVAL_US = 50_000
 SUN_GLOBAL = np.array([0.35, 0.55, 0.76]) / np.linalg.norm([0.35, 0.55, 0.76])
 
 
 def generate(
     root: str | Path, config: SynthConfig, *, workers: int = 1, progress: bool = True, dataset: str = "nuscenes"
 ) -> dict[str, int]:
-    """Generate ``config`` into ``root`` (created; existing tables are overwritten). Returns record counts.
+    """Generate ``config`` into ``root``. Returns record counts.
 
-    ``dataset``: ``"nuscenes"`` (tables in ``v1.0-mini/``) or ``"lyft"`` (a Lyft ``v1.01-train`` folder).
+    Args:
+        root: a new or empty folder (created), or one holding a synthetic dataset of ours, finished or not: that
+            set is deleted first (see the module).
+        config: what to generate.
+        workers: processes, one scene each at a time.
+        progress: show a progress bar.
+        dataset: ``"nuscenes"`` (tables in ``v1.0-mini/``) or ``"lyft"`` (a Lyft ``v1.01-train`` folder).
+
+    Raises:
+        DataError: ``root`` is not empty and holds no synthetic dataset of ours (no manifest), or its manifest is
+            not the generator's; nothing is written.
     """
     if dataset not in DATASETS:
         raise ValueError(f"dataset: expected one of {DATASETS}, got {dataset!r}")
     root = Path(root)
-    version = LYFT_VERSION if dataset == "lyft" else VERSION
+    state, _ = folder_state(root)
+    if state == "foreign":
+        raise DataError(
+            f"is not empty and holds no synthetic dataset of drivetrain (no {MANIFEST}); not writing into it — "
+            "choose a new or empty folder",
+            root,
+        )
+    if state in ("complete", "unfinished"):
+        remove_generated(root, replacing=True)
     root.mkdir(parents=True, exist_ok=True)  # the folder named (--out): the folders below it are real ones
+    write_manifest(root, config, dataset, complete=False)  # first: a killed generation is recognisably ours
+    version = LYFT_VERSION if dataset == "lyft" else VERSION
     real_dir(root / version, base=root, create=True)  # never written through a link (drivetrain.safe_files)
     tables: dict[str, list[dict[str, Any]]] = {name: [] for name in TABLES}
     # the per-scene tables are filled below, "map" last
@@ -86,14 +119,13 @@ def generate(
             "token": token(config.seed, "map"),
             "log_tokens": [row["token"] for row in tables["log"]],
             "category": "semantic_prior",
-            "filename": lyft.MAP_FILE if dataset == "lyft" else f"maps/{token(config.seed, 'map')}.png",
+            "filename": map_file(config.seed, dataset == "lyft"),
         }
     ]
     _write_png(root, tables["map"][0]["filename"], np.full((8, 8), 255, dtype=np.uint8))
     for name, rows in tables.items():
         write_inside(root, f"{version}/{name}.json", json.dumps(rows, indent=0).encode())
-    settings = {"version": version, **({"dataset": "lyft"} if dataset == "lyft" else {}), **asdict(config)}
-    write_inside(root, "drivetrain_synth.json", json.dumps(settings, indent=2).encode())
+    write_manifest(root, config, dataset, complete=True)  # last: every file is there
     return {name: len(rows) for name, rows in tables.items()}
 
 
@@ -145,7 +177,7 @@ class _SceneWriter:
         self.rig = make_rig(config.image_width, config.image_height, config.focal)
         self.backgrounds = [background(self.rig, c) for c in range(len(CAMERAS))]
         self.l2e = lidar_sim.lidar2ego()
-        self.t0 = 1_533_000_000_000_000 + index * 3_600_000_000
+        self.t0 = scene_start_us(index)
         self.log_token, self.scene_token = self.token("log"), self.token("scene")
         self.sample_tokens = [self.token("sample", j) for j in range(config.samples_per_scene)]
         self.out: dict[str, list[dict[str, Any]]] = {
@@ -250,10 +282,7 @@ class _SceneWriter:
         lidar_hits = np.empty(0, dtype=np.int64)
         for k in range(self.config.sweeps_per_sample, -1, -1):
             ts_k = ts - k * SWEEP_INTERVAL_US
-            folder = "samples" if k == 0 else "sweeps"
-            filename = f"{folder}/{LIDAR}/{self.name}__{LIDAR}__{ts_k}.pcd.bin"
-            if self.lyft:
-                filename = lyft.lidar_file(self.name, ts_k)
+            filename = lidar_file(self.name, ts_k, k == 0, self.lyft)
             points, hit = _sweep(self.layout, (ts_k - self.t0) / 1e6, self.config, self.l2e, self.rng)
             write_inside(self.root, filename, points.tobytes())
             if k == 0:
@@ -277,9 +306,7 @@ class _SceneWriter:
             shot = render(rig, c, corners, labels, self.backgrounds[c], sun_cam)
             covered += shot.covered
             visible += np.bincount(shot.instance[shot.instance >= 0], minlength=len(near))
-            filename = f"samples/{cam}/{self.name}__{cam}__{ts}.jpg"
-            if self.lyft:
-                filename = lyft.image_file(self.name, c, ts)
+            filename = camera_file(self.name, c, ts, self.lyft)
             jpeg = simplejpeg.encode_jpeg(shot.image, quality=self.config.jpeg_quality, colorspace="RGB")
             write_inside(self.root, filename, jpeg)  # a link at the name (or among its folders) is never followed
             self._sample_data(cam, ts, True, sample_tok, filename, (rig.width, rig.height))

@@ -1,112 +1,121 @@
-"""What the synthetic generator made in a folder, and removing exactly that (``data synth --overwrite``).
+"""What the synthetic generator made in a folder, and removing exactly that (``data synth --overwrite``, and
+:func:`~drivetrain.data.synth.generate` before it writes a new set over one of ours).
 
-A folder holds a synthetic dataset of ours when it has ``drivetrain_synth.json``, the generator's settings
-(written last, so an unfinished generation has none and is never taken for one). What was made there:
+A folder holds a synthetic dataset of ours when it has the generator's manifest ``drivetrain_synth.json``
+(:mod:`drivetrain.data.synth.manifest`: written first, marked complete last, so a generation that was killed is
+recognised as ours too). What was made there:
 
-- the tables in the table folder the settings name (``v1.0-mini``, or ``v1.01-train`` for ``--format lyft``);
-- the data files and the map those tables list (``sample_data`` and ``map`` ``filename``), inside the folders
-  the generator writes (``samples``, ``sweeps``, ``maps``; Lyft: ``images``, ``lidar``, ``maps``);
-- the settings file, and what drivetrain adds beside them: the frame index ``drivetrain_index.npz``, its
-  temporary file and the generation lock of the ``synthetic`` data builder.
+- the tables in the table folder the manifest names (``v1.0-mini``, or ``v1.01-train`` for ``--format lyft``);
+- the data files and the map: those the tables list (``sample_data`` and ``map`` ``filename``), and every file the
+  generator writes for the recorded settings (:class:`~drivetrain.data.synth.names.GeneratedNames`: a killed
+  generation wrote images and lidar files before any table), inside the folders the generator writes
+  (``samples``, ``sweeps``, ``maps``; Lyft: ``images``, ``lidar``, ``maps``);
+- the manifest, and what drivetrain adds beside it: the frame index ``drivetrain_index.npz``, its temporary file
+  and the generation lock.
 
 :func:`remove_generated` deletes those and the folders they leave empty; any other file put beside or between
 them stays. It never follows a link: a link where one of those files or folders should be is unlinked (a linked
 ``samples/`` loses its link, the files of its target stay). Everything is read and checked before the first
-deletion, so a refusal leaves the folder as it was.
+deletion, so a refusal leaves the folder as it was; the manifest is marked unfinished before the first deletion
+and removed last, so a removal that is interrupted leaves a folder still recognised as ours, and running it again
+(or generating again) finishes it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from drivetrain.data.errors import DataError
-from drivetrain.data.lyft_format import LYFT_VERSION
 from drivetrain.data.nuscenes_format import TABLES
-from drivetrain.data.synth.generate import VERSION
+from drivetrain.data.synth.manifest import LOCK_FILE, MANIFEST, Manifest, read_manifest, write_manifest
+from drivetrain.data.synth.names import GeneratedNames, generated_folders
 from drivetrain.data.table_paths import PATH_FIELDS, check_table_paths
 
-__all__ = ["SETTINGS_FILE", "generated_files", "remove_generated"]
+__all__ = ["SETTINGS_FILE", "listed_files", "remove_generated"]
 
-SETTINGS_FILE = "drivetrain_synth.json"
+SETTINGS_FILE = MANIFEST
 DATA_FOLDERS = ("samples", "sweeps", "maps", "images", "lidar")
-BESIDE = ("drivetrain_index.npz", ".drivetrain_index.npz.tmp.npz", ".generate.lock")
+BESIDE = ("drivetrain_index.npz", ".drivetrain_index.npz.tmp.npz")
 
 
-def generated_files(root: Path) -> tuple[str, set[str]]:
-    """The table folder and the data files (names relative to ``root``) of the synthetic dataset at ``root``.
+def listed_files(root: Path, manifest: Manifest) -> set[str]:
+    """The data files (names relative to ``root``) the tables of the synthetic dataset at ``root`` list.
+
+    The tables of a finished dataset must be readable; those of an unfinished one may be missing or cut short
+    (the generator writes them last), and such tables list nothing. Tables that are read are checked either way.
 
     Raises:
-        DataError: naming the file: no settings file, one that is not the generator's, or tables that cannot
-            be read or name files outside the root.
+        DataError: naming the table: unreadable tables of a finished dataset, or file names outside the root.
     """
-    settings_path = root / SETTINGS_FILE
-    if not (settings_path.exists() or settings_path.is_symlink()):
-        raise DataError(f"holds no synthetic dataset (no {SETTINGS_FILE}); not touching it", root)
-    try:
-        settings: Any = json.loads(settings_path.read_text())
-    except (OSError, ValueError) as err:
-        raise DataError(
-            f"is not a drivetrain synthetic dataset's settings ({err}); not touching {root}", settings_path
-        ) from None
-    if (
-        not isinstance(settings, dict)
-        or not {"seed", "scenes"} <= settings.keys()
-        or settings.get("version") not in (VERSION, LYFT_VERSION)
-    ):
-        raise DataError(
-            f"is not a drivetrain synthetic dataset's settings (needs version {VERSION!r} or {LYFT_VERSION!r}, seed "
-            f"and scenes); not touching {root}",
-            settings_path,
-        )
-    version = settings["version"]
     files: set[str] = set()
     for table, field in PATH_FIELDS.items():
-        path = root / version / f"{table}.json"
+        path = root / manifest.version / f"{table}.json"
         try:
             rows = json.loads(path.read_text())
-        except (OSError, ValueError) as err:
+        except (OSError, ValueError, RecursionError) as err:
+            if not manifest.complete:
+                continue
             raise DataError(
-                f"cannot list the files of the synthetic dataset ({err}); nothing was deleted — delete it yourself",
+                f"cannot list the files of the synthetic dataset ({type(err).__name__}: {err}); nothing was deleted "
+                "— delete it yourself",
                 path,
             ) from None
         if not isinstance(rows, list):
+            if not manifest.complete:
+                continue
             raise DataError(
                 "cannot list the files of the synthetic dataset (not a JSON list); nothing was deleted", path
             )
         check_table_paths(rows, field, path)
         files.update(row[field] for row in rows if isinstance(row, dict) and isinstance(row.get(field), str))
-    return version, {f for f in files if f.split("/", 1)[0] in DATA_FOLDERS}
+    return {f for f in files if f.split("/", 1)[0] in DATA_FOLDERS}
 
 
-def remove_generated(root: str | Path) -> None:
-    """Delete the synthetic dataset at ``root``: what :func:`generated_files` lists and nothing else (see the module).
+def remove_generated(root: str | Path, *, replacing: bool = False) -> None:
+    """Delete the synthetic dataset at ``root``: what the module lists and nothing else.
+
+    Args:
+        root: the dataset folder.
+        replacing: a new set is written next (by the generator, which holds the generation lock): the lock and the
+            manifest (marked unfinished) stay.
 
     Raises:
         DataError: ``root`` holds no synthetic dataset of ours, or its file list cannot be read; nothing is deleted.
         OSError: a file could not be deleted.
     """
     root = Path(root)
-    version, files = generated_files(root)
-    folders = {parent.as_posix() for f in files for parent in Path(f).parents if parent != Path(".")}
-    for top in sorted({f.split("/", 1)[0] for f in files}):
-        _remove_listed(root, root / top, files, folders)
-    tables = root / version
+    manifest = read_manifest(root)
+    if manifest is None:
+        raise DataError(f"holds no synthetic dataset (no {MANIFEST}); not touching it", root)
+    listed = listed_files(root, manifest)
+    if manifest.complete:  # from here on the folder is an unfinished set of ours until the new one is written
+        write_manifest(root, manifest.config, "lyft" if manifest.lyft else "nuscenes", complete=False)
+    names = GeneratedNames(manifest.config, manifest.lyft)
+    folders = generated_folders(manifest.lyft)
+    folders |= {parent.as_posix() for f in listed for parent in Path(f).parents if parent != Path(".")}
+    tops = {f.split("/", 1)[0] for f in (*listed, *folders)}
+    for top in sorted(tops):
+        _remove_listed(root, root / top, lambda rel: rel in listed or rel in names, folders)
+    tables = root / manifest.version
     if tables.is_symlink():
         tables.unlink()
     elif tables.is_dir():
         for name in TABLES:
             _unlink(tables / f"{name}.json")
         _rmdir_if_empty(tables)
-    for name in (*BESIDE, SETTINGS_FILE):  # the settings last: an interrupted removal can be run again
+    for name in BESIDE:
         _unlink(root / name)
+    if not replacing:
+        _unlink(root / LOCK_FILE)
+        _unlink(root / MANIFEST)  # last: an interrupted removal can be run again
 
 
-def _remove_listed(root: Path, top: Path, files: set[str], folders: set[str]) -> None:
-    """Bottom-up through the real folders under ``top``: unlink the listed files (and links standing for listed
-    folders), then remove the listed folders left empty. Links are never descended into."""
+def _remove_listed(root: Path, top: Path, made: Callable[[str], bool], folders: set[str]) -> None:
+    """Bottom-up through the real folders under ``top``: unlink the files we ``made`` (and links standing for our
+    folders), then remove our folders left empty. Links are never descended into."""
     if top.is_symlink():
         top.unlink()
         return
@@ -117,7 +126,7 @@ def _remove_listed(root: Path, top: Path, files: set[str], folders: set[str]) ->
         for name in (*filenames, *dirnames):
             path = here / name
             rel, link = path.relative_to(root).as_posix(), path.is_symlink()
-            if (rel in files and (link or not path.is_dir())) or (rel in folders and link):
+            if (made(rel) and (link or not path.is_dir())) or (rel in folders and link):
                 path.unlink()
         if here.relative_to(root).as_posix() in folders:
             _rmdir_if_empty(here)
