@@ -95,7 +95,7 @@ def dataset_args(folder: Path, size: str, seed: int) -> dict[str, Any]:
         "seed": seed,
         "split": "mini_train",
     }
-    synthetic(**args)  # generate and index now, outside every timed region
+    synthetic(generate=True, **args)  # generate and index now, outside every timed region
     return args
 
 

@@ -145,7 +145,7 @@ def build_dataset(args: argparse.Namespace, data_args: dict[str, Any]):
         kwargs["image_size"] = tuple(kwargs["image_size"])
     if not (Path(kwargs["root"]) / "drivetrain_index.npz").is_file():
         print(f"generating the synthetic '{kwargs.get('size')}' dataset into {kwargs['root']} (once) ...", flush=True)
-    return synthetic(**kwargs), kwargs
+    return synthetic(generate=True, **kwargs), kwargs
 
 
 def batch_keys(ds: Any, batch: int, steps: int, seed: int) -> list[list[Any]]:

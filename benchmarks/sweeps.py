@@ -56,7 +56,7 @@ def child(args: argparse.Namespace, sweeps: int, root: str) -> dict:
 
     out = tempfile.mkdtemp(prefix="drivetrain-bench-sweeps-")
     source = data_args(root, sweeps, args.scenes)
-    frames = synthetic(**source)
+    frames = synthetic(generate=True, **source)
     points = [int(frames[i].points.shape[0]) for i in range(len(frames))]
     steps = args.steps
     overrides = [
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         print(
             f"generating the synthetic tiny set with {RECORDED} sweeps a key frame into {root} (once) ...", flush=True
         )
-        synthetic(**data_args(root, 0, args.scenes))
+        synthetic(generate=True, **data_args(root, 0, args.scenes))
 
     measured: dict[int, dict] = {}
     for n in counts:

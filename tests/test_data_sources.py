@@ -136,7 +136,7 @@ def test_the_tiny_presets_focal_matches_the_one_its_image_size_gives(tmp_path):
     from drivetrain.data.sources import synthetic
 
     small = {"root": str(tmp_path), "size": "tiny", "scenes": 1, "frames_per_scene": 1, "sweeps_per_sample": 0}
-    first = synthetic(**small)
+    first = synthetic(**small, generate=True)
     assert (tmp_path / "drivetrain_synth.json").read_text().count('"focal": 253.20000000000002') == 1
     assert len(synthetic(**small, image_size=[320, 180])) == len(first) == 1
     with pytest.raises(ValueError, match=r"focal: the data has 253\.20000000000002, asked for 265\.86"):

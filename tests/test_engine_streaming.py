@@ -92,7 +92,7 @@ def test_synthetic_builder_reuses_a_finished_dataset_with_the_same_settings(tmp_
     from drivetrain.data.sources import synthetic
 
     small = {"scenes": 4, "frames_per_scene": 2, "image_size": (160, 90)}
-    first = synthetic(root=str(tmp_path), **small)
+    first = synthetic(root=str(tmp_path), **small, generate=True)
     assert len(first) == 2 * 2  # the mini_train scenes of the four (the two mini_val ones are held out)
     assert len(synthetic(root=str(tmp_path), **small, split="mini_val")) == 2 * 2
 
@@ -121,7 +121,7 @@ def test_synthetic_builder_reindexes_an_index_of_an_older_format(tmp_path):
     from drivetrain.data.sources import synthetic
 
     small = {"scenes": 4, "frames_per_scene": 2, "image_size": (160, 90)}
-    synthetic(root=str(tmp_path), **small)
+    synthetic(root=str(tmp_path), **small, generate=True)
     index = tmp_path / "drivetrain_index.npz"
     with np.load(index, allow_pickle=False) as npz:
         arrays = {k: npz[k] for k in npz.files}
@@ -130,7 +130,7 @@ def test_synthetic_builder_reindexes_an_index_of_an_older_format(tmp_path):
     arrays["meta_json"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     np.savez(index, **arrays)
     with pytest.warns(RuntimeWarning, match="re-indexing the synthetic dataset"):
-        assert len(synthetic(root=str(tmp_path), **small)) == 4
+        assert len(synthetic(root=str(tmp_path), **small, generate=True)) == 4
 
 
 def test_gpu_solver_shapes_met_in_a_step_are_compiled_between_steps(

@@ -5,9 +5,14 @@
 batch slot and resumes mid-epoch exactly. Builders for a run config's ``data.name``:
 
 - ``frames`` — an existing frame index (``data.args.index``);
-- ``synthetic`` — the synthetic dataset under ``data.args.root``, generated and
-  indexed on first use (deterministic for the seed), then reused — only if its recorded generator settings
-  (``drivetrain_synth.json``) are the ones asked for; otherwise an error names the differing settings.
+- ``synthetic`` — the synthetic dataset under ``data.args.root``, reused when its recorded generator settings
+  (``drivetrain_synth.json``) are the ones asked for (otherwise an error names the differing settings). Only a
+  command that trains (``train``, ``tune loader``, the benchmarks) passes ``generate=True`` and has a missing set
+  generated and indexed (deterministic for the seed) — and only into a new or empty folder or over an unfinished
+  generation of ours, never into a folder drivetrain did not make (:mod:`drivetrain.data.synth.manifest`). Every
+  command that reads a run (``eval --checkpoint``, ``viz frame --checkpoint``, ``doctor``) builds it with
+  ``generate=False``: a run's config naming a folder never makes them write there; a missing set is an error
+  saying how to make it.
 
 Both take ``split`` (a devkit scene split such as ``mini_train`` / ``mini_val``): training configs name the
 train split so that evaluation on the val split sees scenes the model has not trained on. Their ``data.args`` map
@@ -20,9 +25,9 @@ from YAML and as a ``data.args.KEY=VALUE`` override, and checked when the config
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import math
+import shlex
 import sys
 import warnings
 from collections.abc import Iterator, Mapping
@@ -131,17 +136,28 @@ def frames(index: str, root: str | None = None, split: str | None = None, **read
     return StreamingFrames(FrameDataset(args.index, reading_options(args), args.root, args.split))
 
 
-def synthetic(**options: Any) -> StreamingFrames:
-    """The synthetic nuScenes-format dataset at ``root``: generated and indexed unless already there.
+def synthetic(*, generate: bool = False, **options: Any) -> StreamingFrames:
+    """The synthetic nuScenes-format dataset at ``root``.
 
     Args:
-        options: :class:`SyntheticArgs` fields: ``root`` (a finished dataset there, its ``drivetrain_index.npz``, is
-            reused when its ``drivetrain_synth.json`` records the settings asked for; other settings are a
-            ValueError naming them — use another root, or delete the folder to regenerate; nothing is written when
-            the dataset is reused, so it may live on a read-only mount), the generator's ``size``, ``scenes``,
-            ``frames_per_scene``, ``image_size``, ``sweeps_per_sample`` and ``seed``, the ``split`` trained on, and
-            every reading option of :class:`DatasetConfig` (a lidar model: ``load_images=False, load_points=True,
-            num_sweeps=10, use_dim=(0, 1, 2, 4)``).
+        generate: make the dataset if it is not there (generated, then indexed), as ``train`` does; only into a
+            missing or empty folder, or over an unfinished generation of ours (a killed one), never into a folder
+            without the generator's manifest. A finished dataset of ours without an index is indexed. False (every
+            command that reads a run): nothing is ever written; a missing or unfinished dataset is a DataError
+            naming the ``drivetrain data synth`` command that makes it, and one without an index (as
+            ``data synth`` leaves it) or with a stale index is indexed in memory. Not a ``data.args`` key: the
+            command decides, never a config.
+        options: :class:`SyntheticArgs` fields: ``root`` (a finished dataset there is reused when its
+            ``drivetrain_synth.json`` records the settings asked for; other settings are a ValueError naming them —
+            use another root, or delete the folder to regenerate; nothing is written when the dataset is reused,
+            so it may live on a read-only mount), the generator's ``size``, ``scenes``, ``frames_per_scene``,
+            ``image_size``, ``sweeps_per_sample`` and ``seed``, the ``split`` trained on, and every reading option
+            of :class:`DatasetConfig` (a lidar model: ``load_images=False, load_points=True, num_sweeps=10,
+            use_dim=(0, 1, 2, 4)``).
+
+    Raises:
+        DataError: the folder is not ours (generating), or holds no finished dataset (reading); one line, naming it.
+        ValueError: the dataset there was generated with other settings.
     """
     from drivetrain.data.synth import PRESETS
 
@@ -157,17 +173,61 @@ def synthetic(**options: Any) -> StreamingFrames:
         width, height = (int(v) for v in args.image_size)
         config = config.with_overrides(image_width=width, image_height=height, focal=1266.0 * width / 1600)
     path = Path(args.root)
-    if not (path / INDEX_FILE).is_file():
+    if generate:
         _generate_once(path, config)
-    _check_settings(path, config)
+    index = _finished_index(path, config, args, write=generate)
+    return StreamingFrames(FrameDataset(index, reading_options(args), split=args.split))
+
+
+def _finished_index(path: Path, config: Any, args: SyntheticArgs, *, write: bool) -> FrameIndex:
+    """The index of the finished dataset at ``path`` (its settings checked first); a missing or stale one is
+    rebuilt — saved with ``write`` (under the node lock), in memory otherwise."""
+    from drivetrain.data.index import build_index
+    from drivetrain.data.synth.manifest import folder_state
+
+    state, manifest = folder_state(path)
+    if manifest is None or not manifest.complete:
+        what = {"unfinished": "an unfinished synthetic dataset (its generation was stopped)"}.get(
+            state, f"no synthetic dataset (no {SYNTH_FILE})"
+        )
+        raise DataError(
+            f"holds {what}, and this command reads data without generating it; make it with "
+            f"`{_synth_command(path, config, args)}` (or train once with this data.args.root)",
+            path,
+        )
+    _check_settings(path, manifest.settings, config)
+    if not (path / INDEX_FILE).is_file():
+        if write:  # a finished dataset of ours, e.g. from `data synth`: index it (another rank may already have)
+            with _node_lock(path):
+                if not (path / INDEX_FILE).is_file():
+                    _write_index(path)
+            return load_index(path / INDEX_FILE)
+        return build_index(path, progress=False)
     try:
-        index = load_index(path / INDEX_FILE)
+        return load_index(path / INDEX_FILE)
     except DataError as err:  # an index of an older drivetrain, or stale: the data itself is what was asked for
-        warnings.warn(f"re-indexing the synthetic dataset at {path}: {err}", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"re-indexing the synthetic dataset at {path}: {err}", RuntimeWarning, stacklevel=3)
+        if not write:
+            return build_index(path, progress=False)
         with _node_lock(path):
             _write_index(path)
-        index = load_index(path / INDEX_FILE)
-    return StreamingFrames(FrameDataset(index, reading_options(args), split=args.split))
+        return load_index(path / INDEX_FILE)
+
+
+def _synth_command(path: Path, config: Any, args: SyntheticArgs) -> str:
+    """The ``drivetrain data synth`` command line that writes the dataset ``args`` asks for into ``path``."""
+    words = ["drivetrain data synth --out", shlex.quote(str(path)), "--size", args.size]
+    if args.seed:
+        words += ["--seed", str(args.seed)]
+    if args.scenes is not None:
+        words += ["--scenes", str(args.scenes)]
+    if args.frames_per_scene is not None:
+        words += ["--frames-per-scene", str(args.frames_per_scene)]
+    if args.image_size is not None:
+        words += ["--image-size", f"{config.image_width}x{config.image_height}"]
+    if args.sweeps_per_sample is not None:
+        words += ["--sweeps-per-sample", str(args.sweeps_per_sample)]
+    return " ".join(words)
 
 
 def _tuples(options: dict[str, Any]) -> dict[str, Any]:
@@ -175,15 +235,34 @@ def _tuples(options: dict[str, Any]) -> dict[str, Any]:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
 
 
-def _generate_once(path: Path, config: object) -> None:
-    """Generate and index ``config`` into ``path`` (ranks of one node take a lock: one of them does it)."""
+def _generate_once(path: Path, config: Any) -> None:
+    """Make the finished dataset ``config`` at ``path`` if it is not there: generate (and index) it into a missing
+    or empty folder or over an unfinished generation of ours; a finished one of ours is left for the settings check
+    (and indexed there); a folder that is not ours is a DataError before anything is created in it. Ranks of one
+    node take the generation lock: one of them generates, the others wait and reuse it."""
     from drivetrain.data.synth import generate
+    from drivetrain.data.synth.manifest import folder_state
 
+    state, _ = folder_state(path)  # a foreign folder is refused here, before the lock file is made in it
+    if state == "complete":
+        return
+    _refuse_foreign(path, state)
     path.mkdir(parents=True, exist_ok=True)
     with _node_lock(path):
-        if not (path / INDEX_FILE).is_file():
+        state, _ = folder_state(path)  # again under the lock: another rank may have finished it meanwhile
+        if state != "complete":
+            _refuse_foreign(path, state)
             generate(path, config, progress=True)
             _write_index(path)
+
+
+def _refuse_foreign(path: Path, state: str) -> None:
+    if state == "foreign":
+        raise DataError(
+            f"is not empty and holds no synthetic dataset of drivetrain (no {SYNTH_FILE}); not generating into it — "
+            "choose a new or empty data.args.root (or, for a real nuScenes-format root, data.name=frames)",
+            path,
+        )
 
 
 def _write_index(path: Path) -> None:
@@ -198,12 +277,9 @@ def _write_index(path: Path) -> None:
 @contextlib.contextmanager
 def _node_lock(path: Path) -> Iterator[None]:
     """Ranks of one node take this lock around writing the dataset: one of them does it, the others wait."""
-    lock_path = path / ".generate.lock"
-    if lock_path.is_symlink():  # opening it for writing would create or truncate the link's target
-        lock_path.unlink()
-    with open(lock_path, "a") as lock:
-        with contextlib.suppress(OSError):
-            fcntl.flock(lock, fcntl.LOCK_EX)
+    from drivetrain.data.synth.manifest import generation_lock
+
+    with generation_lock(path):
         yield
 
 
@@ -221,13 +297,9 @@ def _same_setting(recorded: Any, wanted: Any) -> bool:
     return recorded == wanted
 
 
-def _check_settings(path: Path, config: object) -> None:
-    """ValueError naming the settings in which the dataset at ``path`` differs from ``config``."""
-    recorded_file = path / SYNTH_FILE
-    try:
-        recorded = json.loads(recorded_file.read_text())
-    except (OSError, ValueError) as err:
-        raise DataError(f"not a synthetic dataset or its settings are unreadable ({err})", recorded_file) from None
+def _check_settings(path: Path, recorded: dict[str, Any], config: object) -> None:
+    """ValueError naming the settings in which the dataset at ``path`` (its manifest's ``recorded`` settings)
+    differs from ``config``."""
     wanted = json.loads(json.dumps(asdict(config)))  # tuples → lists, as recorded
     differ = [
         f"{k}: the data has {recorded.get(k)!r}, asked for {v!r}"

@@ -31,7 +31,8 @@ from drivetrain.safe_reads import human_bytes
 __all__ = ["apply_speed", "build_dataset", "build_model", "build_optimizer"]
 
 
-def _call(section: str, name: str, args: dict[str, Any]) -> Any:
+def _call(section: str, name: str, args: dict[str, Any], command: dict[str, Any] | None = None) -> Any:
+    """Build ``name`` from the config's ``args`` (checked) and the ``command``'s own keyword arguments."""
     fn = registry.lookup(section, name)
     try:
         params = inspect.signature(fn).parameters
@@ -43,7 +44,7 @@ def _call(section: str, name: str, args: dict[str, Any]) -> Any:
                 raise ConfigError(f"{section}.args.{key}: unknown argument of {name}; known: {', '.join(params)}")
     _check_arg_types(section, fn, args)
     try:
-        return fn(**args)
+        return fn(**args, **(command or {}))
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{section}.args: {name}: {_first_line(err)}") from None
     except (RuntimeError, MemoryError) as err:
@@ -124,12 +125,38 @@ def build_model(cfg: ModelConfig) -> nn.Module:
     return model
 
 
-def build_dataset(cfg: DataConfig) -> torch.utils.data.Dataset:
-    """The map-style dataset named by ``cfg`` (:class:`~drivetrain.engine.protocol.MapDataset`)."""
-    dataset = _call("data", cfg.name, cfg.args)
+def build_dataset(cfg: DataConfig, *, generate: bool = False) -> torch.utils.data.Dataset:
+    """The map-style dataset named by ``cfg`` (:class:`~drivetrain.engine.protocol.MapDataset`).
+
+    Args:
+        cfg: the run config's ``data`` section.
+        generate: whether the builder may write a dataset that is not there yet (the ``synthetic`` set): True for
+            the commands that train (``train``, ``tune loader``, the benchmarks); False, the default, for every
+            command that reads a run (``eval --checkpoint``, ``viz frame --checkpoint``, ``doctor``), so a run's
+            config never makes them write into the folder it names. It reaches builders that declare a
+            keyword-only ``generate`` parameter; a config cannot set it (``data.args.generate`` is refused).
+    """
+    command: dict[str, Any] = {}
+    if _takes_generate(registry.lookup("data", cfg.name)):
+        if "generate" in cfg.args:
+            raise ConfigError(
+                "data.args.generate: not a data argument — the command decides whether data is generated (train "
+                "does, commands reading a run never do), not a config"
+            )
+        command["generate"] = generate
+    dataset = _call("data", cfg.name, cfg.args, command)
     if not isinstance(dataset, MapDataset):
         raise ConfigError(f"data.name: {cfg.name} must build a map-style Dataset (__getitem__ and __len__)")
     return dataset
+
+
+def _takes_generate(builder: Any) -> bool:
+    """Whether a data builder declares the keyword-only ``generate`` parameter (it may write its dataset)."""
+    try:
+        parameter = inspect.signature(builder).parameters.get("generate")
+    except (TypeError, ValueError):
+        return False
+    return parameter is not None and parameter.kind is inspect.Parameter.KEYWORD_ONLY
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:

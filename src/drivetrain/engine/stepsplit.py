@@ -192,6 +192,7 @@ def measure_steps(
     nvtx: bool = False,
     trace_steps: int = 0,
     trace_file: str | Path | None = None,
+    generate_data: bool = True,
 ) -> StepSplit:
     """Train ``config`` (its ``base:`` chain and ``overrides`` applied) ``warmup + steps`` steps and split its step.
 
@@ -205,6 +206,8 @@ def measure_steps(
         nvtx: also emit an NVTX range per region (CUDA only), for Nsight Systems.
         trace_steps: steps after the timed ones run under ``torch.profiler`` (0: none).
         trace_file: where to export those steps' Chrome trace (JSON; with ``trace_steps``).
+        generate_data: the config's data may be generated if missing (the :class:`Trainer`'s switch); ``doctor``
+            profiling a run passes False, so a run's config never makes it write into the folder it names.
 
     Returns:
         The :class:`StepSplit`.
@@ -224,7 +227,7 @@ def measure_steps(
             "checkpoint.keep=1",
             *([f"train.device={device}"] if device is not None else []),
         ]  # fmt: skip
-        trainer = Trainer(load_config(config, [*overrides, *keys]))
+        trainer = Trainer(load_config(config, [*overrides, *keys]), generate_data=generate_data)
         cuda = trainer.device.type == "cuda"
         try:
             with warnings.catch_warnings(record=True) as caught:

@@ -158,10 +158,13 @@ class Trainer:
         cfg: the run's configuration.
         resume: None (fresh run), ``"auto"`` (newest committed checkpoint of the run, if any) or the path
             of a checkpoint directory.
+        generate_data: a data builder may make a dataset that is not there yet (the ``synthetic`` set; see
+            :func:`~drivetrain.engine.build.build_dataset`); ``doctor`` profiling someone's run passes False.
     """
 
-    def __init__(self, cfg: TrainConfig, resume: str | None = None) -> None:
+    def __init__(self, cfg: TrainConfig, resume: str | None = None, *, generate_data: bool = True) -> None:
         self.cfg = cfg
+        self.generate_data = generate_data
         self.out_dir = Path(cfg.run.out_dir)
         if cfg.run.threads is not None:
             torch.set_num_threads(cfg.run.threads)
@@ -205,7 +208,7 @@ class Trainer:
                 raise ConfigError(f"model.loss_weights.{err.args[0]}") from None
         self.strategy = build_strategy(self.model, cfg, self.ctx, lambda model: build_optimizer(model, cfg.optim))
         self.optimizer, self.scaler = self.strategy.optimizer, self.strategy.scaler
-        dataset = build_dataset(cfg.data)
+        dataset = build_dataset(cfg.data, generate=self.generate_data)
         evaluates = cfg.eval.every or cfg.eval.at_start
         self.eval_data = self._build_eval_data() if evaluates and self.ctx.is_main else None
         rank, world_size = self.ctx.rank, self.ctx.world_size
@@ -392,7 +395,7 @@ class Trainer:
                 stacklevel=2,
             )
         with torch.random.fork_rng(devices=[]):  # building it draws nothing from the run's RNG
-            frames = build_dataset(replace(self.cfg.data, args=args))
+            frames = build_dataset(replace(self.cfg.data, args=args), generate=self.generate_data)
         if not isinstance(frames, EvalFrames):
             raise ConfigError(
                 f"eval.every: data.name {self.cfg.data.name} builds no frames of an index to score (they need index, "
