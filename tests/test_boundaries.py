@@ -26,8 +26,12 @@ SOURCE = Path(drivetrain.__file__).resolve().parent  # src/drivetrain
 LAYERS: tuple[frozenset[str], ...] = (
     # the package itself: __version__ only
     frozenset({"drivetrain"}),
-    # safe file writes (no link followed), under every writer: profile's result files included
-    frozenset({"safe_files"}),
+    # safe file writes (no link followed) and reads (regular files only, bounded), under every writer and reader:
+    # profile's result files included; neither imports anything of drivetrain
+    frozenset({"safe_files", "safe_reads"}),
+    # JSON with bounded nesting and numbers, bounded YAML, torch files loaded tensors-only and bounded: the readers of
+    # untrusted files, on safe_reads
+    frozenset({"safe_json", "safe_yaml", "torch_files"}),
     # leaves: ragged batches, cached device constants, seed mixing, and profile (timed regions and cost counting,
     # which every layer may use)
     frozenset({"ragged", "constants", "seeding", "profile"}),

@@ -35,12 +35,12 @@ import simplejpeg
 import torch
 import yaml
 
-from drivetrain import safe_reads
+from drivetrain import safe_reads, safe_yaml
 from drivetrain.data import DatasetConfig, FrameDataset
 from drivetrain.data.dataset import Skipped
 from drivetrain.data.errors import DataError
 from drivetrain.data.io import MAX_POINTS, max_jpeg_bytes, read_image, read_points
-from drivetrain.engine import Checkpointer, CheckpointError, Trainer, config_files, load_config
+from drivetrain.engine import Checkpointer, CheckpointError, Trainer, load_config
 from drivetrain.engine.checkpoint import MARKER, STATE_FILE
 from drivetrain.engine.config_files import (
     MAX_YAML_DEPTH,
@@ -51,7 +51,6 @@ from drivetrain.engine.config_files import (
     read_config_file,
 )
 from drivetrain.engine.errors import ConfigError
-from drivetrain.engine.torch_files import MAX_OBJECTS, TorchFileError, _unpickling_reason, load_torch_file
 from drivetrain.safe_reads import (
     FileTooLargeError,
     NotRegularFileError,
@@ -60,6 +59,7 @@ from drivetrain.safe_reads import (
     read_text,
     zip_members_size,
 )
+from drivetrain.torch_files import MAX_OBJECTS, TorchFileError, _unpickling_reason, load_torch_file
 from helpers.engine import ROOT, SMOKE, cli_env, overrides
 
 # A FIFO blocks a reader forever; these commands finish in 3-6 s on this 2-core machine (most of it importing
@@ -467,7 +467,7 @@ def test_the_bounded_loader_counts_aliases_as_the_copies_they_make(monkeypatch: 
     that contains itself is refused."""
     text = "base: &b {lr: 1, betas: [0.9, 0.99]}\nother:\n  <<: *b\n  lr: 2\nagain: *b\n"
     assert load_yaml(text) == yaml.safe_load(text)
-    monkeypatch.setattr(config_files, "MAX_YAML_NODES", 1000)
+    monkeypatch.setattr(safe_yaml, "MAX_YAML_NODES", 1000)
     flat = "[" + ", ".join(["1"] * 999) + "]"  # the list and its items: exactly the bound
     assert len(load_yaml(flat)) == 999
     with pytest.raises(YAMLBoundError, match="expands to more than 1000 nodes"):

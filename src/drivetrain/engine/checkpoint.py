@@ -17,7 +17,7 @@ checkpoints are those of before (one of the same step, which the trainer never w
 ``.step-N.old-<pid>`` while the new one is written and put back if it fails).
 
 Loading uses ``torch.load(weights_only=True)`` after checking the marker's size and SHA-256, through
-:func:`~drivetrain.engine.torch_files.load_torch_file`: ``state.pt`` must be a regular file (a FIFO there would
+:func:`~drivetrain.torch_files.load_torch_file`: ``state.pt`` must be a regular file (a FIFO there would
 block the load forever) and a zip archive whose members declare no more bytes than the file holds (what
 ``torch.save`` writes; a deflated member that would inflate to gigabytes is refused before a byte is inflated). A
 directory without a marker, with a wrong checksum, a special or expanding state file, or that fails to load is
@@ -62,9 +62,9 @@ from drivetrain.engine.state import (
     Stateful,
     format_version,
 )
-from drivetrain.engine.torch_files import TorchFileError, load_torch_file
 from drivetrain.safe_files import LinkedFolderError, real_dir, remove_path
 from drivetrain.safe_reads import read_text
+from drivetrain.torch_files import TorchFileError, load_torch_file
 
 __all__ = [
     "DENIED",

@@ -3,7 +3,7 @@
 A source is read as data, never as code: ``torch.load(..., weights_only=True)`` only, so a file holding pickled
 Python objects is refused (one line naming the file and the object), as is anything that is not a mapping of
 names to tensors. The file must be a regular one (a FIFO would block the load), and a zip archive's members may
-not declare more bytes than the file holds (:mod:`~drivetrain.engine.torch_files`). Sources:
+not declare more bytes than the file holds (:mod:`~drivetrain.torch_files`). Sources:
 
 * ``drivetrain``: a run directory (its newest committed checkpoint that loads), a checkpoint directory
   ``checkpoints/step-N`` or its ``state.pt`` (marker and checksum verified by :class:`~.checkpoint.Checkpointer`),
@@ -47,7 +47,7 @@ from torch import nn
 from drivetrain.engine.checkpoint import MARKER, STATE_FILE, Checkpointer, CheckpointError
 from drivetrain.engine.errors import ConfigError
 from drivetrain.engine.registry import weight_maps
-from drivetrain.engine.torch_files import TorchFileError, load_torch_file
+from drivetrain.torch_files import TorchFileError, load_torch_file
 
 __all__ = ["FORMATS", "InitFromError", "LoadReport", "check_init_from", "init_model", "load_weights", "starts_fresh"]
 

@@ -31,10 +31,14 @@ from typing import Any
 import yaml
 
 from drivetrain.safe_files import real_dir, replace_bytes, replace_text
+from drivetrain.safe_reads import read_text
+from drivetrain.safe_yaml import load_yaml
+from drivetrain.torch_files import TorchFileError, load_torch_file
 from drivetrain.viz.curves import _moving_average, read_metrics
 
 __all__ = ["RunRecords", "load_run", "write_report"]
 
+CONFIG_BYTES = 1 << 20  # a run's config.yaml is ~10 KB; engine.config_files.MAX_CONFIG_BYTES bounds configs alike
 COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray")
 
 
@@ -81,23 +85,19 @@ def load_run(path: str | Path) -> RunRecords:
     Raises:
         FileNotFoundError: no ``metrics.jsonl`` there (naming it).
     """
-    from drivetrain.engine.config_files import read_yaml_file
-
     path = Path(path)
     train, evals = read_metrics(path)
     config = None
     if (path / "config.yaml").is_file():
         try:  # bounded YAML of a regular file (a run directory may come from someone else)
-            config = read_yaml_file(path / "config.yaml")
-        except ValueError:  # the engine's ConfigError: the report goes on without the config
+            config = load_yaml(read_text(path / "config.yaml", limit=CONFIG_BYTES))
+        except (OSError, ValueError, yaml.YAMLError):  # not one we can read: the report goes on without it
             config = None
     return RunRecords(path, train, evals, config, _versions(path))
 
 
 def _versions(path: Path) -> dict[str, str] | None:
     """The versions the newest checkpoint recorded (memory-mapped: the weights are not read)."""
-    from drivetrain.engine.torch_files import TorchFileError, load_torch_file
-
     for state in sorted((path / "checkpoints").glob("step-*/state.pt"), reverse=True):
         try:  # a regular file whose members do not expand (a FIFO would block), tensors only
             versions = load_torch_file(state, mmap=True).get("versions")
