@@ -123,7 +123,7 @@ PUBLISHED = {
 # ------------------------------------------------------------------------------------------ setup
 def load_config(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
     """The run config of ``--model``/``--size`` (or ``--config``) with its ``base:`` chain merged, as ``drivetrain
-    train`` reads it (:func:`~drivetrain.engine.config_files.read_config_file`: ``yaml.safe_load`` per file)."""
+    train`` reads it (:func:`~drivetrain.engine.config_files.read_config_file`: the bounded safe loader per file)."""
     path = args.config or ROOT / "configs" / f"{MODELS[args.model]}_{args.size}.yaml"
     try:
         raw = read_config_file(path).data

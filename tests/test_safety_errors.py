@@ -495,3 +495,31 @@ def test_the_readme_torchrun_form_trains_without_importing_from_the_current_fold
     assert proc.stdout.count("3/3 steps") == 1  # only rank 0 reports
     assert len(losses(tmp_path / "run")) == 3
     assert not (hostile_cwd / "RAN").exists()
+
+
+# ------------------------------------------------------------------------------ special files, huge literals
+def test_a_fifo_as_predictions_or_a_table_is_one_line_not_missing_and_not_a_hang(synth_root: Path, tmp_path: Path):
+    """A FIFO where a predictions file or a nuScenes table belongs is refused as what it is (not "does not exist",
+    which is what an ``is_file()`` pre-check said), in seconds: the read never opens it for reading."""
+    predictions = tmp_path / "results.json"
+    os.mkfifo(predictions)
+    line = refusal(drivetrain("eval", "--predictions", str(predictions), "--root", str(synth_root)), 1)
+    assert line == f"eval: {predictions}: cannot read predictions (a FIFO (named pipe), not a regular file)", line
+    root = tmp_path / "root"
+    shutil.copytree(synth_root, root, ignore=shutil.ignore_patterns("samples", "sweeps", "drivetrain_index.npz"))
+    table = root / "v1.0-mini" / "scene.json"
+    table.unlink()
+    os.mkfifo(table)
+    line = refusal(drivetrain("data", "index", "--root", str(root)), 1)
+    assert line == f"data index: {table}: cannot read nuScenes table 'scene' (a FIFO (named pipe), not a regular file)"
+
+
+def test_a_yaml_integer_too_long_to_convert_is_one_config_line(tmp_path: Path) -> None:
+    """PyYAML converts an integer with ``int(str)``, which refuses more than 4300 digits with a ValueError that
+    advises ``sys.set_int_max_str_digits``: the bounded loader makes it a YAML error at its place."""
+    config = tmp_path / "big.yaml"
+    config.write_text(f"base: {SMOKE.name}\noptim:\n  lr: 1{'0' * 5000}\n")
+    shutil.copy(SMOKE, tmp_path / SMOKE.name)
+    line = refusal(drivetrain("train", "--config", str(config), "--print-config"), 2)
+    assert "holds an integer of 5001 characters, too long to convert (line 3, column 7)" in line, line
+    assert "set_int_max_str_digits" not in line

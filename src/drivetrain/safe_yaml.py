@@ -84,6 +84,20 @@ class BoundedSafeLoader(yaml.SafeLoader):
             raise YAMLBoundError(None, None, f"is nested deeper than {MAX_YAML_DEPTH} levels through its aliases", mark)
 
 
+def _bounded_int(loader: BoundedSafeLoader, node: Any) -> int:
+    """``SafeLoader``'s integer, with Python's digit limit for ``int(str)`` (4300 digits) a YAML error at the node
+    instead of a ``ValueError`` that advises ``sys.set_int_max_str_digits``."""
+    try:
+        return yaml.SafeLoader.construct_yaml_int(loader, node)
+    except ValueError:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"holds an integer of {len(str(node.value))} characters, too long to convert", node.start_mark
+        ) from None
+
+
+BoundedSafeLoader.add_constructor("tag:yaml.org,2002:int", _bounded_int)
+
+
 def load_yaml(text: str) -> Any:
     """``text`` parsed by :class:`BoundedSafeLoader` (``yaml.safe_load``'s values, bounded).
 

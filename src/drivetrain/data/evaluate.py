@@ -221,10 +221,12 @@ def evaluate(
     """Official nuScenes detection metrics of a submission file; returns the devkit's metrics summary
     (``mean_ap``, ``nd_score``, ``tp_errors``, ``mean_dist_aps``, ...) and writes it to ``out_dir``."""
     predictions = Path(predictions)
-    if not predictions.is_file():
+    if not predictions.exists():
         raise DataError("predictions file does not exist", predictions)
     try:
-        submission = safe_json.load(predictions)
+        submission = safe_json.load(predictions)  # a regular file only (a FIFO would block): OSError otherwise
+    except OSError as err:
+        raise DataError(f"cannot read predictions ({err.strerror or err})", predictions) from None
     except safe_json.JSONLimitError as err:  # nested too deep, an integer outside 64 bits: the place is named
         raise DataError(f"predictions: {err}", predictions) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:

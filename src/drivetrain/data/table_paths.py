@@ -89,12 +89,14 @@ def check_root(root: str | Path, version: str, *, annotations: bool = True) -> P
         )
     for name in TABLES:
         path = tables / f"{name}.json"
-        if not path.is_file() and not annotations and name in ANNOTATION_TABLES:
+        if not path.exists() and not annotations and name in ANNOTATION_TABLES:
             continue  # a root without annotations
-        if not path.is_file():
+        if not path.exists():
             raise DataError(f"missing nuScenes table {name!r}", path)
         try:
-            rows = load(path)
+            rows = load(path)  # a regular file only (a FIFO would block): OSError otherwise
+        except OSError as err:
+            raise DataError(f"cannot read nuScenes table {name!r} ({err.strerror or err})", path) from None
         except JSONLimitError as err:  # nested too deep, an integer outside 64 bits: the place is named
             raise DataError(str(err), path) from None
         except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
