@@ -10,7 +10,6 @@ refusal, the legitimate use of the same door still works: a killed generation is
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -28,6 +27,7 @@ from drivetrain.data.synth import SynthConfig, generate
 from drivetrain.data.synth.manifest import MANIFEST, folder_state, write_manifest
 from drivetrain.data.synth.names import GeneratedNames
 from helpers.engine import cli_env
+from helpers.trees import tree
 
 ROOT = Path(__file__).resolve().parents[1]
 MINE = b"someone else's file\n"
@@ -37,26 +37,6 @@ QUIET = ["run.threads=1", "log.progress=false", "log.tensorboard=false", "eval.e
 TINY = SynthConfig(scenes=("scene-0061", "scene-0103"), samples_per_scene=2, sweeps_per_sample=1, image_width=32,
                    image_height=18, focal=25.32, lidar_rings=4, lidar_azimuths=30)  # fmt: skip
 SMALL = ["--scenes", "1", "--frames-per-scene", "1", "--image-size", "64x36", "--quiet"]
-
-
-def tree(root: Path) -> dict[str, tuple]:
-    """Every entry under ``root`` (links listed, not followed): kind, content digest or link target, mtime."""
-    if not root.exists():
-        return {}
-    out: dict[str, tuple] = {".": ("dir", None, root.lstat().st_mtime_ns)}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in (*dirnames, *filenames):
-            path = Path(dirpath) / name
-            rel, stat = path.relative_to(root).as_posix(), path.lstat()
-            if path.is_symlink():
-                out[rel] = ("link", os.readlink(path), stat.st_mtime_ns)
-            elif path.is_dir():
-                out[rel] = ("dir", None, stat.st_mtime_ns)
-            elif not path.is_file():  # a FIFO: never opened (that would wait for a writer)
-                out[rel] = ("special", stat.st_mode, stat.st_mtime_ns)
-            else:
-                out[rel] = ("file", hashlib.sha256(path.read_bytes()).hexdigest(), stat.st_mtime_ns)
-    return out
 
 
 def one_line(text: str) -> str:

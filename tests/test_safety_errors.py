@@ -19,7 +19,6 @@ compare snapshots of the folders involved (kinds, sizes, digests, link targets, 
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import re
@@ -47,6 +46,7 @@ from drivetrain.engine.registry import register_model
 from drivetrain.safe_json import MAX_DEPTH, JSONLimitError, jsonl_records, nesting_depth
 from helpers.engine import ON_CPU, ROOT, SMOKE, cli_env, free_port, losses, metrics, overrides
 from helpers.fuzz import fuzz_settings
+from helpers.trees import tree
 
 # The commands finish in 3-6 s on this 2-core machine (most of it importing torch): a bound several times that
 # tells a hang from a slow start. The address space: a CLI process that imports torch and trains the smoke model
@@ -58,20 +58,6 @@ BIG_INT = "1" + "0" * 4000  # 10**4000: an OverflowError as a float
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def tree(root: Path) -> dict[str, tuple]:
-    """Every entry under ``root`` (links listed, never followed): kind, size, content digest or link target, mtime."""
-    out: dict[str, tuple] = {".": ("dir", root.lstat().st_mtime_ns)}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in (*dirnames, *filenames):
-            path = Path(dirpath) / name
-            rel, st = path.relative_to(root).as_posix(), path.lstat()
-            if path.is_symlink():
-                out[rel] = ("link", os.readlink(path), st.st_mtime_ns)
-            elif path.is_dir():
-                out[rel] = ("dir", st.st_mtime_ns)
-            else:
-                out[rel] = ("file", st.st_size, hashlib.sha256(path.read_bytes()).hexdigest(), st.st_mtime_ns)
-    return out
 
 
 def limit_memory() -> None:

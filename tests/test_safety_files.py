@@ -9,9 +9,7 @@ file a bad name points at is intact. Beside each refusal, the legitimate use of 
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -31,24 +29,9 @@ from drivetrain.engine import Checkpointer
 from drivetrain.engine.rundir import RUN_FORMAT, RUN_MARKER
 from drivetrain.safe_files import remove_path, replace_text
 from helpers.engine import SMOKE, cli_env, metrics, overrides
+from helpers.trees import tree
 
 VICTIM = b"someone else's file\n"
-
-
-def tree(root: Path) -> dict[str, tuple]:
-    """Every entry under ``root`` (links listed, not followed): kind, content digest or link target, mtime."""
-    out: dict[str, tuple] = {".": ("dir", None, root.lstat().st_mtime_ns)}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in (*dirnames, *filenames):
-            path = Path(dirpath) / name
-            rel, stat = path.relative_to(root).as_posix(), path.lstat()
-            if path.is_symlink():
-                out[rel] = ("link", os.readlink(path), stat.st_mtime_ns)
-            elif path.is_dir():
-                out[rel] = ("dir", None, stat.st_mtime_ns)
-            else:
-                out[rel] = ("file", hashlib.sha256(path.read_bytes()).hexdigest(), stat.st_mtime_ns)
-    return out
 
 
 def one_line(text: str) -> str:

@@ -19,7 +19,6 @@ target is byte for byte what it was, and that nothing outside the named outputs 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -43,27 +42,11 @@ from drivetrain.safe_files import (
     write_inside,
 )
 from helpers.engine import SMOKE, overrides
+from helpers.trees import tree
 
 ROOT = Path(__file__).resolve().parents[1]
 VICTIM = b"someone else's file\n"
 QUIET = ["run.threads=1", "log.progress=false", "log.tensorboard=false", "eval.every=0", "eval.at_start=false"]
-
-
-def tree(root: Path) -> dict[str, tuple]:
-    """Every entry under ``root`` (links listed, never followed): kind, size, content digest or link target, mtime."""
-    out: dict[str, tuple] = {".": ("dir", None, root.lstat().st_mtime_ns)}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in (*dirnames, *filenames):
-            path = Path(dirpath) / name
-            rel, stat = path.relative_to(root).as_posix(), path.lstat()
-            if path.is_symlink():
-                out[rel] = ("link", os.readlink(path), stat.st_mtime_ns)
-            elif path.is_dir():
-                out[rel] = ("dir", None, stat.st_mtime_ns)
-            else:
-                digest = hashlib.sha256(path.read_bytes()).hexdigest()
-                out[rel] = ("file", stat.st_size, digest, stat.st_mtime_ns)
-    return out
 
 
 def one_line(text: str) -> str:

@@ -61,6 +61,7 @@ from drivetrain.safe_reads import (
 )
 from drivetrain.torch_files import MAX_OBJECTS, TorchFileError, _unpickling_reason, load_torch_file
 from helpers.engine import ROOT, SMOKE, cli_env, overrides
+from helpers.trees import tree
 
 # A FIFO blocks a reader forever; these commands finish in 3-6 s on this 2-core machine (most of it importing
 # torch), so a bound several times that tells a hang from a slow start without making the suite wait long.
@@ -72,23 +73,6 @@ SMALL_LIMIT_AS = 3 << 29  # 1.5 GiB, for the commands that train nothing
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def tree(root: Path) -> dict[str, tuple]:
-    """Every entry under ``root`` (links and FIFOs listed, never followed or opened): kind, size, mtime, and the
-    digest of regular files up to 1 MiB (a sparse 2 GB file is compared by size and mtime alone)."""
-    out: dict[str, tuple] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in (*dirnames, *filenames):
-            path = Path(dirpath) / name
-            st = path.lstat()
-            rel = path.relative_to(root).as_posix()
-            if stat.S_ISLNK(st.st_mode):
-                out[rel] = ("link", os.readlink(path), st.st_mtime_ns)
-            elif stat.S_ISREG(st.st_mode):
-                digest = hashlib.sha256(path.read_bytes()).hexdigest() if st.st_size <= 1 << 20 else None
-                out[rel] = ("file", st.st_size, digest, st.st_mtime_ns)
-            else:
-                out[rel] = (stat.S_IFMT(st.st_mode), st.st_mtime_ns)
-    return out
 
 
 def one_line(text: str) -> str:
