@@ -27,6 +27,7 @@ from drivetrain.data.synth import SynthConfig, generate
 from drivetrain.data.synth.manifest import MANIFEST, folder_state, write_manifest
 from drivetrain.data.synth.names import GeneratedNames
 from helpers.engine import cli_env
+from helpers.refusals import one_line
 from helpers.trees import tree
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,12 +38,6 @@ QUIET = ["run.threads=1", "log.progress=false", "log.tensorboard=false", "eval.e
 TINY = SynthConfig(scenes=("scene-0061", "scene-0103"), samples_per_scene=2, sweeps_per_sample=1, image_width=32,
                    image_height=18, focal=25.32, lidar_rings=4, lidar_azimuths=30)  # fmt: skip
 SMALL = ["--scenes", "1", "--frames-per-scene", "1", "--image-size", "64x36", "--quiet"]
-
-
-def one_line(text: str) -> str:
-    text = text.strip()
-    assert text and "\n" not in text and "Traceback" not in text, text
-    return text
 
 
 def plant_nuscenes(root: Path) -> None:

@@ -22,7 +22,6 @@ import errno
 import json
 import os
 import re
-import resource
 import shlex
 import shutil
 import subprocess
@@ -46,6 +45,7 @@ from drivetrain.engine.registry import register_model
 from drivetrain.safe_json import MAX_DEPTH, JSONLimitError, jsonl_records, nesting_depth
 from helpers.engine import ON_CPU, ROOT, SMOKE, cli_env, free_port, losses, metrics, overrides
 from helpers.fuzz import fuzz_settings
+from helpers.refusals import drivetrain_process
 from helpers.trees import tree
 
 # The commands finish in 3-6 s on this 2-core machine (most of it importing torch): a bound several times that
@@ -60,22 +60,9 @@ BIG_INT = "1" + "0" * 4000  # 10**4000: an OverflowError as a float
 # ---------------------------------------------------------------------------------------------- helpers
 
 
-def limit_memory() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (LIMIT_AS, LIMIT_AS))
-
-
 def drivetrain(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """``drivetrain ARGS`` in its own interpreter, under LIMIT_AS, killed after HANG_S (TimeoutExpired fails)."""
-    return subprocess.run(
-        [sys.executable, "-m", "drivetrain.cli.main", *args],
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=HANG_S,
-        check=False,
-        cwd=cwd,
-        preexec_fn=limit_memory,
-    )
+    return drivetrain_process(*args, timeout=HANG_S, memory=LIMIT_AS, cwd=cwd)
 
 
 def refusal(proc: subprocess.CompletedProcess, status: int) -> str:

@@ -29,15 +29,10 @@ from drivetrain.engine import Checkpointer
 from drivetrain.engine.rundir import RUN_FORMAT, RUN_MARKER
 from drivetrain.safe_files import remove_path, replace_text
 from helpers.engine import SMOKE, cli_env, metrics, overrides
+from helpers.refusals import one_line
 from helpers.trees import tree
 
 VICTIM = b"someone else's file\n"
-
-
-def one_line(text: str) -> str:
-    text = text.strip()
-    assert text and "\n" not in text and "Traceback" not in text, text
-    return text
 
 
 @pytest.fixture

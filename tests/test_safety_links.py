@@ -42,17 +42,12 @@ from drivetrain.safe_files import (
     write_inside,
 )
 from helpers.engine import SMOKE, overrides
+from helpers.refusals import one_line
 from helpers.trees import tree
 
 ROOT = Path(__file__).resolve().parents[1]
 VICTIM = b"someone else's file\n"
 QUIET = ["run.threads=1", "log.progress=false", "log.tensorboard=false", "eval.every=0", "eval.at_start=false"]
-
-
-def one_line(text: str) -> str:
-    text = text.strip()
-    assert text and "\n" not in text and "Traceback" not in text, text
-    return text
 
 
 def victim_file(folder: Path, name: str = "victim") -> Path:

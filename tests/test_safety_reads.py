@@ -18,12 +18,10 @@ import hashlib
 import json
 import os
 import pickle
-import resource
 import shutil
 import signal
 import stat
 import subprocess
-import sys
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -60,7 +58,8 @@ from drivetrain.safe_reads import (
     zip_members_size,
 )
 from drivetrain.torch_files import MAX_OBJECTS, TorchFileError, _unpickling_reason, load_torch_file
-from helpers.engine import ROOT, SMOKE, cli_env, overrides
+from helpers.engine import ROOT, SMOKE, overrides
+from helpers.refusals import drivetrain_process, one_line
 from helpers.trees import tree
 
 # A FIFO blocks a reader forever; these commands finish in 3-6 s on this 2-core machine (most of it importing
@@ -73,12 +72,6 @@ SMALL_LIMIT_AS = 3 << 29  # 1.5 GiB, for the commands that train nothing
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-
-
-def one_line(text: str) -> str:
-    text = text.strip()
-    assert text and "\n" not in text and "Traceback" not in text, text
-    return text
 
 
 @contextlib.contextmanager
@@ -98,25 +91,9 @@ def deadline(seconds: float = HANG_S) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def limit_memory(limit: int):
-    def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-    return apply
-
-
 def drivetrain(*args: str, memory: int | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """``drivetrain ARGS`` in a subprocess, killed after HANG_S seconds (a TimeoutExpired fails the test)."""
-    return subprocess.run(
-        [sys.executable, "-m", "drivetrain.cli.main", *args],
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=HANG_S,
-        check=False,
-        cwd=cwd,
-        preexec_fn=limit_memory(memory) if memory else None,
-    )
+    return drivetrain_process(*args, timeout=HANG_S, memory=memory, cwd=cwd)
 
 
 def commit(state: Path) -> None:
