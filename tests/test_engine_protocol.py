@@ -19,6 +19,7 @@ from drivetrain.engine.protocol import (
     Detector,
     FrozenEncoder,
     LossCounts,
+    MatchedQueries,
     Model,
     Sensors,
     TTADetector,
@@ -31,7 +32,9 @@ from drivetrain.engine.smoke import SmokeModel
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
-CAPABILITIES = (Model, WeightedLoss, LossCounts, Detector, Sensors, FrozenEncoder, TTADetector, VoxelModel)
+CAPABILITIES = (
+    Model, WeightedLoss, LossCounts, Detector, Sensors, FrozenEncoder, TTADetector, VoxelModel, MatchedQueries
+)  # fmt: skip
 
 
 def _model(config: str, *overrides: str) -> torch.nn.Module:
@@ -42,7 +45,11 @@ def _model(config: str, *overrides: str) -> torch.nn.Module:
     ("config", "overrides", "declared"),
     [
         ("smoke.yaml", (), {Model, WeightedLoss}),
-        ("streampetr_tiny.yaml", (), {Model, WeightedLoss, LossCounts, Detector, Sensors, FrozenEncoder}),
+        (
+            "streampetr_tiny.yaml",
+            (),
+            {Model, WeightedLoss, LossCounts, Detector, Sensors, FrozenEncoder, MatchedQueries},
+        ),
         ("pointpillars_tiny.yaml", (), {Model, WeightedLoss, Detector, Sensors, TTADetector, VoxelModel}),
         ("ssn_tiny.yaml", (), {Model, WeightedLoss, Detector, Sensors, TTADetector, VoxelModel}),
     ],
@@ -56,6 +63,7 @@ def test_capabilities_answer_what_the_engine_used_to_probe():
     petr = _model("streampetr_tiny.yaml", "model.args.freeze_backbone=true")
     assert isinstance(petr, FrozenEncoder) and petr.frozen_encoder  # the trainer may overlap its encoder
     assert not _model("streampetr_tiny.yaml").frozen_encoder
+    assert petr.matched_queries == (petr.num_query + petr.num_propagated,)  # the 3D head's queries
     assert input_modalities(petr) == ("camera",)
     lidar = _model("pointpillars_tiny.yaml")
     assert input_modalities(lidar) == ("lidar",)

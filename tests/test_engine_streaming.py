@@ -163,3 +163,39 @@ def test_gpu_solver_shapes_met_in_a_step_are_compiled_between_steps(
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("solver: ")]
     assert len(lines) == 1 and lines[0].startswith("solver: compiled 4 GPU assignment kernels (Q ")
     assert lines[0].endswith("after step 1")
+
+
+def test_streampetr_3d_head_kernels_compile_before_the_first_step(
+    synth_index, synth_root, tmp_path, monkeypatch, capsys
+):
+    """A model that declares its matched queries (``MatchedQueries``: StreamPETR's num_query + num_propagated) has
+    that head's GPU solver kernels compiled before step 1, so no step falls back for it; the focal head's Q (tokens
+    per image) is known only from a batch and compiles after step 1. On the CPU, with the recording stand-in."""
+    import importlib
+
+    import test_match_solve_buckets as buckets
+    from helpers.streampetr import SMALL
+
+    solve_module = importlib.import_module("drivetrain.match.solve")
+    kernel = buckets.RecordingKernel()
+    monkeypatch.setattr(solve_module, "gpu_solver_available", lambda device: True)
+    monkeypatch.setattr(solve_module, "_triton_assignment", kernel)
+    monkeypatch.setattr(solve_module, "_SHAPES", solve_module._ShapeBook())
+    model = ", ".join(f"{k}: {json.dumps(v)}" for k, v in SMALL.items())
+    cfg = load_config(
+        ROOT / "configs" / "streampetr_tiny.yaml",
+        [
+            f"run.out_dir={tmp_path / 'run'}", "run.threads=1", "log.progress=false", "log.tensorboard=false",
+            "eval.every=0", "eval.at_start=false", f"model.args={{{model}}}", "data.name=frames",
+            f"data.args={{index: {synth_root / 'drivetrain_index.npz'}, split: mini_train}}", "train.steps=2",
+        ],
+    )  # fmt: skip
+    with pytest.warns(UserWarning, match="not compiled yet"):  # the focal head's, in step 1
+        Trainer(cfg).fit()
+    queries = SMALL["num_query"] + SMALL["num_propagated"]
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("solver: ")]
+    assert lines[0].startswith(f"solver: compiled 4 GPU assignment kernels (Q {queries}: G 8, 16, 32, 64)")
+    assert lines[0].endswith("before the first step")
+    assert len(lines) == 2 and lines[1].endswith("after step 1") and f"Q {queries}:" not in lines[1]
+    noted = {q for _, q, _ in solve_module.gpu_solver_shapes()["compiled"]}
+    assert queries in noted and len(noted) == 2  # the 3D head's Q before step 1, the focal head's after it

@@ -13,6 +13,7 @@ it — and call the member through the protocol, never probing the model for a n
 - :class:`Sensors` — ``input_modalities``: a submission's ``meta`` block;
 - :class:`FrozenEncoder` — ``frozen_encoder``, ``encode``: ``speed.encoder_overlap``;
 - :class:`TTADetector` — ``enable_tta``: ``drivetrain eval --tta``;
+- :class:`MatchedQueries` — ``matched_queries``: the trainer (the GPU solver's kernels compiled before step 1);
 - :class:`VoxelModel` — ``grid_test``: ``drivetrain viz frame`` (the extent it draws).
 
 Members must be methods, properties, class attributes or plain instance attributes: Python 3.12+ checks protocol
@@ -45,6 +46,7 @@ __all__ = [
     "FrozenEncoder",
     "LossCounts",
     "MapDataset",
+    "MatchedQueries",
     "Model",
     "Sensors",
     "TTADetector",
@@ -117,6 +119,18 @@ class FrozenEncoder(Protocol):
     def encode(self, batch: Any) -> Any:
         """The encoder's output for ``batch``; the trainer stores it as ``batch.encoded`` for :meth:`Model.forward`
         to use instead of encoding again."""
+
+
+@runtime_checkable
+class MatchedQueries(Protocol):
+    """A model whose loss solves Hungarian matchings with prediction counts known when it is built."""
+
+    @property
+    def matched_queries(self) -> tuple[int, ...]:
+        """The predictions ``Q`` of each matching the loss solves whose ``Q`` the model fixes (e.g. StreamPETR's
+        ``num_query + num_propagated``): the trainer compiles the GPU solver's kernels for them before the first step
+        (:func:`drivetrain.match.warm_gpu_solver`); a matching not listed is compiled after the step that first
+        meets it."""
 
 
 @runtime_checkable

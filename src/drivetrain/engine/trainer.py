@@ -51,14 +51,14 @@ from drivetrain.engine.distributed import DistContext, setup, teardown
 from drivetrain.engine.evaluation import EvalFrames, evaluate_model
 from drivetrain.engine.metrics import MetricsLogger, peak_memory_mb
 from drivetrain.engine.precision import autocast, fp32_outputs
-from drivetrain.engine.protocol import Detector, FrozenEncoder, LossCounts, WeightedLoss
+from drivetrain.engine.protocol import Detector, FrozenEncoder, LossCounts, MatchedQueries, WeightedLoss
 from drivetrain.engine.rng import seed_all
 from drivetrain.engine.rundir import RunDirLock, check_run_dir, write_run_marker
 from drivetrain.engine.schedule import lr_factor
 from drivetrain.engine.state import FixedState, RngState, ScheduleState, Stateful, StrategyState
 from drivetrain.engine.strategy import build_strategy
 from drivetrain.losses.weights import base_name, resolve_weights, weighted_total
-from drivetrain.match import warm_pending
+from drivetrain.match import warm_gpu_solver, warm_pending
 from drivetrain.pipeline.augmentation import Augmentation
 from drivetrain.pipeline.prefetch import DevicePrefetcher
 from drivetrain.pipeline.transfer import to_device
@@ -329,6 +329,11 @@ class Trainer:
             log.message(f"resumed from {self.resumed_from} at step {self.state.iteration}")
         elif self._resume_note is not None:
             log.message(self._resume_note)
+        if isinstance(self.model, MatchedQueries):  # the GPU solver's kernels for the known Q, before the first step
+            for queries in self.model.matched_queries:
+                warm = warm_gpu_solver(queries, device=self.device)
+                if warm.shapes:
+                    log.message(f"solver: {warm.describe()} before the first step")
         saved_at = self.state.iteration if self.resumed_from is not None else -1
         try:
             with self._signals():

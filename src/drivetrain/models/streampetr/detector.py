@@ -179,6 +179,12 @@ class StreamPETR(nn.Module):
         self.register_buffer("pc_size", torch.tensor(self.pc_range[3:]) - torch.tensor(self.pc_range[:3]),
                              persistent=False)  # fmt: skip
 
+    @property
+    def matched_queries(self) -> tuple[int, ...]:
+        """The 3D head's matching queries ``Q = num_query + num_propagated`` (the focal head's tokens per image depend
+        on the image size: its solver kernels are compiled after the first step)."""
+        return (self.num_query + self.num_propagated,)
+
     # ---------------------------------------------------------------------------------------------- forward
     def forward(self, batch: Any) -> dict[str, Any]:
         """One frame of every batch slot.
