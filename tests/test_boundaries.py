@@ -33,8 +33,9 @@ LAYERS: tuple[frozenset[str], ...] = (
     # untrusted files, on safe_reads
     frozenset({"safe_json", "safe_yaml", "torch_files"}),
     # leaves: ragged batches, cached device constants, seed mixing, and profile (timed regions and cost counting,
-    # which every layer may use)
-    frozenset({"ragged", "constants", "seeding", "profile"}),
+    # which every layer may use); what a model is (its spec) and the weight key maps' shared record, which model
+    # folders define and the engine reads without importing a model
+    frozenset({"ragged", "constants", "seeding", "profile", "model_spec", "keymap"}),
     # on ragged and the constants: geometry (boxes, IoU, projection), heatmaps, the torch.compile helpers
     frozenset({"geometry", "heatmap", "compiled"}),
     # matching (costs, solvers, assigners), nuScenes-format data (no models, no pipeline), drawing

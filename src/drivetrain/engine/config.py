@@ -18,6 +18,8 @@ import dataclasses
 import importlib.util
 import math
 import sys
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -114,24 +116,9 @@ class ModelConfig:
                 f"expected a number, got {weight!r}",
             )
             _check_finite(f"model.loss_weights.{name}", weight)
-        if _is_lidar_model(self.name):  # the augmentation left the lidar models: say where it lives now
-            _check("augment" not in self.args, "model.args.augment", f"moved to {_LIDAR_AUGMENT_HOME}")
-            _check(
-                "seed" not in self.args,
-                "model.args.seed",
-                "the lidar models draw no random numbers any more; remove it (their augmentation, data.augment.lidar, "
-                "is seeded by run.seed, the rank and the batch position)",
-            )
+        from drivetrain.engine.registry import check_args  # model.args onto the spec's typed arguments, if declared
 
-
-_LIDAR_AUGMENT_HOME = "data.augment.lidar (the same BevAugConfig fields; the trainer augments every model's batches)"
-
-
-def _is_lidar_model(name: str) -> bool:
-    """Whether ``name`` (or an old spelling of it) builds one of our lidar detectors, which took ``augment``."""
-    from drivetrain.engine.registry import canonical_name
-
-    return canonical_name("model", name) in ("pointpillars", "ssn")
+        check_args("model", self.name, self.args)
 
 
 @dataclass(frozen=True)
@@ -531,13 +518,38 @@ def upgrade_saved_config(saved: dict[str, Any]) -> dict[str, Any]:
     if isinstance(augment, dict) and augment and not set(augment) & {"camera", "lidar"}:
         data["augment"] = {"camera": augment, "lidar": None}
     args = model.get("args") if isinstance(model, dict) else None
-    if isinstance(args, dict) and _is_lidar_model(str(model.get("name", ""))):
-        lidar = args.pop("augment", None)
-        args.pop("seed", None)
-        if lidar is not None and isinstance(data, dict):
-            section = data.get("augment") or {"camera": None, "lidar": None}
-            data["augment"] = {**section, "lidar": lidar}
+    name = model.get("name") if isinstance(model, dict) else None
+    from drivetrain.engine.registry import canonical_name, known_names, model_spec
+
+    if isinstance(args, dict) and isinstance(name, str) and canonical_name("model", name) in known_names("model"):
+        for key, (target, _) in model_spec(name).moved_args.items():
+            value = args.pop(key, None)
+            if value is not None and target:
+                _set_dotted(out, target, value)
     return out
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``data[a][b][c] = value`` for ``key`` ``a.b.c``; a section missing (or null) on the way is made with its
+    defaults, as a config of today's spelling would hold it."""
+    *parents, last = key.split(".")
+    node, section = data, TrainConfig
+    for part in parents:
+        section = _field_type(section, part)
+        if not isinstance(node.get(part), dict):
+            node[part] = dataclasses.asdict(section()) if dataclasses.is_dataclass(section) else {}
+        node = node[part]
+    node[last] = value
+
+
+def _field_type(cls: Any, name: str) -> Any:
+    """The dataclass type of field ``name`` of dataclass ``cls`` (``X | None`` → ``X``), or None."""
+    if not dataclasses.is_dataclass(cls):
+        return None
+    tp = typing.get_type_hints(cls).get(name)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        tp = next((a for a in typing.get_args(tp) if a is not type(None)), None)
+    return tp if dataclasses.is_dataclass(tp) else None
 
 
 def _deepcopy(data: Any) -> Any:

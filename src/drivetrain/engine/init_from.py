@@ -8,16 +8,15 @@ not declare more bytes than the file holds (:mod:`~drivetrain.torch_files`). Sou
 * ``drivetrain``: a run directory (its newest committed checkpoint that loads), a checkpoint directory
   ``checkpoints/step-N`` or its ``state.pt`` (marker and checksum verified by :class:`~.checkpoint.Checkpointer`),
   or a bare state dict in our names; any of our models;
-* ``torchvision-resnet50``: a torchvision ResNet-50 state dict (the published StreamPETR backbone initialisation,
-  ``torchvision://resnet50``) into the model's ResNet-50 trunk;
-* ``streampetr``: a StreamPETR-repository checkpoint (``state_dict`` of ``Petr3D``);
-* ``mmdet3d``: an mmdetection3d PointPillars / SSN checkpoint.
+* the originals' formats each model's spec declares (:class:`drivetrain.model_spec.WeightFormat`, read through
+  :func:`drivetrain.engine.registry.weight_formats`; the list is in docs/engine.md): our
+  camera detector reads a torchvision ResNet-50 state dict and its original repository's checkpoints, our lidar
+  detectors mmdetection3d's.
 
 mmcv / mmengine checkpoints keep the weights under ``state_dict`` (beside ``meta``, whose class names are read);
-a ``module.`` prefix (DDP) is removed. ``format: auto`` tells the format by the names (``img_backbone.`` …
-StreamPETR, ``[pts_]voxel_encoder.vfe_layers.`` … mmdet3d, ``layer1.0.conv1.weight`` torchvision, our checkpoint
-layout or our names: drivetrain). The names are mapped by :mod:`drivetrain.models.published`, which cites the
-original definitions.
+a ``module.`` prefix (DDP) is removed. ``format: auto`` tells the format by the names (each format's
+``recognise``; our checkpoint layout or our names: drivetrain). The names are mapped by each format's ``map``,
+which lives in the model's folder (``models/<name>/weights.py``) and cites the original definitions.
 
 The result is a :class:`LoadReport`: tensors loaded, missing (of the part of the model the format covers: all of
 it, or the ResNet-50 trunk for torchvision), unexpected (file names with no place in the model), mismatched (shape,
@@ -34,7 +33,6 @@ Example:
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -46,12 +44,19 @@ from torch import nn
 
 from drivetrain.engine.checkpoint import MARKER, STATE_FILE, Checkpointer, CheckpointError
 from drivetrain.engine.errors import ConfigError
-from drivetrain.engine.registry import weight_maps
+from drivetrain.engine.registry import weight_formats
+from drivetrain.keymap import map_drivetrain
 from drivetrain.torch_files import TorchFileError, load_torch_file
 
-__all__ = ["FORMATS", "InitFromError", "LoadReport", "check_init_from", "init_model", "load_weights", "starts_fresh"]
-
-FORMATS = ("auto", "drivetrain", "torchvision-resnet50", "mmdet3d", "streampetr")
+__all__ = [
+    "InitFromError",
+    "LoadReport",
+    "check_init_from",
+    "format_names",
+    "init_model",
+    "load_weights",
+    "starts_fresh",
+]
 _SPEC_KEYS = ("path", "format", "strict")
 _SHOWN = 4  # names shown per category in a one-line error
 
@@ -192,21 +197,31 @@ def _unwrap(obj: Any, path: Path, ours: bool) -> tuple[dict[str, Any], dict | No
     return state, dict(meta) if meta is not None else None, ours
 
 
+def format_names() -> tuple[str, ...]:
+    """``auto``, ``drivetrain`` and every format the registered models' specs declare."""
+    return ("auto", "drivetrain", *(fmt.name for fmt in weight_formats()))
+
+
 def _detect(state: dict[str, Any], model: nn.Module, path: Path) -> str:
     """The format the names say (``format: auto``)."""
     keys = list(state)
-    if any(k.startswith(("img_backbone.", "img_neck.", "img_roi_head.", "pts_bbox_head.transformer.")) for k in keys):
-        return "streampetr"
-    if any(re.match(r"(pts_)?(voxel_encoder\.vfe_layers|bbox_head\.(conv_cls|heads\.\d))", k) for k in keys):
-        return "mmdet3d"
-    if "conv1.weight" in state and "layer1.0.conv1.weight" in state:
-        return "torchvision-resnet50"
+    for fmt in weight_formats():
+        if fmt.recognise(keys):
+            return fmt.name
     if set(keys) & set(model.state_dict()):
         return "drivetrain"
     shown = ", ".join(keys[:3]) + (", …" if len(keys) > 3 else "")
     raise InitFromError(
-        f"{path}: cannot tell the format from its names ({shown or 'no entries'}); pass one of {', '.join(FORMATS[1:])}"
+        f"{path}: cannot tell the format from its names ({shown or 'no entries'}); pass one of "
+        f"{', '.join(format_names()[1:])}"
     )
+
+
+def _map_state(model: nn.Module, state: dict[str, torch.Tensor], fmt: str, meta: dict | None) -> Any:
+    """``state`` in ``model``'s names by format ``fmt``'s map (a KeyMap; ValueError when it does not apply)."""
+    if fmt == "drivetrain":
+        return map_drivetrain(model, state, meta)
+    return next(f for f in weight_formats() if f.name == fmt).map(model, state, meta)
 
 
 # ------------------------------------------------------------------------------------------------------ loading
@@ -216,8 +231,8 @@ def load_weights(model: nn.Module, source: str | Path, *, format: str = "auto", 
     Args:
         model: the model to initialise (before it is wrapped for DDP/FSDP).
         source: a drivetrain run directory, checkpoint directory or ``state.pt``; or a weights file.
-        format: ``auto`` (told by the names), ``drivetrain``, ``torchvision-resnet50``, ``mmdet3d`` or
-            ``streampetr``.
+        format: ``auto`` (told by the names), ``drivetrain`` or a format a model's spec declares
+            (:func:`format_names`).
         strict: refuse (load nothing) when anything is missing, unexpected or mismatched.
 
     Returns:
@@ -227,15 +242,14 @@ def load_weights(model: nn.Module, source: str | Path, *, format: str = "auto", 
         InitFromError: the source cannot be read, is not a state dict, its format is unknown or does not apply
             to the model, or (``strict``) it does not fit exactly; one line naming the source.
     """
-    map_state = weight_maps()  # drivetrain.models.published, through the registry (the engine imports no model)
-
-    if format not in FORMATS:
-        raise InitFromError(f"format: expected one of {', '.join(FORMATS)}, got {format!r}")
+    names = format_names()  # the models' specs, through the registry (the engine imports no model)
+    if format not in names:
+        raise InitFromError(f"format: expected one of {', '.join(names)}, got {format!r}")
     obj, path, ours = _read(source)
     state, meta, ours = _unwrap(obj, path, ours)
     fmt = format if format != "auto" else "drivetrain" if ours else _detect(state, model, path)
     try:
-        mapped = map_state(model, state, fmt, meta)
+        mapped = _map_state(model, state, fmt, meta)
     except ValueError as err:  # the maps' KeyMapError: the format does not apply to this model
         raise InitFromError(f"{path}: {err}") from None
     own = {k: v for k, v in model.state_dict(keep_vars=True).items() if not k.endswith("_extra_state")}
@@ -295,8 +309,9 @@ def check_init_from(value: Any) -> None:
         raise ConfigError(f"{key}.{unknown[0]}: unknown key; known keys: {', '.join(_SPEC_KEYS)}")
     if not isinstance(value.get("path"), str) or not value["path"].strip():
         raise ConfigError(f"{key}.path: expected a path (a non-empty string), got {value.get('path')!r}")
-    if value.get("format", "auto") not in FORMATS:
-        raise ConfigError(f"{key}.format: expected one of {', '.join(FORMATS)}, got {value.get('format')!r}")
+    names = format_names()
+    if value.get("format", "auto") not in names:
+        raise ConfigError(f"{key}.format: expected one of {', '.join(names)}, got {value.get('format')!r}")
     if not isinstance(value.get("strict", False), bool):
         raise ConfigError(f"{key}.strict: expected true or false, got {value.get('strict')!r}")
 

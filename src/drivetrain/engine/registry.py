@@ -38,30 +38,36 @@ from typing import Any
 
 from drivetrain.engine.errors import ConfigError
 from drivetrain.engine.typed import from_dict
+from drivetrain.model_spec import MODALITIES, ModelSpec, WeightFormat
 
 __all__ = [
     "ALIASES",
     "DATASETS",
     "MODELS",
+    "args_type",
     "canonical_name",
     "check_args",
     "known_names",
     "load_plugins",
     "lookup",
+    "model_spec",
     "register_dataset",
     "register_model",
+    "weight_formats",
 ]
 
 # kind → entry-point group
 GROUPS = {"model": "drivetrain.models", "data": "drivetrain.datasets"}
 
-# Our own builders: short name → (module, attribute, one-line purpose). The module is imported only when built.
+# Our own models and datasets: short name → (module, attribute, one-line purpose), imported only when the name is
+# used. A model's attribute is its spec (drivetrain.model_spec.ModelSpec, in models/<name>/spec.py): one line here
+# per detector.
 MODELS: dict[str, tuple[str, str, str]] = {
-    "smoke": ("drivetrain.engine.smoke", "SmokeModel", "a two-layer MLP on generated tensors (engine tests)"),
-    "focal2d": ("drivetrain.models.focal2d", "FocalDetector2D", "a small 2D detector with StreamPETR's focal head"),
-    "streampetr": ("drivetrain.models.streampetr", "StreamPETR", "StreamPETR camera 3D detector"),
-    "pointpillars": ("drivetrain.models.pointpillars", "PointPillars", "PointPillars lidar 3D detector"),
-    "ssn": ("drivetrain.models.pointpillars", "SSN", "SSN (shape signature network) lidar 3D detector"),
+    "smoke": ("drivetrain.engine.smoke", "SMOKE_SPEC", "a two-layer MLP on generated tensors (engine tests)"),
+    "focal2d": ("drivetrain.models.focal2d", "SPEC", "a small 2D detector with StreamPETR's focal head"),
+    "streampetr": ("drivetrain.models.streampetr.spec", "SPEC", "StreamPETR camera 3D detector"),
+    "pointpillars": ("drivetrain.models.pointpillars.spec", "POINTPILLARS", "PointPillars lidar 3D detector"),
+    "ssn": ("drivetrain.models.pointpillars.spec", "SSN", "SSN (shape signature network) lidar 3D detector"),
 }
 DATASETS: dict[str, tuple[str, str, str]] = {
     "smoke": ("drivetrain.engine.smoke", "SmokeDataset", "generated regression tensors (engine tests)"),
@@ -74,8 +80,8 @@ DATASETS: dict[str, tuple[str, str, str]] = {
 }
 _BUILTIN = {"model": MODELS, "data": DATASETS}
 # The typed arguments of our builders: short name → (module, dataclass); data.args maps onto it (check_args).
+# (A model's typed arguments are its spec's ``args``.)
 ARGS: dict[str, dict[str, tuple[str, str]]] = {
-    "model": {},
     "data": {
         "frames": ("drivetrain.data.sources", "FramesArgs"),
         "synthetic": ("drivetrain.data.sources", "SyntheticArgs"),
@@ -114,6 +120,7 @@ class _Registered:
     origin: str  # "plugin MODULE" or "entry point DIST"
     summary: str
     args: type | None = None  # the dataclass its args map onto (checked at config load), None: its signature
+    spec: ModelSpec | None = None  # a model's spec (a plugin's builder without one is given a plain spec)
 
 
 _REGISTERED: dict[str, dict[str, _Registered]] = {"model": {}, "data": {}}
@@ -158,71 +165,133 @@ def origin(kind: str, name: str) -> str:
     return next((where for found, where, _ in describe(kind) if found == short), "unknown")
 
 
-def check_args(kind: str, name: str, args: dict[str, Any]) -> None:
-    """Check ``args`` against the dataclass the builder of ``name`` declares (:data:`ARGS`, or ``args=`` when it
-    was registered): ConfigError naming ``SECTION.args.KEY`` for an unknown key (listing the known ones), a wrong
-    type or a bad value. Nothing is checked (nor imported) for a name without declared arguments: its builder's
-    signature is checked when it is built."""
-    section = "model" if kind == "model" else "data"
+def args_type(kind: str, name: str) -> type | None:
+    """The dataclass ``SECTION.args`` of ``name`` maps onto: a model spec's ``args``, :data:`ARGS` for our datasets,
+    ``args=`` of a registered dataset; None when the builder declares none (or the name is unknown)."""
     short = canonical_name(kind, name) if isinstance(name, str) else name
+    if kind == "model":
+        if short not in _BUILTIN[kind] and short not in _REGISTERED[kind]:
+            return None  # an entry point's spec is read when it is built, not when a config is checked
+        return model_spec(short).args
     if short in ARGS[kind]:
         module, attr = ARGS[kind][short]
-        args_type = getattr(importlib.import_module(module), attr)
-    elif short in _REGISTERED[kind] and _REGISTERED[kind][short].args is not None:
-        args_type = _REGISTERED[kind][short].args
-    else:
-        return
+        return getattr(importlib.import_module(module), attr)
+    if short in _REGISTERED[kind]:
+        return _REGISTERED[kind][short].args
+    return None
+
+
+def check_args(kind: str, name: str, args: Any) -> Any:
+    """Check ``args`` against the dataclass the builder of ``name`` declares (:func:`args_type`) and return it as
+    that dataclass: ConfigError naming ``SECTION.args.KEY`` for an unknown key (listing the known ones, or saying
+    where a moved key lives now), a wrong type or a bad value. For a name without declared arguments nothing is
+    checked (nor imported) and ``args`` comes back as it is: its builder's signature is checked when it is built."""
+    section = "model" if kind == "model" else "data"
+    if kind == "model" and isinstance(args, dict) and canonical_name("model", name) in known_names("model"):
+        moved = model_spec(name).moved_args  # an older config's key: say where it lives now
+        for key in args:
+            if key in moved:
+                raise ConfigError(f"model.args.{key}: {moved[key][1]}")
+    args_cls = args_type(kind, name)
+    if args_cls is None:
+        return args
+    if isinstance(args, args_cls):
+        return args
     try:
-        from_dict(args_type, args, f"{section}.args")
+        return from_dict(args_cls, args, f"{section}.args")
     except ConfigError:
         raise
     except (ValueError, TypeError) as err:  # a value the dataclass refuses names its field first
         raise ConfigError(f"{section}.args.{err}") from None
 
 
-WEIGHT_MAPS = ("drivetrain.models.published", "map_state")
-"""Where our models' published-weights key maps live (``model.init_from``): the engine reaches model code only
-through this registry, imported when a run asks for it."""
+def model_spec(name: str) -> ModelSpec:
+    """The :class:`~drivetrain.model_spec.ModelSpec` of model ``name``; ConfigError naming ``model.name`` and the
+    known names otherwise. Nothing is imported unless ``name`` is in the registry."""
+    if not isinstance(name, str):
+        raise ConfigError(f"model.name: expected a registered name, got {type(name).__name__}")
+    short = canonical_name("model", name)
+    if short in _BUILTIN["model"]:
+        module, attr, _ = _BUILTIN["model"][short]
+        return getattr(importlib.import_module(module), attr)
+    if short not in _REGISTERED["model"] and short in _entry_points("model"):
+        found = _load_entry_point("model", short, name)
+        ep = _entry_points("model")[short]
+        origin = f"entry point {ep.dist.name if ep.dist else '?'}"
+        spec = found if isinstance(found, ModelSpec) else _plain_spec(short, found, "")
+        _REGISTERED["model"][short] = _Registered(spec.build, origin, spec.summary, spec.args, spec)
+    if short in _REGISTERED["model"]:
+        spec = _REGISTERED["model"][short].spec
+        assert spec is not None  # every registered model has one (register_model makes it)
+        return spec
+    raise _unknown("model", name)
 
 
-def weight_maps() -> Callable[..., Any]:
-    """``map_state(model, state, fmt, meta)`` of :data:`WEIGHT_MAPS` (raises ``ValueError`` — its ``KeyMapError``
-    — when a format does not apply to a model)."""
-    module, attr = WEIGHT_MAPS
-    return getattr(importlib.import_module(module), attr)
+def weight_formats() -> tuple[WeightFormat, ...]:
+    """Every weights format ``model.init_from`` can read, by the specs of our models and the registered ones (our
+    model modules are imported: this runs only when a run asks for ``init_from``). A format shared by several
+    models (mmdetection3d's, by PointPillars and SSN) is listed once."""
+    found: dict[str, WeightFormat] = {}
+    specs = [model_spec(name) for name in _BUILTIN["model"]]
+    specs += [r.spec for r in _REGISTERED["model"].values() if r.spec is not None]
+    for spec in specs:
+        for fmt in spec.weight_formats:
+            if found.setdefault(fmt.name, fmt) is not fmt:
+                raise ValueError(f"weight format {fmt.name!r} is declared twice, by different models' specs")
+    return tuple(found.values())
 
 
 def lookup(kind: str, name: str) -> Callable[..., Any]:
-    """The builder registered as ``name``; ConfigError naming the field and the known names otherwise.
+    """The builder registered as ``name`` (a model's: its spec's ``build``); ConfigError naming the field and the
+    known names otherwise.
 
     Nothing is imported unless ``name`` is in the registry: our own module for a built-in name, the installed
     package for an entry-point name.
     """
-    section = "model" if kind == "model" else "data"
+    if kind == "model":
+        return model_spec(name).build
     if not isinstance(name, str):
-        raise ConfigError(f"{section}.name: expected a registered name, got {type(name).__name__}")
+        raise ConfigError(f"data.name: expected a registered name, got {type(name).__name__}")
     short = canonical_name(kind, name)
     if short in _BUILTIN[kind]:
         module, attr, _ = _BUILTIN[kind][short]
         return getattr(importlib.import_module(module), attr)
     if short in _REGISTERED[kind]:
         return _REGISTERED[kind][short].builder
-    eps = _entry_points(kind)
-    if short in eps:
-        try:
-            return eps[short].load()
-        except Exception as err:  # an installed package that fails to import: say which
-            raise ConfigError(
-                f"{section}.name: {name!r} is the entry point {eps[short].value!r} of an installed package, "
-                f"which failed to load ({type(err).__name__}: {err})"
-            ) from None
+    if short in _entry_points(kind):
+        return _load_entry_point(kind, short, name)
+    raise _unknown(kind, name)
+
+
+def _load_entry_point(kind: str, short: str, name: str) -> Any:
+    ep = _entry_points(kind)[short]
+    try:
+        return ep.load()
+    except Exception as err:  # an installed package that fails to import: say which
+        section = "model" if kind == "model" else "data"
+        raise ConfigError(
+            f"{section}.name: {name!r} is the entry point {ep.value!r} of an installed package, "
+            f"which failed to load ({type(err).__name__}: {err})"
+        ) from None
+
+
+def _unknown(kind: str, name: str) -> ConfigError:
+    section = "model" if kind == "model" else "data"
     what = "models" if kind == "model" else "datasets"
     hint = "; names are looked up in the registry, never imported from a config" if ":" in name or "." in name else ""
-    raise ConfigError(
+    return ConfigError(
         f"{section}.name: unknown {'model' if kind == 'model' else 'dataset'} {name!r}; known {what}: "
         f"{', '.join(known_names(kind))} (others come from installed packages' '{GROUPS[kind]}' entry points "
         f"or --plugin MODULE on the command line{hint})"
     )
+
+
+def _plain_spec(name: str, builder: Callable[..., Any], summary: str) -> ModelSpec:
+    """The spec of a model registered by its builder alone: no typed arguments (its signature is checked when it
+    is built), no weight formats but our own; camera, lidar or tensors — the engine does not ask."""
+    if not callable(builder):
+        raise TypeError(f"register: the builder of {name!r} must be a class or function, got {builder!r}")
+    return ModelSpec(name, build=builder, args=None, modalities=MODALITIES, summary=summary)
 
 
 def _register(kind: str, name: str, builder: Callable[..., Any] | None, summary: str, args: type | None = None) -> Any:
@@ -231,7 +300,7 @@ def _register(kind: str, name: str, builder: Callable[..., Any] | None, summary:
     if name in _BUILTIN[kind]:
         raise ValueError(f"register: {name!r} is one of drivetrain's own {kind} names; choose another")
 
-    def add(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def add(fn: Callable[..., Any], spec: ModelSpec | None = None) -> Callable[..., Any]:
         if not callable(fn):
             raise TypeError(f"register: the builder of {name!r} must be a class or function, got {fn!r}")
         origin = f"plugin {_LOADING_PLUGIN[-1]}" if _LOADING_PLUGIN else f"module {getattr(fn, '__module__', '?')}"
@@ -239,19 +308,30 @@ def _register(kind: str, name: str, builder: Callable[..., Any] | None, summary:
         if previous is not None and previous.builder is not fn:
             raise ValueError(f"register: {kind} {name!r} is already registered by {previous.origin}")
         purpose = summary or ((fn.__doc__ or "").strip().splitlines() or [""])[0]
-        _REGISTERED[kind][name] = _Registered(fn, origin, purpose, args)
+        if kind == "model" and spec is None:
+            spec = _plain_spec(name, fn, purpose)
+        _REGISTERED[kind][name] = _Registered(fn, origin, purpose, args, spec)
         return fn
 
+    if isinstance(builder, ModelSpec):
+        return add(builder.build, builder)
     return add if builder is None else add(builder)
 
 
-def register_model(name: str, builder: Callable[..., Any] | None = None, *, summary: str = "") -> Any:
-    """Register a model builder (an ``nn.Module`` class or a function returning one) as ``model.name: name``.
+def register_model(
+    name: str | ModelSpec, builder: Callable[..., Any] | None = None, *, summary: str = ""
+) -> Callable[..., Any] | ModelSpec:
+    """Register a model as ``model.name``: its :class:`~drivetrain.model_spec.ModelSpec` (typed ``model.args``,
+    modalities, weight formats), or a bare builder (an ``nn.Module`` class or a function returning one).
 
-    Use as ``register_model("mydet", MyDetector)`` or as a decorator ``@register_model("mydet")``; call it from a
-    module passed with ``--plugin`` (or from your own script before building a Trainer). Built-in names cannot be
-    replaced. Returns the builder.
+    Use as ``register_model(SPEC)``, ``register_model("mydet", MyDetector)`` or as a decorator
+    ``@register_model("mydet")``; call it from a module passed with ``--plugin`` (or from your own script before
+    building a Trainer). Built-in names cannot be replaced. Returns what it was given.
     """
+    if isinstance(name, ModelSpec):
+        spec = name
+        _register("model", spec.name, spec, summary or spec.summary, spec.args)
+        return spec
     return _register("model", name, builder, summary)
 
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
+from drivetrain.model_spec import ModelSpec
 from drivetrain.seeding import mix_seed
 
 __all__ = ["SmokeDataset", "SmokeModel"]
@@ -169,3 +170,13 @@ class SmokeModel(nn.Module):
     def set_extra_state(self, state: dict[str, Any]) -> None:
         """Restore ``frames_seen`` from :meth:`get_extra_state`'s dict."""
         self.frames_seen = int(state["frames_seen"])
+
+
+SMOKE_SPEC = ModelSpec(
+    "smoke",
+    build=SmokeModel,
+    args=None,
+    modalities=frozenset({"tensor"}),
+    summary="a small conv net on generated tensors",
+)
+"""The engine tests' model (registered as ``smoke``); its arguments are checked against its signature."""

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from drivetrain.model_spec import ModelSpec
 from drivetrain.models.streampetr.criteria import focal_head_loss
 from drivetrain.models.streampetr.recipe import CLASSES, MEAN, STD, STRIDE
 
@@ -109,3 +110,13 @@ class FocalDetector2D(nn.Module):
     def loss(self, outputs: dict[str, torch.Tensor], batch: Any) -> dict[str, torch.Tensor]:
         """Unweighted focal-head terms, weighted by the engine with :attr:`loss_weights`."""
         return self.criterion(outputs, batch, impl=self.impl)
+
+
+SPEC = ModelSpec(
+    "focal2d",
+    build=FocalDetector2D,
+    args=None,
+    modalities=frozenset({"camera"}),
+    summary="a small 2D detector with StreamPETR's focal head",
+)
+"""The registry's entry for ``model.name: focal2d``."""

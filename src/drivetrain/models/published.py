@@ -46,13 +46,25 @@ model's order (a conversion); another class set is reported as a mismatch.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from drivetrain.data.nuscenes_format import CLASSES
+from drivetrain.keymap import (
+    CONSTANT_RTOL,
+    KeyMap,
+    KeyMapError,
+    Rule,
+    class_order,
+    file_classes,
+    map_drivetrain,
+    permute_classes,
+    rename,
+    rules,
+    short,
+)
 from drivetrain.models.pointpillars.model import PointPillars
 from drivetrain.models.pointpillars.recipe import PP_NUS_CLASSES, SSN_NUS_CLASSES
 from drivetrain.models.streampetr import recipe as streampetr_recipe
@@ -60,131 +72,6 @@ from drivetrain.models.streampetr.backbone import ResNet50
 from drivetrain.models.streampetr.detector import StreamPETR
 
 __all__ = ["MAPS", "KeyMap", "KeyMapError", "map_state"]
-
-# Relative agreement of the original's float32 geometry constants with ours: each side computes the value in at
-# most five float32 roundings of ½ ulp (coords_d: difference, division, two products and a sum), so the two
-# differ by at most 5 ulp; 8 ulp leaves room and is still far below any real change of a range or depth.
-CONSTANT_RTOL = 8 * torch.finfo(torch.float32).eps
-
-
-class KeyMapError(ValueError):
-    """The file's format does not apply to this model (one line saying why)."""
-
-
-@dataclass
-class KeyMap:
-    """A file's state dict in our model's names.
-
-    Attributes:
-        tensors: our name → tensor in our layout.
-        sources: our name → the file's name it came from.
-        unexpected: file names the map does not know.
-        ignored: ``(file name, why)`` of known entries that have nothing to load (a classifier, loss constants,
-            copies of a shared module, a run's extra state).
-        mismatched: ``(name, why)`` of values the map checked and found different (a constant, a class set);
-            the name is ours where the entry maps to a tensor of the model (which then counts as mismatched, not
-            missing), else the file's.
-        scope: the part of the model the format initialises: a module-path prefix (``""``: all of it), or None
-            (nothing: the model lacks what the format holds).
-        notes: conversions made and other facts the report should say.
-    """
-
-    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
-    sources: dict[str, str] = field(default_factory=dict)
-    unexpected: list[str] = field(default_factory=list)
-    ignored: list[tuple[str, str]] = field(default_factory=list)
-    mismatched: list[tuple[str, str]] = field(default_factory=list)
-    scope: str | None = ""
-    notes: list[str] = field(default_factory=list)
-
-    def add(self, ours: str, theirs: str, value: torch.Tensor) -> None:
-        """Record ``value`` for our ``ours``, read from the file's ``theirs``."""
-        self.tensors[ours], self.sources[ours] = value, theirs
-
-
-Rule = tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]
-
-
-def _rules(*pairs: tuple[str, str | Callable[[re.Match[str]], str]]) -> tuple[Rule, ...]:
-    return tuple((re.compile(pattern), target) for pattern, target in pairs)
-
-
-def _rename(items: dict[str, torch.Tensor], rules: Sequence[Rule], out: KeyMap) -> None:
-    """Map every entry by the first rule whose pattern matches its whole name; the rest are unexpected."""
-    for key, value in items.items():
-        for pattern, target in rules:
-            match = pattern.fullmatch(key)
-            if match:
-                out.add(match.expand(target) if isinstance(target, str) else target(match), key, value)
-                break
-        else:
-            out.unexpected.append(key)
-
-
-def _class_order(file_classes: Sequence[str], model_classes: Sequence[str]) -> list[int] | str | None:
-    """Per model class, its index in the file's class axis; None when the orders agree; a reason when the class
-    sets differ."""
-    file_classes, model_classes = tuple(file_classes), tuple(model_classes)
-    if file_classes == model_classes:
-        return None
-    if sorted(file_classes) != sorted(model_classes):
-        return f"the file's classes {file_classes} are not the model's {model_classes}"
-    return [file_classes.index(name) for name in model_classes]
-
-
-def _permute_classes(out: KeyMap, names: Sequence[str], order: list[int] | str | None, what: str) -> None:
-    """Reorder the class axis (dim 0, ``anchor · C + class``) of ``out.tensors[name]`` for each of ``names``."""
-    if order is None:
-        return
-    present = [name for name in names if name in out.tensors]
-    if not present:
-        return
-    if isinstance(order, str):
-        out.mismatched += [(name, order) for name in present]
-        for name in present:
-            del out.tensors[name]
-        return
-    num = len(order)
-    index = torch.tensor(order)
-    for name in present:
-        value = out.tensors[name]
-        if value.shape[0] % num == 0:  # otherwise its shape differs from the model's and the report says so
-            grouped = value.reshape(value.shape[0] // num, num, *value.shape[1:])  # (A, C, ...)
-            out.tensors[name] = grouped[:, index].reshape(value.shape)
-    out.notes.append(f"{what}: class channels reordered from the file's class order to the model's")
-
-
-def _short(value: torch.Tensor, limit: int = 6) -> str:
-    """A tensor's first ``limit`` values for a message, with the count when there are more."""
-    flat = [round(v, 4) for v in value.detach().flatten()[:limit].tolist()]
-    more = f", ... ({value.numel()} values)" if value.numel() > limit else ""
-    return f"[{', '.join(map(str, flat))}{more}]"
-
-
-def _file_classes(meta: dict | None) -> tuple[str, ...] | None:
-    """The class names a checkpoint's ``meta`` records (mmcv/mmdet3d 0.x ``CLASSES``; mmengine ``dataset_meta``)."""
-    if not isinstance(meta, dict):
-        return None
-    names = meta.get("CLASSES")
-    dataset_meta = meta.get("dataset_meta")
-    if names is None and isinstance(dataset_meta, dict):
-        names = dataset_meta.get("classes")
-    if isinstance(names, (list, tuple)) and all(isinstance(n, str) for n in names):
-        return tuple(names)
-    return None
-
-
-# --------------------------------------------------------------------------------------------- drivetrain
-def map_drivetrain(model: nn.Module, state: dict[str, torch.Tensor], meta: dict | None = None) -> KeyMap:
-    """Our own names (a drivetrain checkpoint): everything but modules' extra state, which belongs to the run that
-    saved it (StreamPETR's memory bank, a generator), not to the weights."""
-    out = KeyMap(scope="")
-    for key, value in state.items():
-        if key == "_extra_state" or key.endswith("._extra_state"):
-            out.ignored.append((key, "module extra state of the run that saved it"))
-        else:
-            out.add(key, key, value)
-    return out
 
 
 # --------------------------------------------------------------------------------------- torchvision ResNet-50
@@ -209,7 +96,7 @@ def map_torchvision_resnet50(model: nn.Module, state: dict[str, torch.Tensor], m
 
 # -------------------------------------------------------------------------------------------------- StreamPETR
 _LAYER = r"pts_bbox_head\.transformer\.decoder\.layers\.(\d+)\."
-STREAMPETR_RULES = _rules(
+STREAMPETR_RULES = rules(
     (r"img_backbone\.(.+)", r"backbone.trunk.\1"),  # mmdet ResNet = torchvision names
     (r"img_neck\.lateral_convs\.(\d+)\.conv\.(weight|bias)", r"backbone.neck.lateral_convs.\1.\2"),
     (r"img_neck\.fpn_convs\.0\.conv\.(weight|bias)", r"backbone.neck.fpn_conv.\1"),
@@ -274,20 +161,20 @@ def map_streampetr(model: nn.Module, state: dict[str, torch.Tensor], meta: dict 
         elif key in constants:
             ours = constants[key].to(value.device)
             if value.shape != ours.shape or not torch.allclose(value.float(), ours, rtol=CONSTANT_RTOL, atol=0):
-                out.mismatched.append((key, f"{_short(value)} in the file, {_short(ours)} in the model"))
+                out.mismatched.append((key, f"{short(value)} in the file, {short(ours)} in the model"))
             else:
                 out.ignored.append((key, "a constant of the model's arguments; it agrees"))
         elif key in _LOSS_CONSTANTS:
             out.ignored.append((key, "a loss constant, held by drivetrain.losses.StreamPETRLoss"))
         else:
             rest[key] = value
-    _rename(rest, STREAMPETR_RULES, out)
-    file_classes = _file_classes(meta) or streampetr_recipe.CLASSES  # the published config's class_names
+    rename(rest, STREAMPETR_RULES, out)
+    classes_in_file = file_classes(meta) or streampetr_recipe.CLASSES  # the published config's class_names
     last = len(model.cls_branch) - 1
-    _permute_classes(
+    permute_classes(
         out,
         [f"cls_branch.{last}.weight", f"cls_branch.{last}.bias", "focal_head.cls.weight", "focal_head.cls.bias"],
-        _class_order(file_classes, CLASSES),
+        class_order(classes_in_file, CLASSES),
         "cls_branch, focal_head.cls",
     )
     return out
@@ -296,7 +183,7 @@ def map_streampetr(model: nn.Module, state: dict[str, torch.Tensor], meta: dict 
 # ------------------------------------------------------------------------------------ mmdetection3d (lidar)
 def _mmdet3d_rules(prefix: str) -> tuple[Rule, ...]:
     p = re.escape(prefix)
-    return _rules(
+    return rules(
         (p + r"voxel_encoder\.vfe_layers\.(\d+)\.(linear|norm)\.(.+)", r"vfe.layers.\1.\2.\3"),
         (p + r"backbone\.blocks\.(\d+)\.(\d+)\.(.+)", r"backbone.blocks.\1.\2.\3"),
         (p + r"neck\.deblocks\.(\d+)\.([01])\.(.+)", r"neck.blocks.\1.\2.\3"),
@@ -324,18 +211,18 @@ def map_mmdet3d(model: nn.Module, state: dict[str, torch.Tensor], meta: dict | N
         )
     prefix = "pts_" if any(key.startswith("pts_") for key in state) else ""
     out = KeyMap(scope="")
-    _rename(state, _mmdet3d_rules(prefix), out)
+    rename(state, _mmdet3d_rules(prefix), out)
     published = SSN_NUS_CLASSES if model.tasks is not None else PP_NUS_CLASSES
-    file_classes = _file_classes(meta)
-    if file_classes is None:
+    classes_in_file = file_classes(meta)
+    if classes_in_file is None:
         if sorted(published) == sorted(model.class_names):
-            file_classes = published
+            classes_in_file = published
         else:  # a class set of no published nuScenes config: nothing to go by but the model's own order
-            file_classes = tuple(model.class_names)
+            classes_in_file = tuple(model.class_names)
             out.notes.append("the file names no classes; its class channels are taken in the model's class order")
     own = model.state_dict().keys()
     names = [n for n in out.tensors if n in own and re.fullmatch(r"head\.(heads\.\d+\.)?conv_cls\.(weight|bias)", n)]
-    _permute_classes(out, names, _class_order(file_classes, model.class_names), "conv_cls")
+    permute_classes(out, names, class_order(classes_in_file, model.class_names), "conv_cls")
     return out
 
 

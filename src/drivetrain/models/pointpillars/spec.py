@@ -1,0 +1,57 @@
+"""PointPillars and SSN as the engine sees them: :data:`POINTPILLARS`, :data:`SSN` (builder, typed ``model.args``,
+lidar input, the mmdetection3d weight format)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection
+
+from drivetrain.model_spec import ModelSpec, WeightFormat
+from drivetrain.models.pointpillars.model import SSN as SSNModel
+from drivetrain.models.pointpillars.model import PointPillars
+from drivetrain.models.published import map_mmdet3d
+
+__all__ = ["MMDET3D", "POINTPILLARS", "SSN"]
+
+_MMDET3D_NAME = re.compile(r"(pts_)?(voxel_encoder\.vfe_layers|bbox_head\.(conv_cls|heads\.\d))")
+
+
+def _is_mmdet3d(names: Collection[str]) -> bool:
+    return any(_MMDET3D_NAME.match(name) for name in names)
+
+
+# Before the augmentation stage, the lidar models took their own augmentation and generator seed.
+MOVED_ARGS = {
+    "augment": (
+        "data.augment.lidar",
+        "moved to data.augment.lidar (the same BevAugConfig fields; the trainer augments every model's batches)",
+    ),
+    "seed": (
+        "",
+        "the lidar models draw no random numbers any more; remove it (their augmentation, data.augment.lidar, "
+        "is seeded by run.seed, the rank and the batch position)",
+    ),
+}
+
+MMDET3D = WeightFormat("mmdet3d", "an mmdetection3d PointPillars / SSN checkpoint", _is_mmdet3d, map_mmdet3d)
+
+POINTPILLARS = ModelSpec(
+    "pointpillars",
+    build=PointPillars,
+    args=None,
+    modalities=frozenset({"lidar"}),
+    summary="PointPillars lidar 3D detector",
+    weight_formats=(MMDET3D,),
+    moved_args=MOVED_ARGS,
+)
+"""The registry's entry for ``model.name: pointpillars``."""
+SSN = ModelSpec(
+    "ssn",
+    build=SSNModel,
+    args=None,
+    modalities=frozenset({"lidar"}),
+    summary="SSN (shape signature network) lidar 3D detector",
+    weight_formats=(MMDET3D,),
+    moved_args=MOVED_ARGS,
+)
+"""The registry's entry for ``model.name: ssn``."""
