@@ -1,6 +1,6 @@
 """Ports of the original implementations' op sequences, for counting their kernels beside our reference paths.
 
-Each ``reference`` path mirrors the original code (DESIGN.md, "The two paths"), so that "reference → batched" is a
+Each ``reference`` path mirrors the original code (docs/design.md, "Two paths"), so that "reference → batched" is a
 ratio over the original. To check that it also *costs* what the original costs, this module ports the original's
 operations, call by call, onto our tensors, and counts them with the same counter as the reference and batched
 paths (:mod:`drivetrain.profile.costmodel`): the kernels and host syncs of one call. The ports are for counting
@@ -43,7 +43,7 @@ bottom-centre 3D boxes (StreamPETR's loss lifts them to gravity centres itself),
 ``prepare_for_dn`` builds in the forward pass, the anchors ``get_anchors`` makes. Layout copies the original makes
 in its head's forward or loss (``permute(0, 2, 3, 1).reshape``) are views here: our heads emit that layout.
 
-One module for all of them (over the ~600 lines of STYLE.md's rule 1): every port sits beside the helpers it
+One module for all of them (over the ~600 lines a module should stay under): every port sits beside the helpers it
 shares (the mmdet losses, the sampler, the box structures), and one file names every original it mirrors.
 Run ``drivetrain bench originals`` for the table of docs/benchmarks.md ("Do the reference paths cost what the
 originals cost?").

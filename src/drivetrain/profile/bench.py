@@ -38,7 +38,7 @@ RESULTS_DIR = Path("benchmarks") / "results"
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser, *, repeat: int = 20, warmup: int = 3) -> None:
-    """The options every benchmark takes (DESIGN.md): device, repeat, warmup, output files."""
+    """The options every benchmark takes (docs/benchmarks.md): device, repeat, warmup, output files."""
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--repeat", type=int, default=repeat, help=f"timed repeats per path (default: {repeat})")
     parser.add_argument("--warmup", type=int, default=warmup, help=f"untimed repeats first (default: {warmup})")

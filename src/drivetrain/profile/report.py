@@ -1,6 +1,6 @@
 """Benchmark results: rows of reference-vs-batched medians, rendered as a breakdown table, JSON and Markdown.
 
-One format for every ``drivetrain bench <what>`` (see DESIGN.md):
+One format for every ``drivetrain bench <what>`` (docs/design.md, "Two paths"; docs/benchmarks.md):
 ``{"benchmark", "device", "torch", "date", "config", "rows": [row, ...]}`` with
 ``row = {"name", "parent", "reference_ms", "batched_ms", "speedup", "reference_max_ms", "batched_max_ms",
 "max_over_median", "max_over_median_paths"}`` (medians, and each path's slowest timed repeat: null where the
