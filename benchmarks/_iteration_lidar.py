@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from drivetrain.batch import Batch
 from drivetrain.engine import load_config
 from drivetrain.engine.build import build_model, build_optimizer
 from drivetrain.losses.weights import resolve_weights, weighted_total
@@ -93,7 +94,7 @@ def iteration(
     t.totals.append(total.detach())
 
 
-def check_paths(model: torch.nn.Module, batch: Any, relative: Any) -> float:
+def check_paths(model: torch.nn.Module, batch: Batch, relative: Any) -> float:
     """On a throw-away copy: identical assignments and loss terms within ``CHECK_RTOL``; the worst difference."""
     probe = copy.deepcopy(model).train()
     with torch.no_grad():

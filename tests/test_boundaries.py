@@ -35,8 +35,9 @@ LAYERS: tuple[frozenset[str], ...] = (
     # leaves: ragged batches, cached device constants, seed mixing, and profile (timed regions and cost counting,
     # which every layer may use)
     frozenset({"ragged", "constants", "seeding", "profile"}),
-    # on ragged and the constants: geometry (boxes, IoU, projection), heatmaps, the torch.compile helpers
-    frozenset({"geometry", "heatmap", "compiled"}),
+    # on ragged and the constants: geometry (boxes, IoU, projection), heatmaps, the torch.compile helpers, and the
+    # batch type (Batch, ModelBatch) that data collates into and the pipeline, models, losses and engine read
+    frozenset({"geometry", "heatmap", "compiled", "batch"}),
     # matching (costs, solvers, assigners), nuScenes-format data (no models, no pipeline), drawing
     frozenset({"match", "data", "viz"}),
     # losses on the matchers; the pipeline (transfer, augmentation, voxelization) on data

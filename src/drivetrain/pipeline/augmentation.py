@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from drivetrain.batch import Batch
 from drivetrain.pipeline.augment import bev_aug_cameras
 from drivetrain.pipeline.augment_bev import (
     BevAugConfig,
@@ -144,13 +145,13 @@ class AugmentParams:
 
 
 def sample_params(
-    batch: Any, config: AugmentConfig, generator: torch.Generator | None = None, *, training: bool = True
+    batch: Batch, config: AugmentConfig, generator: torch.Generator | None = None, *, training: bool = True
 ) -> AugmentParams:
     """Draw the augmentation of ``batch`` (its sizes only) from a CPU ``generator``: the camera's draws, then the
     lidar's (see the module docstring); ``training=False`` gives the test-time parameters and draws nothing.
 
     Args:
-        batch: a collated :class:`~drivetrain.data.Batch` (uint8 images for the camera; points for the lidar).
+        batch: a collated :class:`~drivetrain.batch.Batch` (uint8 images for the camera; points for the lidar).
         config: the recipe.
         generator: a CPU ``torch.Generator`` (needed for training draws).
         training: training draws or test-time parameters.
@@ -170,7 +171,7 @@ def sample_params(
     return AugmentParams(camera, lidar)
 
 
-def apply(batch: Any, params: AugmentParams, config: AugmentConfig) -> Any:
+def apply(batch: Batch, params: AugmentParams, config: AugmentConfig) -> Batch:
     """``batch`` augmented on its device, every sample at once (no host sync): the camera step, then the lidar one.
 
     Args:
@@ -194,7 +195,7 @@ def apply(batch: Any, params: AugmentParams, config: AugmentConfig) -> Any:
     return batch
 
 
-def reference_apply(batch: Any, params: AugmentParams, config: AugmentConfig) -> Any:
+def reference_apply(batch: Batch, params: AugmentParams, config: AugmentConfig) -> Batch:
     """The same augmentation per sample with the originals' code, on a CPU batch (the worker path): the camera's
     :func:`.camera_aug.reference_apply`, then mmdet3d's lidar transforms sample by sample
     (:func:`~.augment_bev.reference_bev_aug`); ragged outputs are padded to their longest sample.
@@ -223,7 +224,7 @@ def reference_apply(batch: Any, params: AugmentParams, config: AugmentConfig) ->
     return batch
 
 
-def apply_test_time(batch: Any, config: AugmentConfig) -> Any:
+def apply_test_time(batch: Batch, config: AugmentConfig) -> Batch:
     """The evaluation transform: the camera's test-time resize, crop and normalisation; nothing random, and
     nothing for the lidar.
 
@@ -254,24 +255,24 @@ class Augmentation:
             raise ValueError(f"data.augment_on: expected 'device' or 'worker', got {on!r}")
         self.config, self.seed, self.rank, self.on = config, seed, rank, on
 
-    def params(self, batch: Any, position: dict[str, Any]) -> AugmentParams:
+    def params(self, batch: Batch, position: dict[str, Any]) -> AugmentParams:
         """The draws of the batch taken at sampler ``position`` (the position after it)."""
         generator = torch.Generator().manual_seed(augment_seed(self.seed, self.rank, position))
         return sample_params(batch, self.config, generator)
 
-    def __call__(self, batch: Any, position: dict[str, Any]) -> Any:
+    def __call__(self, batch: Batch, position: dict[str, Any]) -> Batch:
         """The augmented batch (see the class docstring)."""
         params = self.params(batch, position)
         if self.on == "worker":
             return reference_apply(batch, params, self.config)
         return apply(batch, params, self.config)
 
-    def test_time(self, batch: Any) -> Any:
+    def test_time(self, batch: Batch) -> Batch:
         """The evaluation transform (:func:`apply_test_time`)."""
         return apply_test_time(batch, self.config)
 
 
-def _points(batch: Any) -> RaggedBatch:
+def _points(batch: Batch) -> RaggedBatch:
     if batch.points is None:
         raise ValueError(
             "batch.points: data.augment.lidar moves lidar points, but the batch has none (load them: "
@@ -285,7 +286,7 @@ def _to(params: BevAugParams, device: torch.device) -> BevAugParams:
     return BevAugParams(*(getattr(params, f.name).to(device, non_blocking=True) for f in fields(params)))
 
 
-def _cameras(batch: Any, params: BevAugParams) -> dict[str, torch.Tensor]:
+def _cameras(batch: Batch, params: BevAugParams) -> dict[str, torch.Tensor]:
     """With images, the lidar-frame camera matrices after the lidar step's matrix ``M``: ``lidar2img · M⁻¹``,
     ``ego_pose · M⁻¹``, ``M · ego_pose_inv``, ``lidar2ego · M⁻¹`` (float64 products, the inputs' dtypes)."""
     if batch.images is None:  # a lidar batch: no camera reads these

@@ -1,4 +1,4 @@
-"""The camera part of the training augmentation (``data.augment.camera``), for a whole :class:`~drivetrain.data.Batch`
+"""The camera part of the training augmentation (``data.augment.camera``), for a whole :class:`~drivetrain.batch.Batch`
 at once on whatever device it is on — and the same augmentation per sample on the CPU, as the original pipelines
 run it in the loader workers (the reference; ``data.augment_on=worker``).
 
@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from drivetrain.batch import Batch
 from drivetrain.pipeline.augment import (
     ImageAugConfig,
     ImageAugParams,
@@ -190,7 +191,7 @@ def augment_seed(seed: int, rank: int, position: dict[str, Any]) -> int:
 
 
 def sample_params(
-    batch: Any, config: CameraAugConfig, generator: torch.Generator | None = None, *, training: bool = True
+    batch: Batch, config: CameraAugConfig, generator: torch.Generator | None = None, *, training: bool = True
 ) -> CameraAugParams:
     """Draw the augmentation of ``batch`` (its sizes only) from a CPU ``generator`` (fixed order: image, BEV,
     photometric); ``training=False`` gives the test-time parameters and draws nothing."""
@@ -225,7 +226,7 @@ def draw_params(
     return CameraAugParams(image, bev, photometric)
 
 
-def apply(batch: Any, params: CameraAugParams, config: CameraAugConfig) -> Any:
+def apply(batch: Batch, params: CameraAugParams, config: CameraAugConfig) -> Batch:
     """``batch`` augmented on its device, every sample and camera at once (no host sync).
 
     Returns:
@@ -269,7 +270,7 @@ def apply(batch: Any, params: CameraAugParams, config: CameraAugConfig) -> Any:
     return dataclasses.replace(batch, **changes)
 
 
-def reference_apply(batch: Any, params: CameraAugParams, config: CameraAugConfig) -> Any:
+def reference_apply(batch: Batch, params: CameraAugParams, config: CameraAugConfig) -> Batch:
     """The same augmentation per sample and camera with the originals' code, on a CPU batch (the worker path).
 
     Per camera: ``_img_transform`` with PIL (:func:`~.augment.reference_img_transform`), the photometric
@@ -297,7 +298,7 @@ def reference_apply(batch: Any, params: CameraAugParams, config: CameraAugConfig
     return dataclasses.replace(out, images=torch.from_numpy(images), images_normalized=config.normalize)
 
 
-def reference_geometry(batch: Any, params: CameraAugParams, config: CameraAugConfig) -> Any:
+def reference_geometry(batch: Batch, params: CameraAugParams, config: CameraAugConfig) -> Batch:
     """Everything of :func:`reference_apply` but the pixels (``batch.images`` is not read and may be None).
 
     Per camera ``_bboxes_transform`` and ``_filter_invisible`` in NumPy; per sample the intrinsics and
@@ -356,7 +357,7 @@ def reference_geometry(batch: Any, params: CameraAugParams, config: CameraAugCon
     return dataclasses.replace(batch, **changes)
 
 
-def _reference_bev(batch: Any, params: BevAugParams, config: BevAugConfig, lidar2img: torch.Tensor) -> dict[str, Any]:
+def _reference_bev(batch: Batch, params: BevAugParams, config: BevAugConfig, lidar2img: torch.Tensor) -> dict[str, Any]:
     """``GlobalRotScaleTransImage.__call__`` (``reverse_angle=True``) per sample on the matrices, in float32 torch
     as the original, and mmdet3d's box (and point) ops for the boxes. The original draws ``rot_angle`` and
     rotates the boxes by ``−rot_angle``; our ``angle`` is the boxes' rotation, so ``rot_angle = −angle``."""
@@ -397,7 +398,7 @@ def _reference_bev(batch: Any, params: BevAugParams, config: BevAugConfig, lidar
     return out
 
 
-def _check_batch(batch: Any, config: CameraAugConfig) -> None:
+def _check_batch(batch: Batch, config: CameraAugConfig) -> None:
     if batch.images is None:
         raise ValueError("batch.images: the camera augmentation needs the images (the dataset loads none)")
     if getattr(batch, "images_normalized", False) or batch.images.dtype != torch.uint8:

@@ -1,4 +1,4 @@
-"""NVIDIA DALI loader backend (``data.loader=dali``): the same :class:`~drivetrain.data.Batch` stream as the PyTorch
+"""NVIDIA DALI loader backend (``data.loader=dali``): the same :class:`~drivetrain.batch.Batch` stream as the PyTorch
 loader, with JPEG decoding and the image augmentation in DALI's C++ (or GPU) operators.
 
 **Data flow.** A parallel external source (``fn.external_source(parallel=True)``, ``--workers`` Python processes
@@ -52,7 +52,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from drivetrain.data.collate import Batch, collate
+from drivetrain.batch import Batch
+from drivetrain.data.collate import collate
 from drivetrain.data.dataset import FrameDataset, FrameKey
 from drivetrain.data.errors import DataError
 from drivetrain.data.io import read_image, read_jpeg_bytes

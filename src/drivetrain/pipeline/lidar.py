@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from drivetrain.data.collate import Batch
+from drivetrain.batch import Batch
 from drivetrain.pipeline.augment_bev import (
     BevAugConfig,
     BevAugParams,
