@@ -50,7 +50,7 @@ class Batch:
     sample_tokens: tuple[str, ...]
     frame_index: torch.Tensor  # (B,) int64 rows of the frame index
     skipped: tuple[str, ...] = ()  # tokens of samples dropped as unreadable (on_error="skip")
-    images_normalized: bool = False  # images are mean/std-normalised already (drivetrain.pipeline.camera_aug)
+    images_normalized: bool = False  # images are mean/std-normalised already (drivetrain.pipeline.augment.camera)
     encoded: Any = None  # a frozen image encoder's output for these images, computed ahead (speed.encoder_overlap)
 
     @property

@@ -242,7 +242,7 @@ def frame_transform(cfg: Any, *, blank: bool) -> Callable[[Batch], Batch] | None
 
     test_time = None
     if cfg.data.augment is not None:  # trained on augmented images: evaluate on the test-time transform of them
-        from drivetrain.pipeline.augmentation import Augmentation
+        from drivetrain.pipeline.augment.stage import Augmentation
 
         test_time = Augmentation(cfg.data.augment.build()).test_time
     if not blank:

@@ -60,7 +60,7 @@ from drivetrain.engine.state import FixedState, RngState, ScheduleState, Statefu
 from drivetrain.engine.strategy import build_strategy
 from drivetrain.losses.weights import base_name, resolve_weights, weighted_total
 from drivetrain.match import warm_gpu_solver, warm_pending
-from drivetrain.pipeline.augmentation import Augmentation
+from drivetrain.pipeline.augment.stage import Augmentation
 from drivetrain.pipeline.prefetch import DevicePrefetcher
 from drivetrain.pipeline.transfer import to_device
 from drivetrain.profile.timer import region, step_active

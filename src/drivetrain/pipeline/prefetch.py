@@ -34,7 +34,7 @@ class DevicePrefetcher:
         device: where batches go.
         copier: the copier (default: a :class:`PackedCopier` for ``device``).
         transform: ``transform(batch, position)`` applied to each batch on the device after its copy, with the
-            stream position after the batch (e.g. :class:`~drivetrain.pipeline.augmentation.Augmentation`); on
+            stream position after the batch (e.g. :class:`~drivetrain.pipeline.augment.stage.Augmentation`); on
             the side stream it must only enqueue work (no host reads), or it stalls the overlap.
         overlap: on CUDA, prepare batch n+1 on the side stream while batch n trains (``data.prefetch``);
             False copies and transforms each batch on the current stream when it is asked for.

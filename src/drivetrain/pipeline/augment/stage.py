@@ -7,23 +7,23 @@ Configured once, as ``data.augment`` (:class:`AugmentConfig`)::
         camera: {image: {...}, bev: {...}, photometric: null, normalize: true}   # CameraAugConfig fields
         lidar: {rot_range: [-0.3925, 0.3925], point_range: [...], object_range: [...]}   # BevAugConfig fields
 
-Random draws are separate from the deterministic apply (kornia's scheme, STYLE.md §5):
+Random draws are separate from the deterministic apply (kornia's scheme; docs/design.md):
 
 - :func:`sample_params` draws an :class:`AugmentParams` for a batch (its sizes only) from a CPU ``torch.Generator``
-  in a fixed order: **the camera's draws first** (image, its BEV step, photometric: :func:`.camera_aug.draw_params`),
-  **then the lidar's** (angle, scale, translation, flips, shuffle keys: :func:`.augment_bev.draw_bev_params`);
+  in a fixed order: **the camera's draws first** (image, its BEV step, photometric: :func:`.camera.draw_params`),
+  **then the lidar's** (angle, scale, translation, flips, shuffle keys: :func:`.bev.draw_bev_params`);
 - :func:`apply` is pure: the whole batch at once on its device, no host sync; the same parameters replay exactly;
 - :func:`reference_apply` does the same per sample on a CPU batch with the originals' code (PIL, NumPy, OpenCV,
   mmdet3d's box and point ops) — what ``data.augment_on=worker`` runs in the loader workers;
 - :func:`apply_test_time` is the evaluation transform: the camera's test-time resize/crop/normalisation; the lidar has
   none (points outside the voxel grid are dropped by the voxelization, as mmdetection3d's test pipeline does);
 - :class:`Augmentation` is what the trainer holds: each batch's generator is seeded from the run seed, the rank
-  and the batch's sampler position after it (:func:`.camera_aug.augment_seed`), which the checkpoint holds. So the
+  and the batch's sampler position after it (:func:`.camera.augment_seed`), which the checkpoint holds. So the
   ranks draw different parameters, a resumed run draws what the uninterrupted one drew, and the worker, device
   and DALI paths draw the same parameters for the same batch.
 
 What the lidar step does to a batch: points, ``gt_boxes`` and ``gt_labels`` through
-:func:`~.augment_bev.apply_bev_aug` (rotation, scale, translation, flips, range filters, shuffle); on a batch that
+:func:`~.bev.apply_bev_aug` (rotation, scale, translation, flips, range filters, shuffle); on a batch that
 also carries images, ``lidar2img``, ``ego_pose``, ``ego_pose_inv`` and ``lidar2ego`` through the inverse of its
 matrix, so every pixel still shows the same world point. With both sections the lidar step is the BEV step of both:
 ``camera.bev`` must be null (one BEV transform, not two) and ``lidar.object_range`` null (a dropped 3D box would
@@ -40,8 +40,7 @@ from typing import Any
 import torch
 
 from drivetrain.batch import Batch
-from drivetrain.pipeline.augment import bev_aug_cameras
-from drivetrain.pipeline.augment_bev import (
+from drivetrain.pipeline.augment.bev import (
     BevAugConfig,
     BevAugParams,
     apply_bev_aug,
@@ -49,10 +48,11 @@ from drivetrain.pipeline.augment_bev import (
     draw_bev_params,
     reference_bev_aug,
 )
-from drivetrain.pipeline.camera_aug import CameraAugConfig, CameraAugParams, augment_seed
-from drivetrain.pipeline.camera_aug import apply as camera_apply
-from drivetrain.pipeline.camera_aug import reference_apply as camera_reference_apply
-from drivetrain.pipeline.camera_aug import sample_params as camera_sample_params
+from drivetrain.pipeline.augment.camera import CameraAugConfig, CameraAugParams, augment_seed
+from drivetrain.pipeline.augment.camera import apply as camera_apply
+from drivetrain.pipeline.augment.camera import reference_apply as camera_reference_apply
+from drivetrain.pipeline.augment.camera import sample_params as camera_sample_params
+from drivetrain.pipeline.augment.image_ops import bev_aug_cameras
 from drivetrain.ragged import RaggedBatch
 
 __all__ = [
@@ -74,9 +74,9 @@ class AugmentConfig:
     """``data.augment``: the training augmentation of every model (None: that modality is not augmented).
 
     Attributes:
-        camera: the camera recipe (:class:`~.camera_aug.CameraAugConfig`: images, 2D boxes, camera matrices and,
+        camera: the camera recipe (:class:`~.camera.CameraAugConfig`: images, 2D boxes, camera matrices and,
             with its ``bev`` step, boxes and points).
-        lidar: the lidar recipe (:class:`~.augment_bev.BevAugConfig`: points and boxes).
+        lidar: the lidar recipe (:class:`~.bev.BevAugConfig`: points and boxes).
     """
 
     camera: CameraAugConfig | None = None
@@ -181,7 +181,7 @@ def apply(batch: Batch, params: AugmentParams, config: AugmentConfig) -> Batch:
         config: the recipe the parameters were drawn for.
 
     Returns:
-        A new Batch: the camera step's images, matrices and 2D annotations (:func:`.camera_aug.apply`); the lidar
+        A new Batch: the camera step's images, matrices and 2D annotations (:func:`.camera.apply`); the lidar
         step's points ``(B, P, C)`` (padded length kept, new sizes on the device), ``gt_boxes`` ``(B, G, D)`` and
         ``gt_labels`` ``(B, G)``, and with images the lidar-frame camera matrices.
     """
@@ -197,8 +197,8 @@ def apply(batch: Batch, params: AugmentParams, config: AugmentConfig) -> Batch:
 
 def reference_apply(batch: Batch, params: AugmentParams, config: AugmentConfig) -> Batch:
     """The same augmentation per sample with the originals' code, on a CPU batch (the worker path): the camera's
-    :func:`.camera_aug.reference_apply`, then mmdet3d's lidar transforms sample by sample
-    (:func:`~.augment_bev.reference_bev_aug`); ragged outputs are padded to their longest sample.
+    :func:`.camera.reference_apply`, then mmdet3d's lidar transforms sample by sample
+    (:func:`~.bev.reference_bev_aug`); ragged outputs are padded to their longest sample.
 
     Args:
         batch: a collated CPU Batch (as :func:`apply`'s).
@@ -241,7 +241,7 @@ def apply_test_time(batch: Batch, config: AugmentConfig) -> Batch:
 class Augmentation:
     """The trainer's augmentation stage: ``augment(batch, position)`` on the batch's device (``on="device"``, in
     the prefetcher) or per sample on the CPU (``on="worker"``, in the loader workers), each batch's generator
-    seeded by :func:`~.camera_aug.augment_seed` (run seed, rank, sampler position after the batch);
+    seeded by :func:`~.camera.augment_seed` (run seed, rank, sampler position after the batch);
     :meth:`test_time` for evaluation.
 
     Args:
