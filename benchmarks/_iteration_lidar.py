@@ -9,7 +9,7 @@ The path is ``model.impl``: HardVFE on the original's ``(V, T)`` slot layout, pe
 max-IoU assignment and per-sample targets as the originals, or HardVFE's compact path over the stored points,
 windowed assignment and the loss on the window pairs, all samples and classes at once. The config's augmentation
 (``data.augment.lidar``) runs as the trainer runs it by default, on the device after the copy
-(:class:`drivetrain.pipeline.augmentation.Augmentation`, drawn per batch from the seed and the batch's position),
+(:class:`drivetrain.pipeline.augment.stage.Augmentation`, drawn per batch from the seed and the batch's position),
 so both copies see the same augmented points and boxes.
 
 Data: the config's synthetic set (``data.args``); batches of ``--batch`` frames in scene order, a batch of its own
@@ -40,10 +40,11 @@ from typing import Any
 
 import torch
 
+from drivetrain.batch import Batch
 from drivetrain.engine import load_config
 from drivetrain.engine.build import build_model, build_optimizer
 from drivetrain.losses.weights import resolve_weights, weighted_total
-from drivetrain.pipeline.augmentation import Augmentation
+from drivetrain.pipeline.augment.stage import Augmentation
 from drivetrain.profile import Profiler, active, device_name, device_slug, emit, rows_from_profilers, synchronize
 from drivetrain.profile.bench import RESULTS_DIR, count_variation
 
@@ -93,7 +94,7 @@ def iteration(
     t.totals.append(total.detach())
 
 
-def check_paths(model: torch.nn.Module, batch: Any, relative: Any) -> float:
+def check_paths(model: torch.nn.Module, batch: Batch, relative: Any) -> float:
     """On a throw-away copy: identical assignments and loss terms within ``CHECK_RTOL``; the worst difference."""
     probe = copy.deepcopy(model).train()
     with torch.no_grad():

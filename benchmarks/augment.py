@@ -47,8 +47,8 @@ from drivetrain.data.sources import synthetic
 from drivetrain.engine.batches import BatchStream
 from drivetrain.engine.config import DataConfig
 from drivetrain.engine.stepcost import step_cost, step_profiler
-from drivetrain.pipeline.augmentation import Augmentation, AugmentConfig
-from drivetrain.pipeline.camera_aug import CameraAugConfig
+from drivetrain.pipeline.augment.camera import CameraAugConfig
+from drivetrain.pipeline.augment.stage import Augmentation, AugmentConfig
 from drivetrain.pipeline.dali import DaliStream, dali_available
 from drivetrain.pipeline.prefetch import DevicePrefetcher
 from drivetrain.profile import (

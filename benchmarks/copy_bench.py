@@ -2,7 +2,7 @@
 
 The published case (ACCV-Lab batching helpers): 528 tensors of ~150 KB in all, a StreamPETR batch's metadata,
 packed ×8.1 faster than per-tensor ``.to()`` — blocking copies from pageable memory. A collated camera batch
-(``drivetrain.data.Batch``: 10 tensors and 7 ragged fields of data + sizes) has 24 tensors. The data here:
+(``drivetrain.batch.Batch``: 10 tensors and 7 ragged fields of data + sizes) has 24 tensors. The data here:
 ``--tensors`` counts (default 8, 24 and 528; one row each) of the dtypes and shapes such metadata has (float32
 matrices 4×4 and 3×3, float64 timestamps, int64 indices, bool flags, ragged boxes up to 60×9). Variants of a row:
 

@@ -68,6 +68,7 @@ from typing import Any
 
 import torch
 
+from drivetrain.batch import Batch
 from drivetrain.data.sampler import SequenceSampler
 from drivetrain.data.sources import synthetic
 from drivetrain.engine.build import build_optimizer
@@ -224,7 +225,7 @@ def add_compiled_variant(rows: list[Row], compiled: Profiler) -> None:
             row.variant_costs = {"reference": row.reference_cost, "batched": row.batched_cost}
 
 
-def padded_gt_counts(batch: Any, *, images: bool) -> dict[str, int]:
+def padded_gt_counts(batch: Batch, *, images: bool) -> dict[str, int]:
     """The padded ground-truth counts of ``batch`` (the matchers' target dimension G): the largest count per sample
     and, with ``images`` (a head matching 2D boxes), per image. Read before timing (host reads)."""
     counts = {"max_gt_per_sample": int(batch.gt_boxes.sizes.max())}
@@ -259,7 +260,7 @@ class Trainee:
         self.totals: list[torch.Tensor] = []
 
 
-def loss_terms(model: StreamPETR, outputs: dict[str, Any], batch: Any, timed: Callable[[str], Any]) -> dict:
+def loss_terms(model: StreamPETR, outputs: dict[str, Any], batch: Batch, timed: Callable[[str], Any]) -> dict:
     """``model.loss(outputs, batch)``, one region per criterion (the same calls as ``StreamPETR.loss``)."""
     with timed("streampetr head"):
         terms = model.criterion(outputs, batch, impl=model.impl)
@@ -336,7 +337,7 @@ def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs() / torch.maximum(a.abs(), b.abs()).clamp(min=1e-6))
 
 
-def check_loss(model: StreamPETR, batch: Any, seed: int) -> float:
+def check_loss(model: StreamPETR, batch: Batch, seed: int) -> float:
     """On a throw-away copy: the loss here equals ``model.loss`` bit for bit, per path; return the worst
     relative difference between the paths' terms (SystemExit above ``CHECK_RTOL``)."""
     probe = copy.deepcopy(model).train()

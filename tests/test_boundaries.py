@@ -36,8 +36,9 @@ LAYERS: tuple[frozenset[str], ...] = (
     # which every layer may use); what a model is (its spec) and the weight key maps' shared record, which model
     # folders define and the engine reads without importing a model
     frozenset({"ragged", "constants", "seeding", "profile", "model_spec", "keymap"}),
-    # on ragged and the constants: geometry (boxes, IoU, projection), heatmaps, the torch.compile helpers
-    frozenset({"geometry", "heatmap", "compiled"}),
+    # on ragged and the constants: geometry (boxes, IoU, projection), heatmaps, the torch.compile helpers, and the
+    # batch type (Batch, ModelBatch) that data collates into and the pipeline, models, losses and engine read
+    frozenset({"geometry", "heatmap", "compiled", "batch"}),
     # matching (costs, solvers, assigners), nuScenes-format data (no models, no pipeline), drawing
     frozenset({"match", "data", "viz"}),
     # losses on the matchers; the pipeline (transfer, augmentation, voxelization) on data

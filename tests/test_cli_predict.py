@@ -183,7 +183,7 @@ def test_a_camera_runs_test_time_transform_normalises_blanked_images_to_about_ze
     from drivetrain.cli.predict import blank_grey, frame_transform
     from drivetrain.data.sources import frames
     from drivetrain.engine import load_config
-    from drivetrain.pipeline.photometric import IMAGENET_MEAN, IMAGENET_STD
+    from drivetrain.pipeline.augment.photometric import IMAGENET_MEAN, IMAGENET_STD
 
     sizes = ["data.augment.camera.image.source_size=[160,90]", "data.augment.camera.image.final_size=[128,48]"]
     cfg = load_config(ROOT / "configs" / "streampetr_tiny_aug.yaml", sizes)  # the test images' size

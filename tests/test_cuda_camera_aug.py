@@ -10,9 +10,9 @@ import dataclasses
 import pytest
 import torch
 
-from drivetrain.pipeline.augment import ImageAugParams, ida_matrix, resize_crop_flip, warp_images
-from drivetrain.pipeline.camera_aug import apply, sample_params
-from drivetrain.pipeline.photometric import (
+from drivetrain.pipeline.augment.camera import apply, sample_params
+from drivetrain.pipeline.augment.image_ops import ImageAugParams, ida_matrix, resize_crop_flip, warp_images
+from drivetrain.pipeline.augment.photometric import (
     IMAGENET_STD,
     PhotometricConfig,
     normalize,

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from drivetrain.pipeline.augment_bev import BevAugConfig, BevAugParams, apply_bev_aug, sample_bev_params
+from drivetrain.pipeline.augment.bev import BevAugConfig, BevAugParams, apply_bev_aug, sample_bev_params
 from drivetrain.pipeline.voxelize import (
     HardVoxels,
     dynamic_voxelize,

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from drivetrain.data import Batch, DatasetConfig, FrameDataset, SequenceSampler, collate
+from drivetrain.batch import Batch
+from drivetrain.data import DatasetConfig, FrameDataset, SequenceSampler, collate
 from drivetrain.geometry.projection import project_boxes
 from drivetrain.models.streampetr.criteria import focal_head_loss, streampetr_loss
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from drivetrain.models.pointpillars.tta import TTAConfig, map_boxes_back, merge, reference_merge, views
-from drivetrain.pipeline.augment_bev import BevAugConfig, apply_bev_aug
+from drivetrain.pipeline.augment.bev import BevAugConfig, apply_bev_aug
 from drivetrain.ragged import RaggedBatch
 
 NO_FILTERS = BevAugConfig(point_range=None, object_range=None, shuffle=False)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from drivetrain.pipeline.augment import (
+from drivetrain.pipeline.augment.image_ops import (
     ImageAugConfig,
     ImageAugParams,
     ida_matrix,
@@ -137,7 +137,7 @@ def test_bad_config_is_named():
 def test_2d_annotations_follow_the_originals_bboxes_transform():
     """All samples and cameras at once vs ``_bboxes_transform`` per image (float64: the same formulas in
     another association, so ≤ a few ulp of 1600 px), with boxes cut by the crop and dropped below 2 px."""
-    from drivetrain.pipeline.augment import reference_transform_boxes_2d, transform_boxes_2d
+    from drivetrain.pipeline.augment.image_ops import reference_transform_boxes_2d, transform_boxes_2d
     from drivetrain.ragged import RaggedBatch
 
     cfg = ImageAugConfig()
@@ -183,8 +183,8 @@ def test_2d_annotations_follow_the_originals_bboxes_transform():
 def test_bev_augmentation_of_a_camera_batch_keeps_every_projection_and_world_position():
     """After a BEV rotation/scale/flip of the boxes, the updated lidar2img projects each augmented box centre to
     the pixel the original centre projected to, and the updated ego pose puts it at the same global position."""
-    from drivetrain.pipeline.augment import bev_aug_cameras
-    from drivetrain.pipeline.augment_bev import BevAugConfig, apply_bev_aug, sample_bev_params
+    from drivetrain.pipeline.augment.bev import BevAugConfig, apply_bev_aug, sample_bev_params
+    from drivetrain.pipeline.augment.image_ops import bev_aug_cameras
     from drivetrain.ragged import RaggedBatch
 
     g = torch.Generator().manual_seed(7)

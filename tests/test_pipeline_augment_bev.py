@@ -1,4 +1,4 @@
-"""Tests for drivetrain.pipeline.augment_bev: the batched BEV augmentation against the per-sample mmdet3d-style
+"""Tests for drivetrain.pipeline.augment.bev: the batched BEV augmentation against the per-sample mmdet3d-style
 reference, hand-worked conventions, replay, identity, draws, config validation and the absence of host syncs."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from drivetrain.pipeline.augment_bev import (
+from drivetrain.pipeline.augment.bev import (
     BevAugConfig,
     BevAugParams,
     apply_bev_aug,

@@ -17,11 +17,11 @@ import torch
 from drivetrain.data.sources import frames
 from drivetrain.engine import ConfigError, Trainer, load_config
 from drivetrain.engine.config import config_diff, config_to_dict, upgrade_saved_config
-from drivetrain.pipeline.augment import ImageAugConfig
-from drivetrain.pipeline.augment_bev import BevAugConfig, draw_bev_params
-from drivetrain.pipeline.augmentation import Augmentation, AugmentConfig, apply, sample_params
-from drivetrain.pipeline.camera_aug import CameraAugConfig
-from drivetrain.pipeline.camera_aug import sample_params as camera_sample_params
+from drivetrain.pipeline.augment.bev import BevAugConfig, draw_bev_params
+from drivetrain.pipeline.augment.camera import CameraAugConfig
+from drivetrain.pipeline.augment.camera import sample_params as camera_sample_params
+from drivetrain.pipeline.augment.image_ops import ImageAugConfig
+from drivetrain.pipeline.augment.stage import Augmentation, AugmentConfig, apply, sample_params
 from helpers.nosync import no_host_sync
 
 ROOT = Path(__file__).resolve().parents[1]

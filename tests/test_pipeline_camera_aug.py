@@ -16,7 +16,14 @@ import torch
 
 from drivetrain.data.sources import frames
 from drivetrain.engine import ConfigError, Trainer, load_config
-from drivetrain.pipeline.augment import (
+from drivetrain.pipeline.augment.camera import (
+    CameraAugConfig,
+    apply,
+    augment_seed,
+    reference_apply,
+    sample_params,
+)
+from drivetrain.pipeline.augment.image_ops import (
     ImageAugConfig,
     ImageAugParams,
     filter_invisible,
@@ -24,15 +31,7 @@ from drivetrain.pipeline.augment import (
     reference_img_transform,
     resize_crop_flip,
 )
-from drivetrain.pipeline.augmentation import Augmentation, AugmentConfig
-from drivetrain.pipeline.camera_aug import (
-    CameraAugConfig,
-    apply,
-    augment_seed,
-    reference_apply,
-    sample_params,
-)
-from drivetrain.pipeline.photometric import (
+from drivetrain.pipeline.augment.photometric import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     PhotometricConfig,
@@ -42,6 +41,7 @@ from drivetrain.pipeline.photometric import (
     reference_photometric,
     sample_photometric_params,
 )
+from drivetrain.pipeline.augment.stage import Augmentation, AugmentConfig
 from drivetrain.ragged import RaggedBatch
 from helpers.engine import assert_same_weights, final_state
 

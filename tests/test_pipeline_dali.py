@@ -23,11 +23,11 @@ from drivetrain.data.sources import frames
 from drivetrain.engine import ConfigError, Trainer, load_config
 from drivetrain.engine.batches import BatchStream
 from drivetrain.engine.config import DataConfig
-from drivetrain.pipeline.augment import ImageAugConfig
-from drivetrain.pipeline.augmentation import Augmentation, AugmentConfig
-from drivetrain.pipeline.camera_aug import CameraAugConfig
+from drivetrain.pipeline.augment.camera import CameraAugConfig
+from drivetrain.pipeline.augment.image_ops import ImageAugConfig
+from drivetrain.pipeline.augment.photometric import IMAGENET_MEAN, IMAGENET_STD, PhotometricConfig
+from drivetrain.pipeline.augment.stage import Augmentation, AugmentConfig
 from drivetrain.pipeline.dali import DaliSource, DaliStream
-from drivetrain.pipeline.photometric import IMAGENET_MEAN, IMAGENET_STD, PhotometricConfig
 from helpers.engine import assert_same_weights, final_state
 
 ROOT = Path(__file__).resolve().parents[1]

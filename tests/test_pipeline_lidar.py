@@ -13,7 +13,7 @@ from drivetrain.data.lyft_format import LYFT_CLASSES, LYFT_VERSION
 from drivetrain.data.sweep_cache import build_cache
 from drivetrain.data.synth import SynthConfig, generate
 from drivetrain.data.synth.lyft import LYFT_SYNTH_SCENES
-from drivetrain.pipeline.augment_bev import BevAugConfig
+from drivetrain.pipeline.augment.bev import BevAugConfig
 from drivetrain.pipeline.lidar import lidar_input, reference_lidar_input
 from drivetrain.pipeline.voxelize import VoxelGrid, reference_hard_voxelize_batch
 from helpers.synth import SYNTH_TEST_CONFIG

@@ -16,7 +16,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from drivetrain.data.collate import Batch
+from drivetrain.batch import Batch
 from drivetrain.engine.registry import register_model
 from drivetrain.losses.functional import sigmoid_focal_loss
 from drivetrain.match import solve

@@ -15,7 +15,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from drivetrain.batch import Batch
 
 __all__ = [
     "add_model_options",
@@ -231,7 +234,7 @@ def root_index(root: Path, version: str | None, command: str, *, progress: bool,
     return build_index(root, version, progress=progress)
 
 
-def frame_transform(cfg: Any, *, blank: bool) -> Callable[[Any], Any] | None:
+def frame_transform(cfg: Any, *, blank: bool) -> Callable[[Batch], Batch] | None:
     """What a frame's batch goes through before ``detect``: the inputs blanked (with ``blank``, to
     :func:`blank_grey`), then the run's test-time camera transform (a run trained with ``data.augment``); None when
     neither applies."""
@@ -239,14 +242,14 @@ def frame_transform(cfg: Any, *, blank: bool) -> Callable[[Any], Any] | None:
 
     test_time = None
     if cfg.data.augment is not None:  # trained on augmented images: evaluate on the test-time transform of them
-        from drivetrain.pipeline.augmentation import Augmentation
+        from drivetrain.pipeline.augment.stage import Augmentation
 
         test_time = Augmentation(cfg.data.augment.build()).test_time
     if not blank:
         return test_time
     grey = blank_grey(cfg)
 
-    def transform(batch: Any) -> Any:
+    def transform(batch: Batch) -> Batch:
         blanked = blank_inputs(batch, grey)
         return test_time(blanked) if test_time is not None else blanked
 

@@ -109,7 +109,7 @@ def run_frame(args: argparse.Namespace) -> int:
         device = torch.device(args.device)
         model_batch = batch.to(device)
         if cfg.data.augment is not None:  # a camera model trained on augmented images: its test-time transform
-            from drivetrain.pipeline.augmentation import Augmentation
+            from drivetrain.pipeline.augment.stage import Augmentation
 
             model_batch = Augmentation(cfg.data.augment.build()).test_time(model_batch)
         # One frame alone: a streaming model starts from an empty memory (its training memory is set aside).

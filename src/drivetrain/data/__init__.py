@@ -1,4 +1,5 @@
-"""nuScenes-format data: synthetic generator, frame index, dataset, sequence sampler, collate, evaluation.
+"""nuScenes-format data: synthetic generator, frame index, dataset, sequence sampler, collate (into a
+:class:`drivetrain.batch.Batch`), evaluation.
 
 Knows nothing of models. Typical use::
 
@@ -8,14 +9,13 @@ Knows nothing of models. Typical use::
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=2)
 """
 
-from drivetrain.data.collate import Batch, collate
+from drivetrain.data.collate import collate
 from drivetrain.data.dataset import DatasetConfig, FrameDataset, FrameKey, Sample, Skipped
 from drivetrain.data.errors import DataError
 from drivetrain.data.index import FrameIndex, build_index, load_index, save_index
 from drivetrain.data.sampler import SequenceSampler
 
 __all__ = [
-    "Batch",
     "DataError",
     "DatasetConfig",
     "FrameDataset",

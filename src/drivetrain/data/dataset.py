@@ -4,7 +4,7 @@
 :class:`Sample` of NumPy arrays: the frame's camera images (uint8 ``(N, H, W, 3)``, decoded with
 libjpeg-turbo through simplejpeg), camera matrices, ego pose, 3D ground truth in the lidar frame, the
 per-camera 2D ground truth, and optionally the lidar points with sweeps. ``collate`` turns a list of
-samples into a :class:`~drivetrain.data.collate.Batch`.
+samples into a :class:`~drivetrain.batch.Batch`.
 
 Bad input: a missing or undecodable image, a missing or truncated lidar file, or images whose size
 differs from the index raise :class:`DataError` naming the file. With ``on_error="skip"`` the sample is

@@ -35,7 +35,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from drivetrain.data.collate import Batch, collate
+from drivetrain.batch import Batch
+from drivetrain.data.collate import collate
 from drivetrain.data.dataset import DatasetConfig, FrameDataset, FrameKey, Sample, Skipped
 from drivetrain.data.errors import DataError
 from drivetrain.data.index import FrameIndex, load_index

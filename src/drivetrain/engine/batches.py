@@ -51,6 +51,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from drivetrain.batch import ModelBatch
 from drivetrain.engine.config import ConfigError, DataConfig
 from drivetrain.seeding import mix_seed
 
@@ -203,10 +204,12 @@ class _Positioned:
 class _TransformingCollate:
     """Collate in the worker, then ``transform(batch, position)`` there (e.g. worker-side augmentation)."""
 
-    def __init__(self, collate: Callable[[list[Any]], Any], transform: Callable[[Any, dict[str, Any]], Any]) -> None:
+    def __init__(
+        self, collate: Callable[[list[Any]], ModelBatch], transform: Callable[[ModelBatch, dict[str, Any]], ModelBatch]
+    ) -> None:
         self.collate, self.transform = collate, transform
 
-    def __call__(self, items: list[tuple[Any, dict[str, Any]]]) -> Any:
+    def __call__(self, items: list[tuple[Any, dict[str, Any]]]) -> ModelBatch:
         return self.transform(self.collate([sample for sample, _ in items]), items[0][1])
 
 
@@ -231,7 +234,7 @@ class BatchStream:
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
-        transform: Callable[[Any, dict[str, Any]], Any] | None = None,
+        transform: Callable[[ModelBatch, dict[str, Any]], ModelBatch] | None = None,
     ) -> None:
         self.dataset, self.cfg, self.seed, self.rank = dataset, cfg, seed, rank
         shard = {"seed": seed, "shuffle": cfg.shuffle, "rank": rank, "world_size": world_size}
@@ -254,14 +257,14 @@ class BatchStream:
             dataset, collate = _Positioned(dataset), _TransformingCollate(collate, transform)
         self._loader = _make_loader(dataset, self._recorded, collate, cfg)
         self._state: dict[str, Any] = self.sampler.state_dict()
-        self._iter: Iterator[Any] | None = None
+        self._iter: Iterator[ModelBatch] | None = None
 
     def _start(self) -> None:
         self._recorded.records.clear()  # keys drawn by a discarded iterator were never handed out
         self._loader.generator.manual_seed(mix_seed(self.seed, self.rank, self._state["epoch"], self._state["step"]))
         self._iter = iter(self._loader)
 
-    def next(self) -> tuple[Any, torch.Tensor]:
+    def next(self) -> tuple[ModelBatch, torch.Tensor]:
         """The next batch and the dataset rows it was drawn from (int64 ``(B,)``); rolls over epochs."""
         for _ in range(2):
             if self._iter is None:
@@ -287,7 +290,9 @@ class BatchStream:
         self._iter = None  # restart the loader at the restored position
 
 
-def _make_loader(dataset: Dataset, batch_sampler: _Recorded, collate: Any, cfg: DataConfig) -> DataLoader:
+def _make_loader(
+    dataset: Dataset, batch_sampler: _Recorded, collate: Callable[[list[Any]], ModelBatch] | None, cfg: DataConfig
+) -> DataLoader:
     """The stream's one DataLoader; the module docstring says which ``cfg`` options apply and how."""
     workers: dict[str, Any] = {}
     if cfg.num_workers > 0:  # DataConfig refuses persistent_workers / prefetch_factor without workers

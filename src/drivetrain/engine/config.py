@@ -124,7 +124,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class AugmentSection:
     """Section ``data.augment``: the training augmentation, one stage for every model
-    (:class:`drivetrain.pipeline.augmentation.AugmentConfig`; validated here, built by :meth:`build`)."""
+    (:class:`drivetrain.pipeline.augment.stage.AugmentConfig`; validated here, built by :meth:`build`)."""
 
     camera: dict[str, Any] | None = None  # CameraAugConfig fields (image, bev, photometric, normalize, ...); null: off
     lidar: dict[str, Any] | None = None  # BevAugConfig fields (rot_range, ..., point_range, object_range); null: off
@@ -133,8 +133,8 @@ class AugmentSection:
         self.build()
 
     def build(self) -> Any:
-        """The typed :class:`~drivetrain.pipeline.augmentation.AugmentConfig` (ConfigError naming a bad field)."""
-        from drivetrain.pipeline.augmentation import AugmentConfig
+        """The typed :class:`~drivetrain.pipeline.augment.stage.AugmentConfig` (ConfigError naming a bad field)."""
+        from drivetrain.pipeline.augment.stage import AugmentConfig
 
         try:
             return AugmentConfig.from_dict(dataclasses.asdict(self))
@@ -145,7 +145,7 @@ class AugmentSection:
     @staticmethod
     def moved(name: str) -> str:
         """The message for a key that is no section (:func:`from_dict` asks): where a camera field lives now."""
-        from drivetrain.pipeline.augmentation import moved_augment_key
+        from drivetrain.pipeline.augment.stage import moved_augment_key
 
         return moved_augment_key(name)
 

@@ -30,8 +30,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from drivetrain.batch import Batch
 from drivetrain.constants import constant
-from drivetrain.data.dataset import Skipped
+from drivetrain.data.dataset import Sample, Skipped
 from drivetrain.data.evaluate import submission_meta, write_submission
 from drivetrain.data.formats import NUSCENES, DatasetFormat, MetricOptions
 from drivetrain.data.index import FrameIndex
@@ -71,9 +72,9 @@ class EvalFrames(Protocol):
 
     def __len__(self) -> int: ...
 
-    def __getitem__(self, frame: int) -> Any: ...
+    def __getitem__(self, frame: int) -> Sample | Skipped: ...
 
-    def collate(self, samples: list[Any]) -> Any:
+    def collate(self, samples: list[Sample]) -> Batch:
         """One batch of the samples."""
 
 
@@ -124,14 +125,14 @@ def has_streaming_state(model: nn.Module) -> bool:
     return any(key.endswith("_extra_state") for key in model.state_dict())
 
 
-def blank_inputs(batch: Any, grey: tuple[int, int, int] = BLANK_GREY) -> Any:
+def blank_inputs(batch: Batch, grey: tuple[int, int, int] = BLANK_GREY) -> Batch:
     """The batch with its sensor data blanked: every image pixel set to ``grey``, every point cloud emptied.
 
     Everything else (calibration, poses, timestamps, the ground truth) is kept, so a model scores with blanked
     inputs what it detects without looking: its priors, or what it reads from anything but the sensors.
 
     Args:
-        batch: a collated :class:`~drivetrain.data.collate.Batch` as loaded (images ``(B, N, 3, H, W)`` uint8 or
+        batch: a collated :class:`~drivetrain.batch.Batch` as loaded (images ``(B, N, 3, H, W)`` uint8 or
             float, not normalised yet; points a RaggedBatch ``(B, P, C)``); either may be None.
         grey: RGB 0–255 of the blanked images (default :data:`BLANK_GREY`).
 
@@ -167,8 +168,8 @@ def predict(
     *,
     progress: bool = True,
     dataset_format: DatasetFormat = NUSCENES,
-    transform: Callable[[Any], Any] | None = None,
-    on_frame: Callable[[int, Any, np.ndarray, np.ndarray, np.ndarray], None] | None = None,
+    transform: Callable[[Batch], Batch] | None = None,
+    on_frame: Callable[[int, Batch, np.ndarray, np.ndarray, np.ndarray], None] | None = None,
     batch_size: int = 1,
     label: str = "eval",
 ) -> tuple[dict[str, Any], int]:
@@ -258,8 +259,8 @@ def evaluate_model(
     options: MetricOptions | None = None,
     progress: bool = True,
     quiet: bool = False,
-    transform: Callable[[Any], Any] | None = None,
-    on_frame: Callable[[int, Any, np.ndarray, np.ndarray, np.ndarray], None] | None = None,
+    transform: Callable[[Batch], Batch] | None = None,
+    on_frame: Callable[[int, Batch, np.ndarray, np.ndarray, np.ndarray], None] | None = None,
 ) -> EvalResult:
     """Predict every frame of ``dataset`` (see :func:`predict`), write ``out_dir/results.json`` and score it with
     the metric of the frames' format (``dataset.index.format``).

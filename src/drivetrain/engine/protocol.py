@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
+from drivetrain.batch import Batch, ModelBatch
+
 if TYPE_CHECKING:
     from drivetrain.pipeline.voxelize import VoxelGrid
 
@@ -61,10 +63,12 @@ __all__ = [
 class Model(Protocol):
     """Required of every model the trainer builds (an ``nn.Module``)."""
 
-    def forward(self, batch: Any) -> Any:
-        """The outputs of one batch (whatever :meth:`loss` reads); runs under the run's autocast."""
+    def forward(self, batch: ModelBatch) -> Any:
+        """The outputs of one batch (whatever :meth:`loss` reads); runs under the run's autocast. The batch is
+        what the run's data builder collates: a :class:`~drivetrain.batch.Batch` for drivetrain's datasets, a
+        plugin dataset's nested tensors otherwise (:data:`~drivetrain.batch.ModelBatch`)."""
 
-    def loss(self, outputs: Any, batch: Any) -> Mapping[str, torch.Tensor]:
+    def loss(self, outputs: Any, batch: ModelBatch) -> Mapping[str, torch.Tensor]:
         """Named, unweighted scalar loss terms of ``outputs`` against the batch's ground truth (fp32; the engine
         weights them with :attr:`WeightedLoss.loss_weights` when declared, else sums them)."""
 
@@ -93,7 +97,7 @@ class LossCounts(Protocol):
 class Detector(Protocol):
     """A model whose detections can be scored with a dataset's official metric."""
 
-    def detect(self, batch: Any) -> tuple[Any, Any, Any]:
+    def detect(self, batch: Batch) -> tuple[Any, Any, Any]:
         """Detections of a batch: lidar-frame boxes ``(B, K, 9)`` ``(x, y, z_centre, dx, dy, dz, yaw, vx, vy)``,
         scores ``(B, K)`` and labels ``(B, K)`` indexing the dataset's classes; plain tensors or
         :class:`~drivetrain.ragged.RaggedBatch`. Called with the model in evaluation mode, one frame at a time in
@@ -116,7 +120,7 @@ class FrozenEncoder(Protocol):
         """Whether :meth:`encode` is a fixed function now (e.g. StreamPETR's ``freeze_backbone``): the trainer may
         then run it for the next batch ahead (``speed.encoder_overlap``)."""
 
-    def encode(self, batch: Any) -> Any:
+    def encode(self, batch: Batch) -> Any:
         """The encoder's output for ``batch``; the trainer stores it as ``batch.encoded`` for :meth:`Model.forward`
         to use instead of encoding again."""
 
@@ -165,12 +169,12 @@ def input_modalities(model: Any) -> tuple[str, ...]:
 
 @runtime_checkable
 class _Forward(Protocol):
-    def forward(self, batch: Any) -> Any: ...
+    def forward(self, batch: ModelBatch) -> Any: ...
 
 
 @runtime_checkable
 class _Loss(Protocol):
-    def loss(self, outputs: Any, batch: Any) -> Any: ...
+    def loss(self, outputs: Any, batch: ModelBatch) -> Any: ...
 
 
 # Each required member of Model alone, with the call a message names (see missing_members).

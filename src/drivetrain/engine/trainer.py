@@ -32,6 +32,7 @@ import torch
 import yaml
 
 import drivetrain
+from drivetrain.batch import Batch
 from drivetrain.data.errors import DataError
 from drivetrain.engine.batches import BatchStream
 from drivetrain.engine.build import apply_speed, build_dataset, build_model, build_optimizer
@@ -59,7 +60,7 @@ from drivetrain.engine.state import FixedState, RngState, ScheduleState, Statefu
 from drivetrain.engine.strategy import build_strategy
 from drivetrain.losses.weights import base_name, resolve_weights, weighted_total
 from drivetrain.match import warm_gpu_solver, warm_pending
-from drivetrain.pipeline.augmentation import Augmentation
+from drivetrain.pipeline.augment.stage import Augmentation
 from drivetrain.pipeline.prefetch import DevicePrefetcher
 from drivetrain.pipeline.transfer import to_device
 from drivetrain.profile.timer import region, step_active
@@ -280,7 +281,7 @@ class Trainer:
         except (ImportError, ValueError) as err:
             raise ConfigError(str(err)) from None
 
-    def _device_transform(self, augment: Augmentation | None) -> Callable[[Any, dict[str, Any]], Any] | None:
+    def _device_transform(self, augment: Augmentation | None) -> Callable[[Batch, dict[str, Any]], Batch] | None:
         """What the prefetcher does to each batch on the device: the augmentation (camera and lidar), then (with
         ``speed.encoder_overlap``) the frozen image encoder under the run's autocast; None when neither."""
         cfg = self.cfg
@@ -300,7 +301,7 @@ class Trainer:
         if augment is None and encode is None:
             return None
 
-        def transform(batch: Any, position: dict[str, Any]) -> Any:
+        def transform(batch: Batch, position: dict[str, Any]) -> Batch:
             if augment is not None:
                 batch = augment(batch, position)
             if encode is not None:
@@ -421,7 +422,7 @@ class Trainer:
                 real_dir(out, base=self.out_dir, create=True)  # eval/ and step-N/ real folders of the run, not links
                 first: dict[str, Any] = {}
 
-                def keep_first(frame: int, batch: Any, boxes: Any, scores: Any, labels: Any) -> None:
+                def keep_first(frame: int, batch: Batch, boxes: Any, scores: Any, labels: Any) -> None:
                     if frame == 0:
                         first.update(batch=batch.to("cpu"), boxes=boxes, scores=scores, labels=labels)
 
@@ -755,7 +756,7 @@ class Trainer:
         teardown(self.ctx)
 
 
-def _frame_picture(batch: Any, boxes: Any, scores: Any, labels: Any, threshold: float = 0.3) -> Any:
+def _frame_picture(batch: Batch, boxes: Any, scores: Any, labels: Any, threshold: float = 0.3) -> Any:
     """The first evaluation frame for TensorBoard: its cameras with ground truth (thick) and the detections
     scoring at least ``threshold`` (thin) projected, or, for a lidar frame, its bird's-eye view."""
     import numpy as np

@@ -49,7 +49,7 @@ from drivetrain.geometry import (
 )
 from drivetrain.heatmap import draw_gaussians, focal_head_radius, reference_draw_gaussian
 from drivetrain.losses.functional import gaussian_focal_loss, giou_loss, l1_loss, quality_focal_loss
-from drivetrain.losses.inputs import field
+from drivetrain.losses.inputs import Targets, field
 from drivetrain.losses.normalize import average_factor
 from drivetrain.losses.sampling import assigned_from_pairs, pseudo_sample
 from drivetrain.losses.weights import resolve_weights, weighted_total
@@ -111,7 +111,7 @@ class FocalHeadLoss(torch.nn.Module):
         """The weighted sum of the terms (:func:`~drivetrain.losses.weights.weighted_total`)."""
         return weighted_total(terms, self.weights)
 
-    def forward(self, outputs: Mapping[str, Any], targets: Any, impl: str = "batched") -> dict[str, torch.Tensor]:
+    def forward(self, outputs: Mapping[str, Any], targets: Targets, impl: str = "batched") -> dict[str, torch.Tensor]:
         """The unweighted loss terms of one batch.
 
         Args:

@@ -1,15 +1,21 @@
 """Reading the inputs of a loss: model outputs and targets come as mappings or as batch objects with fields
-(``drivetrain.data.Batch``); both are read the same way, and a missing field is named."""
+(:class:`drivetrain.batch.Batch`); both are read the same way, and a missing field is named."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeAlias
 
-__all__ = ["field"]
+from drivetrain.batch import Batch
+
+__all__ = ["Targets", "field"]
+
+# The ground truth a loss reads: a collated Batch, or a mapping with the same field names (``gt_boxes``,
+# ``gt_labels``, ``gt_boxes_2d``, ...; a test's or a plugin's targets).
+Targets: TypeAlias = Batch | Mapping[str, Any]
 
 
-def field(container: Any, name: str) -> Any:
+def field(container: Batch | Mapping[str, Any], name: str) -> Any:
     """``container[name]`` or ``container.name``, with an error naming the missing field."""
     if isinstance(container, Mapping):
         if name not in container:

@@ -53,7 +53,7 @@ from drivetrain import ragged
 from drivetrain.compiled import compile_options, compiled, dense, dynamic, ragged_dynamic, region
 from drivetrain.geometry import encode_boxes_streampetr
 from drivetrain.losses.functional import class_mask, l1_loss, sigmoid_focal_loss
-from drivetrain.losses.inputs import field
+from drivetrain.losses.inputs import Targets, field
 from drivetrain.losses.normalize import average_factor
 from drivetrain.losses.sampling import assigned_from_pairs, pseudo_sample
 from drivetrain.losses.weights import weighted_total
@@ -125,7 +125,7 @@ class StreamPETRLoss(torch.nn.Module):
         """The training objective: the weighted sum of the terms (:func:`~drivetrain.losses.weights.weighted_total`)."""
         return weighted_total(terms, self.weights)
 
-    def forward(self, outputs: Mapping[str, Any], targets: Any, impl: str = "batched") -> dict[str, torch.Tensor]:
+    def forward(self, outputs: Mapping[str, Any], targets: Targets, impl: str = "batched") -> dict[str, torch.Tensor]:
         """The unweighted loss terms of one batch, per decoder layer.
 
         Args:

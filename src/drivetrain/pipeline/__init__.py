@@ -2,10 +2,16 @@
 the training augmentation — one stage for camera and lidar, a whole batch on its device (and its per-sample
 reference for the loader workers) — and the lidar input (voxelization, the BEV scatter)."""
 
-from drivetrain.pipeline.augment import ImageAugConfig, ImageAugParams, ida_matrix, sample_image_params, warp_images
-from drivetrain.pipeline.augment_bev import BevAugConfig, BevAugParams, apply_bev_aug, sample_bev_params
-from drivetrain.pipeline.augmentation import Augmentation, AugmentConfig, AugmentParams
-from drivetrain.pipeline.camera_aug import CameraAugConfig, CameraAugParams
+from drivetrain.pipeline.augment.bev import BevAugConfig, BevAugParams, apply_bev_aug, sample_bev_params
+from drivetrain.pipeline.augment.camera import CameraAugConfig, CameraAugParams
+from drivetrain.pipeline.augment.image_ops import (
+    ImageAugConfig,
+    ImageAugParams,
+    ida_matrix,
+    sample_image_params,
+    warp_images,
+)
+from drivetrain.pipeline.augment.stage import Augmentation, AugmentConfig, AugmentParams
 from drivetrain.pipeline.lidar import LidarInput, lidar_input
 from drivetrain.pipeline.prefetch import DevicePrefetcher
 from drivetrain.pipeline.transfer import PackedCopier, to_device

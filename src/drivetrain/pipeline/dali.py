@@ -1,15 +1,15 @@
-"""NVIDIA DALI loader backend (``data.loader=dali``): the same :class:`~drivetrain.data.Batch` stream as the PyTorch
+"""NVIDIA DALI loader backend (``data.loader=dali``): the same :class:`~drivetrain.batch.Batch` stream as the PyTorch
 loader, with JPEG decoding and the image augmentation in DALI's C++ (or GPU) operators.
 
 **Data flow.** A parallel external source (``fn.external_source(parallel=True)``, ``--workers`` Python processes
 started with ``spawn``) reads each sample's frame from the frame index: the six JPEG files as raw bytes, the
 camera matrices and the ground truth — and, with ``data.augment``, draws the batch's augmentation parameters and
-applies the *geometric* part per sample with the reference code (:func:`~.camera_aug.reference_geometry`:
+applies the *geometric* part per sample with the reference code (:func:`~.augment.camera.reference_geometry`:
 ``lidar2img``/intrinsics through the image matrix, 2D boxes with the invisible-box filter, the BEV rotation and
 scale of boxes, ``lidar2img`` and ego poses). The DALI graph then decodes the JPEGs (``fn.decoders.image``,
 ``device="mixed"`` on a GPU, ``"cpu"`` without one) and, per image, resizes with an antialiased cubic filter to
 ``(int(H·s), int(W·s))``, cuts the crop (zeros outside the image), mirrors and normalises to CHW float32 — the
-original's ``_img_transform`` op by op, as :func:`~.augment.resize_crop_flip` does — and pads the ragged
+original's ``_img_transform`` op by op, as :func:`~.augment.image_ops.resize_crop_flip` does — and pads the ragged
 annotations to the batch (``fn.pad``) with their counts. The iterator turns the padded outputs back into
 RaggedBatches.
 
@@ -21,7 +21,7 @@ state after the last batch handed out (the PyTorch loader's format, so a checkpo
 loader) and :meth:`DaliStream.load_state_dict` rebuilds the pipeline there.
 
 **Randomness.** The augmentation parameters are not drawn by DALI's RNG operators: each batch's come from a
-generator seeded by the run seed, rank and batch position (:func:`~.camera_aug.augment_seed`), as with
+generator seeded by the run seed, rank and batch position (:func:`~.augment.camera.augment_seed`), as with
 ``augment_on=worker|device``. So DALI's checkpointing is not needed for an exact resume — the position alone
 decides every draw — and the three paths draw the same parameters for the same batch.
 
@@ -52,12 +52,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from drivetrain.data.collate import Batch, collate
+from drivetrain.batch import Batch
+from drivetrain.data.collate import collate
 from drivetrain.data.dataset import FrameDataset, FrameKey
 from drivetrain.data.errors import DataError
 from drivetrain.data.io import read_image, read_jpeg_bytes
 from drivetrain.data.sampler import SequenceSampler
-from drivetrain.pipeline.camera_aug import CameraAugConfig, augment_seed, draw_params, reference_geometry
+from drivetrain.pipeline.augment.camera import CameraAugConfig, augment_seed, draw_params, reference_geometry
 from drivetrain.ragged import RaggedBatch
 
 __all__ = ["DaliStream", "dali_available"]

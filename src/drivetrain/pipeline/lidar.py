@@ -5,11 +5,11 @@ the data preprocessor's loop over samples. Here they run once for the whole batc
 is on (after ``Batch.to(device)``)::
 
     Batch (points (B, P, C), gt_boxes (B, G, 9), gt_labels (B, G))   ← FrameDataset (sweep cache) + collate
-      └ pipeline.augment_bev: sample_bev_params → apply_bev_aug       (training; no host sync)
+      └ pipeline.augment.bev: sample_bev_params → apply_bev_aug       (training; no host sync)
         └ pipeline.voxelize: hard_voxelize                            (one count read: V, the output's shape)
           └ LidarInput (voxels (V, T, C), coors (V, 4) (b, z, y, x), num_points (V,), boxes, labels, params)
 
-In training the trainer's augmentation stage (:mod:`.augmentation`, ``data.augment.lidar``) has augmented the
+In training the trainer's augmentation stage (:mod:`.augment.stage`, ``data.augment.lidar``) has augmented the
 batch already, in the prefetcher or the loader workers, so the lidar models call :func:`lidar_input` without
 ``augment``: it only voxelizes. With ``augment`` it composes both steps — the building block for code of one's
 own, and what the tests hold against :func:`reference_lidar_input`, which does the same sample by sample with
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from drivetrain.data.collate import Batch
-from drivetrain.pipeline.augment_bev import (
+from drivetrain.batch import Batch
+from drivetrain.pipeline.augment.bev import (
     BevAugConfig,
     BevAugParams,
     apply_bev_aug,

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from drivetrain.batch import ModelBatch
 from drivetrain.pipeline.transfer import PackedCopier, Transfer
 
 __all__ = ["DevicePrefetcher"]
@@ -33,7 +34,7 @@ class DevicePrefetcher:
         device: where batches go.
         copier: the copier (default: a :class:`PackedCopier` for ``device``).
         transform: ``transform(batch, position)`` applied to each batch on the device after its copy, with the
-            stream position after the batch (e.g. :class:`~drivetrain.pipeline.augmentation.Augmentation`); on
+            stream position after the batch (e.g. :class:`~drivetrain.pipeline.augment.stage.Augmentation`); on
             the side stream it must only enqueue work (no host reads), or it stalls the overlap.
         overlap: on CUDA, prepare batch n+1 on the side stream while batch n trains (``data.prefetch``);
             False copies and transforms each batch on the current stream when it is asked for.
@@ -45,7 +46,7 @@ class DevicePrefetcher:
         device: torch.device | str,
         *,
         copier: PackedCopier | None = None,
-        transform: Callable[[Any, dict[str, Any]], Any] | None = None,
+        transform: Callable[[ModelBatch, dict[str, Any]], ModelBatch] | None = None,
         overlap: bool = True,
     ) -> None:
         self.stream, self.device = stream, torch.device(device)
@@ -70,7 +71,7 @@ class DevicePrefetcher:
             handle = Transfer(moved, None, [], self._side)
         self._pending = (handle, indices, state, event)
 
-    def next(self) -> tuple[Any, torch.Tensor]:
+    def next(self) -> tuple[ModelBatch, torch.Tensor]:
         """The next batch on the device and its dataset rows; batch n+1 is on its way when this returns."""
         if not self.cuda:
             batch, indices = self.stream.next()
@@ -104,7 +105,7 @@ class DevicePrefetcher:
         self._state = self.stream.state_dict()
 
 
-def _record(structure: Any, stream: Any) -> None:
+def _record(structure: ModelBatch, stream: torch.cuda.Stream) -> None:
     """``record_stream`` every CUDA tensor of ``structure`` on ``stream`` (made on the side stream, used here)."""
     from drivetrain.pipeline.transfer import flatten
 

@@ -48,6 +48,7 @@ from typing import Any
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from drivetrain.batch import ModelBatch
 from drivetrain.ragged import RaggedBatch
 
 __all__ = ["PACK_BELOW", "PACK_MIN_LEAVES", "PackedCopier", "Transfer", "flatten", "to_device"]
@@ -56,7 +57,7 @@ PACK_BELOW = 1 << 15  # bytes: smaller tensors are packed, larger ones copied on
 PACK_MIN_LEAVES = 16  # fewer tensors to pack than this: each copied on its own (module docstring)
 
 
-def to_device(batch: Any, device: torch.device | str, channels_last: str = "none") -> Any:
+def to_device(batch: ModelBatch, device: torch.device | str, channels_last: str = "none") -> ModelBatch:
     """Move every tensor of a (nested) batch to ``device``, each once; 4-D/5-D float tensors get the memory format.
 
     Copies toward a device are non-blocking (asynchronous from pinned memory; see the module docstring), copies
@@ -64,7 +65,7 @@ def to_device(batch: Any, device: torch.device | str, channels_last: str = "none
 
     Args:
         batch: a tensor, dict, list or tuple of them (nested), a :class:`~drivetrain.ragged.RaggedBatch`, an
-            object with ``to(device)`` (``drivetrain.data.Batch``), or any other value (returned as is).
+            object with ``to(device)`` (``drivetrain.batch.Batch``), or any other value (returned as is).
         device: the target device.
         channels_last: ``"2d"`` puts 4-D float tensors in ``channels_last``, ``"3d"`` 5-D ones in
             ``channels_last_3d``; ``"none"`` keeps the layout. Tensors inside objects that move themselves keep
@@ -77,7 +78,7 @@ def to_device(batch: Any, device: torch.device | str, channels_last: str = "none
     return _to_device(batch, device, device.type != "cpu", channels_last)
 
 
-def _to_device(batch: Any, device: torch.device, non_blocking: bool, channels_last: str) -> Any:
+def _to_device(batch: ModelBatch, device: torch.device, non_blocking: bool, channels_last: str) -> ModelBatch:
     if isinstance(batch, torch.Tensor):
         out = batch.to(device, non_blocking=non_blocking)
         if out.is_floating_point() and channels_last == "2d" and out.dim() == 4:
@@ -89,7 +90,7 @@ def _to_device(batch: Any, device: torch.device, non_blocking: bool, channels_la
         return {k: _to_device(v, device, non_blocking, channels_last) for k, v in batch.items()}
     if isinstance(batch, RaggedBatch):  # data, sizes and cached mask: one copy each
         return batch.to(device, non_blocking=non_blocking)
-    if callable(getattr(batch, "to", None)):  # batch objects that move themselves (data.Batch)
+    if callable(getattr(batch, "to", None)):  # batch objects that move themselves (drivetrain.batch.Batch)
         return batch.to(device)
     if isinstance(batch, list | tuple):
         return type(batch)(_to_device(v, device, non_blocking, channels_last) for v in batch)

@@ -7,7 +7,7 @@ The data flow of mmdetection3d's ``MVXFasterRCNN`` with the nuScenes PointPillar
 voxelization, ``HardVFE``, ``PointPillarsScatter``, ``SECOND``, ``SECONDFPN``, ``Anchor3DHead`` with the
 class-agnostic ``Max3DIoUAssigner`` (BEV nearest IoU) and its losses. The BEV augmentation of the loader's
 pipeline (``GlobalRotScaleTrans``, ``RandomFlip3D``, range filters, ``PointShuffle``) is not the model's: the
-trainer's augmentation stage (``data.augment.lidar``, :mod:`drivetrain.pipeline.augmentation`) hands the model
+trainer's augmentation stage (``data.augment.lidar``, :mod:`drivetrain.pipeline.augment.stage`) hands the model
 augmented batches, and :meth:`PointPillars.loss` reads the ground truth from the batch it is given.
 
 ``impl="reference"`` runs the assignment and the losses per sample as the originals do; ``"batched"`` all

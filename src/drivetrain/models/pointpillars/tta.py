@@ -10,7 +10,7 @@ survivors are sorted by score and the best ``max_num`` kept. The original undoes
 are added here (undone with the inverse of the view's transform, as the scale), since the issue's TTA asks for
 them; with ``rotations=(0,)`` (the default) it is the original.
 
-Views are ``rotations × scales × flips`` in that nested order, each a :class:`~drivetrain.pipeline.augment_bev.
+Views are ``rotations × scales × flips`` in that nested order, each a :class:`~drivetrain.pipeline.augment.bev.
 BevAugParams` applied to the points exactly as the training augmentation is (rotate, scale, flip y then x); the
 lidar points outside the grid are dropped by the voxelization. :func:`merge` does all samples at once on the
 device; :func:`reference_merge` is the original's per-sample, per-label loop.
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from drivetrain.geometry.rotated_nms import BEV_COLUMNS, multiclass_rotated_nms, reference_rotated_nms
-from drivetrain.pipeline.augment_bev import BevAugConfig, BevAugParams, apply_bev_aug, make_bev_params
+from drivetrain.pipeline.augment.bev import BevAugConfig, BevAugParams, apply_bev_aug, make_bev_params
 from drivetrain.ragged import RaggedBatch
 
 __all__ = ["TTAConfig", "detect_tta", "map_boxes_back", "merge", "reference_merge", "views"]

@@ -7,23 +7,23 @@ Configured once, as ``data.augment`` (:class:`AugmentConfig`)::
         camera: {image: {...}, bev: {...}, photometric: null, normalize: true}   # CameraAugConfig fields
         lidar: {rot_range: [-0.3925, 0.3925], point_range: [...], object_range: [...]}   # BevAugConfig fields
 
-Random draws are separate from the deterministic apply (kornia's scheme, STYLE.md §5):
+Random draws are separate from the deterministic apply (kornia's scheme; docs/design.md):
 
 - :func:`sample_params` draws an :class:`AugmentParams` for a batch (its sizes only) from a CPU ``torch.Generator``
-  in a fixed order: **the camera's draws first** (image, its BEV step, photometric: :func:`.camera_aug.draw_params`),
-  **then the lidar's** (angle, scale, translation, flips, shuffle keys: :func:`.augment_bev.draw_bev_params`);
+  in a fixed order: **the camera's draws first** (image, its BEV step, photometric: :func:`.camera.draw_params`),
+  **then the lidar's** (angle, scale, translation, flips, shuffle keys: :func:`.bev.draw_bev_params`);
 - :func:`apply` is pure: the whole batch at once on its device, no host sync; the same parameters replay exactly;
 - :func:`reference_apply` does the same per sample on a CPU batch with the originals' code (PIL, NumPy, OpenCV,
   mmdet3d's box and point ops) — what ``data.augment_on=worker`` runs in the loader workers;
 - :func:`apply_test_time` is the evaluation transform: the camera's test-time resize/crop/normalisation; the lidar has
   none (points outside the voxel grid are dropped by the voxelization, as mmdetection3d's test pipeline does);
 - :class:`Augmentation` is what the trainer holds: each batch's generator is seeded from the run seed, the rank
-  and the batch's sampler position after it (:func:`.camera_aug.augment_seed`), which the checkpoint holds. So the
+  and the batch's sampler position after it (:func:`.camera.augment_seed`), which the checkpoint holds. So the
   ranks draw different parameters, a resumed run draws what the uninterrupted one drew, and the worker, device
   and DALI paths draw the same parameters for the same batch.
 
 What the lidar step does to a batch: points, ``gt_boxes`` and ``gt_labels`` through
-:func:`~.augment_bev.apply_bev_aug` (rotation, scale, translation, flips, range filters, shuffle); on a batch that
+:func:`~.bev.apply_bev_aug` (rotation, scale, translation, flips, range filters, shuffle); on a batch that
 also carries images, ``lidar2img``, ``ego_pose``, ``ego_pose_inv`` and ``lidar2ego`` through the inverse of its
 matrix, so every pixel still shows the same world point. With both sections the lidar step is the BEV step of both:
 ``camera.bev`` must be null (one BEV transform, not two) and ``lidar.object_range`` null (a dropped 3D box would
@@ -39,8 +39,8 @@ from typing import Any
 
 import torch
 
-from drivetrain.pipeline.augment import bev_aug_cameras
-from drivetrain.pipeline.augment_bev import (
+from drivetrain.batch import Batch
+from drivetrain.pipeline.augment.bev import (
     BevAugConfig,
     BevAugParams,
     apply_bev_aug,
@@ -48,10 +48,11 @@ from drivetrain.pipeline.augment_bev import (
     draw_bev_params,
     reference_bev_aug,
 )
-from drivetrain.pipeline.camera_aug import CameraAugConfig, CameraAugParams, augment_seed
-from drivetrain.pipeline.camera_aug import apply as camera_apply
-from drivetrain.pipeline.camera_aug import reference_apply as camera_reference_apply
-from drivetrain.pipeline.camera_aug import sample_params as camera_sample_params
+from drivetrain.pipeline.augment.camera import CameraAugConfig, CameraAugParams, augment_seed
+from drivetrain.pipeline.augment.camera import apply as camera_apply
+from drivetrain.pipeline.augment.camera import reference_apply as camera_reference_apply
+from drivetrain.pipeline.augment.camera import sample_params as camera_sample_params
+from drivetrain.pipeline.augment.image_ops import bev_aug_cameras
 from drivetrain.ragged import RaggedBatch
 
 __all__ = [
@@ -73,9 +74,9 @@ class AugmentConfig:
     """``data.augment``: the training augmentation of every model (None: that modality is not augmented).
 
     Attributes:
-        camera: the camera recipe (:class:`~.camera_aug.CameraAugConfig`: images, 2D boxes, camera matrices and,
+        camera: the camera recipe (:class:`~.camera.CameraAugConfig`: images, 2D boxes, camera matrices and,
             with its ``bev`` step, boxes and points).
-        lidar: the lidar recipe (:class:`~.augment_bev.BevAugConfig`: points and boxes).
+        lidar: the lidar recipe (:class:`~.bev.BevAugConfig`: points and boxes).
     """
 
     camera: CameraAugConfig | None = None
@@ -144,13 +145,13 @@ class AugmentParams:
 
 
 def sample_params(
-    batch: Any, config: AugmentConfig, generator: torch.Generator | None = None, *, training: bool = True
+    batch: Batch, config: AugmentConfig, generator: torch.Generator | None = None, *, training: bool = True
 ) -> AugmentParams:
     """Draw the augmentation of ``batch`` (its sizes only) from a CPU ``generator``: the camera's draws, then the
     lidar's (see the module docstring); ``training=False`` gives the test-time parameters and draws nothing.
 
     Args:
-        batch: a collated :class:`~drivetrain.data.Batch` (uint8 images for the camera; points for the lidar).
+        batch: a collated :class:`~drivetrain.batch.Batch` (uint8 images for the camera; points for the lidar).
         config: the recipe.
         generator: a CPU ``torch.Generator`` (needed for training draws).
         training: training draws or test-time parameters.
@@ -170,7 +171,7 @@ def sample_params(
     return AugmentParams(camera, lidar)
 
 
-def apply(batch: Any, params: AugmentParams, config: AugmentConfig) -> Any:
+def apply(batch: Batch, params: AugmentParams, config: AugmentConfig) -> Batch:
     """``batch`` augmented on its device, every sample at once (no host sync): the camera step, then the lidar one.
 
     Args:
@@ -180,7 +181,7 @@ def apply(batch: Any, params: AugmentParams, config: AugmentConfig) -> Any:
         config: the recipe the parameters were drawn for.
 
     Returns:
-        A new Batch: the camera step's images, matrices and 2D annotations (:func:`.camera_aug.apply`); the lidar
+        A new Batch: the camera step's images, matrices and 2D annotations (:func:`.camera.apply`); the lidar
         step's points ``(B, P, C)`` (padded length kept, new sizes on the device), ``gt_boxes`` ``(B, G, D)`` and
         ``gt_labels`` ``(B, G)``, and with images the lidar-frame camera matrices.
     """
@@ -194,10 +195,10 @@ def apply(batch: Any, params: AugmentParams, config: AugmentConfig) -> Any:
     return batch
 
 
-def reference_apply(batch: Any, params: AugmentParams, config: AugmentConfig) -> Any:
+def reference_apply(batch: Batch, params: AugmentParams, config: AugmentConfig) -> Batch:
     """The same augmentation per sample with the originals' code, on a CPU batch (the worker path): the camera's
-    :func:`.camera_aug.reference_apply`, then mmdet3d's lidar transforms sample by sample
-    (:func:`~.augment_bev.reference_bev_aug`); ragged outputs are padded to their longest sample.
+    :func:`.camera.reference_apply`, then mmdet3d's lidar transforms sample by sample
+    (:func:`~.bev.reference_bev_aug`); ragged outputs are padded to their longest sample.
 
     Args:
         batch: a collated CPU Batch (as :func:`apply`'s).
@@ -223,7 +224,7 @@ def reference_apply(batch: Any, params: AugmentParams, config: AugmentConfig) ->
     return batch
 
 
-def apply_test_time(batch: Any, config: AugmentConfig) -> Any:
+def apply_test_time(batch: Batch, config: AugmentConfig) -> Batch:
     """The evaluation transform: the camera's test-time resize, crop and normalisation; nothing random, and
     nothing for the lidar.
 
@@ -240,7 +241,7 @@ def apply_test_time(batch: Any, config: AugmentConfig) -> Any:
 class Augmentation:
     """The trainer's augmentation stage: ``augment(batch, position)`` on the batch's device (``on="device"``, in
     the prefetcher) or per sample on the CPU (``on="worker"``, in the loader workers), each batch's generator
-    seeded by :func:`~.camera_aug.augment_seed` (run seed, rank, sampler position after the batch);
+    seeded by :func:`~.camera.augment_seed` (run seed, rank, sampler position after the batch);
     :meth:`test_time` for evaluation.
 
     Args:
@@ -254,24 +255,24 @@ class Augmentation:
             raise ValueError(f"data.augment_on: expected 'device' or 'worker', got {on!r}")
         self.config, self.seed, self.rank, self.on = config, seed, rank, on
 
-    def params(self, batch: Any, position: dict[str, Any]) -> AugmentParams:
+    def params(self, batch: Batch, position: dict[str, Any]) -> AugmentParams:
         """The draws of the batch taken at sampler ``position`` (the position after it)."""
         generator = torch.Generator().manual_seed(augment_seed(self.seed, self.rank, position))
         return sample_params(batch, self.config, generator)
 
-    def __call__(self, batch: Any, position: dict[str, Any]) -> Any:
+    def __call__(self, batch: Batch, position: dict[str, Any]) -> Batch:
         """The augmented batch (see the class docstring)."""
         params = self.params(batch, position)
         if self.on == "worker":
             return reference_apply(batch, params, self.config)
         return apply(batch, params, self.config)
 
-    def test_time(self, batch: Any) -> Any:
+    def test_time(self, batch: Batch) -> Batch:
         """The evaluation transform (:func:`apply_test_time`)."""
         return apply_test_time(batch, self.config)
 
 
-def _points(batch: Any) -> RaggedBatch:
+def _points(batch: Batch) -> RaggedBatch:
     if batch.points is None:
         raise ValueError(
             "batch.points: data.augment.lidar moves lidar points, but the batch has none (load them: "
@@ -285,7 +286,7 @@ def _to(params: BevAugParams, device: torch.device) -> BevAugParams:
     return BevAugParams(*(getattr(params, f.name).to(device, non_blocking=True) for f in fields(params)))
 
 
-def _cameras(batch: Any, params: BevAugParams) -> dict[str, torch.Tensor]:
+def _cameras(batch: Batch, params: BevAugParams) -> dict[str, torch.Tensor]:
     """With images, the lidar-frame camera matrices after the lidar step's matrix ``M``: ``lidar2img · M⁻¹``,
     ``ego_pose · M⁻¹``, ``M · ego_pose_inv``, ``lidar2ego · M⁻¹`` (float64 products, the inputs' dtypes)."""
     if batch.images is None:  # a lidar batch: no camera reads these

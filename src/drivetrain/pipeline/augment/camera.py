@@ -1,4 +1,4 @@
-"""The camera part of the training augmentation (``data.augment.camera``), for a whole :class:`~drivetrain.data.Batch`
+"""The camera part of the training augmentation (``data.augment.camera``), for a whole :class:`~drivetrain.batch.Batch`
 at once on whatever device it is on — and the same augmentation per sample on the CPU, as the original pipelines
 run it in the loader workers (the reference; ``data.augment_on=worker``).
 
@@ -7,7 +7,7 @@ StreamPETR's train pipeline, in its order (``projects/configs/StreamPETR/*.py``)
 ``GlobalRotScaleTransImage`` with ``reverse_angle=True`` (boxes, ``lidar2img``, ego pose; rotation ±0.3925 rad,
 scale 0.95–1.05, no translation), ``NormalizeMultiviewImage``; optionally PETR's
 ``PhotoMetricDistortionMultiViewImage`` (see :mod:`.photometric`; off in StreamPETR's recipe). The pieces live in
-:mod:`.augment`, :mod:`.augment_bev` (shared with the lidar path) and :mod:`.photometric`; this module draws
+:mod:`.image_ops`, :mod:`.bev` (shared with the lidar path) and :mod:`.photometric`; this module draws
 their parameters together and applies them to a batch:
 
 - :func:`sample_params` draws a :class:`CameraAugParams` for a batch from a CPU ``torch.Generator`` (a few
@@ -15,14 +15,14 @@ their parameters together and applies them to a batch:
 - :func:`reference_apply` does the same per sample and camera with the originals' code (PIL, NumPy, OpenCV,
   mmdet3d's box ops), on a CPU batch;
 - :func:`augment_seed` seeds each batch's generator from the run seed, the rank and the batch's sampler position,
-  which the checkpoint holds; the trainer's stage (:class:`~.augmentation.Augmentation`, camera and lidar alike)
+  which the checkpoint holds; the trainer's stage (:class:`~.stage.Augmentation`, camera and lidar alike)
   draws from it — so a resumed run draws what the uninterrupted one drew, and the worker, device and DALI paths
   draw the *same* parameters for the same batch (switching ``augment_on`` changes where the work runs, not what
   the model sees).
 
 The BEV step moves what the lidar frame carries: boxes (centres, sizes, yaw, velocities) and points through
-:func:`~.augment_bev.apply_bev_aug`, and ``lidar2img``, ``ego_pose``, ``ego_pose_inv`` and ``lidar2ego`` through
-its matrix (:func:`~.augment.bev_aug_cameras`); 2D depths stay as loaded, as in the original. Evaluation uses
+:func:`~.bev.apply_bev_aug`, and ``lidar2img``, ``ego_pose``, ``ego_pose_inv`` and ``lidar2ego`` through
+its matrix (:func:`~.image_ops.bev_aug_cameras`); 2D depths stay as loaded, as in the original. Evaluation uses
 the test-time parameters (scale ``max(fH/H, fW/W)``, centred bottom crop, no flip, no BEV step):
 ``sample_params(..., training=False)``.
 """
@@ -36,7 +36,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from drivetrain.pipeline.augment import (
+from drivetrain.batch import Batch
+from drivetrain.pipeline.augment.bev import (
+    BevAugConfig,
+    BevAugParams,
+    apply_bev_aug,
+    bev_config_from_dict,
+    draw_bev_params,
+    reference_bev_aug,
+)
+from drivetrain.pipeline.augment.image_ops import (
     ImageAugConfig,
     ImageAugParams,
     bev_aug_cameras,
@@ -50,15 +59,7 @@ from drivetrain.pipeline.augment import (
     transform_boxes_2d,
     update_cameras,
 )
-from drivetrain.pipeline.augment_bev import (
-    BevAugConfig,
-    BevAugParams,
-    apply_bev_aug,
-    bev_config_from_dict,
-    draw_bev_params,
-    reference_bev_aug,
-)
-from drivetrain.pipeline.photometric import (
+from drivetrain.pipeline.augment.photometric import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     PhotometricConfig,
@@ -98,7 +99,7 @@ class CameraAugConfig:
     """``data.augment.camera``: the camera augmentation (defaults: StreamPETR's nuScenes 704×256 recipe).
 
     Attributes:
-        image: ``ida_aug_conf`` (:class:`~.augment.ImageAugConfig`).
+        image: ``ida_aug_conf`` (:class:`~.image_ops.ImageAugConfig`).
         bev: the BEV step (None: off). Flips and an object range filter are refused: the original's
             ``GlobalRotScaleTransImage`` has neither, and dropping 3D boxes would orphan their 2D boxes.
         photometric: PETR's photometric distortion (None: off, as in StreamPETR).
@@ -190,7 +191,7 @@ def augment_seed(seed: int, rank: int, position: dict[str, Any]) -> int:
 
 
 def sample_params(
-    batch: Any, config: CameraAugConfig, generator: torch.Generator | None = None, *, training: bool = True
+    batch: Batch, config: CameraAugConfig, generator: torch.Generator | None = None, *, training: bool = True
 ) -> CameraAugParams:
     """Draw the augmentation of ``batch`` (its sizes only) from a CPU ``generator`` (fixed order: image, BEV,
     photometric); ``training=False`` gives the test-time parameters and draws nothing."""
@@ -225,7 +226,7 @@ def draw_params(
     return CameraAugParams(image, bev, photometric)
 
 
-def apply(batch: Any, params: CameraAugParams, config: CameraAugConfig) -> Any:
+def apply(batch: Batch, params: CameraAugParams, config: CameraAugConfig) -> Batch:
     """``batch`` augmented on its device, every sample and camera at once (no host sync).
 
     Returns:
@@ -269,10 +270,10 @@ def apply(batch: Any, params: CameraAugParams, config: CameraAugConfig) -> Any:
     return dataclasses.replace(batch, **changes)
 
 
-def reference_apply(batch: Any, params: CameraAugParams, config: CameraAugConfig) -> Any:
+def reference_apply(batch: Batch, params: CameraAugParams, config: CameraAugConfig) -> Batch:
     """The same augmentation per sample and camera with the originals' code, on a CPU batch (the worker path).
 
-    Per camera: ``_img_transform`` with PIL (:func:`~.augment.reference_img_transform`), the photometric
+    Per camera: ``_img_transform`` with PIL (:func:`~.image_ops.reference_img_transform`), the photometric
     distortion with OpenCV, ``imnormalize``; the rest is :func:`reference_geometry`.
     """
     _check_batch(batch, config)
@@ -297,13 +298,13 @@ def reference_apply(batch: Any, params: CameraAugParams, config: CameraAugConfig
     return dataclasses.replace(out, images=torch.from_numpy(images), images_normalized=config.normalize)
 
 
-def reference_geometry(batch: Any, params: CameraAugParams, config: CameraAugConfig) -> Any:
+def reference_geometry(batch: Batch, params: CameraAugParams, config: CameraAugConfig) -> Batch:
     """Everything of :func:`reference_apply` but the pixels (``batch.images`` is not read and may be None).
 
     Per camera ``_bboxes_transform`` and ``_filter_invisible`` in NumPy; per sample the intrinsics and
     ``lidar2img`` through the float32 ``ida_mat`` as ``ResizeCropFlipRotImage.__call__`` does,
     ``GlobalRotScaleTransImage`` (``_rotate_bev_along_z``, ``_scale_xyz``, ``_trans_xyz`` on the matrices with
-    ``reverse_angle=True``) and mmdet3d's box ops (:func:`~.augment_bev.reference_bev_aug`).
+    ``reverse_angle=True``) and mmdet3d's box ops (:func:`~.bev.reference_bev_aug`).
     """
     if tuple(batch.image_size) != tuple(config.image.source_size):
         raise ValueError(
@@ -356,7 +357,7 @@ def reference_geometry(batch: Any, params: CameraAugParams, config: CameraAugCon
     return dataclasses.replace(batch, **changes)
 
 
-def _reference_bev(batch: Any, params: BevAugParams, config: BevAugConfig, lidar2img: torch.Tensor) -> dict[str, Any]:
+def _reference_bev(batch: Batch, params: BevAugParams, config: BevAugConfig, lidar2img: torch.Tensor) -> dict[str, Any]:
     """``GlobalRotScaleTransImage.__call__`` (``reverse_angle=True``) per sample on the matrices, in float32 torch
     as the original, and mmdet3d's box (and point) ops for the boxes. The original draws ``rot_angle`` and
     rotates the boxes by ``−rot_angle``; our ``angle`` is the boxes' rotation, so ``rot_angle = −angle``."""
@@ -397,7 +398,7 @@ def _reference_bev(batch: Any, params: BevAugParams, config: BevAugConfig, lidar
     return out
 
 
-def _check_batch(batch: Any, config: CameraAugConfig) -> None:
+def _check_batch(batch: Batch, config: CameraAugConfig) -> None:
     if batch.images is None:
         raise ValueError("batch.images: the camera augmentation needs the images (the dataset loads none)")
     if getattr(batch, "images_normalized", False) or batch.images.dtype != torch.uint8:

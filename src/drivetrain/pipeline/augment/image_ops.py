@@ -28,7 +28,7 @@ original's rotation-free recipe are its formulas); :func:`reference_transform_bo
 code per image.
 
 BEV augmentation of a camera batch (StreamPETR's ``GlobalRotScaleTransImage`` with ``reverse_angle``): boxes move
-with :func:`~drivetrain.pipeline.augment_bev.apply_bev_aug` (one module shared with the lidar path) and the
+with :func:`~drivetrain.pipeline.augment.bev.apply_bev_aug` (one module shared with the lidar path) and the
 matrices that map the lidar frame follow its per-sample matrix ``M``: ``lidar2img' = lidar2img · M⁻¹``,
 ``ego_pose' = ego_pose · M⁻¹``, ``ego_pose_inv' = M · ego_pose_inv`` (:func:`bev_aug_cameras`), so every image
 pixel still shows the same point of the world.
