@@ -135,7 +135,7 @@ def run_frame(args: argparse.Namespace) -> int:
     # folder included) is replaced, its target never written (drivetrain.safe_files).
     try:
         if batch.images is not None:
-            from drivetrain.data.nuscenes_format import CLASSES
+            from drivetrain.data.formats.nuscenes.tables import CLASSES
             from drivetrain.viz.camera import frame_png
 
             meta = dataset.index.meta if isinstance(dataset, StreamingFrames) else {}

@@ -1,7 +1,7 @@
 """A detector evaluated over a split with the official metric: every frame in scene order at batch 1 with the
 temporal memory on (as StreamPETR's test-time ``seq_mode``), the decoded boxes exported as a submission, then
 scored. What the submission holds and which metric scores it is the dataset format's
-(:class:`~drivetrain.data.formats.DatasetFormat`, recorded in the frames' index): nuScenes frames give a nuScenes
+(:class:`~drivetrain.data.formats.record.DatasetFormat`, recorded in the frames' index): nuScenes frames give a nuScenes
 submission and the devkit's ``DetectionEval`` (mAP, NDS, TP errors, per-class AP), Lyft Level 5 frames Lyft box
 records and the Lyft metric (mAP over 3D IoU 0.5:0.95). A model without streaming state may detect several
 consecutive frames per call (:func:`predict`'s ``batch_size``, ``drivetrain predict --batch-size``).
@@ -32,8 +32,9 @@ from torch import nn
 
 from drivetrain.constants import constant
 from drivetrain.data.dataset import Skipped
-from drivetrain.data.evaluate import submission_meta, write_submission
-from drivetrain.data.formats import NUSCENES, DatasetFormat, MetricOptions
+from drivetrain.data.formats.nuscenes.format import NUSCENES
+from drivetrain.data.formats.record import DatasetFormat, MetricOptions
+from drivetrain.data.formats.submission import submission_meta, write_submission
 from drivetrain.data.index import FrameIndex
 from drivetrain.engine.protocol import Detector, input_modalities
 from drivetrain.ragged import RaggedBatch

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from drivetrain.data.nuscenes_format import CLASSES
+from drivetrain.data.formats.nuscenes.tables import CLASSES
 from drivetrain.models.pointpillars.model import PointPillars
 from drivetrain.models.pointpillars.recipe import PP_NUS_CLASSES, SSN_NUS_CLASSES
 from drivetrain.models.streampetr import recipe as streampetr_recipe
