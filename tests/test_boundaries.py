@@ -22,7 +22,8 @@ import drivetrain
 SOURCE = Path(drivetrain.__file__).resolve().parent  # src/drivetrain
 
 # The layers, lowest first; a package may import packages of lower layers only (never one of its own layer but
-# itself). From DESIGN.md's package layout ("dependencies point downward only") and the code after issue 30's moves:
+# itself). From docs/design.md's package layout ("dependencies point downward only") and the code after issue
+# 30's moves:
 LAYERS: tuple[frozenset[str], ...] = (
     # the package itself: __version__ only
     frozenset({"drivetrain"}),
@@ -51,7 +52,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"cli"}),
 )
 LAYER = {package: level for level, packages in enumerate(LAYERS) for package in packages}
-# Imports the layers would allow but DESIGN.md does not: the engine knows models through the protocol only.
+# Imports the layers would allow but docs/design.md does not: the engine knows models through the protocol only.
 FORBIDDEN = {("engine", "models")}
 # RaggedBatch's private state: ragged's own (others use tensor, sizes, ragged_dim, cached_mask, unchecked).
 RAGGED_PRIVATE = frozenset({"_tensor", "_sizes", "_ragged_dim", "_mask", "_make"})

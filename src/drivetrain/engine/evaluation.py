@@ -32,8 +32,8 @@ from torch import nn
 
 from drivetrain.constants import constant
 from drivetrain.data.dataset import Skipped
-from drivetrain.data.formats.nuscenes.format import NUSCENES
 from drivetrain.data.formats.record import DatasetFormat, MetricOptions
+from drivetrain.data.formats.registry import DEFAULT
 from drivetrain.data.formats.submission import submission_meta, write_submission
 from drivetrain.data.index import FrameIndex
 from drivetrain.engine.protocol import Detector, input_modalities
@@ -167,7 +167,7 @@ def predict(
     device: torch.device | str,
     *,
     progress: bool = True,
-    dataset_format: DatasetFormat = NUSCENES,
+    dataset_format: DatasetFormat = DEFAULT,
     transform: Callable[[Any], Any] | None = None,
     on_frame: Callable[[int, Any, np.ndarray, np.ndarray, np.ndarray], None] | None = None,
     batch_size: int = 1,
