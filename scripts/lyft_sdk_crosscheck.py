@@ -12,8 +12,8 @@ the nuScenes devkit's numpy<2, and black/flake8/pytest at run time), so run this
 It draws random scenes (ground truth of seven classes, noisy detections with duplicates and score ties, false
 positives of all nine classes, every third scene with a pitched prediction rotation), scores them with the SDK's
 ``get_average_precisions`` at each of the ten thresholds over ``get_class_names(gt)`` (what mmdetection3d's
-``lyft_eval`` does) and with ``drivetrain.data.lyft_metric.lyft_average_precisions``, and prints the largest AP
-difference. drivetrain's module is loaded from its file, so the environment needs no torch.
+``lyft_eval`` does) and with ``lyft_average_precisions`` of ``drivetrain.data.formats.lyft.average_precision``, and
+prints the largest AP difference. drivetrain's module is loaded from its file, so the environment needs no torch.
 """
 
 from __future__ import annotations
@@ -106,7 +106,10 @@ def main() -> int:
         from lyft_dataset_sdk.eval.detection import mAP_evaluation as sdk
     else:
         sdk = load("sdk_map_evaluation", args.sdk_file)
-    metric = load("lyft_metric", Path(__file__).resolve().parents[1] / "src/drivetrain/data/lyft_metric.py")
+    metric = load(
+        "average_precision",
+        Path(__file__).resolve().parents[1] / "src/drivetrain/data/formats/lyft/average_precision.py",
+    )
     worst, total = 0.0, 0
     for seed in range(args.seeds):
         gt, pred = scene(seed, args.samples, pitch=0.05 if seed % 3 == 2 else 0.0)

@@ -22,7 +22,8 @@ import drivetrain
 SOURCE = Path(drivetrain.__file__).resolve().parent  # src/drivetrain
 
 # The layers, lowest first; a package may import packages of lower layers only (never one of its own layer but
-# itself). From DESIGN.md's package layout ("dependencies point downward only") and the code after issue 30's moves:
+# itself). From docs/design.md's package layout ("dependencies point downward only") and the code after issue
+# 30's moves:
 LAYERS: tuple[frozenset[str], ...] = (
     # the package itself: __version__ only
     frozenset({"drivetrain"}),
@@ -53,7 +54,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"cli"}),
 )
 LAYER = {package: level for level, packages in enumerate(LAYERS) for package in packages}
-# Imports the layers would allow but DESIGN.md does not: the engine knows models through the protocol only.
+# Imports the layers would allow but docs/design.md does not: the engine knows models through the protocol only.
 FORBIDDEN = {("engine", "models")}
 # RaggedBatch's private state: ragged's own (others use tensor, sizes, ragged_dim, cached_mask, unchecked).
 RAGGED_PRIVATE = frozenset({"_tensor", "_sizes", "_ragged_dim", "_mask", "_make"})
@@ -223,6 +224,40 @@ def test_no_import_cycle_between_modules():
         ]
         lines.append(" ↔ ".join(cycle) + ": " + "; ".join(sorted(set(links))))
     assert not cycles, "import cycles:\n" + "\n".join(lines)
+
+
+def data_edges() -> dict[str, set[str]]:
+    """Module → the ``drivetrain.data`` modules that its imports run, between modules of ``drivetrain.data``: every
+    import, type-only ones too (an idea that loops is a loop even where it never runs), and the packages above the
+    imported module that Python initialises first (their ``__init__``), except those the importer lies in."""
+    edges: dict[str, set[str]] = defaultdict(set)
+    for imp in imports():
+        if not (imp.source.startswith("drivetrain.data") and imp.target.startswith("drivetrain.data")):
+            continue
+        parts = imp.target.split(".")
+        for end in range(2, len(parts) + 1):  # drivetrain.data, drivetrain.data.formats, ..., the target itself
+            run = ".".join(parts[:end])
+            if run != imp.source and not imp.source.startswith(run + "."):
+                edges[imp.source].add(run)
+    return edges
+
+
+def test_the_data_graph_counts_type_only_imports_and_the_packages_an_import_initialises():
+    edges = data_edges()
+    assert "drivetrain.data.formats.nuscenes" in edges["drivetrain.data.synth.world"]  # its __init__ runs first
+    assert "drivetrain.data" not in edges["drivetrain.data.index"]  # the importer's own package
+    inside = [i for i in imports() if i.source.startswith("drivetrain.data") and i.target.startswith("drivetrain.data")]
+    assert all(i.target in edges[i.source] for i in inside)  # every import, type-only or lazy ones too
+
+
+def test_no_import_cycle_in_data_not_even_through_type_only_imports():
+    """The dataset formats at the bottom, the format packages on them, the registry on those, the index and the
+    synthetic generator's bookkeeping on the registry: no module of ``drivetrain.data`` reaches itself again."""
+    edges = data_edges()
+    lines = [" ↔ ".join(cycle) for cycle in _cycles(edges)]
+    assert not lines, "import cycles in drivetrain.data (type-only imports and package __init__ included):\n" + (
+        "\n".join(lines)
+    )
 
 
 def test_every_package_has_a_layer():

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from drivetrain.cli.main import main
-from drivetrain.data.evaluate import check_submission
+from drivetrain.data.formats.nuscenes.submission import check_submission
 from drivetrain.engine.evaluation import BLANK_GREY, blank_inputs
 from helpers.streampetr import SMALL
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from drivetrain.cli.main import build_parser, main
-from drivetrain.data.nuscenes_format import CLASSES
+from drivetrain.data.formats.nuscenes.tables import CLASSES
 
 
 def test_data_and_eval_help_name_their_options(capsys):

@@ -7,7 +7,9 @@ import pytest
 from nuscenes.utils.splits import mini_val
 
 from drivetrain.data import DataError
-from drivetrain.data.evaluate import boxes_to_submission, evaluate, ground_truth_submission, write_submission
+from drivetrain.data.formats.nuscenes.metric import evaluate
+from drivetrain.data.formats.nuscenes.submission import boxes_to_submission, ground_truth_submission
+from drivetrain.data.formats.submission import write_submission
 
 
 def test_ground_truth_as_predictions_scores_full_map_on_mini_val(synth_root, synth_index, tmp_path):

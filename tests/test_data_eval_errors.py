@@ -10,7 +10,9 @@ from nuscenes.utils.splits import mini_val
 
 from drivetrain.cli.main import main
 from drivetrain.data import DataError
-from drivetrain.data.evaluate import evaluate, ground_truth_submission, write_submission
+from drivetrain.data.formats.nuscenes.metric import evaluate
+from drivetrain.data.formats.nuscenes.submission import ground_truth_submission
+from drivetrain.data.formats.submission import write_submission
 
 
 @pytest.fixture(scope="module")

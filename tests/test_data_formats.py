@@ -11,11 +11,13 @@ import pytest
 
 from drivetrain.cli.main import main
 from drivetrain.data import DataError
-from drivetrain.data.evaluate import boxes_to_submission
-from drivetrain.data.formats import FORMATS, LYFT, NUSCENES, default_version, detect_format, format_of
+from drivetrain.data.formats.lyft.format import LYFT
+from drivetrain.data.formats.lyft.splits import LYFT_SPLITS
+from drivetrain.data.formats.nuscenes.format import NUSCENES
+from drivetrain.data.formats.nuscenes.submission import boxes_to_submission
+from drivetrain.data.formats.nuscenes.tables import CLASSES
+from drivetrain.data.formats.registry import FORMATS, default_version, detect_format, format_of
 from drivetrain.data.index import build_index, load_index
-from drivetrain.data.lyft_splits import LYFT_SPLITS
-from drivetrain.data.nuscenes_format import CLASSES
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,14 +12,16 @@ import torch
 
 from drivetrain.cli.main import main
 from drivetrain.data import DataError, DatasetConfig, FrameDataset
-from drivetrain.data.evaluate import write_submission
+from drivetrain.data.formats.lyft.metric import evaluate_lyft
+from drivetrain.data.formats.lyft.splits import LYFT_SPLITS
+from drivetrain.data.formats.lyft.submission import lyft_ground_truth_submission
+from drivetrain.data.formats.lyft.synth import LYFT_SYNTH, LYFT_SYNTH_SCENES
+from drivetrain.data.formats.lyft.tables import LYFT_CLASSES, LYFT_VERSION
+from drivetrain.data.formats.nuscenes.tables import LIDAR
+from drivetrain.data.formats.registry import detect_format, format_of
+from drivetrain.data.formats.submission import write_submission
 from drivetrain.data.index import build_index, save_index
-from drivetrain.data.lyft_eval import evaluate_lyft, lyft_ground_truth_submission
-from drivetrain.data.lyft_format import LYFT_CLASSES, LYFT_VERSION, dataset_of, detect_dataset
-from drivetrain.data.lyft_splits import LYFT_SPLITS
-from drivetrain.data.nuscenes_format import LIDAR
 from drivetrain.data.synth import SynthConfig, generate
-from drivetrain.data.synth.lyft import LYFT_SYNTH_SCENES
 from helpers.synth import SYNTH_TEST_CONFIG
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +30,12 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def lyft_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("lyft")
-    generate(root, SynthConfig(**dict(SYNTH_TEST_CONFIG, scenes=LYFT_SYNTH_SCENES[:4])), progress=False, dataset="lyft")
+    generate(
+        root,
+        SynthConfig(**dict(SYNTH_TEST_CONFIG, scenes=LYFT_SYNTH_SCENES[:4])),
+        progress=False,
+        synth_format=LYFT_SYNTH,
+    )
     return root
 
 
@@ -53,12 +60,12 @@ def test_synthetic_lyft_set_has_lyft_tables_and_folder_layout(lyft_root):
     assert files["images"]["filename"].endswith(".jpeg") and files["lidar"]["filename"].endswith(".bin")
     assert "width" not in files["lidar"]
     assert {s["name"] for s in table(lyft_root, "scene")} <= set(LYFT_SPLITS["train"]) | set(LYFT_SPLITS["val"])
-    assert detect_dataset(lyft_root, LYFT_VERSION) == "lyft"
+    assert detect_format(lyft_root, LYFT_VERSION).name == "lyft"
 
 
 def test_lyft_index_records_format_and_classes_without_velocity_or_attributes(lyft_index):
     meta, arr = lyft_index.meta, lyft_index.arrays
-    assert dataset_of(meta) == "lyft" and meta["classes"] == list(LYFT_CLASSES) and meta["attributes"] == []
+    assert format_of(meta).name == "lyft" and meta["classes"] == list(LYFT_CLASSES) and meta["attributes"] == []
     assert set(arr["labels"].tolist()) == set(range(len(LYFT_CLASSES)))  # all nine classes are placed
     assert (arr["boxes"][:, 7:9] == 0).all() and (arr["attribute"] == -1).all() and (arr["visibility"] == 0).all()
     assert sorted(meta["splits"]) == ["train", "val"] and len(meta["splits"]["val"]) == 2
@@ -116,7 +123,7 @@ def test_synth_and_index_from_the_command_line_detect_the_lyft_layout(tmp_path, 
                  "1", "--image-size", "64x36", "--quiet"]) == 0  # fmt: skip
     assert main(["data", "index", "--root", str(root), "--quiet"]) == 0  # no --version, no --format
     index = FrameDataset(root / "drivetrain_index.npz").index
-    assert dataset_of(index.meta) == "lyft" and index.meta["version"] == LYFT_VERSION
+    assert format_of(index.meta).name == "lyft" and index.meta["version"] == LYFT_VERSION
     assert main(["data", "synth", "--out", str(root), "--format", "lyft", "--scenes", "1", "--frames-per-scene",
                  "1", "--image-size", "64x36", "--quiet", "--overwrite"]) == 0  # fmt: skip
     assert not (root / "drivetrain_index.npz").exists()
@@ -178,7 +185,7 @@ def test_missing_table_and_wrong_format_are_named(lyft_root, synth_root, tmp_pat
 
 
 def test_nuscenes_index_is_unchanged(synth_index):
-    assert "dataset" not in synth_index.meta and dataset_of(synth_index.meta) == "nuscenes"
+    assert "dataset" not in synth_index.meta and format_of(synth_index.meta).name == "nuscenes"
 
 
 class LidarGroundTruth(torch.nn.Module):
@@ -244,8 +251,9 @@ def test_lyft_pointpillars_is_scored_in_training_and_by_eval_checkpoint(lyft_roo
 
 
 def test_the_lyft_index_records_its_format_and_its_writers_refuse_the_other(lyft_root, lyft_index, synth_index):
-    from drivetrain.data.evaluate import ground_truth_submission
-    from drivetrain.data.formats import LYFT, NUSCENES, detect_format
+    from drivetrain.data.formats.lyft.format import LYFT
+    from drivetrain.data.formats.nuscenes.format import NUSCENES
+    from drivetrain.data.formats.nuscenes.submission import ground_truth_submission
     from drivetrain.data.index import load_index
 
     assert lyft_index.format is LYFT and detect_format(lyft_root, LYFT_VERSION) is LYFT

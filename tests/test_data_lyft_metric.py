@@ -7,7 +7,7 @@ needs the SDK in a separate environment; these tests do not."""
 import numpy as np
 import pytest
 
-from drivetrain.data.lyft_metric import (
+from drivetrain.data.formats.lyft.average_precision import (
     IOU_THRESHOLDS,
     LyftBoxes,
     average_precision,

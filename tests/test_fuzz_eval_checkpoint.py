@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from nuscenes.utils.splits import mini_val
 
 from drivetrain.data import DataError
-from drivetrain.data.evaluate import evaluate, ground_truth_submission
+from drivetrain.data.formats.nuscenes.metric import evaluate
+from drivetrain.data.formats.nuscenes.submission import ground_truth_submission
 from drivetrain.engine import Checkpointer, CheckpointError, CheckpointWarning, Trainer, load_config
 from drivetrain.engine.checkpoint import MARKER, STATE_FILE
 from helpers.engine import SMOKE, overrides

@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from drivetrain.data.nuscenes_format import CLASSES
+from drivetrain.data.formats.nuscenes.tables import CLASSES
 from drivetrain.engine import Checkpointer, ConfigError, Trainer, load_config
 from drivetrain.engine.build import build_model
 from drivetrain.engine.init_from import InitFromError, load_weights, starts_fresh

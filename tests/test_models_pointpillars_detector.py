@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from drivetrain.data import DatasetConfig, FrameDataset, collate
-from drivetrain.data.nuscenes_format import CLASSES
+from drivetrain.data.formats.nuscenes.tables import CLASSES
 from drivetrain.models.pointpillars.model import SSN, PointPillars
 from drivetrain.models.pointpillars.recipe import SSN_NUS_CLASSES
 

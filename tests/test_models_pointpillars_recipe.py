@@ -13,8 +13,8 @@ import drivetrain.geometry.delta_coder as delta_coder
 import drivetrain.losses.anchor_head as anchor_head
 import drivetrain.match as match
 import drivetrain.match.max_iou as max_iou
-from drivetrain.data.formats import FORMATS
-from drivetrain.data.nuscenes_format import CLASSES
+from drivetrain.data.formats.nuscenes.tables import CLASSES
+from drivetrain.data.formats.registry import FORMATS
 from drivetrain.losses import AnchorHeadLoss
 from drivetrain.models.pointpillars import SSN, PointPillars
 from drivetrain.models.pointpillars.anchors import num_grid_anchors

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from drivetrain.data.nuscenes_format import CLASSES as DATASET_CLASSES
+from drivetrain.data.formats.nuscenes.tables import CLASSES as DATASET_CLASSES
 from drivetrain.losses import FocalHeadLoss, StreamPETRLoss
 from drivetrain.match import HungarianAssigner2D, HungarianAssigner3D
 from drivetrain.models import FocalDetector2D, StreamPETR

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from drivetrain.data import DatasetConfig, FrameDataset, collate
+from drivetrain.data.formats.lyft.synth import LYFT_SYNTH, LYFT_SYNTH_SCENES
+from drivetrain.data.formats.lyft.tables import LYFT_CLASSES, LYFT_VERSION
 from drivetrain.data.index import build_index
 from drivetrain.data.io import read_points
-from drivetrain.data.lyft_format import LYFT_CLASSES, LYFT_VERSION
 from drivetrain.data.sweep_cache import build_cache
 from drivetrain.data.synth import SynthConfig, generate
-from drivetrain.data.synth.lyft import LYFT_SYNTH_SCENES
 from drivetrain.pipeline.augment.bev import BevAugConfig
 from drivetrain.pipeline.lidar import lidar_input, reference_lidar_input
 from drivetrain.pipeline.voxelize import VoxelGrid, reference_hard_voxelize_batch
@@ -34,7 +34,7 @@ def batch(request, synth_root, synth_index, tmp_path_factory):
     if request.param == "lyft":
         root = folder / "lyft"
         config = SynthConfig(**dict(SYNTH_TEST_CONFIG, scenes=LYFT_SYNTH_SCENES[:2]))
-        generate(root, config, progress=False, dataset="lyft")
+        generate(root, config, progress=False, synth_format=LYFT_SYNTH)
         index = build_index(root, LYFT_VERSION, progress=False)
         assert index.meta["classes"] == list(LYFT_CLASSES)
     config = DatasetConfig(load_images=False, load_points=True, num_sweeps=2, use_dim=(0, 1, 2, 4), filter_empty=False)

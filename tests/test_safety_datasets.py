@@ -311,18 +311,19 @@ def test_data_synth_refuses_a_folder_another_process_is_generating_into(tmp_path
 def test_the_names_the_generator_writes_are_recognised_from_its_settings(tmp_path):
     """Every data file the tables list, and nothing else, is a generated name for the settings (both flavours);
     other settings claim fewer of them."""
-    from drivetrain.data.synth.lyft import LYFT_SYNTH_SCENES
+    from drivetrain.data.formats.lyft.synth import LYFT_SYNTH_SCENES
+    from drivetrain.data.formats.registry import FORMATS
 
     for dataset, config in (("nuscenes", TINY), ("lyft", TINY.with_overrides(scenes=LYFT_SYNTH_SCENES[:3]))):
         root = tmp_path / dataset
-        generate(root, config, progress=False, dataset=dataset)
+        generate(root, config, progress=False, synth_format=FORMATS[dataset].synth)
         made = listed(root, json.loads((root / MANIFEST).read_text())["version"])
         files = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
-        assert {f for f in files if f in GeneratedNames(config, dataset == "lyft")} == made
-        fewer = GeneratedNames(config.with_overrides(samples_per_scene=1), dataset == "lyft")
+        assert {f for f in files if f in GeneratedNames(config, FORMATS[dataset].synth)} == made
+        fewer = GeneratedNames(config.with_overrides(samples_per_scene=1), FORMATS[dataset].synth)
         assert len({f for f in made if f in fewer}) == 1 + len(config.scenes) * (6 + 1 + config.sweeps_per_sample)
         # Without the first scene the others start an hour earlier: none of their files is named the same.
-        shifted = GeneratedNames(config.with_overrides(scenes=config.scenes[1:]), dataset == "lyft")
+        shifted = GeneratedNames(config.with_overrides(scenes=config.scenes[1:]), FORMATS[dataset].synth)
         assert {f for f in made if f in shifted} == {f for f in made if f.startswith("maps/")}
 
 

@@ -4,11 +4,33 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from drivetrain.cli.data_cache import add_cache_parser
 
 __all__ = ["add_parser"]
+
+
+class FormatNames:
+    """The ``--format`` choices: ``first`` and the names of the format registry
+    (:data:`~drivetrain.data.formats.registry.FORMATS`), read when argparse first asks — to print help or check a
+    value — so that building the parser imports no data module (``drivetrain.data`` loads torch). Set on the action
+    after ``add_argument``, which would read them at once."""
+
+    def __init__(self, *first: str) -> None:
+        self.first = first
+
+    def names(self) -> list[str]:
+        from drivetrain.data.formats.registry import FORMATS
+
+        return [*self.first, *FORMATS]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names()
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -68,15 +90,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="lidar sweeps between key frames, 0-9 (overrides the preset's: tiny 2, full 9)",
     )
     synth.add_argument("--workers", type=int, default=1, help="processes, one scene each at a time (default: 1)")
-    synth.add_argument(
+    synth_format = synth.add_argument(
         "--format",
         dest="dataset",
-        choices=["nuscenes", "lyft"],
-        default="nuscenes",
+        default=None,
         help="nuscenes: tables in v1.0-mini/, samples/, sweeps/; lyft: a Lyft Level 5 v1.01-train folder (Lyft "
         "classes, tables in v1.01-train/, images/, lidar/, maps/; scene names of mmdetection3d's Lyft train/val "
         "split) (default: nuscenes)",
     )
+    synth_format.choices = FormatNames()
     synth.add_argument(
         "--overwrite",
         action="store_true",
@@ -103,13 +125,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="table folder (default: v1.0-mini; v1.01-train with --format lyft or when only that folder exists)",
     )
-    index.add_argument(
+    index_format = index.add_argument(
         "--format",
         dest="dataset",
-        choices=["auto", "nuscenes", "lyft"],
         default="auto",
         help="auto: Lyft Level 5 when every category is a Lyft class, else nuScenes (default: auto)",
     )
+    index_format.choices = FormatNames("auto")
     index.add_argument("--out", type=Path, default=None, help="index file (default: ROOT/drivetrain_index.npz)")
     index.add_argument(
         "--max-sweeps", type=int, default=10, help="lidar sweeps recorded per frame (default: 10, as mmdetection3d)"
@@ -135,6 +157,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _synth(args: argparse.Namespace) -> int:
+    from drivetrain.data.formats.registry import DEFAULT, FORMATS
     from drivetrain.data.synth import PRESETS, generate
 
     for name, value in (("--scenes", args.scenes), ("--frames-per-scene", args.samples), ("--workers", args.workers)):
@@ -144,10 +167,9 @@ def _synth(args: argparse.Namespace) -> int:
         raise SystemExit(f"data synth: --sweeps-per-sample: must be in 0..9, got {args.sweeps_per_sample}")
     try:
         config = PRESETS[args.preset].with_overrides(seed=args.seed)
-        if args.dataset == "lyft":
-            from drivetrain.data.synth.lyft import LYFT_SYNTH_SCENES
-
-            config = config.with_overrides(scenes=LYFT_SYNTH_SCENES[: len(config.scenes)])
+        synth_format = FORMATS[args.dataset or DEFAULT.name].synth
+        if synth_format.scene_names is not None:  # the format's own scene names (Lyft: mmdetection3d's split)
+            config = config.with_overrides(scenes=synth_format.scene_names[: len(config.scenes)])
         if args.scenes is not None:
             config = config.with_overrides(scenes=config.scenes[: args.scenes])
         if args.samples is not None:
@@ -173,7 +195,9 @@ def _synth(args: argparse.Namespace) -> int:
         args.root.mkdir(parents=True, exist_ok=True)
         with generation_lock(args.root, wait=False):  # not while a trainer (or another data synth) generates here
             _check_out(args.root, args.overwrite)  # again under the lock: what is there now is what is replaced
-            counts = generate(args.root, config, workers=args.workers, progress=not args.quiet, dataset=args.dataset)
+            counts = generate(
+                args.root, config, workers=args.workers, progress=not args.quiet, synth_format=synth_format
+            )
     except DataError as err:
         raise SystemExit(f"data synth: {err}") from None
     except OSError as err:
@@ -213,7 +237,7 @@ def _check_out(root: Path, overwrite: bool) -> None:
 
 def _index(args: argparse.Namespace) -> int:
     from drivetrain.data.errors import DataError
-    from drivetrain.data.formats import default_version
+    from drivetrain.data.formats.registry import default_version
     from drivetrain.data.index import build_index, save_index
 
     out = args.out or args.root / "drivetrain_index.npz"

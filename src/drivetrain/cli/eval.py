@@ -1,6 +1,6 @@
 """``drivetrain eval``: the official metric of a trained model (``--checkpoint``) or of a predictions file
 (``--predictions``). One path for every dataset format: the root's (or the run's index's)
-:class:`~drivetrain.data.formats.DatasetFormat` names the default split, the splits, the ground-truth writer, the
+:class:`~drivetrain.data.formats.record.DatasetFormat` names the default split, the splits, the ground-truth writer, the
 metric (nuScenes: the devkit's; Lyft Level 5: the Lyft mAP) and what is printed.
 
 ``--checkpoint`` is ``drivetrain predict`` (:mod:`drivetrain.cli.predict`: the same model loading, frames and
@@ -115,7 +115,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Evaluate ``args.checkpoint`` or ``args.predictions``; print the metrics; return the exit code."""
     from drivetrain.data.errors import DataError
-    from drivetrain.data.formats import MetricOptions
+    from drivetrain.data.formats.record import MetricOptions
     from drivetrain.safe_files import replace_text
 
     options = MetricOptions(devkit_config=args.config, lyft_footprint=args.lyft_footprint)
@@ -179,8 +179,8 @@ def _score(fmt: Any, predictions: Path, root: Path, *, version: str, split: str,
 
 def _score_predictions(args: argparse.Namespace, options: Any) -> tuple[Any, dict[str, Any], dict[str, str]]:
     """``--predictions`` (written first from ``--ground-truth-from``), scored with the metric of the root's format."""
-    from drivetrain.data.evaluate import write_submission
-    from drivetrain.data.formats import default_version, detect_format
+    from drivetrain.data.formats.registry import default_version, detect_format
+    from drivetrain.data.formats.submission import write_submission
     from drivetrain.data.index import load_index
 
     if args.root is None:
@@ -208,7 +208,7 @@ def _score_predictions(args: argparse.Namespace, options: Any) -> tuple[Any, dic
 def _score_checkpoint(args: argparse.Namespace, options: Any) -> tuple[Any, dict[str, Any], dict[str, str]]:
     """``drivetrain predict`` of the run's model over the split's frames (the run's data, or ``--root``'s index),
     written to ``OUT/results.json``, then scored as ``--predictions`` with the metric of the frames' format."""
-    from drivetrain.data.evaluate import write_submission
+    from drivetrain.data.formats.submission import write_submission
     from drivetrain.safe_files import LinkedFolderError, real_dir
 
     device = pick_device(args.device, "eval")

@@ -2,7 +2,7 @@
 annotations (a test split) — and the pieces ``drivetrain eval --checkpoint`` shares with it (it is predict, then
 the metric of ``eval --predictions``).
 
-The root's :class:`~drivetrain.data.formats.DatasetFormat` (recorded in its index) decides what is written: a
+The root's :class:`~drivetrain.data.formats.record.DatasetFormat` (recorded in its index) decides what is written: a
 nuScenes submission or Lyft box records. The model sees each frame as in evaluation: the run's reading settings
 (images or points, sweeps, point columns), the test-time transform of a run trained with ``data.augment``, scene
 order with the temporal memory on; ``--blank-inputs`` blanks the sensor data first (the control of
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     """Write the submission of ``args.checkpoint`` on ``args.root``'s frames to ``args.out``; return the exit code."""
     from drivetrain.data.dataset import FrameDataset
     from drivetrain.data.errors import DataError
-    from drivetrain.data.evaluate import write_submission
+    from drivetrain.data.formats.submission import write_submission
     from drivetrain.data.sources import StreamingFrames, reading_options
 
     if not args.root.is_dir():
@@ -210,7 +210,7 @@ def load_detector(checkpoint: Path, command: str, *, tta: bool, batch_size: int)
 def root_index(root: Path, version: str | None, command: str, *, progress: bool, build: bool = True) -> Any:
     """The frame index of ``root``: its ``drivetrain_index.npz`` (when of ``version``, if one is named), else — with
     ``build`` — one built in memory (written nowhere), else SystemExit naming the command that builds it."""
-    from drivetrain.data.formats import default_version
+    from drivetrain.data.formats.registry import default_version
     from drivetrain.data.index import build_index, load_index
     from drivetrain.data.sources import INDEX_FILE
 

@@ -135,7 +135,7 @@ def run_frame(args: argparse.Namespace) -> int:
     # folder included) is replaced, its target never written (drivetrain.safe_files).
     try:
         if batch.images is not None:
-            from drivetrain.data.nuscenes_format import CLASSES
+            from drivetrain.data.formats.registry import DEFAULT
             from drivetrain.viz.camera import frame_png
 
             meta = dataset.index.meta if isinstance(dataset, StreamingFrames) else {}
@@ -143,7 +143,7 @@ def run_frame(args: argparse.Namespace) -> int:
             png = frame_png(
                 out, images, batch.lidar2img[0].numpy(), gt, gt_labels, pred, labels, points=points,
                 time_column=time_column, extent=extent or 50.0, camera_names=meta.get("cameras"),
-                class_names=meta.get("classes", CLASSES), title=title,
+                class_names=meta.get("classes", DEFAULT.classes), title=title,
             )  # fmt: skip
         else:
             png = bev_png(out, points, gt, pred, scores, time_column=time_column, extent=extent or 50.0, title=title)

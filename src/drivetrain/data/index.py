@@ -15,11 +15,11 @@ computes, per key frame (sample), in StreamPETR's conventions:
 A root without annotations (a test split such as nuScenes' ``v1.0-test``: its ``sample_annotation`` and
 ``instance`` tables empty or absent) is indexed with no boxes, for ``drivetrain predict``.
 
-What differs between the formats of the schema is one :class:`~drivetrain.data.formats.DatasetFormat` record,
+What differs between the formats of the schema is one :class:`~drivetrain.data.formats.record.DatasetFormat` record,
 chosen here (told from the category table, or named with ``dataset=``) and recorded in the index
 (:attr:`FrameIndex.format`): the classes labels index and the category map, the attributes kept, whether boxes
 carry velocities, where ``num_lidar_pts`` comes from and the splits. Lyft Level 5 roots (see
-:mod:`drivetrain.data.lyft_format`) are indexed the same way as nuScenes ones, except: labels index
+:mod:`drivetrain.data.formats.lyft.tables`) are indexed the same way as nuScenes ones, except: labels index
 ``LYFT_CLASSES``; velocities are 0 (Lyft's metric has none); attributes are −1 (none); visibility is 0 (Lyft leaves
 it empty); ``num_lidar_pts`` is counted from the key-frame ``LIDAR_TOP`` sweep (Lyft's tables hold −1), so every
 key-frame lidar file is read; the splits are mmdetection3d's Lyft ``train``/``val``; ``meta["dataset"]`` is
@@ -62,11 +62,12 @@ from tqdm import tqdm
 
 from drivetrain import safe_json
 from drivetrain.data.errors import DataError
-from drivetrain.data.formats import FORMATS, DatasetFormat, detect_format, format_of, index_meta
+from drivetrain.data.formats.nuscenes.tables import CAMERAS, LIDAR, TABLES
+from drivetrain.data.formats.record import DatasetFormat
+from drivetrain.data.formats.registry import FORMATS, detect_format, format_of, index_meta
 from drivetrain.data.index_check import check_index
 from drivetrain.data.io import read_points
-from drivetrain.data.lyft_format import count_points_in_boxes
-from drivetrain.data.nuscenes_format import CAMERAS, LIDAR, TABLES
+from drivetrain.data.points_in_boxes import count_points_in_boxes
 from drivetrain.data.table_paths import ANNOTATION_TABLES, check_root
 from drivetrain.geometry.rigid import invert, transform, yaw_from_matrix
 from drivetrain.safe_files import replacing
@@ -210,8 +211,9 @@ def build_index(
 ) -> FrameIndex:
     """Index every key frame of ``root/version`` (see the module docstring).
 
-    ``dataset`` is a format (or its name in :data:`~drivetrain.data.formats.FORMATS`: ``"nuscenes"``, ``"lyft"``),
-    whose category check the root must pass; None tells it from the category table (every name a Lyft class: Lyft).
+    ``dataset`` is a format (or its name in :data:`~drivetrain.data.formats.registry.FORMATS`: ``"nuscenes"``,
+    ``"lyft"``), whose category check the root must pass; None tells it from the category table (each format's
+    rule: every name a Lyft class is Lyft).
 
     Raises:
         DataError: naming the table folder when the tables are inconsistent (a dangling token, a missing or
@@ -432,7 +434,8 @@ class _IndexWalk:
             warnings.warn(
                 f"{table}: {sum(self.unknown_categories.values())} of {self.annotations} annotations have a category "
                 f"the {self.fmt.title} taxonomy does not hold and are left out of the index: "
-                f"{names}; rename them to the taxonomy's categories (drivetrain.data.nuscenes_format.CATEGORIES)",
+                f"{names}; rename them to the taxonomy's categories "
+                "(drivetrain.data.formats.nuscenes.tables.CATEGORIES)",
                 RuntimeWarning,
                 stacklevel=3,
             )

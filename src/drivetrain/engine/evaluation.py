@@ -1,7 +1,7 @@
 """A detector evaluated over a split with the official metric: every frame in scene order at batch 1 with the
 temporal memory on (as StreamPETR's test-time ``seq_mode``), the decoded boxes exported as a submission, then
 scored. What the submission holds and which metric scores it is the dataset format's
-(:class:`~drivetrain.data.formats.DatasetFormat`, recorded in the frames' index): nuScenes frames give a nuScenes
+(:class:`~drivetrain.data.formats.record.DatasetFormat`, recorded in the frames' index): nuScenes frames give a nuScenes
 submission and the devkit's ``DetectionEval`` (mAP, NDS, TP errors, per-class AP), Lyft Level 5 frames Lyft box
 records and the Lyft metric (mAP over 3D IoU 0.5:0.95). A model without streaming state may detect several
 consecutive frames per call (:func:`predict`'s ``batch_size``, ``drivetrain predict --batch-size``).
@@ -33,8 +33,9 @@ from torch import nn
 from drivetrain.batch import Batch
 from drivetrain.constants import constant
 from drivetrain.data.dataset import Sample, Skipped
-from drivetrain.data.evaluate import submission_meta, write_submission
-from drivetrain.data.formats import NUSCENES, DatasetFormat, MetricOptions
+from drivetrain.data.formats.record import DatasetFormat, MetricOptions
+from drivetrain.data.formats.registry import DEFAULT
+from drivetrain.data.formats.submission import submission_meta, write_submission
 from drivetrain.data.index import FrameIndex
 from drivetrain.engine.protocol import Detector, input_modalities
 from drivetrain.ragged import RaggedBatch
@@ -167,7 +168,7 @@ def predict(
     device: torch.device | str,
     *,
     progress: bool = True,
-    dataset_format: DatasetFormat = NUSCENES,
+    dataset_format: DatasetFormat = DEFAULT,
     transform: Callable[[Batch], Batch] | None = None,
     on_frame: Callable[[int, Batch, np.ndarray, np.ndarray, np.ndarray], None] | None = None,
     batch_size: int = 1,

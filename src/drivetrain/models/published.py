@@ -51,7 +51,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from drivetrain.data.nuscenes_format import CLASSES
+from drivetrain.data.formats.nuscenes.tables import CLASSES
 from drivetrain.keymap import (
     CONSTANT_RTOL,
     KeyMap,

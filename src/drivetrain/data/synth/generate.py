@@ -8,8 +8,10 @@ chains (so ``box_velocity`` recovers the velocity), ``num_lidar_pts`` from the s
 attributes by class and motion, visibility from the rendered images. Scenes are independent (one RNG
 per scene from the seed), so the output is identical for a seed, with any number of worker processes.
 
-``dataset="lyft"`` writes the same scenes as a Lyft Level 5 ``v1.01-train`` folder instead (Lyft classes, tables
-and file names; see :mod:`drivetrain.data.synth.lyft`); the nuScenes output does not change with it.
+What is written is the format's: ``synth_format`` (a :class:`~drivetrain.data.formats.synth_format.SynthFormat`,
+from the format's package) names the table folder, the static tables, the category each object is annotated as, the
+fields in which its rows differ and the file names. The default is nuScenes'; Lyft's
+(:mod:`drivetrain.data.formats.lyft.synth`) writes the same scenes as a Lyft Level 5 ``v1.01-train`` folder.
 
 The generator writes only into a new or empty folder, or over a synthetic dataset of its own — finished or left
 unfinished by a killed generation — which it deletes first (only what it made: :mod:`drivetrain.data.synth.outputs`).
@@ -19,6 +21,7 @@ Any other folder is refused before anything is written: a real dataset's tables 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import struct
@@ -33,34 +36,31 @@ import simplejpeg
 from tqdm import tqdm
 
 from drivetrain.data.errors import DataError
-from drivetrain.data.lyft_format import DATASETS, LYFT_VERSION
-from drivetrain.data.nuscenes_format import ATTRIBUTES, CAMERAS, CATEGORIES, LIDAR, TABLES, VISIBILITY_LEVELS, token
+from drivetrain.data.formats.nuscenes.tables import CAMERAS, LIDAR, TABLES, token
+from drivetrain.data.formats.registry import DEFAULT
+from drivetrain.data.formats.synth_format import SynthFormat
 from drivetrain.data.synth import lidar as lidar_sim
-from drivetrain.data.synth import lyft
 from drivetrain.data.synth.config import SynthConfig
 from drivetrain.data.synth.manifest import MANIFEST, folder_state, write_manifest
-from drivetrain.data.synth.names import (
-    KEY_INTERVAL_US,
-    SWEEP_INTERVAL_US,
-    VERSION,
-    camera_file,
-    lidar_file,
-    map_file,
-    scene_start_us,
-)
+from drivetrain.data.synth.names import KEY_INTERVAL_US, SWEEP_INTERVAL_US, scene_start_us
 from drivetrain.data.synth.outputs import remove_generated
 from drivetrain.data.synth.render import background, corners_in_camera, make_rig, render
-from drivetrain.data.synth.world import CATEGORY, SceneLayout, make_layout
+from drivetrain.data.synth.world import SceneLayout, make_layout
 from drivetrain.geometry.rigid import invert, matrix_to_quaternion, transform, yaw_quaternion
 from drivetrain.safe_files import real_dir, write_inside
 
-__all__ = ["VERSION", "generate"]
+__all__ = ["generate"]
 
 SUN_GLOBAL = np.array([0.35, 0.55, 0.76]) / np.linalg.norm([0.35, 0.55, 0.76])
 
 
 def generate(
-    root: str | Path, config: SynthConfig, *, workers: int = 1, progress: bool = True, dataset: str = "nuscenes"
+    root: str | Path,
+    config: SynthConfig,
+    *,
+    workers: int = 1,
+    progress: bool = True,
+    synth_format: SynthFormat | None = None,
 ) -> dict[str, int]:
     """Generate ``config`` into ``root``. Returns record counts.
 
@@ -70,14 +70,14 @@ def generate(
         config: what to generate.
         workers: processes, one scene each at a time.
         progress: show a progress bar.
-        dataset: ``"nuscenes"`` (tables in ``v1.0-mini/``) or ``"lyft"`` (a Lyft ``v1.01-train`` folder).
+        synth_format: what to write: a format's ``synth`` (``FORMATS[name].synth``; default: nuScenes', tables in
+            ``v1.0-mini/``; Lyft's: a Lyft ``v1.01-train`` folder).
 
     Raises:
         DataError: ``root`` is not empty and holds no synthetic dataset of ours (no manifest), or its manifest is
             not the generator's; nothing is written.
     """
-    if dataset not in DATASETS:
-        raise ValueError(f"dataset: expected one of {DATASETS}, got {dataset!r}")
+    synth = DEFAULT.synth if synth_format is None else synth_format
     root = Path(root)
     state, _ = folder_state(root)
     if state == "foreign":
@@ -89,13 +89,13 @@ def generate(
     if state in ("complete", "unfinished"):
         remove_generated(root, replacing=True)
     root.mkdir(parents=True, exist_ok=True)  # the folder named (--out): the folders below it are real ones
-    write_manifest(root, config, dataset, complete=False)  # first: a killed generation is recognisably ours
-    version = LYFT_VERSION if dataset == "lyft" else VERSION
+    write_manifest(root, config, synth.name, complete=False)  # first: a killed generation is recognisably ours
+    version = synth.version
     real_dir(root / version, base=root, create=True)  # never written through a link (drivetrain.safe_files)
     tables: dict[str, list[dict[str, Any]]] = {name: [] for name in TABLES}
     # the per-scene tables are filled below, "map" last
-    tables.update(lyft.lyft_static_tables(config.seed) if dataset == "lyft" else _static_tables(config))
-    jobs = [(root, config, i, dataset) for i in range(len(config.scenes))]
+    tables.update(synth.static_tables(config.seed))
+    jobs = [(root, config, i, synth) for i in range(len(config.scenes))]
     bar = tqdm(total=len(jobs) * config.samples_per_scene, desc="synth", unit="frame", disable=not progress)
     results: Iterator[dict[str, list[dict[str, Any]]]]
     if workers > 1:
@@ -119,41 +119,25 @@ def generate(
             "token": token(config.seed, "map"),
             "log_tokens": [row["token"] for row in tables["log"]],
             "category": "semantic_prior",
-            "filename": map_file(config.seed, dataset == "lyft"),
+            "filename": synth.map_file(config.seed),
         }
     ]
     _write_png(root, tables["map"][0]["filename"], np.full((8, 8), 255, dtype=np.uint8))
     for name, rows in tables.items():
         write_inside(root, f"{version}/{name}.json", json.dumps(rows, indent=0).encode())
-    write_manifest(root, config, dataset, complete=True)  # last: every file is there
+    write_manifest(root, config, synth.name, complete=True)  # last: every file is there
     return {name: len(rows) for name, rows in tables.items()}
 
 
-def _static_tables(config: SynthConfig) -> dict[str, list[dict[str, Any]]]:
-    seed = config.seed
-    sensors = [{"token": token(seed, "sensor", c), "channel": c, "modality": "camera"} for c in CAMERAS]
-    sensors.append({"token": token(seed, "sensor", LIDAR), "channel": LIDAR, "modality": "lidar"})
-    return {
-        "category": [
-            {"token": token(seed, "category", c), "name": c, "description": f"synthetic {c}", "index": i}
-            for i, c in enumerate(CATEGORIES)
-        ],
-        "attribute": [{"token": token(seed, "attribute", a), "name": a, "description": a} for a in ATTRIBUTES],
-        "visibility": [
-            {"token": t, "level": level, "description": f"visibility of the whole object is {level[1:]}%"}
-            for t, level in VISIBILITY_LEVELS.items()
-        ],
-        "sensor": sensors,
-    }
-
-
-def _scene_star(job: tuple[Path, SynthConfig, int, str]) -> dict[str, list[dict[str, Any]]]:
+def _scene_star(job: tuple[Path, SynthConfig, int, SynthFormat]) -> dict[str, list[dict[str, Any]]]:
     return _scene(*job, bar=None)
 
 
-def _scene(root: Path, config: SynthConfig, index: int, dataset: str, bar: Any) -> dict[str, list[dict[str, Any]]]:
+def _scene(
+    root: Path, config: SynthConfig, index: int, synth: SynthFormat, bar: Any
+) -> dict[str, list[dict[str, Any]]]:
     """All records of one scene; writes its images and lidar files."""
-    scene = _SceneWriter(root, config, index, dataset == "lyft")
+    scene = _SceneWriter(root, config, index, synth)
     for j in range(config.samples_per_scene):
         scene.key_frame(j)
         if bar is not None:
@@ -164,16 +148,22 @@ def _scene(root: Path, config: SynthConfig, index: int, dataset: str, bar: Any) 
 class _SceneWriter:
     """One scene's files and table rows, key frame by key frame (random draws in a fixed order)."""
 
-    def __init__(self, root: Path, config: SynthConfig, index: int, lyft_format: bool = False) -> None:
-        self.root, self.config, self.lyft = root, config, lyft_format
+    def __init__(self, root: Path, config: SynthConfig, index: int, synth: SynthFormat) -> None:
+        self.root, self.config, self.synth = root, config, synth
         self.seed, self.name = config.seed, config.scenes[index]
         self.rng = np.random.default_rng([self.seed, index])
         duration = (config.samples_per_scene - 1) * KEY_INTERVAL_US / 1e6
-        self.layout = make_layout(self.rng, duration, config.annotation_range)
-        # Lyft: per object its Lyft class, None for kinds Lyft does not annotate
-        self.lyft_classes: list[str | None] = []
-        if lyft_format:
-            self.layout, self.lyft_classes = lyft.lyft_layout(self.layout)
+        layout = make_layout(self.rng, duration, config.annotation_range)
+        # per object its category in this format (None: scenery, not annotated), and a size that replaces its kind's
+        annotated = synth.annotate([obj.name for obj in layout.objects])
+        self.categories = [category for category, _ in annotated]
+        if any(size is not None for _, size in annotated):
+            objects = [
+                obj if size is None else dataclasses.replace(obj, size=size)
+                for obj, (_, size) in zip(layout.objects, annotated, strict=True)
+            ]
+            layout = dataclasses.replace(layout, objects=tuple(objects))
+        self.layout = layout
         self.rig = make_rig(config.image_width, config.image_height, config.focal)
         self.backgrounds = [background(self.rig, c) for c in range(len(CAMERAS))]
         self.l2e = lidar_sim.lidar2ego()
@@ -192,8 +182,7 @@ class _SceneWriter:
                 "location": "singapore-onenorth",
             }
         ]
-        if lyft_format:
-            self.out["log"][0].update(logfile="", vehicle=lyft.host_of(self.name)[5:], location="Palo Alto")
+        self.out["log"][0].update(synth.log_fields(self.name))
         self.calib = self._calibration()
         self.channel_chain: dict[str, list[dict[str, Any]]] = {c: [] for c in (*CAMERAS, LIDAR)}
         self.ann_by_object: dict[int, list[dict[str, Any]]] = {}
@@ -246,11 +235,7 @@ class _SceneWriter:
             "prev": "",
             "next": "",
         }
-        if self.lyft:  # Lyft: jpeg / bin, and no image size on lidar records
-            row["fileformat"] = "jpeg" if channel != LIDAR else "bin"
-            if channel == LIDAR:
-                del row["height"], row["width"]
-        self.channel_chain[channel].append(row)
+        self.channel_chain[channel].append(self.synth.sample_data_row(row, channel == LIDAR))
 
     def key_frame(self, j: int) -> None:
         """Key frame ``j``: its lidar sweeps, six camera images, annotations and sample row."""
@@ -263,8 +248,8 @@ class _SceneWriter:
         covered, visible = self._cameras(ts, sample_tok, ego, boxes_g[near], near)
         num_pts = np.bincount(lidar_hits[lidar_hits >= 0], minlength=len(self.layout.objects))
         for n, obj in enumerate(near):
-            if self.lyft and self.lyft_classes[obj] is None:
-                continue  # barriers and cones: scenery on Lyft
+            if self.categories[obj] is None:
+                continue  # scenery in this format (Lyft: barriers and cones)
             frac = visible[n] / covered[n] if covered[n] > 0 else 0.0
             self._annotate(int(obj), j, boxes_g[obj], frac, int(num_pts[obj]))
         self.out["sample"].append(
@@ -282,7 +267,7 @@ class _SceneWriter:
         lidar_hits = np.empty(0, dtype=np.int64)
         for k in range(self.config.sweeps_per_sample, -1, -1):
             ts_k = ts - k * SWEEP_INTERVAL_US
-            filename = lidar_file(self.name, ts_k, k == 0, self.lyft)
+            filename = self.synth.lidar_file(self.name, ts_k, k == 0)
             points, hit = _sweep(self.layout, (ts_k - self.t0) / 1e6, self.config, self.l2e, self.rng)
             write_inside(self.root, filename, points.tobytes())
             if k == 0:
@@ -306,7 +291,7 @@ class _SceneWriter:
             shot = render(rig, c, corners, labels, self.backgrounds[c], sun_cam)
             covered += shot.covered
             visible += np.bincount(shot.instance[shot.instance >= 0], minlength=len(near))
-            filename = camera_file(self.name, c, ts, self.lyft)
+            filename = self.synth.camera_file(self.name, c, ts)
             jpeg = simplejpeg.encode_jpeg(shot.image, quality=self.config.jpeg_quality, colorspace="RGB")
             write_inside(self.root, filename, jpeg)  # a link at the name (or among its folders) is never followed
             self._sample_data(cam, ts, True, sample_tok, filename, (rig.width, rig.height))
@@ -331,8 +316,7 @@ class _SceneWriter:
                 "num_radar_pts": 0,
             }
         )
-        if self.lyft:
-            self.ann_by_object[obj][-1].update(lyft.lyft_annotation_fields(self.seed, o.attribute))
+        self.ann_by_object[obj][-1].update(self.synth.annotation_fields(self.seed, o.attribute))
 
     def finish(self) -> dict[str, list[dict[str, Any]]]:
         """Link the prev/next chains and add the instance and scene rows; the scene's tables."""
@@ -346,7 +330,7 @@ class _SceneWriter:
             out["instance"].append(
                 {
                     "token": self.token("instance", obj),
-                    "category_token": token(self.seed, "category", self._category(obj)),
+                    "category_token": token(self.seed, "category", str(self.categories[obj])),
                     "nbr_annotations": len(rows),
                     "first_annotation_token": rows[0]["token"],
                     "last_annotation_token": rows[-1]["token"],
@@ -365,10 +349,6 @@ class _SceneWriter:
             }
         ]
         return out
-
-    def _category(self, obj: int) -> str:
-        """The category name of object ``obj``: its nuScenes category, or on Lyft its class."""
-        return str(self.lyft_classes[obj]) if self.lyft else CATEGORY[self.layout.objects[obj].name]
 
 
 def _ego_pose(layout: SceneLayout, t: float) -> np.ndarray:

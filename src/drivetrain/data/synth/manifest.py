@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from drivetrain.data.errors import DataError
-from drivetrain.data.lyft_format import LYFT_VERSION
+from drivetrain.data.formats.registry import DEFAULT, FORMATS, index_meta
+from drivetrain.data.formats.synth_format import SynthFormat
 from drivetrain.data.synth.config import SynthConfig
-from drivetrain.data.synth.names import VERSION
 from drivetrain.safe_files import replace_text
 
 __all__ = [
@@ -65,14 +65,15 @@ class Manifest:
     settings: dict[str, Any]  # as recorded (the generator's settings, version, dataset, complete)
     config: SynthConfig  # the settings as the generator's configuration
     version: str  # the table folder: v1.0-mini, or v1.01-train for the Lyft flavour
-    lyft: bool  # the Lyft flavour
+    synth: SynthFormat  # the format written (its record's synth)
     complete: bool  # every file was written
 
 
 def write_manifest(root: Path, config: SynthConfig, dataset: str, *, complete: bool) -> None:
-    """Record ``config`` as the generator's settings in ``root`` (replaced whole: a link there is replaced)."""
-    version = LYFT_VERSION if dataset == "lyft" else VERSION
-    settings = {"version": version, **({"dataset": "lyft"} if dataset == "lyft" else {}), **asdict(config)}
+    """Record ``config`` as the generator's settings for format ``dataset`` (a name in
+    :data:`~drivetrain.data.formats.registry.FORMATS`) in ``root`` (replaced whole: a link there is replaced)."""
+    fmt = FORMATS[dataset]
+    settings = {"version": fmt.synth.version, **index_meta(fmt), **asdict(config)}
     replace_text(root / MANIFEST, json.dumps({**settings, "complete": complete}, indent=2))
 
 
@@ -91,10 +92,11 @@ def read_manifest(root: Path) -> Manifest | None:
     except (ValueError, RecursionError) as err:
         why = f"not JSON: {err}" if isinstance(err, ValueError) else "nested too deeply"
         raise _not_ours(path, why) from None
-    if not isinstance(settings, dict) or settings.get("version") not in (VERSION, LYFT_VERSION):
-        raise _not_ours(path, f"needs version {VERSION!r} or {LYFT_VERSION!r}, seed and scenes")
-    lyft = settings.get("dataset", "nuscenes") == "lyft"
-    if settings.get("dataset", "nuscenes") not in ("nuscenes", "lyft") or (settings["version"] == LYFT_VERSION) != lyft:
+    versions = [fmt.synth.version for fmt in FORMATS.values()]
+    if not isinstance(settings, dict) or settings.get("version") not in versions:
+        raise _not_ours(path, f"needs version {' or '.join(map(repr, versions))}, seed and scenes")
+    fmt = FORMATS.get(settings.get("dataset", DEFAULT.name))
+    if fmt is None or settings["version"] != fmt.synth.version:
         raise _not_ours(path, "its dataset and version do not go together")
     complete = settings.get("complete", True)
     if not isinstance(complete, bool):
@@ -116,7 +118,7 @@ def read_manifest(root: Path) -> Manifest | None:
         config = SynthConfig(**values)
     except ValueError as err:
         raise _not_ours(path, str(err)) from None
-    return Manifest(settings, config, settings["version"], lyft, complete)
+    return Manifest(settings, config, settings["version"], fmt.synth, complete)
 
 
 def _not_ours(path: Path, why: str) -> DataError:

@@ -29,15 +29,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from drivetrain.data.errors import DataError
-from drivetrain.data.nuscenes_format import TABLES
+from drivetrain.data.formats.nuscenes.tables import TABLES
+from drivetrain.data.formats.registry import FORMATS
 from drivetrain.data.synth.manifest import LOCK_FILE, MANIFEST, Manifest, read_manifest, write_manifest
-from drivetrain.data.synth.names import GeneratedNames, generated_folders
+from drivetrain.data.synth.names import GeneratedNames
 from drivetrain.data.table_paths import PATH_FIELDS, check_table_paths
 
 __all__ = ["SETTINGS_FILE", "listed_files", "remove_generated"]
 
 SETTINGS_FILE = MANIFEST
-DATA_FOLDERS = ("samples", "sweeps", "maps", "images", "lidar")
+# The top folders the generator writes data files in, for any format (samples, sweeps, maps; images, lidar).
+DATA_FOLDERS = frozenset(f.split("/", 1)[0] for fmt in FORMATS.values() for f in fmt.synth.folders())
 BESIDE = ("drivetrain_index.npz", ".drivetrain_index.npz.tmp.npz")
 
 
@@ -92,9 +94,9 @@ def remove_generated(root: str | Path, *, replacing: bool = False) -> None:
         raise DataError(f"holds no synthetic dataset (no {MANIFEST}); not touching it", root)
     listed = listed_files(root, manifest)
     if manifest.complete:  # from here on the folder is an unfinished set of ours until the new one is written
-        write_manifest(root, manifest.config, "lyft" if manifest.lyft else "nuscenes", complete=False)
-    names = GeneratedNames(manifest.config, manifest.lyft)
-    folders = generated_folders(manifest.lyft)
+        write_manifest(root, manifest.config, manifest.synth.name, complete=False)
+    names = GeneratedNames(manifest.config, manifest.synth)
+    folders = manifest.synth.folders()
     folders |= {parent.as_posix() for f in listed for parent in Path(f).parents if parent != Path(".")}
     tops = {f.split("/", 1)[0] for f in (*listed, *folders)}
     for top in sorted(tops):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from drivetrain.data.nuscenes_format import CLASSES
+from drivetrain.data.formats.nuscenes.tables import CLASSES
 
 __all__ = ["CLASS_SIZE", "ObjectTrack", "SceneLayout", "make_layout"]
 
@@ -31,18 +31,6 @@ CLASS_SIZE = {
     "bicycle": (1.7, 0.6, 1.3),
     "pedestrian": (0.7, 0.7, 1.75),
     "traffic_cone": (0.4, 0.4, 1.1),
-}
-CATEGORY = {
-    "car": "vehicle.car",
-    "truck": "vehicle.truck",
-    "construction_vehicle": "vehicle.construction",
-    "bus": "vehicle.bus.rigid",
-    "trailer": "vehicle.trailer",
-    "barrier": "movable_object.barrier",
-    "motorcycle": "vehicle.motorcycle",
-    "bicycle": "vehicle.bicycle",
-    "pedestrian": "human.pedestrian.adult",
-    "traffic_cone": "movable_object.trafficcone",
 }
 LANE_CLASSES = ("car", "truck", "construction_vehicle", "bus", "trailer", "motorcycle", "bicycle")
 LANE_WEIGHTS = np.array([0.6, 0.12, 0.04, 0.06, 0.04, 0.07, 0.07])

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from drivetrain.compiled import compile_options, compiled, ragged_dynamic
-from drivetrain.data.formats import FORMATS
+from drivetrain.data.formats.registry import FORMATS
 from drivetrain.losses.anchor_head import AnchorHeadLoss, batched_anchor_head_loss
 from drivetrain.match.anchor_window import WindowedAnchors, WindowPairs, windowed_max_iou_assign
 from drivetrain.match.max_iou import (
@@ -71,7 +71,7 @@ __all__ = ["SSN", "PointPillars", "dataset_class_names"]
 
 def dataset_class_names(classes: str | Sequence[str]) -> tuple[str, ...]:
     """The class names a dataset's labels index: a format's name (``"nuscenes"``, ``"lyft"``: its record's
-    classes, :data:`~drivetrain.data.formats.FORMATS`) or the names themselves."""
+    classes, :data:`~drivetrain.data.formats.registry.FORMATS`) or the names themselves."""
     if isinstance(classes, str):
         if classes not in FORMATS:
             raise ValueError(f"dataset_classes: expected one of {sorted(FORMATS)} or a list of names, got {classes!r}")

@@ -15,33 +15,20 @@ of mmdetection3d's Lyft test data):
   these as ``train_data``, ``train_images``, ``train_lidar``, ``train_maps``; the ``filename`` fields name
   ``images/``, ``lidar/``, ``maps/``, so those folders must carry these names).
 
-These facts make up the ``LYFT`` record of :mod:`drivetrain.data.formats`, which the rest of drivetrain asks. An
-index built from a Lyft root records ``meta["dataset"] = "lyft"``; a nuScenes index has no such key (so that it
-stays what it was before Lyft support), which :func:`dataset_of` reads as ``"nuscenes"``.
+These facts make up the ``LYFT`` record (:mod:`drivetrain.data.formats.lyft.format`), which the rest of drivetrain
+asks. An index built from a Lyft root records ``meta["dataset"] = "lyft"``; a nuScenes index has no such key (so that
+it stays what it was before Lyft support).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 from drivetrain import safe_json
 from drivetrain.data.errors import DataError
 
-__all__ = [
-    "DATASETS",
-    "LYFT_ATTRIBUTES",
-    "LYFT_CLASSES",
-    "LYFT_VERSION",
-    "check_lyft_categories",
-    "count_points_in_boxes",
-    "dataset_of",
-    "detect_dataset",
-]
+__all__ = ["LYFT_ATTRIBUTES", "LYFT_CLASSES", "LYFT_VERSION", "check_lyft_categories", "is_lyft_root"]
 
-DATASETS = ("nuscenes", "lyft")
 LYFT_VERSION = "v1.01-train"
 
 # The Lyft detection classes in the order mmdetection3d numbers them (label = position).
@@ -80,22 +67,17 @@ LYFT_ATTRIBUTES = (
 )
 
 
-def dataset_of(meta: dict[str, Any]) -> str:
-    """``"lyft"`` or ``"nuscenes"``: the format of the root an index (its ``meta``) was built from."""
-    return "lyft" if meta.get("dataset") == "lyft" else "nuscenes"
+def is_lyft_root(root: str | Path, version: str) -> bool:
+    """Whether every category of ``root/version/category.json`` is a Lyft class (the Lyft format's detection rule).
 
-
-def detect_dataset(root: str | Path, version: str) -> str:
-    """``"lyft"`` when every category of ``root/version/category.json`` is a Lyft class, else ``"nuscenes"``.
-
-    A missing or unreadable category table reads as nuScenes: the caller's root check reports it.
+    A missing or unreadable category table is not Lyft's: the caller's root check reports it.
     """
     try:
         rows = safe_json.load(Path(root) / version / "category.json")
         names = {row["name"] for row in rows}
     except (OSError, ValueError, TypeError, KeyError):
-        return "nuscenes"
-    return "lyft" if names and names <= set(LYFT_CLASSES) else "nuscenes"
+        return False
+    return bool(names) and names <= set(LYFT_CLASSES)
 
 
 def check_lyft_categories(root: str | Path, version: str) -> None:
@@ -109,31 +91,3 @@ def check_lyft_categories(root: str | Path, version: str) -> None:
     unknown = [n for n in names if n not in LYFT_CLASSES]
     if unknown:
         raise DataError(f"category {unknown[0]!r} is not a Lyft class {LYFT_CLASSES} (a nuScenes root?)", path)
-
-
-def count_points_in_boxes(points: np.ndarray, boxes: np.ndarray) -> np.ndarray:
-    """Points inside each box, boundary included (the devkit's ``points_in_box`` test).
-
-    Args:
-        points: ``(P, 3)`` x, y, z in the boxes' frame.
-        boxes: ``(M, 7)`` ``(x, y, z_centre, dx, dy, dz, yaw)``, yaw about z.
-
-    Returns:
-        ``(M,)`` int64 counts.
-
-    Example:
-        >>> count_points_in_boxes(np.zeros((1, 3)), np.array([[0, 0, 0, 2, 2, 2, 0.3]]))
-        array([1])
-    """
-    points = np.asarray(points, dtype=np.float64).reshape(-1, 3)
-    boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 7)
-    counts = np.zeros(len(boxes), dtype=np.int64)
-    for m, (x, y, z, dx, dy, dz, yaw) in enumerate(boxes):
-        # A cheap bounding-circle cut first: a key-frame sweep has ~10⁵ points and a frame ~10² boxes.
-        rel = points - (x, y, z)  # (P, 3)
-        near = np.flatnonzero((np.abs(rel[:, 2]) <= dz / 2) & ((rel[:, :2] ** 2).sum(1) <= (dx * dx + dy * dy) / 4))
-        c, s = np.cos(yaw), np.sin(yaw)
-        along = rel[near, 0] * c + rel[near, 1] * s  # (P',)
-        across = -rel[near, 0] * s + rel[near, 1] * c  # (P',)
-        counts[m] = int(((np.abs(along) <= dx / 2) & (np.abs(across) <= dy / 2)).sum())
-    return counts
