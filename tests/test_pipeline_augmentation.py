@@ -16,7 +16,8 @@ import torch
 
 from drivetrain.data.sources import frames
 from drivetrain.engine import ConfigError, Trainer, load_config
-from drivetrain.engine.config import config_diff, config_to_dict, upgrade_saved_config
+from drivetrain.engine.compat import upgrade_saved_config
+from drivetrain.engine.config import config_diff, config_to_dict
 from drivetrain.pipeline.augment import ImageAugConfig
 from drivetrain.pipeline.augment_bev import BevAugConfig, draw_bev_params
 from drivetrain.pipeline.augmentation import Augmentation, AugmentConfig, apply, sample_params

@@ -49,7 +49,6 @@ __all__ = [
     "config_to_dict",
     "from_dict",
     "load_config",
-    "upgrade_saved_config",
 ]
 
 
@@ -513,30 +512,6 @@ def config_diff(saved: dict[str, Any], current: dict[str, Any], prefix: str = ""
             out += config_diff(a, b, key)
         elif a != b:
             out.append(f"{key}: {a!r} → {b!r}")
-    return out
-
-
-def upgrade_saved_config(saved: dict[str, Any]) -> dict[str, Any]:
-    """A config saved by an older drivetrain (a checkpoint's) in today's spelling; ``saved`` is not changed.
-
-    Before ``data.augment`` had its ``camera`` and ``lidar`` sections, the camera augmentation was a flat
-    ``data.augment: {image: ..., bev: ...}`` and the lidar models took ``model.args.augment`` and ``model.args.seed``
-    (their own generator). The camera recipe moves to ``data.augment.camera`` (its draws are the same: the camera
-    draws first from the same per-batch seed); the lidar recipe to ``data.augment.lidar`` and the seed is dropped
-    (its draws came from the model's generator: a run of it cannot continue exactly — the trainer refuses that).
-    """
-    out = _deepcopy(saved)
-    data, model = out.get("data"), out.get("model")
-    augment = data.get("augment") if isinstance(data, dict) else None
-    if isinstance(augment, dict) and augment and not set(augment) & {"camera", "lidar"}:
-        data["augment"] = {"camera": augment, "lidar": None}
-    args = model.get("args") if isinstance(model, dict) else None
-    if isinstance(args, dict) and _is_lidar_model(str(model.get("name", ""))):
-        lidar = args.pop("augment", None)
-        args.pop("seed", None)
-        if lidar is not None and isinstance(data, dict):
-            section = data.get("augment") or {"camera": None, "lidar": None}
-            data["augment"] = {**section, "lidar": lidar}
     return out
 
 
