@@ -16,14 +16,19 @@ Rules (old form → what it maps to):
    (:func:`drop_own_augmentation_generator`).
 
 The saved config is upgraded wherever a checkpoint's config is read: the resume check against the run's config
-and ``drivetrain eval --checkpoint``. Older forms read in their own modules, beside the code that reads the
-current form: a checkpoint's ``format: 1`` field (→ format version 1 or 2, told by its data position:
-:func:`drivetrain.engine.state.format_version`, below the checkpointer, which this module's config import may
-not be); builder spellings ``package.module:Name`` (→ short names: :data:`drivetrain.engine.registry.ALIASES`);
-the same keys in a current config refused in one line naming their new place (``model.args.augment``/``seed``:
-:class:`drivetrain.engine.config.ModelConfig`; the flat camera keys: ``moved_augment_key`` of
-:mod:`drivetrain.pipeline.augmentation`); a run directory of a drivetrain before the run marker
-(:func:`drivetrain.engine.rundir.check_run_dir`).
+(:mod:`drivetrain.engine.resume`) and ``drivetrain eval --checkpoint`` (:mod:`drivetrain.engine.evaluation`).
+
+Four older forms are read beside the code that reads the current form, not here:
+
+- a checkpoint's ``format: 1`` field → format version 1 or 2, told by its data position
+  (:func:`drivetrain.engine.state.format_version`: the checkpointer reads it, and importing this module there
+  would close an import cycle through the config);
+- builder spellings ``package.module:Name`` → short names (:data:`drivetrain.engine.registry.ALIASES`);
+- ``model.args.augment``/``seed`` and the flat camera keys in a current config → refused in one line naming their
+  new place (:class:`drivetrain.engine.config.ModelConfig`, ``moved_augment_key`` of
+  :mod:`drivetrain.pipeline.augmentation`);
+- a run directory of a drivetrain from before the run marker → refused in one line saying how to adopt it
+  (:func:`drivetrain.engine.rundir.check_run_dir`).
 """
 
 from __future__ import annotations

@@ -46,6 +46,11 @@ class MicroBatches:
         loss_bad = torch.zeros(accumulation, dtype=torch.bool, device=device)
         return cls(loss_sum=torch.zeros((), device=device), term_sums={}, loss_bad=loss_bad)
 
+    def fetched(self, indices: torch.Tensor, seconds: float) -> None:
+        """Note a micro-batch's dataset ``indices`` and the ``seconds`` spent waiting for it."""
+        self.indices.append(indices)
+        self.data_wait += seconds
+
     def add(
         self, micro: int, loss: torch.Tensor, terms: dict[str, torch.Tensor], counts: dict[str, torch.Tensor]
     ) -> None:

@@ -230,49 +230,40 @@ class Trainer:
         return self.state
 
     def _iteration(self, log: MetricsLogger) -> str | None:
-        """One optimizer iteration; returns the name of a received stop signal (agreed across ranks)."""
-        t_start = time.perf_counter()
+        """One optimizer iteration, top to bottom; returns the name of a received stop signal (agreed across ranks)."""
+        cfg, accum, t_start = self.cfg, self.cfg.train.accumulation, time.perf_counter()
         with region("step"):  # profiled regions (doctor, bench train): no-ops unless a profiler is active
-            micro = self._forward_backward()  # fetch → forward → loss → backward, per micro-batch
+            micro = MicroBatches.empty(accum, self.device)
+            for i in range(accum):
+                t0 = time.perf_counter()
+                with region("data"):  # fetch: blocked on the loader (with the prefetcher, on its side stream)
+                    batch, indices = self.data.next()
+                with region("copy"):  # host → device; the prefetcher's batches are there already (a pass-through)
+                    batch = to_device(batch, self.device, cfg.speed.channels_last)
+                micro.fetched(indices, time.perf_counter() - t0)  # its dataset indices and the wait
+                with self.strategy.sync_grads(enabled=i == accum - 1):  # gradients reduced on the last one only
+                    with region("forward"), autocast(cfg.precision.mode, self.device):
+                        outputs = self.strategy.wrapped(batch)
+                    with region("loss"):  # in fp32, outside autocast
+                        terms = self.model.loss(fp32_outputs(outputs), batch)
+                        loss = weighted_total(terms, self.term_weights(terms)).float()
+                    with region("backward"):
+                        self.strategy.backward(loss / accum)
+                micro.add(i, loss, terms, self.model.loss_counts if self.counts_losses else {})  # counts: optional
             with region("optimizer"):
-                grad_norm, grads_bad = self.strategy.unscale_and_clip()
+                grad_norm, grads_bad = self.strategy.unscale_and_clip()  # unscale → clip
                 decision = decide(  # the step's one host read: skip (non-finite), stop (a signal on any rank)
                     grads_bad, micro, self.signals.received, self.ctx,
-                    stop_on_nonfinite=self.cfg.precision.nonfinite == "stop", iteration=self.state.iteration,
-                    data=self.data,
+                    stop_on_nonfinite=cfg.precision.nonfinite == "stop", iteration=self.state.iteration, data=self.data,
                 )  # fmt: skip
                 lr = self._set_lr(self.state.step)  # the schedule: a function of the updates applied
                 overflow = grads_bad & ~micro.loss_bad.any()  # a bad loss is not an fp16 overflow
                 grad_norm, scale, applied = self.strategy.step(decision.apply, overflow, grad_norm)  # + zero_grad
         step_active()
         self.state.advance(applied, decision.loss_bad)
-        samples = self.cfg.train.accumulation * self.cfg.data.batch_size * self.ctx.world_size
-        elapsed = time.perf_counter() - t_start
-        log.record(*step_record(micro, grad_norm, scale, lr, elapsed, self.state, samples, self.device))
+        samples, elapsed = accum * cfg.data.batch_size * self.ctx.world_size, time.perf_counter() - t_start
+        log.record(*step_record(micro, grad_norm, scale, lr, elapsed, self.state, samples, self.device))  # log
         return decision.stop
-
-    def _forward_backward(self) -> MicroBatches:
-        """Forward, loss and backward of each micro-batch; gradients reduced across ranks on the last one."""
-        cfg, accum = self.cfg, self.cfg.train.accumulation
-        out = MicroBatches.empty(accum, self.device)
-        for micro in range(accum):
-            t0 = time.perf_counter()
-            with region("data"):  # blocked on the loader (and, with the prefetcher, on its side stream)
-                batch, indices = self.data.next()
-            with region("copy"):  # host → device; the prefetcher's batches are there already (a pass-through)
-                batch = to_device(batch, self.device, cfg.speed.channels_last)
-            out.data_wait += time.perf_counter() - t0
-            out.indices.append(indices)
-            with self.strategy.sync_grads(enabled=micro == accum - 1):
-                with region("forward"), autocast(cfg.precision.mode, self.device):
-                    outputs = self.strategy.wrapped(batch)
-                with region("loss"):
-                    terms = self.model.loss(fp32_outputs(outputs), batch)  # losses in fp32, outside autocast
-                    loss = weighted_total(terms, self.term_weights(terms)).float()
-                with region("backward"):
-                    self.strategy.backward(loss / accum)
-            out.add(micro, loss, terms, self.model.loss_counts if self.counts_losses else {})  # counts: optional
-        return out
 
     def _set_lr(self, step: int) -> float:
         """Set every group's lr for update ``step``; returns the base lr (lr_mult 1)."""
