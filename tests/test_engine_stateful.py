@@ -20,9 +20,9 @@ from drivetrain.engine.state import (
     ScheduleState,
     Stateful,
     StrategyState,
+    TrainState,
     format_version,
 )
-from drivetrain.engine.trainer import TrainState
 from helpers.engine import SMOKE, assert_same_weights, final_state, losses, overrides
 
 META = {"world_size": 1, "config": {"a": 1}, "versions": {"drivetrain": "0.1.0"}}

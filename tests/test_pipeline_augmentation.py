@@ -16,7 +16,8 @@ import torch
 
 from drivetrain.data.sources import frames
 from drivetrain.engine import ConfigError, Trainer, load_config
-from drivetrain.engine.config import config_diff, config_to_dict, upgrade_saved_config
+from drivetrain.engine.compat import upgrade_saved_config
+from drivetrain.engine.config import config_diff, config_to_dict
 from drivetrain.pipeline.augment.bev import BevAugConfig, draw_bev_params
 from drivetrain.pipeline.augment.camera import CameraAugConfig
 from drivetrain.pipeline.augment.camera import sample_params as camera_sample_params

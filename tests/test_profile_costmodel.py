@@ -298,5 +298,5 @@ def test_a_training_step_of_the_trainer_makes_its_one_host_sync():
 
     small = ["data.args={num_samples: 16, channels: 3, size: 16, dims: 2, seed: 0}", "data.batch_size=4"]
     cost = count_step(ROOT / "configs" / "smoke.yaml", small, steps=2)
-    # the trainer reads its skip/stop decision once a step (Trainer._decide); logging reads at log intervals only
+    # the trainer reads its skip/stop decision once a step (step_outcome.decide); logging reads at log intervals only
     assert cost is not None and cost.syncs == 1 and cost.kernels > 50

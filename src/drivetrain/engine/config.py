@@ -18,8 +18,6 @@ import dataclasses
 import importlib.util
 import math
 import sys
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -51,7 +49,6 @@ __all__ = [
     "config_to_dict",
     "from_dict",
     "load_config",
-    "upgrade_saved_config",
 ]
 
 
@@ -501,55 +498,6 @@ def config_diff(saved: dict[str, Any], current: dict[str, Any], prefix: str = ""
         elif a != b:
             out.append(f"{key}: {a!r} → {b!r}")
     return out
-
-
-def upgrade_saved_config(saved: dict[str, Any]) -> dict[str, Any]:
-    """A config saved by an older drivetrain (a checkpoint's) in today's spelling; ``saved`` is not changed.
-
-    Before ``data.augment`` had its ``camera`` and ``lidar`` sections, the camera augmentation was a flat
-    ``data.augment: {image: ..., bev: ...}`` and the lidar models took ``model.args.augment`` and ``model.args.seed``
-    (their own generator). The camera recipe moves to ``data.augment.camera`` (its draws are the same: the camera
-    draws first from the same per-batch seed); the lidar recipe to ``data.augment.lidar`` and the seed is dropped
-    (its draws came from the model's generator: a run of it cannot continue exactly — the trainer refuses that).
-    """
-    out = _deepcopy(saved)
-    data, model = out.get("data"), out.get("model")
-    augment = data.get("augment") if isinstance(data, dict) else None
-    if isinstance(augment, dict) and augment and not set(augment) & {"camera", "lidar"}:
-        data["augment"] = {"camera": augment, "lidar": None}
-    args = model.get("args") if isinstance(model, dict) else None
-    name = model.get("name") if isinstance(model, dict) else None
-    from drivetrain.engine.registry import canonical_name, known_names, model_spec
-
-    if isinstance(args, dict) and isinstance(name, str) and canonical_name("model", name) in known_names("model"):
-        for key, (target, _) in model_spec(name).moved_args.items():
-            value = args.pop(key, None)
-            if value is not None and target:
-                _set_dotted(out, target, value)
-    return out
-
-
-def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    """Set ``data[a][b][c] = value`` for ``key`` ``a.b.c``; a section missing (or null) on the way is made with its
-    defaults, as a config of today's spelling would hold it."""
-    *parents, last = key.split(".")
-    node, section = data, TrainConfig
-    for part in parents:
-        section = _field_type(section, part)
-        if not isinstance(node.get(part), dict):
-            node[part] = dataclasses.asdict(section()) if dataclasses.is_dataclass(section) else {}
-        node = node[part]
-    node[last] = value
-
-
-def _field_type(cls: Any, name: str) -> Any:
-    """The dataclass type of field ``name`` of dataclass ``cls`` (``X | None`` → ``X``), or None."""
-    if not dataclasses.is_dataclass(cls):
-        return None
-    tp = typing.get_type_hints(cls).get(name)
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        tp = next((a for a in typing.get_args(tp) if a is not type(None)), None)
-    return tp if dataclasses.is_dataclass(tp) else None
 
 
 def _deepcopy(data: Any) -> Any:

@@ -315,7 +315,8 @@ def model_from_checkpoint(path: str | Path) -> tuple[nn.Module, Any, Path]:
     """
     from drivetrain.engine.build import build_model
     from drivetrain.engine.checkpoint import Checkpointer, CheckpointError, checkpoint_dir
-    from drivetrain.engine.config import ConfigError, TrainConfig, from_dict, upgrade_saved_config
+    from drivetrain.engine.compat import drop_own_augmentation_generator, upgrade_saved_config
+    from drivetrain.engine.config import ConfigError, TrainConfig, from_dict
 
     path = Path(path)
     if not path.exists():
@@ -334,10 +335,7 @@ def model_from_checkpoint(path: str | Path) -> tuple[nn.Module, Any, Path]:
     try:
         cfg = from_dict(TrainConfig, upgrade_saved_config(state["config"]))  # an older run's spelling too
         model = build_model(cfg.model)
-        weights = state["model"]
-        if "_extra_state" in weights and type(model).get_extra_state is nn.Module.get_extra_state:
-            weights = {k: v for k, v in weights.items() if k != "_extra_state"}  # an older lidar model's generator
-        model.load_state_dict(weights)
+        model.load_state_dict(drop_own_augmentation_generator(model, state["model"]))  # compat rule 3
     except (ConfigError, KeyError, RuntimeError) as err:
         raise CheckpointError(f"{path}: cannot rebuild the model from the checkpoint ({err})") from None
     return model, cfg, path

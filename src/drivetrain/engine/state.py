@@ -1,11 +1,12 @@
 """What a checkpoint holds: a dict of stateful components, and the format version that says how to read it.
 
 The trainer names everything it checkpoints once, as a mapping ``{name: component}`` (model, optimizer, loss
-scaler, loop counters, schedule, data position, RNG states); every component has ``state_dict()`` and
-``load_state_dict(state)`` (:class:`Stateful`). A checkpoint is one dict: each component's state under its name,
-beside the :data:`METADATA` the trainer checks before restoring (``format_version``, ``world_size``, ``config``,
-``versions``). :class:`~drivetrain.engine.checkpoint.Checkpointer` iterates the mapping on save and restore; a
-checkpoint missing a component of the mapping, or holding one the mapping lacks, is refused in one line naming it.
+scaler, loop counters (:class:`TrainState`), schedule, data position, RNG states); every component has
+``state_dict()`` and ``load_state_dict(state)`` (:class:`Stateful`). A checkpoint is one dict: each component's
+state under its name, beside the :data:`METADATA` the trainer checks before restoring (``format_version``,
+``world_size``, ``config``, ``versions``). :class:`~drivetrain.engine.checkpoint.Checkpointer` iterates the mapping
+on save and restore; a checkpoint missing a component of the mapping, or holding one the mapping lacks, is refused
+in one line naming it.
 This module imports only :mod:`drivetrain.engine.rng` of drivetrain's, so the checkpointer can import it.
 
 Format versions (:data:`FORMAT_VERSION` is the one this drivetrain writes and reads):
@@ -26,6 +27,7 @@ the other); it is declared here because importing that package costs seconds at 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from drivetrain.engine.rng import capture_rng, restore_rng
@@ -41,6 +43,7 @@ __all__ = [
     "ScheduleState",
     "Stateful",
     "StrategyState",
+    "TrainState",
     "format_version",
 ]
 
@@ -64,6 +67,36 @@ class Stateful(Protocol):
     def load_state_dict(self, state_dict: Any) -> None:
         """Restore what :meth:`state_dict` returned."""
         ...
+
+
+@dataclass
+class TrainState:
+    """Loop counters: ``iteration`` (optimizer iterations done, skipped ones included), ``step`` (updates
+    applied; drives the schedule), ``skipped`` (iterations whose update was skipped for non-finite
+    gradients), ``nonfinite_losses`` (iterations with a non-finite loss)."""
+
+    iteration: int = 0
+    step: int = 0
+    skipped: int = 0
+    nonfinite_losses: int = 0
+
+    def advance(self, applied: bool, loss_bad: bool) -> None:
+        """Count one iteration: an applied update, or a skipped one (``loss_bad``: for a non-finite loss)."""
+        if applied:
+            self.step += 1
+        else:
+            self.skipped += 1
+            self.nonfinite_losses += int(loss_bad)
+        self.iteration += 1
+
+    def state_dict(self) -> dict[str, int]:
+        """The loop counters as a dict of ints."""
+        return dict(vars(self))
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Set the loop counters from :meth:`state_dict`'s dict."""
+        for key in vars(self):
+            setattr(self, key, int(state[key]))
 
 
 def format_version(state: Mapping[str, Any]) -> int | None:
@@ -140,7 +173,7 @@ class ScheduleState:
 
     Args:
         kind: the run's ``schedule.kind``.
-        train: the loop counters, with an int ``step`` (:class:`~drivetrain.engine.trainer.TrainState`).
+        train: the loop counters, with an int ``step`` (:class:`TrainState`).
     """
 
     def __init__(self, kind: str, train: Any) -> None:

@@ -1,0 +1,161 @@
+"""Continuing a run: the checkpoint ``--resume`` names, checked against this run before anything is restored.
+
+``--resume auto`` takes the run's newest committed checkpoint that loads (none: the run starts from step 0, saying
+why when corrupt ones were skipped); ``--resume DIR`` takes that checkpoint directory (or its ``state.pt``). Before a
+component is restored, each of these is one :class:`ConfigError` line: another format version, a missing or an extra
+component, an older run's state that cannot continue exactly (:mod:`drivetrain.engine.compat`), a config that
+differs from the saved one (read in today's spelling; the keys a resume may change excepted), another world size.
+Then every component is restored in the mapping's order (the RNG states last). A resume with another ``train.steps``
+that reshapes the learning-rate schedule warns.
+
+After a resume, :func:`set_aside_unusable` moves corrupt checkpoints and those of an abandoned continuation aside, so
+that a later ``--resume auto`` cannot pick them over this run's progress.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+from typing import Any
+
+from drivetrain.engine.checkpoint import (
+    CORRUPT,
+    SUPERSEDED,
+    Checkpointer,
+    CheckpointError,
+    CheckpointWarning,
+    check_components,
+    check_format,
+    checkpoint_dir,
+)
+from drivetrain.engine.compat import refuse_own_augmentation_generator, upgrade_saved_config
+from drivetrain.engine.config import ConfigError, TrainConfig, config_diff, config_to_dict
+from drivetrain.engine.schedule import lr_factor
+from drivetrain.engine.state import Stateful, TrainState
+
+__all__ = ["resume_run", "set_aside_unusable"]
+
+
+def resume_run(
+    resume: str,
+    checkpointer: Checkpointer,
+    components: dict[str, Stateful],
+    cfg: TrainConfig,
+    model: Any,
+    state: TrainState,
+    world_size: int,
+) -> tuple[Path | None, str | None]:
+    """Restore ``components`` from the checkpoint ``resume`` names, after checking it against this run.
+
+    Args:
+        resume: ``"auto"`` or the path of a checkpoint directory (or its ``state.pt``).
+        checkpointer: the run's checkpointer.
+        components: what a checkpoint holds, in restore order (the trainer's).
+        cfg: this run's configuration.
+        model: this run's model.
+        state: the loop counters (one of ``components``; read after the restore).
+        world_size: this run's number of ranks.
+
+    Returns:
+        ``(checkpoint resumed from, None)``, or ``(None, note)`` when ``auto`` found nothing to resume (the note
+        says why when corrupt checkpoints were skipped, else it is None).
+
+    Raises:
+        ConfigError: the checkpoint cannot be found, read or continued by this run (one line naming it).
+    """
+    if resume == "auto":
+        found = checkpointer.load_latest()
+        if found is None:
+            if not checkpointer.skipped:
+                return None, None
+            return None, (
+                f"no usable checkpoint in {checkpointer.root} ({len(checkpointer.skipped)} corrupt, moved to "
+                f"{checkpointer.root / CORRUPT}); starting from step 0"
+            )
+        path, ckpt = found
+    else:
+        path, ckpt = _load_named(resume, checkpointer)
+    try:  # before anything is read from it: another format version, a missing or an extra component
+        check_format(ckpt, path)
+        check_components(ckpt, components, path)
+    except CheckpointError as err:
+        raise ConfigError(f"--resume: {err}") from None
+    refuse_own_augmentation_generator(model, ckpt, path)
+    diff = config_diff(upgrade_saved_config(ckpt["config"]), config_to_dict(cfg))
+    if diff:
+        raise ConfigError(
+            f"--resume: the config differs from the one checkpoint {path} was written with:\n  " + "\n  ".join(diff)
+        )
+    if ckpt["world_size"] != world_size:
+        raise ConfigError(
+            f"--resume: checkpoint {path} was written by {ckpt['world_size']} ranks, this run has "
+            f"{world_size}; per-rank RNG and data positions need the same number"
+        )
+    checkpointer.restore(ckpt, components, path)  # in the mapping's order: the RNG states last
+    _warn_schedule_change(cfg, ckpt["config"]["train"]["steps"], state.step)
+    return path, None
+
+
+def _load_named(resume: str, checkpointer: Checkpointer) -> tuple[Path, dict[str, Any]]:
+    """``--resume DIR``: the checkpoint directory and its loaded state (ConfigError lines for anything else)."""
+    try:
+        path = checkpoint_dir(resume)  # a checkpoint folder or its state.pt
+    except CheckpointError as err:
+        raise ConfigError(f"--resume: {err}") from None
+    if not path.exists():
+        raise ConfigError(f"--resume: {path} does not exist (pass auto, or a checkpoint directory)")
+    if (path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file():
+        raise ConfigError(
+            f"--resume: {path} is a run directory; pass --resume auto with run.out_dir={path}, or one of "
+            f"its checkpoints ({path / 'checkpoints' / 'step-N'})"
+        )
+    try:
+        return path, checkpointer.load(path)
+    except CheckpointError as err:
+        raise ConfigError(f"--resume: {err}") from None
+
+
+def _warn_schedule_change(cfg: TrainConfig, saved_steps: int, step: int) -> None:
+    """Warn when a resume with another ``train.steps`` reshapes the schedule (its length follows it)."""
+    sched, lr = cfg.schedule, cfg.optim.lr
+    if saved_steps == cfg.train.steps or sched.total_steps is not None or sched.kind == "warmup_constant":
+        return
+    before, after = lr * lr_factor(sched, step, saved_steps), lr * lr_factor(sched, step, cfg.train.steps)
+    if not math.isclose(before, after, rel_tol=1e-6):
+        warnings.warn(
+            f"train.steps changed from {saved_steps} to {cfg.train.steps}: the {sched.kind} schedule "
+            f"stretches with it, so the lr at step {step} jumps from {before:.3g} to {after:.3g}; pass "
+            f"schedule.total_steps={saved_steps} to keep the old schedule (the lr then stays at its final "
+            "value past that step)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def set_aside_unusable(checkpointer: Checkpointer, step: int, continued: bool) -> None:
+    """Rank 0, after a resume: move corrupt checkpoints and those of an abandoned continuation aside.
+
+    Corrupt ones (committed, but failing to load) go to ``checkpoints/corrupt/``; with ``continued`` (the run
+    resumed, or ``--resume auto`` found nothing usable and starts from 0), committed ones newer than ``step`` (a
+    ``--resume DIR`` of an older checkpoint, or the start from 0) to ``checkpoints/superseded/``. Nothing is deleted.
+
+    Args:
+        checkpointer: the run's checkpointer (its ``skipped`` checkpoints are the corrupt ones).
+        step: the iteration this run continues from.
+        continued: whether newer committed checkpoints are superseded.
+    """
+    for path, reason in checkpointer.skipped:
+        if path.is_dir():
+            target = checkpointer.set_aside(path, CORRUPT)
+            warnings.warn(f"moved corrupt checkpoint {path} to {target} ({reason})", CheckpointWarning, stacklevel=2)
+    if not continued:
+        return
+    for saved, path in checkpointer.committed():
+        if saved > step:
+            target = checkpointer.set_aside(path, SUPERSEDED)
+            warnings.warn(
+                f"moved checkpoint {path} to {target}: it is newer than step {step}, which this run continues from",
+                CheckpointWarning,
+                stacklevel=2,
+            )

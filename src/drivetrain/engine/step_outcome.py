@@ -1,0 +1,167 @@
+"""What one optimizer iteration leaves beside the update: its micro-batches' sums, the host decision taken from
+them, and the record the metric log gets.
+
+- :class:`MicroBatches`: the weighted loss, the unweighted terms and the model's counters summed over the
+  iteration's micro-batches, which of them had a non-finite loss, their dataset indices and the data wait (device
+  tensors: nothing is read here).
+- :func:`decide`: apply or skip the update (non-finite gradients or loss) and stop (a signal received here or on
+  another rank), agreed across ranks in one device read — the step's one host sync. With
+  ``precision.nonfinite=stop`` a non-finite loss raises :class:`NonFiniteLossError` naming the batch.
+- :func:`step_record`: the device and host values of the iteration's ``metrics.jsonl`` entry
+  (:mod:`drivetrain.engine.metrics`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from drivetrain.engine.distributed import DistContext
+from drivetrain.engine.metrics import peak_memory_mb
+from drivetrain.engine.state import TrainState
+
+__all__ = ["MicroBatches", "NonFiniteLossError", "StepDecision", "decide", "step_record"]
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss was NaN/inf and ``precision.nonfinite`` is ``stop``; the message names the batch."""
+
+
+@dataclass
+class MicroBatches:
+    """What the micro-batches of one iteration leave for the update and the metrics (device tensors)."""
+
+    loss_sum: torch.Tensor  # () weighted loss summed over the micro-batches
+    term_sums: dict[str, torch.Tensor]  # unweighted terms summed over the micro-batches
+    loss_bad: torch.Tensor  # (accumulation,) bool: the micro-batch's loss was not finite
+    indices: list[torch.Tensor] = field(default_factory=list)  # dataset indices of each micro-batch
+    count_sums: dict[str, torch.Tensor] = field(default_factory=dict)  # the model's loss_counts, summed
+    data_wait: float = 0.0  # seconds spent waiting for batches
+
+    @classmethod
+    def empty(cls, accumulation: int, device: torch.device) -> MicroBatches:
+        """Nothing summed yet, for ``accumulation`` micro-batches on ``device``."""
+        loss_bad = torch.zeros(accumulation, dtype=torch.bool, device=device)
+        return cls(loss_sum=torch.zeros((), device=device), term_sums={}, loss_bad=loss_bad)
+
+    def fetched(self, indices: torch.Tensor, seconds: float) -> None:
+        """Note a micro-batch's dataset ``indices`` and the ``seconds`` spent waiting for it."""
+        self.indices.append(indices)
+        self.data_wait += seconds
+
+    def add(
+        self, micro: int, loss: torch.Tensor, terms: dict[str, torch.Tensor], counts: dict[str, torch.Tensor]
+    ) -> None:
+        """Add micro-batch ``micro``'s weighted ``loss`` (), its unweighted ``terms`` and the model's ``counts``."""
+        self.loss_sum += loss.detach()
+        for name, term in terms.items():
+            self.term_sums[name] = self.term_sums.get(name, 0) + term.detach().float()
+        for name, count in counts.items():
+            self.count_sums[name] = self.count_sums.get(name, 0) + count
+        self.loss_bad[micro] = ~torch.isfinite(loss.detach())
+
+
+@dataclass(frozen=True)
+class StepDecision:
+    """The step's host decisions, agreed across ranks."""
+
+    apply: bool  # gradients and losses are finite: apply the update
+    loss_bad: bool  # some rank had a non-finite loss
+    stop: str | None  # the stop signal received (here or on another rank)
+
+
+def decide(
+    grads_bad: torch.Tensor,
+    micro: MicroBatches,
+    stop_signal: str | None,
+    ctx: DistContext,
+    *,
+    stop_on_nonfinite: bool,
+    iteration: int,
+    data: Any,
+) -> StepDecision:
+    """Skip, non-finite loss and stop, agreed across ranks in one device read (the step's one sync).
+
+    Args:
+        grads_bad: () bool, the gradients after unscaling are not all finite.
+        micro: the iteration's micro-batches.
+        stop_signal: the name of a stop signal this process received, if any.
+        ctx: this process's place in the process group.
+        stop_on_nonfinite: ``precision.nonfinite == "stop"``: a non-finite loss raises.
+        iteration: optimizer iterations done before this one (for the message).
+        data: the batch stream (its epoch, for the message).
+
+    Returns:
+        The decision.
+
+    Raises:
+        NonFiniteLossError: a non-finite loss with ``stop_on_nonfinite``; names the micro-batch, rank, epoch and
+            dataset indices.
+    """
+    any_bad = micro.loss_bad.any().to(torch.int64)
+    stop_flag = any_bad.new_full((), int(stop_signal is not None))  # a fill, not a host copy
+    if ctx.initialized:  # every rank takes the same decisions
+        any_bad, stop_flag = ctx.all_reduce_max(torch.stack([any_bad, stop_flag]))
+    first_bad = micro.loss_bad.to(torch.int64).argmax()
+    skip, loss_bad, stop, bad_micro = torch.stack(  # sync: skipping the step is a host decision
+        [grads_bad.to(torch.int64), any_bad, stop_flag, first_bad]
+    ).tolist()
+    if loss_bad and stop_on_nonfinite:
+        local_bad = bool(micro.loss_bad[bad_micro])  # sync: error path only, the run stops here
+        where = (
+            f"micro-batch {bad_micro} on rank {ctx.rank}, epoch {data.state_dict()['epoch']}, "
+            f"dataset indices {micro.indices[bad_micro].tolist()}"
+            if local_bad
+            else f"a micro-batch on another rank than {ctx.rank}"
+        )
+        raise NonFiniteLossError(
+            f"non-finite loss at step {iteration + 1}: {where} "
+            "(precision.nonfinite=stop; set it to skip to skip and count such steps)"
+        )
+    stop_name = stop_signal or ("a stop signal (on another rank)" if stop else None)
+    return StepDecision(apply=not (skip or loss_bad), loss_bad=bool(loss_bad), stop=stop_name)
+
+
+def step_record(
+    micro: MicroBatches,
+    grad_norm: torch.Tensor,
+    scale: torch.Tensor,
+    lr: float,
+    elapsed: float,
+    state: TrainState,
+    samples: int,
+    device: torch.device,
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """The iteration's metric record: ``(device values, host values)`` for :meth:`MetricsLogger.record`.
+
+    Args:
+        micro: the iteration's micro-batches (their sums are averaged over them; the counters stay sums).
+        grad_norm: () the gradient norm the strategy reports.
+        scale: () the loss scale of the iteration's backward passes.
+        lr: the base learning rate of the update.
+        elapsed: the iteration's host-clock seconds.
+        state: the loop counters after the iteration.
+        samples: samples the iteration trained on, over every rank and micro-batch.
+        device: the training device (its peak memory).
+
+    Returns:
+        The device values (tensors, read at the log's flush) and the host values (numbers).
+    """
+    accum = micro.loss_bad.numel()
+    device_values = {"loss": micro.loss_sum / accum, "grad_norm": grad_norm, "loss_scale": scale}
+    device_values.update({f"loss/{k}": v / accum for k, v in micro.term_sums.items()})
+    device_values.update({f"count/{k}": v for k, v in micro.count_sums.items()})  # summed over micro-batches
+    host_values = {
+        "step": state.iteration,
+        "opt_step": state.step,
+        "lr": lr,
+        "skipped_steps": state.skipped,
+        "nonfinite_losses": state.nonfinite_losses,
+        "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
+        "step_time_s": elapsed,
+        "data_wait_s": micro.data_wait,
+        "peak_memory_mb": peak_memory_mb(device),
+    }
+    return device_values, host_values
