@@ -22,7 +22,7 @@ EPILOG = """\
 examples:
   drivetrain configs                                   # every shipped config, its base and purpose
   drivetrain configs ssn_tiny                          # one, resolved (base chain merged, defaults filled in)
-  drivetrain configs voxelnet_tiny optim.lr=2e-3       # with overrides, as `train` would run it
+  drivetrain configs NAME optim.lr=2e-3               # with overrides, as `train` would run it
   drivetrain train --config configs/ssn_tiny.yaml --print-config > my_ssn.yaml   # a flat copy to edit
 """
 

@@ -29,7 +29,7 @@ def add_cache_parser(data_sub: argparse._SubParsersAction) -> None:
         "  drivetrain data cache --index data/synth-tiny/drivetrain_index.npz --sweeps 10 --use-dim 0,1,2,4\n"
         "  drivetrain data cache --index INDEX --sweeps 5 --workers 2 --out /fast/cache/nus-5\n"
         "  drivetrain data cache --out /fast/cache/nus-5 --verify\n"
-        "  drivetrain train --config configs/pointpillars_tiny.yaml data.args.sweep_cache=/fast/cache/nus-5 ...  "
+        "  drivetrain train --config configs/my_lidar_run.yaml data.args.sweep_cache=/fast/cache/nus-5 ...  "
         "# the printed settings",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -39,7 +39,7 @@ def add_cache_parser(data_sub: argparse._SubParsersAction) -> None:
     cache.add_argument(
         "--use-dim",
         default="0,1,2,3,4",
-        help="columns kept of x,y,z,intensity,Δt = 0..4 (default: all; PointPillars: 0,1,2,4)",
+        help="columns kept of x,y,z,intensity,Δt = 0..4 (default: all; the shipped lidar configs: 0,1,2,4)",
     )
     cache.add_argument(
         "--choice",

@@ -9,7 +9,7 @@ __all__ = ["add_parser"]
 
 EPILOG = """\
 examples:
-  drivetrain doctor runs/streampetr-tiny                      # the run's metrics + a 5-step profiled window
+  drivetrain doctor runs/my-run                               # the run's metrics + a 5-step profiled window
   drivetrain doctor runs/demo --no-profile                    # the run's metrics alone (no training)
   drivetrain doctor runs/x --memory-budget-mb 16000 train.device=cpu   # overrides for the profiled window
 

@@ -44,9 +44,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "Level 5 root (told by its categories; with --checkpoint, by the index) predictions are Lyft box records "
         "('name' and 'score', see docs/data.md) scored with the Lyft metric (mAP over 3D IoU thresholds 0.5:0.95, "
         "per-class AP), and its default split is val.",
-        epilog="examples:\n  drivetrain eval --checkpoint runs/streampetr-tiny                  # newest checkpoint\n"
-        "  drivetrain eval --checkpoint runs/streampetr-tiny/checkpoints/step-00000300 --split mini_val\n"
-        "  drivetrain eval --checkpoint runs/pointpillars-tiny --blank-inputs --json control.json   # the control\n"
+        epilog="examples:\n  drivetrain eval --checkpoint runs/my-run                           # newest checkpoint\n"
+        "  drivetrain eval --checkpoint runs/my-run/checkpoints/step-00000300 --split mini_val\n"
+        "  drivetrain eval --checkpoint runs/my-run --blank-inputs --json control.json        # the control\n"
         "  drivetrain eval --predictions results.json --root data/synth-tiny\n"
         "  drivetrain eval --predictions gt.json --root data/synth-tiny "
         "--ground-truth-from data/synth-tiny/drivetrain_index.npz",

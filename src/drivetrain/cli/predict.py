@@ -34,9 +34,9 @@ __all__ = [
 
 EPILOG = """\
 examples:
-  drivetrain predict --checkpoint runs/pointpillars-tiny --root data/synth-tiny --split mini_val --out results.json
-  drivetrain predict --checkpoint runs/streampetr-tiny --root /data/nuscenes --version v1.0-test --out test.json
-  drivetrain predict --checkpoint runs/pointpillars-tiny --root data/synth-tiny --out blank.json --blank-inputs
+  drivetrain predict --checkpoint runs/my-lidar-run --root data/synth-tiny --split mini_val --out results.json
+  drivetrain predict --checkpoint runs/my-camera-run --root /data/nuscenes --version v1.0-test --out test.json
+  drivetrain predict --checkpoint runs/my-lidar-run --root data/synth-tiny --out blank.json --blank-inputs
 
 Without --split every scene of the root is predicted (a test split's root holds just that split). A root without
 drivetrain_index.npz is indexed in memory first (not saved: predict writes nothing but --out; `drivetrain data
@@ -91,8 +91,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         metavar="N",
-        help="frames per detect call (default: 1; a model with a temporal memory, StreamPETR, takes one frame at a "
-        "time in scene order)",
+        help="frames per detect call (default: 1; a model with a temporal memory takes one frame at a time in scene "
+        "order)",
     )
     parser.add_argument(
         "--tta",
@@ -190,8 +190,8 @@ def load_detector(checkpoint: Path, command: str, *, tta: bool, batch_size: int)
     if not isinstance(model, Detector):
         raise SystemExit(
             f"{command}: --checkpoint: {path} holds a {cfg.model.name} model, which makes no 3D detections (no "
-            "detect(batch)) to score with a dataset's metric; drivetrain eval scores streampetr, pointpillars and ssn "
-            "runs (its training loss and curves: drivetrain report RUN)"
+            "detect(batch)) to score with a dataset's metric; drivetrain eval scores runs of detectors "
+            "(its training loss and curves: drivetrain report RUN)"
         )
     if tta:
         if not isinstance(model, TTADetector):

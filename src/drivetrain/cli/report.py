@@ -9,7 +9,7 @@ __all__ = ["add_parser"]
 
 EPILOG = """\
 examples:
-  drivetrain report runs/streampetr-tiny                          # → runs/streampetr-tiny/report.md + PNGs
+  drivetrain report runs/my-run                                   # → runs/my-run/report.md + PNGs
   drivetrain report runs/plain runs/aug --out runs/compare        # two runs overlaid
 
 Works on a running run (it reads what metrics.jsonl holds so far). The PNGs: loss, loss terms, learning rate,

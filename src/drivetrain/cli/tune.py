@@ -28,8 +28,8 @@ from typing import Any
 
 EPILOG = """\
 examples:
-  drivetrain tune loader --config configs/streampetr_tiny_aug.yaml
-  drivetrain tune loader --config configs/streampetr_full_aug.yaml --workers 2,4,8 --loaders torch,dali \\
+  drivetrain tune loader --config configs/my_camera_run.yaml
+  drivetrain tune loader --config configs/my_camera_run_full.yaml --workers 2,4,8 --loaders torch,dali \\
       --write-config runs/loader.yaml
 """
 

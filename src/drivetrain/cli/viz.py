@@ -26,10 +26,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="one frame: cameras with projected boxes + BEV PNG; PLY of points, GT and predicted boxes",
         description="Without --checkpoint, the frame of a nuScenes/Lyft-format root (its drivetrain_index.npz) with "
         "its ground truth; with --checkpoint, the run's own data settings (sweeps, point columns) and the model's "
-        "detections on the frame (a camera model: StreamPETR; a lidar model: PointPillars, SSN).",
+        "detections on the frame (camera views for a camera model, the bird's-eye view for a lidar one).",
         epilog="examples:\n"
         "  drivetrain viz frame --root data/synth-tiny --frame 3 --sweeps 2 --png f3.png --ply f3.ply\n"
-        "  drivetrain viz frame --checkpoint runs/pointpillars-tiny --frame 3 --ply f3.ply",
+        "  drivetrain viz frame --checkpoint runs/my-lidar-run --frame 3 --ply f3.ply",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     what = frame.add_mutually_exclusive_group(required=True)

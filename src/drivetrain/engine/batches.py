@@ -327,7 +327,7 @@ def suggest_num_workers(cores: int, worker_ms_per_batch: float, step_ms: float) 
         The number of loader workers.
 
     Example:
-        >>> suggest_num_workers(16, worker_ms_per_batch=111.6, step_ms=44.9)  # PointPillars full, H200 host
+        >>> suggest_num_workers(16, worker_ms_per_batch=111.6, step_ms=44.9)  # a full-size lidar run, H200 host
         4
     """
     if cores < 1 or worker_ms_per_batch < 0 or step_ms <= 0:

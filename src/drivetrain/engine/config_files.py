@@ -2,10 +2,10 @@
 
 A config may start from another one and say only what differs::
 
-    # my_ssn.yaml, in my project folder
-    base: ../drivetrain/configs/ssn_tiny.yaml   # relative to this file's folder
+    # my_run.yaml, in my project folder
+    base: ../drivetrain/configs/lidar_model_tiny.yaml   # relative to this file's folder
     unset: [model.args.anchor_ranges]            # take a key the base chain sets away (the builder's default)
-    run: {out_dir: runs/my-ssn}
+    run: {out_dir: runs/my-run}
     optim: {lr: 2.0e-3}                          # merged per key: the rest of optim stays the base's
 
 Rules (a config is data from someone else, docs/safety.md):
@@ -214,8 +214,8 @@ def _read_document(path: Path, including: Path | None) -> dict[str, Any]:
     if path.suffix == ".py":
         raise ConfigError(
             f"{path}: a Python config (mmdetection3d / mmengine style) is not read — drivetrain configs are YAML "
-            "data and never run code; start from the YAML equivalent in configs/ (pointpillars_nus.yaml, "
-            "ssn_nus.yaml, streampetr_full.yaml; `drivetrain configs` lists them)"
+            "data and never run code; start from the YAML equivalent in configs/ (`drivetrain configs` lists "
+            "them)"
         )
     data = read_yaml_file(path, where)
     if data is None or data == {}:

@@ -1,5 +1,5 @@
 """A detector evaluated over a split with the official metric: every frame in scene order at batch 1 with the
-temporal memory on (as StreamPETR's test-time ``seq_mode``), the decoded boxes exported as a submission, then
+temporal memory on (as a streaming detector's test-time ``seq_mode``), the decoded boxes exported as a submission, then
 scored. What the submission holds and which metric scores it is the dataset format's
 (:class:`~drivetrain.data.formats.record.DatasetFormat`, recorded in the frames' index): nuScenes frames give a nuScenes
 submission and the devkit's ``DetectionEval`` (mAP, NDS, TP errors, per-class AP), Lyft Level 5 frames Lyft box
@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 # The RGB value of a blanked image: the mean colour of the statistics the camera models normalise with (ImageNet's
-# (123.675, 116.28, 103.53), StreamPETR's img_norm_cfg), rounded to uint8. Normalised, every pixel is within
+# (123.675, 116.28, 103.53), the camera recipes' img_norm_cfg), rounded to uint8. Normalised, every pixel is within
 # 0.5 / 57.1 < 0.01 of 0 in each channel: the input the network reads as "average", the value its own padding gets.
 BLANK_GREY = (124, 116, 104)
 
@@ -122,7 +122,7 @@ def streaming_state_aside(model: nn.Module) -> Iterator[None]:
 
 
 def has_streaming_state(model: nn.Module) -> bool:
-    """Whether a module of ``model`` keeps state between calls (module extra state, e.g. StreamPETR's memory)."""
+    """Whether a module of ``model`` keeps state between calls (module extra state, e.g. a temporal memory bank)."""
     return any(key.endswith("_extra_state") for key in model.state_dict())
 
 

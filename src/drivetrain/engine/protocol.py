@@ -117,8 +117,8 @@ class FrozenEncoder(Protocol):
 
     @property
     def frozen_encoder(self) -> bool:
-        """Whether :meth:`encode` is a fixed function now (e.g. StreamPETR's ``freeze_backbone``): the trainer may
-        then run it for the next batch ahead (``speed.encoder_overlap``)."""
+        """Whether :meth:`encode` is a fixed function now (e.g. a backbone frozen by the model's arguments): the
+        trainer may then run it for the next batch ahead (``speed.encoder_overlap``)."""
 
     def encode(self, batch: Batch) -> Any:
         """The encoder's output for ``batch``; the trainer stores it as ``batch.encoded`` for :meth:`Model.forward`
@@ -131,10 +131,10 @@ class MatchedQueries(Protocol):
 
     @property
     def matched_queries(self) -> tuple[int, ...]:
-        """The predictions ``Q`` of each matching the loss solves whose ``Q`` the model fixes (e.g. StreamPETR's
-        ``num_query + num_propagated``): the trainer compiles the GPU solver's kernels for them before the first step
-        (:func:`drivetrain.match.warm_gpu_solver`); a matching not listed is compiled after the step that first
-        meets it."""
+        """The predictions ``Q`` of each matching the loss solves whose ``Q`` the model fixes (e.g. a query-based
+        head's queries plus its propagated memory queries): the trainer compiles the GPU solver's kernels for them
+        before the first step (:func:`drivetrain.match.warm_gpu_solver`); a matching not listed is compiled after the
+        step that first meets it."""
 
 
 @runtime_checkable

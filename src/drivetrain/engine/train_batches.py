@@ -117,7 +117,7 @@ def _device_transform(
         if not (isinstance(model, FrozenEncoder) and model.frozen_encoder):
             raise ConfigError(
                 f"speed.encoder_overlap: {cfg.model.name} has no frozen encoder (needs encode(batch) and "
-                "frozen_encoder, e.g. StreamPETR with model.args.freeze_backbone=true)"
+                "frozen_encoder, e.g. a camera detector whose model.args freeze its backbone)"
             )
         if cfg.distributed.strategy in ("fsdp", "deepspeed"):
             raise ConfigError(
