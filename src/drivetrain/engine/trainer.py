@@ -59,6 +59,7 @@ from drivetrain.engine.state import FixedState, RngState, ScheduleState, Statefu
 from drivetrain.engine.strategy import build_strategy
 from drivetrain.losses.weights import base_name, resolve_weights, weighted_total
 from drivetrain.match import warm_gpu_solver, warm_pending
+from drivetrain.model_spec import keywords
 from drivetrain.pipeline.augmentation import Augmentation
 from drivetrain.pipeline.prefetch import DevicePrefetcher
 from drivetrain.pipeline.transfer import to_device
@@ -213,7 +214,7 @@ class Trainer:
         self.eval_data = self._build_eval_data() if evaluates and self.ctx.is_main else None
         rank, world_size = self.ctx.rank, self.ctx.world_size
         self.augment: Augmentation | None = None
-        aug_cfg = cfg.data.augment.build() if cfg.data.augment is not None else None
+        aug_cfg = cfg.data.augment
         if aug_cfg is not None and aug_cfg.active:  # camera and lidar, drawn per batch from (seed, rank, position)
             self.augment = Augmentation(aug_cfg, seed=cfg.run.seed, rank=rank, on=cfg.data.augment_on)
         in_worker = self.augment if cfg.data.augment_on == "worker" else None
@@ -389,8 +390,8 @@ class Trainer:
         """The ``eval.split`` frames, from the training data builder with ``split`` replaced (rank 0 only)."""
         if not isinstance(self.model, Detector):
             raise ConfigError(f"eval.every: {self.cfg.model.name} has no detect(batch) method to evaluate with")
-        args = {**self.cfg.data.args, "split": self.cfg.eval.split}
-        trained_on = self.cfg.data.args.get("split", _default_split(self.cfg.data.name))
+        args = {**keywords(self.cfg.data.args), "split": self.cfg.eval.split}
+        trained_on = keywords(self.cfg.data.args).get("split", _default_split(self.cfg.data.name))
         if trained_on is None or trained_on == self.cfg.eval.split:  # None: every scene, the evaluated ones too
             warnings.warn(
                 f"eval.split: {self.cfg.eval.split!r} is also what the run trains on (data.args.split={trained_on!r}): "
