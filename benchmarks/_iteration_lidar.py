@@ -44,6 +44,7 @@ from drivetrain.batch import Batch
 from drivetrain.engine import load_config
 from drivetrain.engine.build import build_model, build_optimizer
 from drivetrain.losses.weights import resolve_weights, weighted_total
+from drivetrain.model_spec import keywords
 from drivetrain.pipeline.augment.stage import Augmentation
 from drivetrain.profile import Profiler, active, device_name, device_slug, emit, rows_from_profilers, synchronize
 from drivetrain.profile.bench import RESULTS_DIR, count_variation
@@ -147,13 +148,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     device = base.setup_bench(args)
     config_path = args.config or ROOT / "configs" / f"{CONFIGS[(args.model, args.size)]}.yaml"
     cfg = load_config(config_path, [])
-    stage = Augmentation(cfg.data.augment.build(), seed=args.seed) if cfg.data.augment is not None else None
+    stage = Augmentation(cfg.data.augment, seed=args.seed) if cfg.data.augment is not None else None
 
     def augment_at(step: int) -> Any:
         """The stage for the batch taken at ``step`` (its sampler position after it: epoch 0, step + 1)."""
         return None if stage is None else (lambda batch: stage(batch, {"epoch": 0, "step": step + 1}))
 
-    ds, data_args = base.build_dataset(args, dict(cfg.data.args))
+    ds, data_args = base.build_dataset(args, keywords(cfg.data.args))
     count_syncs = device.type == "cuda"
     steps = args.warmup + args.repeat
     keys = base.batch_keys(ds, args.batch, steps + int(count_syncs), args.seed)
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     rows = [r for r in rows if not r.name.startswith(DATA)] + [r for r in rows if r.name.startswith(DATA)]
     if args.compile:
         base.add_compiled_variant(rows, profilers["compiled"])
-    grid = cfg.model.args
+    grid = keywords(cfg.model.args)
     config = {
         "model": args.model,
         "size": args.size,

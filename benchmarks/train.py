@@ -48,6 +48,7 @@ import torch
 
 from drivetrain.engine import ConfigError, load_config
 from drivetrain.engine.stepsplit import LABELS, StepSplit, measure_steps, table_lines
+from drivetrain.model_spec import keywords
 from drivetrain.profile import BenchResult, Row, add_bench_arguments, device_name, device_slug, emit, setup_bench, trace
 from drivetrain.profile.bench import RESULTS_DIR
 from drivetrain.profile.costmodel import Cost
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     shown = shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else args.config
     config = {
         "config": str(shown), "overrides": overrides, "steps": steps, "warmup": args.warmup,
-        "model": cfg.model.name, "impl": cfg.model.args.get("impl"), "batch_size": cfg.data.batch_size,
+        "model": cfg.model.name, "impl": keywords(cfg.model.args).get("impl"), "batch_size": cfg.data.batch_size,
         "num_workers": cfg.data.num_workers, "prefetch": cfg.data.prefetch, "pin_memory": cfg.data.pin_memory,
         "persistent_workers": cfg.data.persistent_workers, "precision": cfg.precision.mode,
         "accumulation": cfg.train.accumulation,

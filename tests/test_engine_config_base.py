@@ -94,15 +94,15 @@ def test_merge_config_leaves_its_arguments_alone():
 def test_null_is_a_value_that_replaces_not_a_way_to_inherit(tmp_path):
     """``bev: null`` turns the inherited BEV step off (its default is on): null must never mean "the default"."""
     base = CONFIGS / "streampetr_tiny_aug.yaml"
-    assert load_config(base).data.augment.build().camera.bev is not None
+    assert load_config(base).data.augment.camera.bev is not None
     relative = os.path.relpath(base, tmp_path)  # ../../…/configs/streampetr_tiny_aug.yaml
     child = write(
         tmp_path / "child.yaml",
         f"base: {relative}\ndata: {{augment: {{camera: {{bev: null}}}}}}\noptim: {{clip_norm: null}}\n",
     )
     cfg = load_config(child)
-    assert cfg.data.augment.build().camera.bev is None  # off, as the child says
-    assert cfg.data.augment.camera["image"]["final_size"] == [256, 96]  # the rest of the camera section inherited
+    assert cfg.data.augment.camera.bev is None  # off, as the child says
+    assert cfg.data.augment.camera.image.final_size == (256, 96)  # the rest of the camera section inherited
     assert cfg.optim.clip_norm is None
 
 

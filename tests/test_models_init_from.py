@@ -21,7 +21,7 @@ from torch import nn
 from drivetrain.data.formats.nuscenes.tables import CLASSES
 from drivetrain.engine import Checkpointer, ConfigError, Trainer, load_config
 from drivetrain.engine.build import build_model
-from drivetrain.engine.init_from import InitFromError, load_weights, starts_fresh
+from drivetrain.engine.init_from import InitFrom, InitFromError, load_weights, starts_fresh
 from drivetrain.models.pointpillars import SSN, SSN_NUS_CLASSES, PointPillars
 from drivetrain.models.streampetr import StreamPETR
 from drivetrain.models.streampetr.backbone import ResNet50
@@ -614,9 +614,9 @@ def test_unreadable_sources_are_named(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------- config, command line and resume
 def test_init_from_config_values_are_checked() -> None:
     ok = load_config(SMOKE, ["model.init_from=runs/a"])
-    assert ok.model.init_from == "runs/a"
+    assert ok.model.init_from == InitFrom("runs/a")  # a bare path means {path}
     spec = load_config(SMOKE, ["model.init_from={path: r.pth, format: torchvision-resnet50, strict: true}"])
-    assert spec.model.init_from == {"path": "r.pth", "format": "torchvision-resnet50", "strict": True}
+    assert spec.model.init_from == InitFrom("r.pth", format="torchvision-resnet50", strict=True)
     bad = {
         "model.init_from=3": "model.init_from: expected a path or a mapping {path, format, strict}, got int",
         "model.init_from=''": "model.init_from: must not be empty",

@@ -1,8 +1,8 @@
 """What a detector is, said once: :class:`ModelSpec` — its builder, typed arguments, inputs and weight formats.
 
 Each detector's folder (``models/<name>/spec.py``) exports one spec; the engine reads it and nothing else of the
-model: the registry builds by it (``model.name`` → spec → :meth:`ModelSpec.build_model`), config loading checks
-``model.args`` against :attr:`ModelSpec.args` (unknown keys and bad types are one line naming ``model.args.KEY``),
+model: the registry builds by it (``model.name`` → spec → :meth:`ModelSpec.build_model`), config loading reads
+``model.args`` into :attr:`ModelSpec.args` (unknown keys and bad types are one line naming ``model.args.KEY``),
 ``model.init_from`` reads the :class:`WeightFormat` s it declares, and the benchmarks route by
 :attr:`ModelSpec.modalities`. A plugin defines a spec the same way and registers it with
 ``drivetrain.engine.registry.register_model(spec)``.

@@ -142,7 +142,7 @@ def resolved_yaml(config: str | Path, overrides: list[str] | tuple[str, ...] = (
         header.append(f"# base chain: {' → '.join(str(p) for p in chain)}")
     if overrides:
         header.append(f"# overrides: {' '.join(overrides)}")
-    header.append("# every field with its value, defaults included (model/data builders' own defaults are not listed)")
+    header.append("# every field with its value, defaults included (a builder's args: all it declares, or as written)")
     body = yaml.dump(config_to_dict(cfg), Dumper=_Dumper, sort_keys=False, width=120, allow_unicode=True)
     return "\n".join(header) + "\n" + body
 

@@ -255,6 +255,7 @@ def _checkpoint_frames(args: argparse.Namespace, cfg: Any) -> tuple[Any, str]:
     from drivetrain.engine.build import build_dataset
     from drivetrain.engine.config import ConfigError
     from drivetrain.engine.evaluation import EvalFrames
+    from drivetrain.model_spec import keywords
 
     try:
         if args.root is not None:
@@ -266,7 +267,7 @@ def _checkpoint_frames(args: argparse.Namespace, cfg: Any) -> tuple[Any, str]:
             dataset: Any = StreamingFrames(FrameDataset(index, reading, args.root, split))
         else:
             split = args.split or cfg.eval.split
-            dataset = build_dataset(dataclasses.replace(cfg.data, args={**cfg.data.args, "split": split}))
+            dataset = build_dataset(dataclasses.replace(cfg.data, args={**keywords(cfg.data.args), "split": split}))
     except (ConfigError, DataError, TypeError, ValueError) as err:
         raise SystemExit(f"eval: {err}") from None
     if not isinstance(dataset, EvalFrames):

@@ -244,7 +244,7 @@ def frame_transform(cfg: Any, *, blank: bool) -> Callable[[Batch], Batch] | None
     if cfg.data.augment is not None:  # trained on augmented images: evaluate on the test-time transform of them
         from drivetrain.pipeline.augment.stage import Augmentation
 
-        test_time = Augmentation(cfg.data.augment.build()).test_time
+        test_time = Augmentation(cfg.data.augment).test_time
     if not blank:
         return test_time
     grey = blank_grey(cfg)
@@ -262,7 +262,7 @@ def blank_grey(cfg: Any) -> tuple[int, int, int]:
     (:data:`~drivetrain.engine.evaluation.BLANK_GREY`)."""
     from drivetrain.engine.evaluation import BLANK_GREY
 
-    camera = cfg.data.augment.build().camera if cfg.data.augment is not None else None
+    camera = cfg.data.augment.camera if cfg.data.augment is not None else None
     if camera is not None and camera.normalize:
         return (round(camera.mean[0]), round(camera.mean[1]), round(camera.mean[2]))
     return BLANK_GREY

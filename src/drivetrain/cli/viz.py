@@ -59,6 +59,7 @@ def run_frame(args: argparse.Namespace) -> int:
     from drivetrain.engine.config import ConfigError
     from drivetrain.engine.evaluation import model_from_checkpoint, streaming_state_aside
     from drivetrain.engine.protocol import Detector, VoxelModel
+    from drivetrain.model_spec import keywords
     from drivetrain.viz.lidar import bev_png, write_ply
 
     model, cfg, extent, use_dim = None, None, args.extent, (0, 1, 2, 3, 4)
@@ -69,9 +70,9 @@ def run_frame(args: argparse.Namespace) -> int:
             except CheckpointError as err:
                 raise SystemExit(f"viz frame: --checkpoint: {err}") from None
             split = args.split or cfg.eval.split
-            data = dataclasses.replace(cfg.data, args={**cfg.data.args, "split": split})
+            data = dataclasses.replace(cfg.data, args={**keywords(cfg.data.args), "split": split})
             dataset = build_dataset(data)
-            use_dim = tuple(cfg.data.args.get("use_dim", use_dim))
+            use_dim = tuple(keywords(cfg.data.args).get("use_dim", use_dim))
             if extent is None and isinstance(model, VoxelModel):  # the range the model detects in
                 pc_range = model.grid_test.point_cloud_range
                 extent = float(max(abs(v) for v in pc_range[:2] + pc_range[3:5]))
@@ -111,7 +112,7 @@ def run_frame(args: argparse.Namespace) -> int:
         if cfg.data.augment is not None:  # a camera model trained on augmented images: its test-time transform
             from drivetrain.pipeline.augment.stage import Augmentation
 
-            model_batch = Augmentation(cfg.data.augment.build()).test_time(model_batch)
+            model_batch = Augmentation(cfg.data.augment).test_time(model_batch)
         # One frame alone: a streaming model starts from an empty memory (its training memory is set aside).
         model_batch = dataclasses.replace(model_batch, prev_exists=torch.zeros_like(model_batch.prev_exists))
         with torch.no_grad(), streaming_state_aside(model):

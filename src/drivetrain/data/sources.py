@@ -15,11 +15,12 @@ batch slot and resumes mid-epoch exactly. Builders for a run config's ``data.nam
   saying how to make it.
 
 Both take ``split`` (a devkit scene split such as ``mini_train`` / ``mini_val``): training configs name the
-train split so that evaluation on the val split sees scenes the model has not trained on. Their ``data.args`` map
-onto a typed record, :class:`FramesArgs` / :class:`SyntheticArgs`: the source's own fields plus every reading option
-of :class:`DatasetConfig` (images, points, sweeps, the sweep cache, GT filters, ``on_error``), so each is settable
-from YAML and as a ``data.args.KEY=VALUE`` override, and checked when the config is loaded (the registry's
-``check_args``: unknown keys list the known ones, wrong types and values name ``data.args.KEY``).
+train split so that evaluation on the val split sees scenes the model has not trained on. Their ``data.args`` is a
+typed record, :class:`FramesArgs` / :class:`SyntheticArgs`: the source's own fields plus every reading option of
+:class:`DatasetConfig`, which both extend (images, points, sweeps, the sweep cache, GT filters, ``on_error``), so each
+is settable from YAML and as a ``data.args.KEY=VALUE`` override, checked when the config is loaded (the registry's
+``check_args``: unknown keys list the known ones, wrong types and values name ``data.args.KEY``) and held by the
+loaded config as that record; the builders take its fields as keyword arguments.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 ``model.name`` and ``data.name`` are short names looked up in :mod:`drivetrain.engine.registry` (``streampetr``,
 ``pointpillars``, ``ssn``, ``focal2d``, ``smoke``; ``synthetic``, ``frames``, ``smoke``; plus installed plugins).
-The builder gets ``args`` as keyword arguments — checked when the config was loaded where the builder declares
-typed arguments (``registry.check_args``), else against its signature and plain scalar annotations here — and
+The builder gets ``args`` as keyword arguments — the fields of the dataclass it declares, which the config holds
+since it was loaded (``registry.check_args``), else the mapping as written, checked against its signature and plain
+scalar annotations here — and
 returns an ``nn.Module`` following the model protocol (:class:`drivetrain.engine.protocol.Model`: ``forward(batch)``,
 ``loss(outputs, batch) -> {name: scalar}``) or a map-style ``Dataset``. A config never names code: a name the
 registry does not hold is a ConfigError before anything is imported or called.
@@ -26,6 +27,7 @@ from torch.utils.checkpoint import checkpoint
 from drivetrain.engine import registry
 from drivetrain.engine.config import ConfigError, DataConfig, ModelConfig, OptimConfig, SpeedConfig
 from drivetrain.engine.protocol import MapDataset, missing_members
+from drivetrain.model_spec import keywords
 from drivetrain.safe_reads import human_bytes
 
 __all__ = ["apply_speed", "build_dataset", "build_model", "build_optimizer"]
@@ -114,7 +116,7 @@ def _check_arg_types(section: str, fn: Any, args: dict[str, Any]) -> None:
 def build_model(cfg: ModelConfig) -> nn.Module:
     """The model named by ``cfg``: an ``nn.Module`` with the required members of
     :class:`~drivetrain.engine.protocol.Model`; a one-line ConfigError naming the builder and what it lacks."""
-    model = _call("model", cfg.name, cfg.args)
+    model = _call("model", cfg.name, keywords(cfg.args))
     missing = missing_members(model)
     if not isinstance(model, nn.Module) or missing:
         lacks = "that is not an nn.Module" if not isinstance(model, nn.Module) else f"without {' and '.join(missing)}"
@@ -137,14 +139,15 @@ def build_dataset(cfg: DataConfig, *, generate: bool = False) -> torch.utils.dat
             keyword-only ``generate`` parameter; a config cannot set it (``data.args.generate`` is refused).
     """
     command: dict[str, Any] = {}
+    args = keywords(cfg.args)
     if _takes_generate(registry.lookup("data", cfg.name)):
-        if "generate" in cfg.args:
+        if "generate" in args:
             raise ConfigError(
                 "data.args.generate: not a data argument — the command decides whether data is generated (train "
                 "does, commands reading a run never do), not a config"
             )
         command["generate"] = generate
-    dataset = _call("data", cfg.name, cfg.args, command)
+    dataset = _call("data", cfg.name, args, command)
     if not isinstance(dataset, MapDataset):
         raise ConfigError(f"data.name: {cfg.name} must build a map-style Dataset (__getitem__ and __len__)")
     return dataset

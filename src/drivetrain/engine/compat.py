@@ -80,14 +80,14 @@ def upgrade_saved_config(saved: dict[str, Any]) -> dict[str, Any]:
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     """Set ``data[a][b][c] = value`` for ``key`` ``a.b.c``; a section missing (or null) on the way is made with its
     defaults, as a config of today's spelling would hold it."""
-    from drivetrain.engine.config import TrainConfig
+    from drivetrain.engine.config import TrainConfig, _plain
 
     *parents, last = key.split(".")
     node, section = data, TrainConfig
     for part in parents:
         section = _field_type(section, part)
         if not isinstance(node.get(part), dict):
-            node[part] = dataclasses.asdict(section()) if dataclasses.is_dataclass(section) else {}
+            node[part] = _plain(section()) if dataclasses.is_dataclass(section) else {}
         node = node[part]
     node[last] = value
 

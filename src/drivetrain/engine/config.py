@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import math
@@ -25,10 +26,11 @@ from typing import Any, Literal
 import yaml
 
 from drivetrain.engine.errors import ConfigError  # re-exported: defined below the registry
-from drivetrain.engine.typed import _join, from_dict  # re-exported: the registry checks data.args with it too
+from drivetrain.engine.init_from import InitFrom
+from drivetrain.engine.typed import DataclassInstance, _join, from_dict  # from_dict re-exported
+from drivetrain.pipeline.augment.stage import AugmentConfig
 
 __all__ = [
-    "AugmentSection",
     "CheckpointConfig",
     "ConfigError",
     "DataConfig",
@@ -49,6 +51,7 @@ __all__ = [
     "config_to_dict",
     "from_dict",
     "load_config",
+    "resolved_sections",
 ]
 
 
@@ -92,20 +95,20 @@ class ModelConfig:
     """Section ``model``: the model builder, its arguments, loss-weight overrides and initial weights."""
 
     name: str = "smoke"  # a registered model name (drivetrain.engine.registry): streampetr, pointpillars, ssn, ...
-    args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the builder
+    # the builder's keyword arguments: after loading, an instance of the dataclass its spec declares (every field,
+    # defaults filled in); the mapping as written for a builder that declares none (its signature checks it)
+    args: dict[str, Any] | DataclassInstance = field(default_factory=dict)
     # Overrides of the model's declared loss weights, by base term (``loss_cls`` also weighs ``d3.loss_cls``);
     # a name the model does not declare is an error.
     loss_weights: dict[str, float] = field(default_factory=dict)
     # Initial weights of a fresh run (never read on a resume): a path (a drivetrain run, checkpoint or state.pt; a
     # torchvision ResNet-50; an mmdetection3d or StreamPETR checkpoint) or {path, format, strict}
     # (drivetrain.engine.init_from).
-    init_from: Any = None
+    init_from: InitFrom | None = None
 
     def __post_init__(self) -> None:
-        if self.init_from is not None:
-            from drivetrain.engine.init_from import check_init_from
-
-            check_init_from(self.init_from)
+        if self.init_from is not None and not isinstance(self.init_from, InitFrom):
+            object.__setattr__(self, "init_from", InitFrom.from_dict(self.init_from))  # a path given in Python
         for name, weight in self.loss_weights.items():
             _check(
                 isinstance(weight, int | float) and not isinstance(weight, bool),
@@ -115,36 +118,7 @@ class ModelConfig:
             _check_finite(f"model.loss_weights.{name}", weight)
         from drivetrain.engine.registry import check_args  # model.args onto the spec's typed arguments, if declared
 
-        check_args("model", self.name, self.args)
-
-
-@dataclass(frozen=True)
-class AugmentSection:
-    """Section ``data.augment``: the training augmentation, one stage for every model
-    (:class:`drivetrain.pipeline.augment.stage.AugmentConfig`; validated here, built by :meth:`build`)."""
-
-    camera: dict[str, Any] | None = None  # CameraAugConfig fields (image, bev, photometric, normalize, ...); null: off
-    lidar: dict[str, Any] | None = None  # BevAugConfig fields (rot_range, ..., point_range, object_range); null: off
-
-    def __post_init__(self) -> None:
-        self.build()
-
-    def build(self) -> Any:
-        """The typed :class:`~drivetrain.pipeline.augment.stage.AugmentConfig` (ConfigError naming a bad field)."""
-        from drivetrain.pipeline.augment.stage import AugmentConfig
-
-        try:
-            return AugmentConfig.from_dict(dataclasses.asdict(self))
-        except (ValueError, TypeError) as err:
-            message = str(err)
-            raise ConfigError(message if message.startswith("data.augment") else f"data.augment: {message}") from None
-
-    @staticmethod
-    def moved(name: str) -> str:
-        """The message for a key that is no section (:func:`from_dict` asks): where a camera field lives now."""
-        from drivetrain.pipeline.augment.stage import moved_augment_key
-
-        return moved_augment_key(name)
+        object.__setattr__(self, "args", check_args("model", self.name, self.args))
 
 
 @dataclass(frozen=True)
@@ -152,7 +126,9 @@ class DataConfig:
     """Section ``data``: the dataset builder and how it is batched and loaded."""
 
     name: str = "smoke"  # a registered dataset name (drivetrain.engine.registry): synthetic, frames, smoke, ...
-    args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the builder
+    # the builder's keyword arguments: after loading, an instance of the dataclass it declares (FramesArgs,
+    # SyntheticArgs: every field, defaults filled in); the mapping as written for a builder that declares none
+    args: dict[str, Any] | DataclassInstance = field(default_factory=dict)
     batch_size: int = 8  # samples per micro-batch per rank
     shuffle: bool = True  # reshuffle every epoch (permutation drawn from seed and epoch only)
     num_workers: int = 0  # DataLoader worker processes
@@ -160,9 +136,10 @@ class DataConfig:
     persistent_workers: bool = False  # keep workers alive between epochs (needs num_workers > 0)
     prefetch_factor: int | None = None  # batches loaded ahead per worker (needs num_workers > 0)
     prefetch: bool = False  # CUDA: copy (and augment) batch n+1 on a side stream while n trains; CPU: no effect
-    # the training augmentation, {camera: {...}, lidar: {...}} (null: none), and where it runs: "device" (the whole
-    # batch at once on the training device, in the prefetcher) or "worker" (per sample in the loader workers)
-    augment: AugmentSection | None = None
+    # the training augmentation, {camera: {...}, lidar: {...}} (null: none; drivetrain.pipeline.augment.stage), and
+    # where it runs: "device" (the whole batch at once on the training device, in the prefetcher) or "worker" (per
+    # sample in the loader workers)
+    augment: AugmentConfig | None = None
     augment_on: str = "device"
     # "torch" (DataLoader) or "dali" (NVIDIA DALI: JPEG decoding and the image augmentation in DALI, on the GPU when
     # there is one; num_workers = its Python source processes; drivetrain.pipeline.dali)
@@ -185,7 +162,7 @@ class DataConfig:
         _check(self.loader in ("torch", "dali"), "data.loader", f"torch or dali, got {self.loader!r}")
         from drivetrain.engine.registry import check_args  # data.args onto the builder's typed arguments, if declared
 
-        check_args("data", self.name, self.args)
+        object.__setattr__(self, "args", check_args("data", self.name, self.args))
 
 
 @dataclass(frozen=True)
@@ -476,14 +453,32 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
-    """Plain nested dict of a config (what ``config.yaml`` and checkpoints store)."""
-    return dataclasses.asdict(cfg)
+    """Plain nested data of a config (what ``config.yaml`` and checkpoints store, YAML-safe): every field with its
+    value, the typed sections' (``model.args``, ``data.args``, ``data.augment``, ``model.init_from``) included —
+    nested dataclasses as mappings, tuples as lists. It loads back into the same config."""
+    return _plain(cfg)
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
 def config_diff(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ, as ``key: saved → current`` (keys in RESUME_MUTABLE are ignored)."""
+    """Dotted keys whose values differ, as ``key: saved → current`` (keys in RESUME_MUTABLE are ignored).
+
+    The typed sections are compared resolved (:func:`resolved_sections`): an older run's config.yaml kept only the
+    ``model.args``/``data.args`` keys and augmentation fields it set, today's holds every field, and the same values
+    are no difference."""
     from drivetrain.engine.registry import canonical_name
 
+    if not prefix:
+        saved, current = resolved_sections(saved), resolved_sections(current)
     out: list[str] = []
     for name in sorted(set(saved) | set(current)):
         key = _join(prefix, name)
@@ -493,10 +488,29 @@ def config_diff(saved: dict[str, Any], current: dict[str, Any], prefix: str = ""
         if key in ("model.name", "data.name") and isinstance(a, str) and isinstance(b, str):
             kind = key.split(".")[0]  # an old spelling of the same builder is the same builder
             a, b = canonical_name(kind, a), canonical_name(kind, b)
-        if isinstance(a, dict) and isinstance(b, dict) and not key.endswith(".args"):
+        if isinstance(a, dict) and isinstance(b, dict):
             out += config_diff(a, b, key)
         elif a != b:
             out.append(f"{key}: {a!r} → {b!r}")
+    return out
+
+
+def resolved_sections(data: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the plain config ``data`` with ``model.args``, ``data.args`` and ``data.augment`` resolved as
+    loading resolves them (their declared dataclass, every field, as plain data); a section that does not load is
+    left as it is (it then differs, as it should). ``data`` is not changed."""
+    from drivetrain.engine.registry import check_args
+
+    out = _deepcopy(data)
+    for kind in ("model", "data"):
+        section = out.get(kind)
+        if isinstance(section, dict) and isinstance(section.get("args"), dict) and "name" in section:
+            with contextlib.suppress(ConfigError):
+                section["args"] = _plain(check_args(kind, section["name"], section["args"]))
+    section = out.get("data")
+    if isinstance(section, dict) and isinstance(section.get("augment"), dict):
+        with contextlib.suppress(ValueError, TypeError):
+            section["augment"] = _plain(AugmentConfig.from_dict(section["augment"]))
     return out
 
 

@@ -49,9 +49,9 @@ from drivetrain.keymap import map_drivetrain
 from drivetrain.torch_files import TorchFileError, load_torch_file
 
 __all__ = [
+    "InitFrom",
     "InitFromError",
     "LoadReport",
-    "check_init_from",
     "format_names",
     "init_model",
     "load_weights",
@@ -295,25 +295,50 @@ def load_weights(model: nn.Module, source: str | Path, *, format: str = "auto", 
 
 
 # --------------------------------------------------------------------------------------------- the config field
-def check_init_from(value: Any) -> None:
-    """ConfigError (naming ``model.init_from``) unless ``value`` is a path or ``{path, format, strict}``."""
-    key = "model.init_from"
-    if isinstance(value, str):
-        if not value.strip():
-            raise ConfigError(f"{key}: must not be empty (a path, or leave it out)")
-        return
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{key}: expected a path or a mapping {{path, format, strict}}, got {type(value).__name__}")
-    unknown = [str(k) for k in value if k not in _SPEC_KEYS]
-    if unknown:
-        raise ConfigError(f"{key}.{unknown[0]}: unknown key; known keys: {', '.join(_SPEC_KEYS)}")
-    if not isinstance(value.get("path"), str) or not value["path"].strip():
-        raise ConfigError(f"{key}.path: expected a path (a non-empty string), got {value.get('path')!r}")
-    names = format_names()
-    if value.get("format", "auto") not in names:
-        raise ConfigError(f"{key}.format: expected one of {', '.join(names)}, got {value.get('format')!r}")
-    if not isinstance(value.get("strict", False), bool):
-        raise ConfigError(f"{key}.strict: expected true or false, got {value.get('strict')!r}")
+@dataclass(frozen=True)
+class InitFrom:
+    """``model.init_from``: the weights a fresh run starts from (:func:`load_weights`' arguments).
+
+    In YAML a bare path means ``{path: PATH}``; :meth:`from_dict` reads either spelling. Every field is checked when
+    the config loads (a format none of the registered models declares included): ConfigError naming
+    ``model.init_from.KEY``.
+
+    Attributes:
+        path: a drivetrain run, checkpoint or ``state.pt``, or a weights file of a format a model's spec declares.
+        format: ``auto`` (told by the names), ``drivetrain`` or a declared format (:func:`format_names`).
+        strict: refuse (load nothing) when anything is missing, unexpected or mismatched.
+    """
+
+    path: str
+    format: str = "auto"
+    strict: bool = False
+
+    def __post_init__(self) -> None:
+        key = "model.init_from"
+        if not isinstance(self.path, str) or not self.path.strip():
+            raise ConfigError(f"{key}.path: expected a path (a non-empty string), got {self.path!r}")
+        names = format_names()
+        if self.format not in names:
+            raise ConfigError(f"{key}.format: expected one of {', '.join(names)}, got {self.format!r}")
+        if not isinstance(self.strict, bool):
+            raise ConfigError(f"{key}.strict: expected true or false, got {self.strict!r}")
+
+    @classmethod
+    def from_dict(cls, value: Any) -> InitFrom:
+        """From the YAML value: a path, or a mapping ``{path, format, strict}`` (ConfigError naming the key)."""
+        key = "model.init_from"
+        if isinstance(value, str):
+            if not value.strip():
+                raise ConfigError(f"{key}: must not be empty (a path, or leave it out)")
+            return cls(value)
+        if not isinstance(value, Mapping):
+            raise ConfigError(
+                f"{key}: expected a path or a mapping {{path, format, strict}}, got {type(value).__name__}"
+            )
+        unknown = [str(k) for k in value if k not in _SPEC_KEYS]
+        if unknown:
+            raise ConfigError(f"{key}.{unknown[0]}: unknown key; known keys: {', '.join(_SPEC_KEYS)}")
+        return cls(value.get("path"), value.get("format", "auto"), value.get("strict", False))
 
 
 def starts_fresh(resume: str | None, checkpointer: Checkpointer) -> bool:
@@ -322,15 +347,11 @@ def starts_fresh(resume: str | None, checkpointer: Checkpointer) -> bool:
     return resume is None or (resume == "auto" and not checkpointer.committed())
 
 
-def init_model(model: nn.Module, spec: str | Mapping[str, Any], *, verbose: bool = True) -> LoadReport:
-    """Apply ``model.init_from`` (a path or ``{path, format, strict}``) to ``model``; with ``verbose`` print the
-    report's table on stderr. Raises ConfigError naming ``model.init_from`` when it cannot be applied."""
-    check_init_from(spec)
-    options = {"path": spec} if isinstance(spec, str) else dict(spec)
+def init_model(model: nn.Module, source: InitFrom, *, verbose: bool = True) -> LoadReport:
+    """Apply ``model.init_from`` to ``model``; with ``verbose`` print the report's table on stderr. Raises
+    ConfigError naming ``model.init_from`` when it cannot be applied."""
     try:
-        report = load_weights(
-            model, options["path"], format=options.get("format", "auto"), strict=options.get("strict", False)
-        )
+        report = load_weights(model, source.path, format=source.format, strict=source.strict)
     except InitFromError as err:
         raise ConfigError(f"model.init_from: {err}") from None
     if verbose:

@@ -26,6 +26,7 @@ from drivetrain.engine.config import ConfigError, TrainConfig
 from drivetrain.engine.evaluation import EvalFrames, evaluate_model
 from drivetrain.engine.metrics import MetricsLogger
 from drivetrain.engine.protocol import Detector
+from drivetrain.model_spec import keywords
 from drivetrain.pipeline.augment.stage import Augmentation
 from drivetrain.safe_files import LinkedFolderError, real_dir
 
@@ -48,8 +49,8 @@ def eval_frames(cfg: TrainConfig, model: torch.nn.Module, generate_data: bool) -
     """
     if not isinstance(model, Detector):
         raise ConfigError(f"eval.every: {cfg.model.name} has no detect(batch) method to evaluate with")
-    args = {**cfg.data.args, "split": cfg.eval.split}
-    trained_on = cfg.data.args.get("split", _default_split(cfg.data.name))
+    args = {**keywords(cfg.data.args), "split": cfg.eval.split}
+    trained_on = keywords(cfg.data.args).get("split", _default_split(cfg.data.name))
     if trained_on is None or trained_on == cfg.eval.split:  # None: every scene, the evaluated ones too
         warnings.warn(
             f"eval.split: {cfg.eval.split!r} is also what the run trains on (data.args.split={trained_on!r}): "

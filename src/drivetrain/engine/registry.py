@@ -13,8 +13,9 @@ here and nothing else. Three sources fill the registry, all chosen by whoever in
 
 A name in none of them is a one-line :class:`ConfigError` listing the known names, raised before anything is
 imported for it. A dataset builder may declare the type of its ``data.args`` (a frozen dataclass, :data:`ARGS` for
-ours, ``register_dataset(..., args=...)`` for a plugin's): a config's ``data.args`` is then checked against it when
-the config is loaded (:func:`check_args`: unknown keys, types, values, each error naming ``data.args.KEY``).
+ours, ``register_dataset(..., args=...)`` for a plugin's), as a model's spec declares its ``model.args``: a config's
+``args`` are then read into it when the config is loaded (:func:`check_args`: unknown keys, types, values, each error
+naming ``SECTION.args.KEY``), and the loaded config holds that dataclass.
 
 Older configs spelled our builders as ``package.module:Name``; those spellings map through the fixed :data:`ALIASES`
 table (no import is derived from the text), any other ``a.b:c`` is refused.

@@ -63,7 +63,7 @@ def build_train_batches(
     """
     data, device = cfg.data, ctx.device
     augment = None
-    aug_cfg = data.augment.build() if data.augment is not None else None
+    aug_cfg = data.augment
     if aug_cfg is not None and aug_cfg.active:  # camera and lidar, drawn per batch from (seed, rank, position)
         augment = Augmentation(aug_cfg, seed=cfg.run.seed, rank=ctx.rank, on=data.augment_on)
     in_worker = augment if data.augment_on == "worker" else None

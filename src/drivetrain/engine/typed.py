@@ -2,6 +2,10 @@
 :class:`~drivetrain.engine.errors.ConfigError` naming the dotted key. A leaf of the engine, so that the config
 sections (:mod:`drivetrain.engine.config`) and the registry's argument checks (:mod:`drivetrain.engine.registry`)
 share it without importing each other.
+
+A dataclass with a ``from_dict(value)`` class method reads its own YAML value (the augmentation recipe, whose camera
+``bev`` overrides StreamPETR's step field by field; ``model.init_from``, a bare path or a mapping): its ValueError
+or TypeError becomes the ConfigError, prefixed with the key unless the message names it already.
 """
 
 from __future__ import annotations
@@ -9,11 +13,17 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 from drivetrain.engine.errors import ConfigError
 
-__all__ = ["from_dict"]
+__all__ = ["DataclassInstance", "from_dict"]
+
+
+class DataclassInstance(Protocol):
+    """Any dataclass instance (a builder's typed arguments: ``model.args``, ``data.args``), for annotations."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
 
 
 def from_dict(cls: type, data: Any, key: str = "") -> Any:
@@ -24,9 +34,7 @@ def from_dict(cls: type, data: Any, key: str = "") -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     for name in data:
         if name not in names:
-            moved = getattr(cls, "moved", None)  # a section that says where a key of its old spelling lives now
-            reason = moved(str(name)) if moved is not None else f"unknown key; known keys: {', '.join(sorted(names))}"
-            raise ConfigError(f"{_join(key, str(name))}: {reason}")
+            raise ConfigError(f"{_join(key, str(name))}: unknown key; known keys: {', '.join(sorted(names))}")
     kwargs = {name: _coerce(hints[name], value, _join(key, name)) for name, value in data.items()}
     try:
         return cls(**kwargs)
@@ -60,7 +68,16 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__} {value!r}")
         return dict(value)
     if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, key)
+        read = getattr(tp, "from_dict", None)  # a section that reads its own YAML value
+        if read is None:
+            return from_dict(tp, value, key)
+        try:
+            return read(value)
+        except ConfigError:
+            raise
+        except (ValueError, TypeError) as err:
+            message = str(err)
+            raise ConfigError(message if message.startswith(key) else f"{key}: {message}") from None
     if tp is Any:
         return value
     if tp is bool:
