@@ -9,6 +9,7 @@ it cannot close a cycle). ``python tests/test_boundaries.py`` prints the package
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
@@ -22,8 +23,7 @@ import drivetrain
 SOURCE = Path(drivetrain.__file__).resolve().parent  # src/drivetrain
 
 # The layers, lowest first; a package may import packages of lower layers only (never one of its own layer but
-# itself). From docs/design.md's package layout ("dependencies point downward only") and the code after issue
-# 30's moves:
+# itself). docs/design.md ("Layers") describes the same table:
 LAYERS: tuple[frozenset[str], ...] = (
     # the package itself: __version__ only
     frozenset({"drivetrain"}),
@@ -314,3 +314,33 @@ if __name__ == "__main__":
     for name, targets in sorted(package_graph().items(), key=lambda item: (LAYER.get(item[0], -1), item[0])):
         print(f"{name} (layer {LAYER.get(name, '?')}) → {', '.join(sorted(targets))}")
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+# ------------------------------------------------------------------ the engine and the command line name no model
+# A detector is known to them by its spec (registry) and the protocol only; its name appears in one place, its line
+# of the registry's MODELS table (and the fixed table of old spellings beside it). Case-insensitive, in code,
+# strings, docstrings and comments alike: an example in --help names a placeholder, not a shipped detector.
+MODEL_WORDS = re.compile(r"streampetr|petr3d|pointpillars|point pillars|\bssn\b|focal2d|voxelnet", re.IGNORECASE)
+NAMING_TABLES = {"drivetrain.engine.registry": ("MODELS", "ALIASES")}
+
+
+def _table_lines(module: str, path: Path) -> set[int]:
+    """The lines of ``module``'s tables that are allowed to name models."""
+    lines: set[int] = set()
+    for node in ast.parse(path.read_text()).body:
+        targets = [node.target] if isinstance(node, ast.AnnAssign) else getattr(node, "targets", [])
+        if any(isinstance(t, ast.Name) and t.id in NAMING_TABLES.get(module, ()) for t in targets):
+            lines.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+    return lines
+
+
+def test_the_engine_and_the_command_line_name_no_model():
+    found = []
+    for module, path in modules().items():
+        if package(module) not in ("engine", "cli"):
+            continue
+        allowed = _table_lines(module, path)
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if number not in allowed and MODEL_WORDS.search(line):
+                found.append(f"{module_path(module)}:{number}: {line.strip()[:100]}")
+    assert not found, "the engine and the CLI know models by spec and protocol only:\n" + "\n".join(found)

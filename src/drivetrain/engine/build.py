@@ -1,7 +1,7 @@
 """Build the pieces of a run from its config: model, dataset, AdamW with parameter groups, speed switches.
 
-``model.name`` and ``data.name`` are short names looked up in :mod:`drivetrain.engine.registry` (``streampetr``,
-``pointpillars``, ``ssn``, ``focal2d``, ``smoke``; ``synthetic``, ``frames``, ``smoke``; plus installed plugins).
+``model.name`` and ``data.name`` are short names looked up in :mod:`drivetrain.engine.registry` (each
+model's spec; ``synthetic``, ``frames``, ``smoke``; plus installed plugins).
 The builder gets ``args`` as keyword arguments — the fields of the dataclass it declares, which the config holds
 since it was loaded (``registry.check_args``), else the mapping as written, checked against its signature and plain
 scalar annotations here — and

@@ -94,7 +94,7 @@ class RunConfig:
 class ModelConfig:
     """Section ``model``: the model builder, its arguments, loss-weight overrides and initial weights."""
 
-    name: str = "smoke"  # a registered model name (drivetrain.engine.registry): streampetr, pointpillars, ssn, ...
+    name: str = "smoke"  # a registered model name (drivetrain.engine.registry; `drivetrain configs` lists them)
     # the builder's keyword arguments: after loading, an instance of the dataclass its spec declares (every field,
     # defaults filled in); the mapping as written for a builder that declares none (its signature checks it)
     args: dict[str, Any] | DataclassInstance = field(default_factory=dict)
@@ -102,7 +102,7 @@ class ModelConfig:
     # a name the model does not declare is an error.
     loss_weights: dict[str, float] = field(default_factory=dict)
     # Initial weights of a fresh run (never read on a resume): a path (a drivetrain run, checkpoint or state.pt; a
-    # torchvision ResNet-50; an mmdetection3d or StreamPETR checkpoint) or {path, format, strict}
+    # weights file in a format the model's spec declares) or {path, format, strict}
     # (drivetrain.engine.init_from).
     init_from: InitFrom | None = None
 
@@ -276,7 +276,7 @@ class SpeedConfig:
     cudnn_benchmark: bool = False  # torch.backends.cudnn.benchmark
     tf32: bool = False  # TF32 matmuls and convolutions on Ampere+ GPUs
     compile: list[str] = field(default_factory=list)  # module paths to torch.compile ("" = the whole model)
-    # a frozen image encoder (model.encode, e.g. StreamPETR freeze_backbone) runs for batch n+1 while batch n trains:
+    # a frozen image encoder (model.encode, e.g. a frozen backbone) runs for batch n+1 while batch n trains:
     # on CUDA on the prefetcher's side stream (needs data.prefetch), on a CPU right after the batch is read
     encoder_overlap: bool = False
 

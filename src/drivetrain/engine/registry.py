@@ -231,7 +231,7 @@ def model_spec(name: str) -> ModelSpec:
 def weight_formats() -> tuple[WeightFormat, ...]:
     """Every weights format ``model.init_from`` can read, by the specs of our models and the registered ones (our
     model modules are imported: this runs only when a run asks for ``init_from``). A format shared by several
-    models (mmdetection3d's, by PointPillars and SSN) is listed once."""
+    models (one original's weights read by two of our detectors) is listed once."""
     found: dict[str, WeightFormat] = {}
     specs = [model_spec(name) for name in _BUILTIN["model"]]
     specs += [r.spec for r in _REGISTERED["model"].values() if r.spec is not None]

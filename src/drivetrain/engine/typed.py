@@ -4,7 +4,7 @@ sections (:mod:`drivetrain.engine.config`) and the registry's argument checks (:
 share it without importing each other.
 
 A dataclass with a ``from_dict(value)`` class method reads its own YAML value (the augmentation recipe, whose camera
-``bev`` overrides StreamPETR's step field by field; ``model.init_from``, a bare path or a mapping): its ValueError
+``bev`` overrides the recipe's step field by field; ``model.init_from``, a bare path or a mapping): its ValueError
 or TypeError becomes the ConfigError, prefixed with the key unless the message names it already.
 """
 
