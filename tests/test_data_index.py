@@ -10,7 +10,8 @@ from nuscenes.eval.detection.utils import category_to_detection_name
 from nuscenes.utils.geometry_utils import BoxVisibility, view_points
 
 from drivetrain.data.errors import DataError
-from drivetrain.data.formats.nuscenes.tables import CATEGORIES, CATEGORY_TO_CLASS, CLASSES, LIDAR
+from drivetrain.data.formats.nuscenes.tables import CATEGORIES, CATEGORY_TO_CLASS, CLASSES
+from drivetrain.data.formats.schema import LIDAR
 from drivetrain.data.index import build_index, load_index, save_index
 from drivetrain.geometry.projection import lidar2img
 

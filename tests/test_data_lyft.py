@@ -17,8 +17,8 @@ from drivetrain.data.formats.lyft.splits import LYFT_SPLITS
 from drivetrain.data.formats.lyft.submission import lyft_ground_truth_submission
 from drivetrain.data.formats.lyft.synth import LYFT_SYNTH, LYFT_SYNTH_SCENES
 from drivetrain.data.formats.lyft.tables import LYFT_CLASSES, LYFT_VERSION
-from drivetrain.data.formats.nuscenes.tables import LIDAR
 from drivetrain.data.formats.registry import detect_format, format_of
+from drivetrain.data.formats.schema import LIDAR
 from drivetrain.data.formats.submission import write_submission
 from drivetrain.data.index import build_index, save_index
 from drivetrain.data.synth import SynthConfig, generate

@@ -9,7 +9,7 @@ from nuscenes.utils.data_classes import LidarPointCloud
 from nuscenes.utils.splits import mini_train, mini_val
 from pyquaternion import Quaternion
 
-from drivetrain.data.formats.nuscenes.tables import CAMERAS, LIDAR
+from drivetrain.data.formats.schema import CAMERAS, LIDAR
 from drivetrain.data.synth import SynthConfig, generate
 from drivetrain.data.synth.render import background, corners_in_camera, make_rig, render
 from drivetrain.geometry.rigid import box_corners

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from drivetrain.pipeline.augment.stage import AugmentConfig
 
 from drivetrain.data.sources import SyntheticArgs
 from drivetrain.engine import Checkpointer, ConfigError, Trainer, load_config
@@ -20,6 +19,7 @@ from drivetrain.engine.init_from import InitFrom
 from drivetrain.engine.registry import _REGISTERED, register_model
 from drivetrain.engine.smoke import SmokeModel
 from drivetrain.model_spec import ModelSpec
+from drivetrain.pipeline.augment.stage import AugmentConfig
 from helpers.engine import SMOKE, overrides
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from drivetrain.data import DataError, DatasetConfig, FrameDataset, collate
 from drivetrain.data.dataset import Sample, Skipped
-from drivetrain.data.formats.nuscenes.tables import TABLES
+from drivetrain.data.formats.schema import TABLES
 from drivetrain.data.index import ARRAYS, build_index, load_index
 from drivetrain.data.index_check import check_index
 from drivetrain.data.sweeps import choose_sweeps, sample_key

@@ -62,9 +62,9 @@ from tqdm import tqdm
 
 from drivetrain import safe_json
 from drivetrain.data.errors import DataError
-from drivetrain.data.formats.nuscenes.tables import CAMERAS, LIDAR, TABLES
 from drivetrain.data.formats.record import DatasetFormat
 from drivetrain.data.formats.registry import FORMATS, detect_format, format_of, index_meta
+from drivetrain.data.formats.schema import CAMERAS, LIDAR, TABLES
 from drivetrain.data.index_check import check_index
 from drivetrain.data.io import read_points
 from drivetrain.data.points_in_boxes import count_points_in_boxes

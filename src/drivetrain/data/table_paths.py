@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from drivetrain.data.errors import DataError
-from drivetrain.data.formats.nuscenes.tables import TABLES
+from drivetrain.data.formats.schema import TABLES
 from drivetrain.safe_json import JSONLimitError, load
 
 __all__ = ["ANNOTATION_TABLES", "check_root", "check_table_paths", "path_problem"]

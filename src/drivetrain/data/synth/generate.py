@@ -36,8 +36,8 @@ import simplejpeg
 from tqdm import tqdm
 
 from drivetrain.data.errors import DataError
-from drivetrain.data.formats.nuscenes.tables import CAMERAS, LIDAR, TABLES, token
 from drivetrain.data.formats.registry import DEFAULT
+from drivetrain.data.formats.schema import CAMERAS, LIDAR, TABLES, token
 from drivetrain.data.formats.synth_format import SynthFormat
 from drivetrain.data.synth import lidar as lidar_sim
 from drivetrain.data.synth.config import SynthConfig

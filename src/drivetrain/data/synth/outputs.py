@@ -29,8 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from drivetrain.data.errors import DataError
-from drivetrain.data.formats.nuscenes.tables import TABLES
 from drivetrain.data.formats.registry import FORMATS
+from drivetrain.data.formats.schema import TABLES
 from drivetrain.data.synth.manifest import LOCK_FILE, MANIFEST, Manifest, read_manifest, write_manifest
 from drivetrain.data.synth.names import GeneratedNames
 from drivetrain.data.table_paths import PATH_FIELDS, check_table_paths

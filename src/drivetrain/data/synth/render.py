@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from drivetrain.data.formats.nuscenes.tables import CAMERAS
+from drivetrain.data.formats.schema import CAMERAS
 from drivetrain.geometry.rigid import box_corners, transform
 
 __all__ = ["CLASS_COLORS", "CameraRig", "Rendered", "make_rig", "render"]

@@ -26,7 +26,7 @@ from typing import Any
 
 from drivetrain.data.formats.lyft.splits import LYFT_SPLITS
 from drivetrain.data.formats.lyft.tables import LYFT_ATTRIBUTES, LYFT_CLASSES, LYFT_VERSION
-from drivetrain.data.formats.nuscenes.tables import CAMERAS, LIDAR, VISIBILITY_LEVELS, token
+from drivetrain.data.formats.schema import CAMERAS, LIDAR, VISIBILITY_LEVELS, token
 from drivetrain.data.formats.synth_format import TIMESTAMP, AnnotatedAs
 
 __all__ = ["LYFT_SYNTH", "LYFT_SYNTH_SCENES", "LyftSynth", "host_of"]

@@ -12,14 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from drivetrain.data.formats.nuscenes.tables import (
-    ATTRIBUTES,
-    CAMERAS,
-    CATEGORIES,
-    LIDAR,
-    VISIBILITY_LEVELS,
-    token,
-)
+from drivetrain.data.formats.nuscenes.tables import ATTRIBUTES, CATEGORIES
+from drivetrain.data.formats.schema import CAMERAS, LIDAR, VISIBILITY_LEVELS, token
 from drivetrain.data.formats.synth_format import TIMESTAMP, AnnotatedAs
 
 __all__ = ["CATEGORY", "NUSCENES_SYNTH", "NuScenesSynth"]

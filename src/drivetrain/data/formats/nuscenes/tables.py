@@ -1,52 +1,15 @@
-"""Facts of the nuScenes format that every part of ``drivetrain.data`` shares.
-
-Table names and the fields the devkit reads, the camera order StreamPETR uses, the ten detection
-classes and the map from nuScenes categories to them, attributes and visibility levels. Nothing here
+"""What the nuScenes format names: the ten detection classes, the map from nuScenes categories to them, the
+categories and attributes (the tables and sensor channels both formats share are in :mod:`..schema`). Nothing here
 imports the devkit; ``tests/test_data_index.py`` checks the category map equals the devkit's.
 """
 
 from __future__ import annotations
 
-import hashlib
-
 __all__ = [
     "ATTRIBUTES",
-    "CAMERAS",
     "CATEGORY_TO_CLASS",
     "CLASSES",
-    "LIDAR",
-    "TABLES",
-    "VISIBILITY_LEVELS",
-    "token",
 ]
-
-# The tables ``nuscenes.NuScenes`` loads from ``<root>/<version>/<name>.json``.
-TABLES = (
-    "category",
-    "attribute",
-    "visibility",
-    "instance",
-    "sensor",
-    "calibrated_sensor",
-    "ego_pose",
-    "log",
-    "scene",
-    "sample",
-    "sample_data",
-    "sample_annotation",
-    "map",
-)
-
-# StreamPETR's camera order (the order of ``info['cams']`` in its converted info files).
-CAMERAS = (
-    "CAM_FRONT",
-    "CAM_FRONT_RIGHT",
-    "CAM_FRONT_LEFT",
-    "CAM_BACK",
-    "CAM_BACK_LEFT",
-    "CAM_BACK_RIGHT",
-)
-LIDAR = "LIDAR_TOP"
 
 # The nuScenes detection classes in the order mmdetection3d / StreamPETR number them (label = position).
 CLASSES = (
@@ -118,11 +81,3 @@ ATTRIBUTES = (
     "pedestrian.standing",
     "pedestrian.moving",
 )
-
-# visibility token → level: the fraction of the object visible over all six camera images.
-VISIBILITY_LEVELS = {"1": "v0-40", "2": "v40-60", "3": "v60-80", "4": "v80-100"}
-
-
-def token(*parts: object) -> str:
-    """A 32-hex-digit token derived from ``parts`` (deterministic, so a seed gives identical tables)."""
-    return hashlib.md5("/".join(str(p) for p in parts).encode()).hexdigest()
