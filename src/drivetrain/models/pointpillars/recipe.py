@@ -45,7 +45,7 @@ PP_NUS_CLASSES = (
     "bicycle", "motorcycle", "pedestrian", "traffic_cone", "barrier",
 )  # fmt: skip
 """``class_names`` of mmdetection3d's ``configs/_base_/datasets/nus-3d.py``: the published PointPillars' class
-channels (our PointPillars takes the dataset's order; :mod:`drivetrain.models.published` reorders a checkpoint's)."""
+channels (our PointPillars takes the dataset's order; :mod:`.weights` reorders a checkpoint's)."""
 
 SSN_NUS_CLASSES = (
     "bicycle", "motorcycle", "pedestrian", "traffic_cone", "barrier",

@@ -9,7 +9,7 @@ from collections.abc import Collection
 from drivetrain.model_spec import ModelSpec, WeightFormat
 from drivetrain.models.pointpillars.model import SSN as SSNModel
 from drivetrain.models.pointpillars.model import PointPillars
-from drivetrain.models.published import map_mmdet3d
+from drivetrain.models.pointpillars.weights import map_mmdet3d
 
 __all__ = ["MMDET3D", "POINTPILLARS", "SSN"]
 
