@@ -18,7 +18,8 @@ samples at once (the same assignments and terms; see :mod:`drivetrain.match.max_
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -66,7 +67,7 @@ from drivetrain.pipeline.voxelize import VoxelGrid, scatter_to_bev
 from drivetrain.profile import region
 from drivetrain.ragged import RaggedBatch
 
-__all__ = ["SSN", "PointPillars", "dataset_class_names"]
+__all__ = ["SSN", "SSN_DEFAULTS", "PointPillars", "dataset_class_names"]
 
 
 def dataset_class_names(classes: str | Sequence[str]) -> tuple[str, ...]:
@@ -449,6 +450,20 @@ def _assign_and_loss(
     return batched_anchor_head_loss(pred_cls, pred_boxes, pred_dir, anchors, assigned, gt_boxes, gt_labels, **options)
 
 
+SSN_DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {
+        "max_points": 20,
+        "anchor_ranges": NUS_SSN_ANCHORS.ranges,
+        "anchor_sizes": NUS_SSN_ANCHORS.sizes,
+        "assigner": tuple(_triple(c) for c in NUS_SSN_ASSIGNERS),
+        "classes": SSN_NUS_CLASSES,
+        "tasks": SSN_NUS_TASKS,
+    }
+)
+"""SSN's keyword arguments where they differ from :class:`PointPillars`' (the published nuScenes SSN's; the typed
+form of all of them: :class:`~.args.SSNArgs`)."""
+
+
 class SSN(PointPillars):
     """SSN (shape signature networks): PointPillars' encoder and BEV network with a ``ShapeAwareHead``, one
     anchor size per class on its task's map, and one assigner per class; defaults are the published nuScenes
@@ -456,12 +471,4 @@ class SSN(PointPillars):
     classes in SSN's order; its constants in :mod:`.recipe`). Arguments as :class:`PointPillars`."""
 
     def __init__(self, **kwargs: Any) -> None:
-        defaults: dict[str, Any] = {
-            "max_points": 20,
-            "anchor_ranges": NUS_SSN_ANCHORS.ranges,
-            "anchor_sizes": NUS_SSN_ANCHORS.sizes,
-            "assigner": [_triple(c) for c in NUS_SSN_ASSIGNERS],
-            "classes": SSN_NUS_CLASSES,
-            "tasks": SSN_NUS_TASKS,
-        }
-        super().__init__(**{**defaults, **kwargs})
+        super().__init__(**{**SSN_DEFAULTS, **kwargs})
