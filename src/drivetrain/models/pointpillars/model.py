@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from drivetrain.compiled import compile_options, compiled, ragged_dynamic
+from drivetrain.data.collate import Batch
 from drivetrain.data.formats import FORMATS
 from drivetrain.match.anchor_window import WindowedAnchors, WindowPairs, windowed_max_iou_assign
 from drivetrain.match.max_iou import (
@@ -284,7 +285,7 @@ class PointPillars(nn.Module):
         """The ``(A, D)`` anchors of a ``feature_size`` neck map, in the head's output order."""
         return self.anchor_set(feature_size, device)[0]
 
-    def forward(self, batch: Any) -> dict[str, Any]:
+    def forward(self, batch: Batch) -> dict[str, Any]:
         """Voxelize the batch's points (augmented already in training, by the trainer's stage) and run the network.
 
         Returns:
@@ -311,7 +312,7 @@ class PointPillars(nn.Module):
         out["anchors"] = self.anchors(out["feature_size"], device)  # (A, D)
         return out
 
-    def gt_targets(self, batch: Any) -> tuple[RaggedBatch, RaggedBatch]:
+    def gt_targets(self, batch: Batch) -> tuple[RaggedBatch, RaggedBatch]:
         """The batch's ground truth as the loss uses it: boxes cut to the model's code size and labels in the
         model's class order.
 
@@ -332,12 +333,12 @@ class PointPillars(nn.Module):
         """The published weights of the terms (a run config's ``model.loss_weights`` overrides them)."""
         return dict(self.criterion.weights)
 
-    def assign(self, feature_size: tuple[int, int], gt_boxes: Any, gt_labels: Any) -> torch.Tensor:
+    def assign(self, feature_size: tuple[int, int], gt_boxes: RaggedBatch, gt_labels: RaggedBatch) -> torch.Tensor:
         """``(B, A)`` anchor assignment (−1 ignore, 0 negative, k ≥ 1 GT k−1), batched or per sample."""
         return self.assign_with_pairs(feature_size, gt_boxes, gt_labels)[0]
 
     def assign_with_pairs(
-        self, feature_size: tuple[int, int], gt_boxes: Any, gt_labels: Any
+        self, feature_size: tuple[int, int], gt_boxes: RaggedBatch, gt_labels: RaggedBatch
     ) -> tuple[torch.Tensor, WindowPairs | None]:
         """:meth:`assign` and, from the windowed assignment, the pairs that hold every positive (else None), which
         the loss's batched path reads (:class:`~drivetrain.match.anchor_window.WindowPairs`)."""
@@ -369,7 +370,7 @@ class PointPillars(nn.Module):
             ]
             return torch.stack(rows), None  # (B, A)
 
-    def loss(self, outputs: dict[str, Any], batch: Any) -> dict[str, torch.Tensor]:
+    def loss(self, outputs: dict[str, Any], batch: Batch) -> dict[str, torch.Tensor]:
         """The unweighted terms ``loss_cls``, ``loss_bbox``, ``loss_dir``."""
         gt_boxes, gt_labels = self.gt_targets(batch)
         if self.impl == "batched" and self.compile_loss is not None:  # one graph, timed as a whole by the caller
@@ -401,7 +402,7 @@ class PointPillars(nn.Module):
         self.tta_config = self.tta_config or TTAConfig()
 
     @torch.no_grad()
-    def detect(self, batch: Any, tta: bool | None = None) -> tuple[RaggedBatch, RaggedBatch, RaggedBatch]:
+    def detect(self, batch: Batch, tta: bool | None = None) -> tuple[RaggedBatch, RaggedBatch, RaggedBatch]:
         """Detections of a batch: boxes ``(B, K, 9)`` ``(x, y, z_centre, dx, dy, dz, yaw, vx, vy)`` in the lidar
         frame (zero velocity when ``code_size`` is 7), scores, and labels in the dataset's class order; decoded
         as :mod:`.postprocess` (``impl`` picks the batched or per-sample path; the batched one with
