@@ -50,8 +50,7 @@ from drivetrain.profile import Profiler, active, device_name, device_slug, emit,
 from drivetrain.profile.bench import RESULTS_DIR, count_variation
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = {("pointpillars", "tiny"): "pointpillars_tiny", ("pointpillars", "full"): "pointpillars_nus",
-           ("ssn", "tiny"): "ssn_tiny", ("ssn", "full"): "ssn_nus"}  # fmt: skip
+CONFIG_SUFFIX = {"tiny": "tiny", "full": "nus"}  # --size → configs/<model>_<suffix>.yaml
 PATHS = ("reference", "batched")
 TOP = "iteration"
 DATA = f"{TOP}/remaining (data wait)"
@@ -131,7 +130,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     base = _base()
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     base.add_bench_arguments(parser, repeat=10, warmup=2)
-    parser.add_argument("--model", required=True, choices=("pointpillars", "ssn"), help="lidar detector")
+    parser.add_argument("--model", required=True, choices=base.lidar_models(), help="lidar detector")
     parser.add_argument("--size", default="tiny", help="tiny (configs/<model>_tiny.yaml) or full (<model>_nus.yaml)")
     parser.add_argument("--batch", type=int, default=4, help="frames per batch (default: 4, as published)")
     parser.add_argument("--config", type=Path, default=None, help="run config (default: by --model and --size)")
@@ -146,7 +145,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if args.compile and args.warmup < 1:
         raise SystemExit("--compile needs --warmup ≥ 1: the first iteration compiles the loss")
     device = base.setup_bench(args)
-    config_path = args.config or ROOT / "configs" / f"{CONFIGS[(args.model, args.size)]}.yaml"
+    config_path = args.config or ROOT / "configs" / f"{args.model}_{CONFIG_SUFFIX[args.size]}.yaml"
     cfg = load_config(config_path, [])
     stage = Augmentation(cfg.data.augment, seed=args.seed) if cfg.data.augment is not None else None
 

@@ -71,6 +71,7 @@ import torch
 from drivetrain.batch import Batch
 from drivetrain.data.sampler import SequenceSampler
 from drivetrain.data.sources import synthetic
+from drivetrain.engine import registry
 from drivetrain.engine.build import build_optimizer
 from drivetrain.engine.config import ConfigError, OptimConfig, from_dict
 from drivetrain.engine.config_files import read_config_file
@@ -100,7 +101,6 @@ DESCRIPTION = __doc__.splitlines()[0]
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {"streampetr": "streampetr"}  # --model → config stem
-LIDAR_MODELS = ("pointpillars", "ssn")  # handed to _iteration_lidar.py
 SIZES = ("tiny", "full")
 PATHS = ("reference", "batched")
 TOP = "iteration"
@@ -443,8 +443,23 @@ def write_png(result: BenchResult, path: Path) -> Path | None:
 
 
 # ------------------------------------------------------------------------------------------ main
+def is_lidar_model(name: str) -> bool:
+    """Whether ``name`` is a registered model whose batches carry lidar points only (its spec's modalities): the
+    models ``--model`` hands to ``_iteration_lidar.py``."""
+    try:
+        return registry.model_spec(name).modalities == frozenset({"lidar"})
+    except ConfigError:  # not a registered name
+        return False
+
+
+def lidar_models() -> list[str]:
+    """The registered lidar models (:func:`is_lidar_model`), by name."""
+    return [name for name in registry.known_names("model") if is_lidar_model(name)]
+
+
 def _lidar_main(argv: list[str], prog: str | None) -> int:
-    """``--model pointpillars|ssn``: the lidar detectors' iteration benchmark (``_iteration_lidar.py``)."""
+    """``--model`` a lidar model (:func:`is_lidar_model`): the lidar detectors' iteration benchmark
+    (``_iteration_lidar.py``)."""
     path = Path(__file__).parent / "_iteration_lidar.py"
     spec = importlib.util.spec_from_file_location("drivetrain_bench_iteration_lidar", path)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
@@ -456,7 +471,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     peek = argparse.ArgumentParser(add_help=False)
     peek.add_argument("--model", default="streampetr")
-    if peek.parse_known_args(argv)[0].model in LIDAR_MODELS:
+    if is_lidar_model(peek.parse_known_args(argv)[0].model):
         return _lidar_main(argv, prog)
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_bench_arguments(parser, repeat=10, warmup=3)
@@ -471,7 +486,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     add_compile_arguments(parser)
     args = parser.parse_args(argv)
     if args.model not in MODELS:
-        raise SystemExit(f"--model: unknown model {args.model!r}; available: {', '.join([*MODELS, *LIDAR_MODELS])}")
+        raise SystemExit(f"--model: unknown model {args.model!r}; available: {', '.join([*MODELS, *lidar_models()])}")
     if args.size not in SIZES:
         raise SystemExit(f"--size: unknown size {args.size!r}; available: {', '.join(SIZES)}")
     if args.batch < 1 or args.repeat < 1 or args.warmup < 0:

@@ -27,6 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from drivetrain.engine import registry
 from drivetrain.engine.stepcost import step_cost, step_profiler
 from drivetrain.profile import (
     BenchResult,
@@ -53,8 +54,7 @@ MODEL = [
 ]
 LIDAR = ["log.tensorboard=false", "log.progress=false", "checkpoint.every=100000", "eval.every=0",
          "eval.at_start=false", "data.num_workers=0"]  # fmt: skip
-LIDAR_CONFIGS = {("ssn", "tiny"): "ssn_tiny", ("ssn", "full"): "ssn_nus", ("pointpillars", "tiny"): "pointpillars_tiny",
-                 ("pointpillars", "full"): "pointpillars_nus"}  # fmt: skip
+LIDAR_SUFFIX = {"tiny": "tiny", "full": "nus"}  # --size → configs/<model>_<suffix>.yaml
 VARIANTS: dict[str, list[str]] = {
     "fp32": ["precision.mode=fp32"],
     "bf16": ["precision.mode=bf16"],
@@ -75,7 +75,12 @@ def model_config(model: str, size: str) -> tuple[Path, list[str]]:
     configs = Path(__file__).resolve().parents[1] / "configs"
     if model == "smoke":
         return configs / "smoke.yaml", MODEL
-    return configs / f"{LIDAR_CONFIGS[(model, size)]}.yaml", LIDAR
+    return configs / f"{model}_{LIDAR_SUFFIX[size]}.yaml", LIDAR
+
+
+def lidar_models() -> list[str]:
+    """The registered models whose batches carry lidar points only (their specs' modalities)."""
+    return [n for n in registry.known_names("model") if registry.model_spec(n).modalities == frozenset({"lidar"})]
 
 
 def child(variant: str, device: str, steps: int, warmup: int, seed: int, model: str, size: str) -> dict[str, float]:
@@ -148,7 +153,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_bench_arguments(parser, repeat=15, warmup=5)
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset (default: all)")
-    parser.add_argument("--model", default="smoke", choices=("smoke", "ssn", "pointpillars"), help="(default: smoke)")
+    parser.add_argument("--model", default="smoke", choices=("smoke", *lidar_models()), help="(default: smoke)")
     parser.add_argument("--size", default="tiny", choices=("tiny", "full"), help="lidar config size (default: tiny)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from drivetrain.engine import registry
 from drivetrain.engine.stepcost import step_cost, step_profiler
 from drivetrain.profile import BenchResult, Row, active, add_bench_arguments, device_name, emit, setup_bench
 from drivetrain.profile.costmodel import Cost
@@ -47,6 +48,11 @@ def data_args(root: str, sweeps: int, scenes: int | None) -> dict:
         "root": root, "size": "tiny", "seed": 0, "split": "mini_train", "load_images": False, "load_points": True,
         "num_sweeps": sweeps, "use_dim": [0, 1, 2, 4], "sweeps_per_sample": RECORDED, "scenes": scenes,
     }  # fmt: skip
+
+
+def lidar_models() -> list[str]:
+    """The registered models whose batches carry lidar points only (their specs' modalities)."""
+    return [n for n in registry.known_names("model") if registry.model_spec(n).modalities == frozenset({"lidar"})]
 
 
 def child(args: argparse.Namespace, sweeps: int, root: str) -> dict:
@@ -95,7 +101,7 @@ def child(args: argparse.Namespace, sweeps: int, root: str) -> dict:
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_bench_arguments(parser, repeat=1, warmup=5)
-    parser.add_argument("--model", default="ssn", choices=("ssn", "pointpillars"), help="tiny detector (default: ssn)")
+    parser.add_argument("--model", default="ssn", choices=lidar_models(), help="tiny detector (default: ssn)")
     parser.add_argument(
         "--sweeps", default="0,5,10", help=f"comma-separated sweep counts ≤ {RECORDED} (default: 0,5,10)"
     )

@@ -18,6 +18,7 @@ from drivetrain.data.sources import frames
 from drivetrain.engine import ConfigError, Trainer, load_config
 from drivetrain.engine.compat import upgrade_saved_config
 from drivetrain.engine.config import config_diff, config_to_dict
+from drivetrain.model_spec import keywords
 from drivetrain.pipeline.augment.bev import BevAugConfig, draw_bev_params
 from drivetrain.pipeline.augment.camera import CameraAugConfig
 from drivetrain.pipeline.augment.camera import sample_params as camera_sample_params
@@ -250,6 +251,6 @@ def test_an_old_lidar_checkpoint_is_refused_for_resume_in_one_line_and_still_eva
         Trainer(_lidar_run(tmp_path / "old", synth_root, "train.steps=4"), resume="auto")
     assert "data.augment.lidar" in str(info.value) and "\n" not in str(info.value)
     model, cfg, _ = model_from_checkpoint(tmp_path / "old")
-    assert cfg.data.augment.lidar is not None and "augment" not in cfg.model.args
+    assert cfg.data.augment.lidar is not None and "augment" not in keywords(cfg.model.args)
     for key, value in model.state_dict().items():
         assert torch.equal(value, state["model"][key]), key

@@ -48,7 +48,13 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(inner[0], value, key)
+        errors = []
+        for member in inner:  # the first member the value fits; none: the first member's error
+            try:
+                return _coerce(member, value, key)
+            except ConfigError as err:
+                errors.append(err)
+        raise errors[0]
     if origin is Literal:
         if value not in args:
             raise ConfigError(f"{key}: expected one of {', '.join(map(repr, args))}, got {value!r}")

@@ -1,4 +1,4 @@
-"""The anchor box code of PointPillars / SECOND / SSN (mmdetection3d's ``DeltaXYZWLHRBBoxCoder``).
+"""The residual anchor box code of mmdetection3d's anchor heads (its ``DeltaXYZWLHRBBoxCoder``).
 
 Boxes here use the gravity centre ``(x, y, z_c, dx, dy, dz, yaw[, vx, vy])`` (see :mod:`.boxes3d`). The
 original works on bottom-centre boxes and first lifts anchor and target to their gravity centres
@@ -100,8 +100,8 @@ def direction_target(
     Args:
         yaw: ``(...)`` float. The original passes ``target_delta_yaw + anchor_yaw``; callers that mirror it
             should do the same (it differs from the GT yaw by rounding).
-        dir_offset: shift of the bin edges, a model's constant (the nuScenes configs' ``-0.7854``:
-            :data:`drivetrain.models.pointpillars.recipe.NUS_DIR_OFFSET`; ``Anchor3DHead``'s default is −π/2).
+        dir_offset: shift of the bin edges, a model's constant (mmdetection3d's nuScenes configs' ``-0.7854``;
+            ``Anchor3DHead``'s default is −π/2).
         dir_limit_offset: ``limit_period`` offset (0).
         num_bins: number of bins over the full circle (2).
 

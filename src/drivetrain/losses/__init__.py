@@ -1,6 +1,5 @@
 """Detection losses (elementwise, fp32) and average factors."""
 
-from drivetrain.losses.anchor_head import AnchorHeadLoss, batched_anchor_head_loss, reference_anchor_head_loss
 from drivetrain.losses.focal_head import FocalHeadLoss
 from drivetrain.losses.functional import (
     gaussian_focal_loss,
@@ -16,16 +15,13 @@ from drivetrain.losses.normalize import average_factor
 from drivetrain.losses.streampetr import StreamPETRLoss
 
 __all__ = [
-    "AnchorHeadLoss",
     "FocalHeadLoss",
     "StreamPETRLoss",
     "average_factor",
-    "batched_anchor_head_loss",
     "gaussian_focal_loss",
     "giou_loss",
     "l1_loss",
     "quality_focal_loss",
-    "reference_anchor_head_loss",
     "sigmoid_focal_loss",
     "sigmoid_focal_loss_sum",
     "sine_difference",

@@ -210,7 +210,8 @@ def smooth_l1_loss(
 
 
 def sine_difference(pred: torch.Tensor, target: torch.Tensor, dim: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
-    """Replace the yaw entries so that their difference is ``sin(yaw_p − yaw_t)`` (PointPillars / SECOND).
+    """Replace the yaw entries so that their difference is ``sin(yaw_p − yaw_t)`` (mmdetection3d's
+    ``Anchor3DHead.add_sin_difference``).
 
     Returns ``pred`` with ``sin(p) cos(t)`` and ``target`` with ``cos(p) sin(t)`` at ``[..., dim]``; the
     regression loss on them then penalises the angle modulo π (direction comes from a separate classifier).

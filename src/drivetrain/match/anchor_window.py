@@ -3,19 +3,19 @@
 at a fraction of the pairs.
 
 Anchors sit on regular grids: an :class:`AnchorGrid` describes ``T`` anchor *types* (one size and rotation, for
-SSN also one class), each a ``ny × nx`` grid of cell centres and a formula for the anchor index of cell
-``(iy, ix)``. The nearest-BEV IoU of a GT and an anchor is non-zero only if their axis-aligned BEV rectangles
-overlap, i.e. ``|x_a − x_g| < w_a/2 + w_g/2`` and likewise in y; with the cell centres ``x_a = x0 + i·step``
-each GT is compared only with the cells ``⌈(x_lo − w_a/2 − x0)/step − m⌉ ≤ i ≤ ⌊(x_hi + w_a/2 − x0)/step + m⌋``
-(``x_lo``, ``x_hi`` the GT's float32 rectangle edges), likewise in y, clipped to the type's grid. The margin ``m``
-(in cells) is ``1/8 + 2^-16·max(|x_lo|, |x_hi|, |x0|, |x0 + n·step|)/step``: it covers the float32 rounding of
-the anchor centres (``linspace``: a few ulps of the largest coordinate) and of the rectangles' edges, each far
-below ``2^-16`` of the magnitudes; computed in float64 on the device. Every GT has
-its own windows, over the types it is compared with (all types; for SSN the types of its class), so the pairs
-form one ragged list, segment by segment (``repeat_interleave``): for a synthetic batch of 4 (~31 GTs a sample)
-~13k pairs at PointPillars' tiny configuration (13 % of the anchors), ~213k at the full one (9.5 %; SSN: 1.2 %,
-0.5 %), where a window sized by the batch's widest GT made ~330k at the tiny size and the dense IoU ~3 M, and no
-``(B, A, G)`` tensor is ever formed.
+per-class assignment also one class), each a ``ny × nx`` grid of cell centres and a formula for the anchor index of
+cell ``(iy, ix)``. The nearest-BEV IoU of a GT and an anchor is non-zero only if their axis-aligned BEV rectangles
+overlap, i.e. ``|x_a − x_g| < w_a/2 + w_g/2`` and likewise in y; with the cell centres ``x_a = x0 + i·step`` each GT
+is compared only with the cells ``⌈(x_lo − w_a/2 − x0)/step − m⌉ ≤ i ≤ ⌊(x_hi + w_a/2 − x0)/step + m⌋`` (``x_lo``,
+``x_hi`` the GT's float32 rectangle edges), likewise in y, clipped to the type's grid. The margin ``m`` (in cells)
+is ``1/8 + 2^-16·max(|x_lo|, |x_hi|, |x0|, |x0 + n·step|)/step``: it covers the float32 rounding of the anchor
+centres (``linspace``: a few ulps of the largest coordinate) and of the rectangles' edges, each far below ``2^-16``
+of the magnitudes; computed in float64 on the device. Every GT has its own windows, over the types it is compared
+with (all types; per class, the types of its class), so the pairs form one ragged list, segment by segment
+(``repeat_interleave``): for a synthetic batch of 4 (~31 GTs a sample) ~13k pairs at the anchors of
+``configs/pointpillars_tiny.yaml`` (13 % of the anchors), ~213k at those of ``configs/pointpillars_nus.yaml``
+(9.5 %; the per-class anchors of ``configs/ssn_tiny.yaml``, ``ssn_nus.yaml``: 1.2 %, 0.5 %), where a window sized by the
+batch's widest GT made ~330k at the tiny size and the dense IoU ~3 M, and no ``(B, A, G)`` tensor is ever formed.
 
 Every anchor outside a GT's window has IoU exactly 0 with it, which the steps of the original use as follows
 (``−1`` ignored, ``0`` negative, ``k ≥ 1`` GT ``k − 1``; see :mod:`drivetrain.match.max_iou`):
@@ -54,7 +54,7 @@ class AnchorGrid:
     anchor at index ``base[t] + iy·stride_y[t] + ix·stride_x[t]`` and its centre near
     ``(x0[t] + ix·step_x[t], y0[t] + iy·step_y[t])`` (within rounding); ``half_x[t]``, ``half_y[t]`` bound the half
     width and height of its anchors' nearest-BEV rectangles; ``group[t]`` is the class of the type's anchors for
-    per-class assignment (SSN) and 0 for class-agnostic assignment (PointPillars).
+    per-class assignment and 0 for class-agnostic assignment.
     """
 
     x0: tuple[float, ...]
@@ -220,7 +220,7 @@ def windowed_max_iou_assign(
         gt_boxes: RaggedBatch ``(B, G, ≥7)`` padded ground-truth boxes.
         gt_labels: RaggedBatch ``(B, G)`` int classes.
         thresholds: per-anchor thresholds (:func:`~drivetrain.match.max_iou.anchor_thresholds`).
-        anchor_classes: int ``(A,)`` class per anchor for per-class assignment (SSN); None: class-agnostic.
+        anchor_classes: int ``(A,)`` class per anchor for per-class assignment; None: class-agnostic.
         prepared: :meth:`WindowedAnchors.build` of these anchors, grid, thresholds and classes (built here if
             None; a training loop keeps it with its anchors).
         with_pairs: also return the compared pairs (:class:`WindowPairs`), or None when positives may lie
@@ -231,7 +231,7 @@ def windowed_max_iou_assign(
         :func:`~drivetrain.match.max_iou.batched_max_iou_assign`. With ``with_pairs``, ``(assigned, pairs)``.
 
     Example:
-        >>> grid = grid_layout(NUS_PP_ANCHORS, (200, 200))  # models.pointpillars: .anchors, .recipe
+        >>> grid = AnchorGrid(...)  # where the model's anchor generator puts its anchors, on a 200 × 200 map
         >>> assigned = windowed_max_iou_assign(anchors, grid, gt_boxes, gt_labels, thresholds)  # (B, A)
     """
     _check_inputs(anchors, gt_boxes, gt_labels, thresholds, anchor_classes)

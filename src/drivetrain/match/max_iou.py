@@ -1,19 +1,19 @@
-"""Max-IoU anchor assigner of PointPillars (class-agnostic) and SSN (per class), reference and batched.
+"""Max-IoU anchor assignment, class-agnostic or one assigner per class, reference and batched.
 
 Assignment codes, per anchor: ``-1`` ignored, ``0`` negative, ``k ≥ 1`` positive for ground truth ``k − 1``
 (an index into the sample's full GT list, also in the per-class variant).
 
 ``reference_*`` mirrors mmdetection3d's ``Max3DIoUAssigner`` (mmdet's ``MaxIoUAssigner.assign_wrt_overlaps``)
-one sample (and, for SSN, one class) at a time, on the IoU matrix ``(G, A)`` of GTs against anchors:
+one sample (and, per class, one class) at a time, on the IoU matrix ``(G, A)`` of GTs against anchors:
     1. every anchor starts ignored (−1);
     2. anchors with ``neg_lo ≤ max IoU < neg_hi`` become negative (0); a number ``t`` means ``[0, t)``;
     3. anchors with ``max IoU ≥ pos_iou_thr`` take their best GT (first on ties);
     4. low-quality matches: for each GT ``i`` in order whose best IoU ``m_i ≥ min_pos_iou``, every anchor
        whose IoU with ``i`` equals ``m_i`` takes ``i`` (later GTs overwrite earlier ones and step 3);
-    with no GT (in the sample, or of the anchor's class for SSN) every anchor is negative.
-SSN (``assign_per_class``) runs one assigner per class: anchors of class ``c`` against the GTs labelled
-``c``, with that class's thresholds; the per-class results are concatenated in anchor order, and the
-class-local GT index maps back to the sample's GT list.
+with no GT (in the sample, or, per class, of the anchor's class) every anchor is negative. Per-class assignment
+(mmdetection3d's ``assign_per_class``) runs one assigner per class: anchors of class ``c`` against the GTs labelled
+``c``, with that class's thresholds; the per-class results are concatenated in anchor order, and the class-local GT
+index maps back to the sample's GT list.
 
 ``batched_max_iou_assign`` does all samples and classes at once on padded GTs: one masked IoU tensor
 ``(B, A, G)`` (−1 at padding and, per class, where the anchor's class differs from the GT's), per-anchor
@@ -121,7 +121,7 @@ def _assign_wrt_overlaps(overlaps: torch.Tensor, gt_labels: torch.Tensor | None,
 def reference_max_iou_assign(
     anchors: torch.Tensor, gt_boxes: torch.Tensor, gt_labels: torch.Tensor, cfg: MaxIoUConfig
 ) -> torch.Tensor:
-    """One sample, class-agnostic (PointPillars), as the original.
+    """One sample, class-agnostic, as the original.
 
     Args:
         anchors: ``(A, ≥7)`` anchors (x, y, z, dx, dy, dz, yaw, ...).
@@ -149,7 +149,7 @@ def reference_max_iou_assign_per_class(
     gt_labels: torch.Tensor,
     cfgs: Sequence[MaxIoUConfig],
 ) -> torch.Tensor:
-    """One sample, one assigner per class (SSN's ``assign_per_class``), as the original's class loop.
+    """One sample, one assigner per class (mmdetection3d's ``assign_per_class``), as the original's class loop.
 
     Args:
         anchors: ``(A, ≥7)`` anchors of all classes.
@@ -275,7 +275,7 @@ def batched_max_iou_assign(
         gt_boxes: RaggedBatch ``(B, G, ≥7)`` padded ground-truth boxes.
         gt_labels: RaggedBatch ``(B, G)`` int classes, the sizes of ``gt_boxes``.
         thresholds: per-anchor thresholds (:func:`anchor_thresholds`).
-        anchor_classes: int ``(A,)`` class per anchor for SSN's per-class assignment; None: class-agnostic.
+        anchor_classes: int ``(A,)`` class per anchor for per-class assignment; None: class-agnostic.
         chunk: anchors per slice (None: all at once); bounds the IoU tensor to ``(B, chunk, G)``.
 
     Returns:
@@ -283,7 +283,7 @@ def batched_max_iou_assign(
         assigners run per sample.
 
     Example:
-        >>> cfg = MaxIoUConfig(pos_iou_thr=0.6, neg_iou_thr=0.3, min_pos_iou=0.3)  # PointPillars' (its recipe)
+        >>> cfg = MaxIoUConfig(pos_iou_thr=0.6, neg_iou_thr=0.3, min_pos_iou=0.3)  # a model's recipe passes its own
         >>> th = anchor_thresholds(cfg, num_anchors=anchors.shape[0])
         >>> assigned = batched_max_iou_assign(anchors, gt_boxes, gt_labels, th, chunk=65536)  # (B, A)
     """

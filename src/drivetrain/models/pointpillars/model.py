@@ -12,21 +12,22 @@ augmented batches, and :meth:`PointPillars.loss` reads the ground truth from the
 
 ``impl="reference"`` runs the assignment and the losses per sample as the originals do; ``"batched"`` all
 samples at once (the same assignments and terms; see :mod:`drivetrain.match.max_iou`,
-:mod:`drivetrain.losses.anchor_head`); ``compile_loss`` runs the batched assignment and loss through
+:mod:`.criterion`); ``compile_loss`` runs the batched assignment and loss through
 ``torch.compile`` in one graph, the ground-truth dim dynamic (:mod:`drivetrain.compiled`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import torch
 from torch import nn
 
+from drivetrain.batch import Batch
 from drivetrain.compiled import compile_options, compiled, ragged_dynamic
 from drivetrain.data.formats.registry import FORMATS
-from drivetrain.losses.anchor_head import AnchorHeadLoss, batched_anchor_head_loss
 from drivetrain.match.anchor_window import WindowedAnchors, WindowPairs, windowed_max_iou_assign
 from drivetrain.match.max_iou import (
     AnchorThresholds,
@@ -44,6 +45,7 @@ from drivetrain.models.pointpillars.anchors import (
     per_class_layout,
 )
 from drivetrain.models.pointpillars.backbone import SECOND, SECONDFPN
+from drivetrain.models.pointpillars.criterion import AnchorHeadLoss, batched_anchor_head_loss
 from drivetrain.models.pointpillars.head import Anchor3DHead, ShapeAwareHead
 from drivetrain.models.pointpillars.middle import DenseMiddleEncoder, scatter_to_volume
 from drivetrain.models.pointpillars.postprocess import DecodeConfig, decode, reference_decode
@@ -66,7 +68,7 @@ from drivetrain.pipeline.voxelize import VoxelGrid, scatter_to_bev
 from drivetrain.profile import region
 from drivetrain.ragged import RaggedBatch
 
-__all__ = ["SSN", "PointPillars", "dataset_class_names"]
+__all__ = ["SSN", "SSN_DEFAULTS", "PointPillars", "dataset_class_names"]
 
 
 def dataset_class_names(classes: str | Sequence[str]) -> tuple[str, ...]:
@@ -283,7 +285,7 @@ class PointPillars(nn.Module):
         """The ``(A, D)`` anchors of a ``feature_size`` neck map, in the head's output order."""
         return self.anchor_set(feature_size, device)[0]
 
-    def forward(self, batch: Any) -> dict[str, Any]:
+    def forward(self, batch: Batch) -> dict[str, Any]:
         """Voxelize the batch's points (augmented already in training, by the trainer's stage) and run the network.
 
         Returns:
@@ -310,7 +312,7 @@ class PointPillars(nn.Module):
         out["anchors"] = self.anchors(out["feature_size"], device)  # (A, D)
         return out
 
-    def gt_targets(self, batch: Any) -> tuple[RaggedBatch, RaggedBatch]:
+    def gt_targets(self, batch: Batch) -> tuple[RaggedBatch, RaggedBatch]:
         """The batch's ground truth as the loss uses it: boxes cut to the model's code size and labels in the
         model's class order.
 
@@ -331,12 +333,12 @@ class PointPillars(nn.Module):
         """The published weights of the terms (a run config's ``model.loss_weights`` overrides them)."""
         return dict(self.criterion.weights)
 
-    def assign(self, feature_size: tuple[int, int], gt_boxes: Any, gt_labels: Any) -> torch.Tensor:
+    def assign(self, feature_size: tuple[int, int], gt_boxes: RaggedBatch, gt_labels: RaggedBatch) -> torch.Tensor:
         """``(B, A)`` anchor assignment (−1 ignore, 0 negative, k ≥ 1 GT k−1), batched or per sample."""
         return self.assign_with_pairs(feature_size, gt_boxes, gt_labels)[0]
 
     def assign_with_pairs(
-        self, feature_size: tuple[int, int], gt_boxes: Any, gt_labels: Any
+        self, feature_size: tuple[int, int], gt_boxes: RaggedBatch, gt_labels: RaggedBatch
     ) -> tuple[torch.Tensor, WindowPairs | None]:
         """:meth:`assign` and, from the windowed assignment, the pairs that hold every positive (else None), which
         the loss's batched path reads (:class:`~drivetrain.match.anchor_window.WindowPairs`)."""
@@ -368,7 +370,7 @@ class PointPillars(nn.Module):
             ]
             return torch.stack(rows), None  # (B, A)
 
-    def loss(self, outputs: dict[str, Any], batch: Any) -> dict[str, torch.Tensor]:
+    def loss(self, outputs: dict[str, Any], batch: Batch) -> dict[str, torch.Tensor]:
         """The unweighted terms ``loss_cls``, ``loss_bbox``, ``loss_dir``."""
         gt_boxes, gt_labels = self.gt_targets(batch)
         if self.impl == "batched" and self.compile_loss is not None:  # one graph, timed as a whole by the caller
@@ -400,7 +402,7 @@ class PointPillars(nn.Module):
         self.tta_config = self.tta_config or TTAConfig()
 
     @torch.no_grad()
-    def detect(self, batch: Any, tta: bool | None = None) -> tuple[RaggedBatch, RaggedBatch, RaggedBatch]:
+    def detect(self, batch: Batch, tta: bool | None = None) -> tuple[RaggedBatch, RaggedBatch, RaggedBatch]:
         """Detections of a batch: boxes ``(B, K, 9)`` ``(x, y, z_centre, dx, dy, dz, yaw, vx, vy)`` in the lidar
         frame (zero velocity when ``code_size`` is 7), scores, and labels in the dataset's class order; decoded
         as :mod:`.postprocess` (``impl`` picks the batched or per-sample path; the batched one with
@@ -442,11 +444,25 @@ def _assign_and_loss(
     options: dict[str, Any],
 ) -> dict[str, torch.Tensor]:
     """The batched assignment and loss of :meth:`PointPillars.loss` as one function, which ``compile_loss``
-    compiles (shapes as :func:`~drivetrain.losses.anchor_head.batched_anchor_head_loss`)."""
+    compiles (shapes as :func:`~.criterion_batched.batched_anchor_head_loss`)."""
     assigned = batched_max_iou_assign(
         anchors, gt_boxes, gt_labels, thresholds, anchor_classes=anchor_classes, chunk=chunk
     )  # (B, A)
     return batched_anchor_head_loss(pred_cls, pred_boxes, pred_dir, anchors, assigned, gt_boxes, gt_labels, **options)
+
+
+SSN_DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {
+        "max_points": 20,
+        "anchor_ranges": NUS_SSN_ANCHORS.ranges,
+        "anchor_sizes": NUS_SSN_ANCHORS.sizes,
+        "assigner": tuple(_triple(c) for c in NUS_SSN_ASSIGNERS),
+        "classes": SSN_NUS_CLASSES,
+        "tasks": SSN_NUS_TASKS,
+    }
+)
+"""SSN's keyword arguments where they differ from :class:`PointPillars`' (the published nuScenes SSN's; the typed
+form of all of them: :class:`~.args.SSNArgs`)."""
 
 
 class SSN(PointPillars):
@@ -456,12 +472,4 @@ class SSN(PointPillars):
     classes in SSN's order; its constants in :mod:`.recipe`). Arguments as :class:`PointPillars`."""
 
     def __init__(self, **kwargs: Any) -> None:
-        defaults: dict[str, Any] = {
-            "max_points": 20,
-            "anchor_ranges": NUS_SSN_ANCHORS.ranges,
-            "anchor_sizes": NUS_SSN_ANCHORS.sizes,
-            "assigner": [_triple(c) for c in NUS_SSN_ASSIGNERS],
-            "classes": SSN_NUS_CLASSES,
-            "tasks": SSN_NUS_TASKS,
-        }
-        super().__init__(**{**defaults, **kwargs})
+        super().__init__(**{**SSN_DEFAULTS, **kwargs})

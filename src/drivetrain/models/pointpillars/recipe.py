@@ -11,9 +11,9 @@ The configs (mmdetection3d v1.x names; v0.x: ``configs/_base_/models/hv_pointpil
 * the Lyft variants: ``configs/_base_/models/pointpillars_hv_fpn_lyft.py``, ``configs/ssn/
   ssn_hv_secfpn_sbn-all_16xb2-2x_lyft-3d.py`` (a 7-dim box code, no velocity).
 
-The generic pieces (:mod:`drivetrain.match.max_iou`, :mod:`drivetrain.losses.anchor_head`,
-:mod:`drivetrain.geometry.delta_coder`) take these as arguments; :class:`~.model.PointPillars` and
-:class:`~.model.SSN` pass them. This module holds data, and :func:`code_weights_for` to pick a table by code size.
+The generic pieces (:mod:`drivetrain.match.max_iou`, :mod:`drivetrain.geometry.delta_coder`) and the model's
+criterion (:mod:`.criterion`) take these as arguments; :class:`~.model.PointPillars` and :class:`~.model.SSN` pass
+them. This module holds data, and :func:`code_weights_for` to pick a table by code size.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ PP_NUS_CLASSES = (
     "bicycle", "motorcycle", "pedestrian", "traffic_cone", "barrier",
 )  # fmt: skip
 """``class_names`` of mmdetection3d's ``configs/_base_/datasets/nus-3d.py``: the published PointPillars' class
-channels (our PointPillars takes the dataset's order; :mod:`drivetrain.models.published` reorders a checkpoint's)."""
+channels (our PointPillars takes the dataset's order; :mod:`.weights` reorders a checkpoint's)."""
 
 SSN_NUS_CLASSES = (
     "bicycle", "motorcycle", "pedestrian", "traffic_cone", "barrier",

@@ -7,11 +7,12 @@ import re
 from collections.abc import Collection
 
 from drivetrain.model_spec import ModelSpec, WeightFormat
+from drivetrain.models.pointpillars.args import PointPillarsArgs, SSNArgs
 from drivetrain.models.pointpillars.model import SSN as SSNModel
 from drivetrain.models.pointpillars.model import PointPillars
-from drivetrain.models.published import map_mmdet3d
+from drivetrain.models.pointpillars.weights import map_mmdet3d
 
-__all__ = ["MMDET3D", "POINTPILLARS", "SSN"]
+__all__ = ["MMDET3D", "POINTPILLARS", "SSN", "PointPillarsArgs", "SSNArgs"]
 
 _MMDET3D_NAME = re.compile(r"(pts_)?(voxel_encoder\.vfe_layers|bbox_head\.(conv_cls|heads\.\d))")
 
@@ -38,7 +39,7 @@ MMDET3D = WeightFormat("mmdet3d", "an mmdetection3d PointPillars / SSN checkpoin
 POINTPILLARS = ModelSpec(
     "pointpillars",
     build=PointPillars,
-    args=None,
+    args=PointPillarsArgs,
     modalities=frozenset({"lidar"}),
     summary="PointPillars lidar 3D detector",
     weight_formats=(MMDET3D,),
@@ -48,7 +49,7 @@ POINTPILLARS = ModelSpec(
 SSN = ModelSpec(
     "ssn",
     build=SSNModel,
-    args=None,
+    args=SSNArgs,
     modalities=frozenset({"lidar"}),
     summary="SSN (shape signature network) lidar 3D detector",
     weight_formats=(MMDET3D,),

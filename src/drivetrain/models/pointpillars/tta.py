@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from drivetrain.batch import Batch
 from drivetrain.geometry.rotated_nms import BEV_COLUMNS, multiclass_rotated_nms, reference_rotated_nms
 from drivetrain.pipeline.augment.bev import BevAugConfig, BevAugParams, apply_bev_aug, make_bev_params
 from drivetrain.ragged import RaggedBatch
@@ -183,7 +184,7 @@ def reference_merge(
 
 
 @torch.no_grad()
-def detect_tta(model: torch.nn.Module, batch, cfg: TTAConfig) -> tuple[RaggedBatch, RaggedBatch, RaggedBatch]:
+def detect_tta(model: torch.nn.Module, batch: Batch, cfg: TTAConfig) -> tuple[RaggedBatch, RaggedBatch, RaggedBatch]:
     """A lidar detector's ``detect`` on every view of ``batch``, mapped back and merged (see the module docstring).
 
     Args:

@@ -1,0 +1,72 @@
+"""The typed ``model.args`` of PointPillars and SSN: :class:`PointPillarsArgs`, :class:`SSNArgs`.
+
+Each field is a keyword argument of the builder (:class:`~.model.PointPillars`, :class:`~.model.SSN`) with its
+default; a config's ``model.args`` is checked against it when the config loads (an unknown key or a wrong type is
+one line naming ``model.args.KEY``). Sequences are tuples here (a YAML list is read as one); where the builder takes
+either of two forms (``assigner``: one triple or one per class; ``dataset_classes``: a format's name or the names),
+the value is read as the first form it fits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from drivetrain.models.pointpillars.recipe import (
+    NUS_SSN_ANCHORS,
+    NUS_SSN_ASSIGNERS,
+    ROTATIONS,
+    SSN_NUS_CLASSES,
+    SSN_NUS_TASKS,
+)
+
+__all__ = ["PointPillarsArgs", "SSNArgs"]
+
+
+@dataclass(frozen=True)
+class PointPillarsArgs:
+    """``model.args`` of ``model.name: pointpillars`` (defaults: the published nuScenes SECFPN configuration)."""
+
+    point_cloud_range: tuple[float, ...] = (-50.0, -50.0, -5.0, 50.0, 50.0, 3.0)  # voxel grid (x/y/z min, x/y/z max)
+    voxel_size: tuple[float, ...] = (0.25, 0.25, 8.0)  # pillar size (vx, vy, vz)
+    max_points: int = 64  # points kept per pillar
+    max_voxels: int = 30000  # pillars kept per sample in training
+    max_voxels_test: int = 40000  # pillars kept per sample in evaluation
+    point_dims: int = 4  # point features C (x, y, z, Δt)
+    vfe_channels: tuple[int, ...] = (64, 64)  # HardVFE layer widths
+    backbone_channels: tuple[int, ...] = (64, 128, 256)  # SECOND stage widths
+    layer_nums: tuple[int, ...] = (3, 5, 5)  # SECOND convolutions per stage
+    layer_strides: tuple[int, ...] = (2, 2, 2)  # SECOND stage strides
+    neck_channels: tuple[int, ...] = (128, 128, 128)  # SECONDFPN output widths per stage
+    upsample_strides: tuple[float, ...] = (1, 2, 4)  # SECONDFPN upsampling per stage
+    anchor_ranges: tuple[tuple[float, ...], ...] | None = None  # per anchor size (x/y/z lo, x/y/z hi); None: recipe
+    anchor_sizes: tuple[tuple[float, ...], ...] | None = None  # (dx, dy, dz) per size (SSN: per class); None: recipe
+    rotations: tuple[float, ...] = ROTATIONS  # anchor yaws
+    num_classes: int = 10  # C
+    code_size: int = 9  # box code: 9 (with velocity) or 7
+    assigner: tuple[float, ...] | tuple[tuple[float, ...], ...] | None = None  # (pos, neg, min_pos); SSN: per class
+    classes: tuple[str, ...] | None = None  # the model's class order; None: the dataset's
+    dataset_classes: str | tuple[str, ...] = "nuscenes"  # what the labels index: nuscenes, lyft or the names
+    tasks: tuple[tuple[Any, ...], ...] | None = None  # SSN's (classes, channels, strides) per task; None: Anchor3DHead
+    decode: dict[str, Any] | None = None  # DecodeConfig fields for detect
+    tta: dict[str, Any] | None = None  # TTAConfig fields: detect merges the views; None: off
+    impl: str = "batched"  # batched or reference assignment, losses and decoding
+    chunk: int | None = None  # anchors per IoU slice of the dense batched assignment; None: all at once
+    window: bool = True  # the batched assignment over the anchor windows each GT reaches; False: dense
+    middle: dict[str, Any] | None = None  # DenseMiddleEncoder arguments (a 3D middle encoder); None: BEV scatter
+    compile_loss: bool | dict[str, Any] = False  # assignment and loss through torch.compile (or its arguments)
+
+
+@dataclass(frozen=True)
+class SSNArgs(PointPillarsArgs):
+    """``model.args`` of ``model.name: ssn``: :class:`PointPillarsArgs` with the published nuScenes SSN's defaults
+    (:data:`~.model.SSN_DEFAULTS`)."""
+
+    max_points: int = 20  # points kept per pillar
+    anchor_ranges: tuple[tuple[float, ...], ...] | None = NUS_SSN_ANCHORS.ranges  # per class (x/y/z lo, x/y/z hi)
+    anchor_sizes: tuple[tuple[float, ...], ...] | None = NUS_SSN_ANCHORS.sizes  # (dx, dy, dz) per class
+    assigner: tuple[float, ...] | tuple[tuple[float, ...], ...] | None = tuple(
+        (c.pos_iou_thr, c.neg_iou_thr, c.min_pos_iou) for c in NUS_SSN_ASSIGNERS
+    )  # (pos, neg, min_pos) per class
+    classes: tuple[str, ...] | None = SSN_NUS_CLASSES  # the model's class order (SSN's)
+    tasks: tuple[tuple[Any, ...], ...] | None = SSN_NUS_TASKS  # (classes, shared channels, shared strides) per task

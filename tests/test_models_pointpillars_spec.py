@@ -1,0 +1,106 @@
+"""PointPillars' and SSN's specs: the typed ``model.args`` are the builders' keyword arguments (names and defaults),
+every config of these models loads into them, bad keys and types are one line naming the key, the moved keys are
+still refused with their pointer, and the declared modalities are the built models'."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from pathlib import Path
+
+import pytest
+
+from drivetrain.engine.config import ConfigError, load_config
+from drivetrain.engine.config_files import read_config_file
+from drivetrain.engine.registry import check_args, model_spec
+from drivetrain.model_spec import keywords
+from drivetrain.models.pointpillars.args import PointPillarsArgs, SSNArgs
+from drivetrain.models.pointpillars.model import SSN_DEFAULTS, PointPillars
+from drivetrain.models.pointpillars.spec import POINTPILLARS, SSN
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def _defaults(cls: type) -> dict[str, object]:
+    return {f.name: f.default for f in dataclasses.fields(cls)}
+
+
+def _builder_defaults() -> dict[str, object]:
+    params = inspect.signature(PointPillars).parameters.values()
+    return {p.name: p.default for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD}
+
+
+def test_the_args_are_the_builders_keyword_arguments_with_their_defaults():
+    assert _defaults(PointPillarsArgs) == _builder_defaults()
+    assert list(_defaults(PointPillarsArgs)) == list(_builder_defaults())  # the signature's order too
+    # SSN's builder takes PointPillars' arguments with its own defaults over them
+    assert _defaults(SSNArgs) == {**_builder_defaults(), **SSN_DEFAULTS}
+    for cls in (PointPillarsArgs, SSNArgs):
+        assert cls.__dataclass_params__.frozen, cls.__name__
+
+
+def test_the_specs_declare_their_args_and_the_built_models_modalities():
+    for name, spec, args in (("pointpillars", POINTPILLARS, PointPillarsArgs), ("ssn", SSN, SSNArgs)):
+        assert model_spec(name) is spec and spec.args is args
+        model = spec.build_model(args())
+        assert spec.modalities == frozenset(model.input_modalities), name
+
+
+def test_ssn_built_from_its_args_defaults_is_ssn_with_its_own_defaults():
+    explicit, implicit = SSN.build_model(SSNArgs()), SSN.build(**{})
+    assert explicit.class_names == implicit.class_names and explicit.tasks == implicit.tasks
+    assert explicit.assigners == implicit.assigners and explicit.anchor_config == implicit.anchor_config
+    assert explicit.grid == implicit.grid
+
+
+def test_every_config_of_these_models_loads_into_their_args():
+    lidar = set()
+    for config in sorted(CONFIGS.glob("*.yaml")):
+        cfg = load_config(config, [])
+        spec = model_spec(cfg.model.name)
+        if spec not in (POINTPILLARS, SSN):
+            continue
+        lidar.add(config.name)
+        args = cfg.model.args  # resolved when the config loaded
+        assert isinstance(args, spec.args) and check_args("model", cfg.model.name, args) is args, config.name
+        written = read_config_file(config).data["model"].get("args", {})
+        for key, value in written.items():  # every value the config sets (its base chain's too), in its typed form
+            assert _as_tuples(getattr(args, key)) == _as_tuples(value), (config.name, key)
+        assert keywords(args).keys() == _builder_defaults().keys()
+    named = {p.name for pattern in ("pointpillars_*.yaml", "ssn_*.yaml") for p in CONFIGS.glob(pattern)}
+    assert named and named <= lidar  # the configs named after the models are among them
+
+
+def _as_tuples(value: object) -> object:
+    """Lists and tuples, nested, as tuples (YAML writes lists; the typed args hold tuples)."""
+    return tuple(_as_tuples(v) for v in value) if isinstance(value, list | tuple) else value
+
+
+def test_both_forms_of_the_assigner_and_the_classes_are_read():
+    one = check_args("model", "pointpillars", {"assigner": [0.6, 0.3, 0.3], "dataset_classes": "lyft"})
+    assert one.assigner == (0.6, 0.3, 0.3) and one.dataset_classes == "lyft"
+    per_class = check_args("model", "ssn", {"assigner": [[0.5, 0.35, 0.35]] * 10, "dataset_classes": ["a", "b"]})
+    assert per_class.assigner == ((0.5, 0.35, 0.35),) * 10 and per_class.dataset_classes == ("a", "b")
+    assert check_args("model", "ssn", {"compile_loss": {"mode": "max-autotune"}}).compile_loss == {
+        "mode": "max-autotune"
+    }
+
+
+@pytest.mark.parametrize("config", ["pointpillars_tiny.yaml", "ssn_tiny.yaml"])
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.args.max_pointz=3", "model.args.max_pointz: unknown key; known keys: anchor_ranges, anchor_sizes"),
+        ("model.args.max_points=many", "model.args.max_points: expected an integer, got str 'many'"),
+        ("model.args.assigner=high", "model.args.assigner: expected a list, got str 'high'"),
+        ("model.args.assigner=[0.6, low, 0.3]", "model.args.assigner[1]: expected a number, got str 'low'"),
+        ("model.args.window=2", "model.args.window: expected true or false, got int 2"),
+        # the lidar models' own augmentation and seed before the trainer's stage: refused with a pointer
+        ("model.args.augment={shuffle: false}", "model.args.augment: moved to data.augment.lidar"),
+        ("model.args.seed=3", "model.args.seed: the lidar models draw no random numbers any more"),
+    ],
+)
+def test_bad_and_moved_args_are_one_line_naming_the_key(config, override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(CONFIGS / config, [override])
+    assert message in str(info.value) and "\n" not in str(info.value)
