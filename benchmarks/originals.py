@@ -1,6 +1,6 @@
 """Ports of the original implementations' op sequences, for counting their kernels beside our reference paths.
 
-Each ``reference`` path mirrors the original code (DESIGN.md, "The two paths"), so that "reference → batched" is a
+Each ``reference`` path mirrors the original code (docs/design.md, "The two paths"), so that "reference → batched" is a
 ratio over the original. To check that it also *costs* what the original costs, this module ports the original's
 operations, call by call, onto our tensors, and counts them with the same counter as the reference and batched
 paths (:mod:`drivetrain.profile.costmodel`): the kernels and host syncs of one call. The ports are for counting
@@ -43,7 +43,7 @@ bottom-centre 3D boxes (StreamPETR's loss lifts them to gravity centres itself),
 ``prepare_for_dn`` builds in the forward pass, the anchors ``get_anchors`` makes. Layout copies the original makes
 in its head's forward or loss (``permute(0, 2, 3, 1).reshape``) are views here: our heads emit that layout.
 
-One module for all of them (over the ~600 lines of STYLE.md's rule 1): every port sits beside the helpers it
+One module for all of them (over the ~600 lines the style allows a module): every port sits beside the helpers it
 shares (the mmdet losses, the sampler, the box structures), and one file names every original it mirrors.
 Run ``drivetrain bench originals`` for the table of docs/benchmarks.md ("Do the reference paths cost what the
 originals cost?").
@@ -716,7 +716,7 @@ def _images(rb: Any) -> list[torch.Tensor]:
 
 
 def focal_head_inputs(outputs: dict[str, Any], targets: dict[str, Any], stride: int = 16) -> dict[str, Any]:
-    """``FocalHead.loss``'s inputs from :class:`~drivetrain.losses.FocalHeadLoss`'s: per-image ground truth,
+    """``FocalHead.loss``'s inputs from :class:`~drivetrain.models.streampetr.focal_head_loss.FocalHeadLoss`'s: per-image ground truth,
     predictions flattened over the cameras (views), ``pad_shape`` ``(H, W, 3)``."""
     logits = outputs["cls_logits"]  # (B, N, Q, C)
     batch, cams, num_tokens, num_classes = logits.shape
@@ -736,7 +736,7 @@ def focal_head_inputs(outputs: dict[str, Any], targets: dict[str, Any], stride: 
 
 def streampetr_inputs(outputs: dict[str, Any], targets: dict[str, Any], code_weights: torch.Tensor,
                       dn_split: float = 0.75) -> dict[str, Any]:  # fmt: skip
-    """``StreamPETRHead.loss``'s inputs from :class:`~drivetrain.losses.StreamPETRLoss`'s: bottom-centre boxes per
+    """``StreamPETRHead.loss``'s inputs from :class:`~drivetrain.models.streampetr.loss.StreamPETRLoss`'s: bottom-centre boxes per
     sample (the original's ``LiDARInstance3DBoxes``), and, with denoising, the ``mask_dict`` its ``prepare_for_dn``
     builds in the forward pass (group-major targets; a DN query is background where ``dn_background`` says)."""
     boxes = [b.float() for b in targets["gt_boxes"].to_list()]  # (M_b, 9) gravity centre

@@ -40,7 +40,15 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(inner[0], value, key)
+        try:
+            return _coerce(inner[0], value, key)
+        except ConfigError as first:
+            for member in inner[1:]:  # e.g. bool | dict: a later member takes what the first refuses
+                try:
+                    return _coerce(member, value, key)
+                except ConfigError:
+                    pass
+            raise first
     if origin is Literal:
         if value not in args:
             raise ConfigError(f"{key}: expected one of {', '.join(map(repr, args))}, got {value!r}")

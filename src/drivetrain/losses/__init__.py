@@ -1,7 +1,6 @@
 """Detection losses (elementwise, fp32) and average factors."""
 
 from drivetrain.losses.anchor_head import AnchorHeadLoss, batched_anchor_head_loss, reference_anchor_head_loss
-from drivetrain.losses.focal_head import FocalHeadLoss
 from drivetrain.losses.functional import (
     gaussian_focal_loss,
     giou_loss,
@@ -13,12 +12,9 @@ from drivetrain.losses.functional import (
     smooth_l1_loss,
 )
 from drivetrain.losses.normalize import average_factor
-from drivetrain.losses.streampetr import StreamPETRLoss
 
 __all__ = [
     "AnchorHeadLoss",
-    "FocalHeadLoss",
-    "StreamPETRLoss",
     "average_factor",
     "batched_anchor_head_loss",
     "gaussian_focal_loss",

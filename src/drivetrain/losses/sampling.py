@@ -1,7 +1,7 @@
 """The per-sample target steps the original heads share, for the ``reference`` paths: the assigner's result per
 prediction and mmdet's ``PseudoSampler``.
 
-The reference paths mirror the originals' operations per sample (DESIGN.md, "The two paths"), so that "reference →
+The reference paths mirror the originals' operations per sample (docs/design.md, "The two paths"), so that "reference →
 batched" is a ratio over the original. Every original head here builds its targets one sample (or image) at a
 time through the same two mmdet steps, and so do the reference paths, op for op:
 

@@ -22,8 +22,8 @@ assigned tokens); they are still drawn in the centerness heatmap, as in the orig
 :attr:`FocalHeadLoss.counts` holds their number in the last call (``unassigned_gt_2d``, a device tensor the
 trainer logs per step), and the first such batch gives one warning.
 
-Terms are unweighted; :attr:`FocalHeadLoss.weights` holds the weights it was given (StreamPETR passes its
-published ones).
+Terms are unweighted; :attr:`FocalHeadLoss.weights` holds the weights it was given (StreamPETR and the 2D focal
+detector pass the published ones, :func:`.criteria.focal_head_loss`).
 ``reference`` loops over images as the original; ``batched`` treats all images at once; ``compile=True`` runs
 the batched path through ``torch.compile`` in one graph, the solver inside it as a custom operator and the
 ground-truth dim dynamic (:mod:`drivetrain.compiled`).
@@ -40,6 +40,7 @@ import torch
 from drivetrain import ragged
 from drivetrain.compiled import compile_options, compiled, ragged_dynamic, region
 from drivetrain.constants import constant
+from drivetrain.data.collate import Batch
 from drivetrain.geometry import (
     boxes_cxcywh_to_xyxy,
     boxes_xyxy_to_cxcywh,
@@ -60,8 +61,8 @@ from drivetrain.ragged import RaggedBatch
 __all__ = ["TERMS", "FocalHeadLoss"]
 
 TERMS = ("enc_loss_cls", "enc_loss_bbox", "enc_loss_iou", "centers2d_loss", "centerness_loss")
-"""The loss's terms, each of which takes a weight (the published ones: StreamPETR's
-:data:`~drivetrain.models.streampetr.recipe.FOCAL_HEAD_WEIGHTS`)."""
+"""The loss's terms, each of which takes a weight (the published ones:
+:data:`.recipe.FOCAL_HEAD_WEIGHTS`)."""
 
 
 class FocalHeadLoss(torch.nn.Module):
@@ -111,7 +112,9 @@ class FocalHeadLoss(torch.nn.Module):
         """The weighted sum of the terms (:func:`~drivetrain.losses.weights.weighted_total`)."""
         return weighted_total(terms, self.weights)
 
-    def forward(self, outputs: Mapping[str, Any], targets: Any, impl: str = "batched") -> dict[str, torch.Tensor]:
+    def forward(
+        self, outputs: Mapping[str, Any], targets: Batch | Mapping[str, Any], impl: str = "batched"
+    ) -> dict[str, torch.Tensor]:
         """The unweighted loss terms of one batch.
 
         Args:
