@@ -716,8 +716,8 @@ def _images(rb: Any) -> list[torch.Tensor]:
 
 
 def focal_head_inputs(outputs: dict[str, Any], targets: dict[str, Any], stride: int = 16) -> dict[str, Any]:
-    """``FocalHead.loss``'s inputs from :class:`~drivetrain.losses.FocalHeadLoss`'s: per-image ground truth,
-    predictions flattened over the cameras (views), ``pad_shape`` ``(H, W, 3)``."""
+    """``FocalHead.loss``'s inputs from :class:`~drivetrain.models.streampetr.focal_head_loss.FocalHeadLoss`'s:
+    per-image ground truth, predictions flattened over the cameras (views), ``pad_shape`` ``(H, W, 3)``."""
     logits = outputs["cls_logits"]  # (B, N, Q, C)
     batch, cams, num_tokens, num_classes = logits.shape
     width, height = (int(v) for v in targets["image_size"])
@@ -736,9 +736,10 @@ def focal_head_inputs(outputs: dict[str, Any], targets: dict[str, Any], stride: 
 
 def streampetr_inputs(outputs: dict[str, Any], targets: dict[str, Any], code_weights: torch.Tensor,
                       dn_split: float = 0.75) -> dict[str, Any]:  # fmt: skip
-    """``StreamPETRHead.loss``'s inputs from :class:`~drivetrain.losses.StreamPETRLoss`'s: bottom-centre boxes per
-    sample (the original's ``LiDARInstance3DBoxes``), and, with denoising, the ``mask_dict`` its ``prepare_for_dn``
-    builds in the forward pass (group-major targets; a DN query is background where ``dn_background`` says)."""
+    """``StreamPETRHead.loss``'s inputs from :class:`~drivetrain.models.streampetr.loss.StreamPETRLoss`'s:
+    bottom-centre boxes per sample (the original's ``LiDARInstance3DBoxes``), and, with denoising, the ``mask_dict``
+    its ``prepare_for_dn`` builds in the forward pass (group-major targets; a DN query is background where
+    ``dn_background`` says)."""
     boxes = [b.float() for b in targets["gt_boxes"].to_list()]  # (M_b, 9) gravity centre
     labels = [t.long() for t in targets["gt_labels"].to_list()]
     bottom = [torch.cat([b[:, :2], b[:, 2:3] - b[:, 5:6] * 0.5, b[:, 3:]], dim=-1) for b in boxes]

@@ -15,9 +15,9 @@ from torch import nn
 from drivetrain.data.sources import frames
 from drivetrain.engine import ConfigError, Trainer, load_config
 from drivetrain.engine.evaluation import evaluate_model, model_from_checkpoint
-from drivetrain.geometry import encode_boxes_streampetr
 from drivetrain.models import StreamPETR
 from drivetrain.models.streampetr import decode
+from drivetrain.models.streampetr.box_code import encode_boxes
 from helpers.engine import assert_same_weights, final_state, metrics
 from helpers.streampetr import SMALL
 
@@ -38,7 +38,7 @@ class GroundTruthDetector(nn.Module):
         logits = torch.full((b, g, 10), -20.0)  # (B, G, C): padding rows score ~2e-9 in every class
         logits.scatter_(2, labels.tensor.clamp(min=0).unsqueeze(-1), 20.0)
         logits = torch.where(labels.mask.unsqueeze(-1), logits, torch.full_like(logits, -20.0))
-        codes = encode_boxes_streampetr(boxes.tensor.reshape(-1, 9)).view(b, g, 10)  # (B, G, 10)
+        codes = encode_boxes(boxes.tensor.reshape(-1, 9)).view(b, g, 10)  # (B, G, 10)
         # The threshold drops the ~2e-9 entries: false positives after full recall would still cost the devkit's
         # last recall bin (its precision there is the final one, after every false positive).
         return decode(logits, codes, max_num=min(300, g * 10), score_threshold=0.5)

@@ -1,8 +1,6 @@
-"""geometry/boxes3d.py and boxes2d.py: StreamPETR box codes, 2D box formats, IoU and GIoU."""
+"""geometry/boxes2d.py: 2D box formats, IoU and GIoU."""
 
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
@@ -10,8 +8,6 @@ import torch
 from drivetrain.geometry import (
     boxes_cxcywh_to_xyxy,
     boxes_xyxy_to_cxcywh,
-    decode_boxes_streampetr,
-    encode_boxes_streampetr,
     giou_aligned,
     giou_pairwise,
     iou_aligned,
@@ -19,7 +15,6 @@ from drivetrain.geometry import (
     normalize_boxes,
     unnormalize_boxes,
 )
-from helpers.boxes import random_boxes3d as shared_boxes3d
 
 
 @pytest.fixture
@@ -27,21 +22,11 @@ def gen() -> torch.Generator:
     return torch.Generator().manual_seed(7)
 
 
-def random_boxes3d(shape: tuple[int, ...], gen: torch.Generator, *, velocity: bool = True) -> torch.Tensor:
-    """float64 boxes with yaw in ±3π, so the encoding's wrap-around is exercised."""
-    return shared_boxes3d(shape, gen, dtype=torch.float64, velocity=velocity, yaw_turns=1.5)
-
-
 def random_xyxy(shape: tuple[int, ...], gen: torch.Generator, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """xyxy boxes ``(*shape, 4)`` with positive sizes in a 0..100 square, many of them overlapping."""
     low = torch.rand((*shape, 2), generator=gen, dtype=torch.float64) * 80
     size = 1 + torch.rand((*shape, 2), generator=gen, dtype=torch.float64) * 40
     return torch.cat([low, low + size], dim=-1).to(dtype)
-
-
-def wrap_angle(a: torch.Tensor) -> torch.Tensor:
-    """Angle difference to (-π, π]."""
-    return torch.atan2(torch.sin(a), torch.cos(a))
 
 
 # ---------------------------------------------------------------------- plain-float references
@@ -60,51 +45,6 @@ def ref_iou_giou(a: list[float], b: list[float], eps: float = 1e-6) -> tuple[flo
     hull = max(hw * hh, eps)
     iou = inter / union
     return iou, iou - (hull - union) / hull
-
-
-# ---------------------------------------------------------------------- 3D encodings
-@pytest.mark.parametrize("velocity", [True, False], ids=["9dim", "7dim"])
-def test_encode_decode_round_trip_wraps_yaw(velocity: bool, gen: torch.Generator) -> None:
-    boxes = random_boxes3d((4, 6), gen, velocity=velocity)
-    codes = encode_boxes_streampetr(boxes)
-    assert codes.shape == (4, 6, 10 if velocity else 8)
-    decoded = decode_boxes_streampetr(codes)
-    assert decoded.shape == boxes.shape
-    yaw_dim = 6
-    other = [d for d in range(boxes.shape[-1]) if d != yaw_dim]
-    torch.testing.assert_close(decoded[..., other], boxes[..., other], rtol=1e-12, atol=1e-12)
-    yaw = decoded[..., yaw_dim]
-    assert ((yaw > -math.pi) & (yaw <= math.pi)).all()
-    assert wrap_angle(yaw - boxes[..., yaw_dim]).abs().max() < 1e-12
-
-
-@pytest.mark.parametrize("velocity", [True, False], ids=["9dim", "7dim"])
-def test_encode_writes_log_sizes_and_yaw_sin_cos(velocity: bool, gen: torch.Generator) -> None:
-    boxes = random_boxes3d((5,), gen, velocity=velocity)
-    codes = encode_boxes_streampetr(boxes)
-    torch.testing.assert_close(codes[..., :3], boxes[..., :3], rtol=0, atol=0)
-    torch.testing.assert_close(codes[..., 3:6], boxes[..., 3:6].log())
-    torch.testing.assert_close(codes[..., 6], boxes[..., 6].sin())
-    torch.testing.assert_close(codes[..., 7], boxes[..., 6].cos())
-    if velocity:
-        torch.testing.assert_close(codes[..., 8:], boxes[..., 7:], rtol=0, atol=0)
-
-
-def test_decode_yaw_of_pi_stays_pi() -> None:
-    codes = torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0]], dtype=torch.float64)
-    assert decode_boxes_streampetr(codes)[0, 6] == math.pi
-
-
-@pytest.mark.parametrize("dim", [0, 6, 8, 10])
-def test_encode_rejects_bad_last_dim(dim: int) -> None:
-    with pytest.raises(ValueError, match="last dim"):
-        encode_boxes_streampetr(torch.zeros(3, dim))
-
-
-@pytest.mark.parametrize("dim", [0, 7, 9, 11])
-def test_decode_rejects_bad_last_dim(dim: int) -> None:
-    with pytest.raises(ValueError, match="last dim"):
-        decode_boxes_streampetr(torch.zeros(3, dim))
 
 
 # ---------------------------------------------------------------------- 2D formats

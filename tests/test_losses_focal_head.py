@@ -1,5 +1,6 @@
-"""FocalHeadLoss (losses/focal_head.py): batched == per-image reference on every term and gradient, images
-without ground truth, no host sync in the batched path apart from the one solver transfer, bad input."""
+"""FocalHeadLoss (models/streampetr/focal_head_loss.py): batched == per-image reference on every term and
+gradient, images without ground truth, no host sync in the batched path apart from the one solver transfer, bad
+input."""
 
 from __future__ import annotations
 

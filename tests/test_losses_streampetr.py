@@ -1,4 +1,4 @@
-"""StreamPETRLoss (losses/streampetr.py): batched == per-sample reference on every term and gradient, edge
+"""StreamPETRLoss (models/streampetr/loss.py): batched == per-sample reference on every term and gradient, edge
 cases, the published normalisation and weights, fp32 for half inputs, no host sync in the batched path apart
 from the one solver transfer, bad input."""
 

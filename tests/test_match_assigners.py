@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from drivetrain.geometry import encode_boxes_streampetr
+from drivetrain.models.streampetr.box_code import encode_boxes
 from drivetrain.models.streampetr.criteria import hungarian_2d, hungarian_3d
 from drivetrain.ragged import RaggedBatch
 from helpers.boxes import random_boxes3d
@@ -36,7 +36,7 @@ def predictions3d(
         near = min(boxes.shape[0], q // 2)
         if near:
             noise = torch.randn(num_layers, near, 10, generator=gen) * 0.3
-            codes[:, i, :near] = encode_boxes_streampetr(boxes[:near]) + noise
+            codes[:, i, :near] = encode_boxes(boxes[:near]) + noise
     return logits, codes
 
 
@@ -101,9 +101,9 @@ def test_3d_assigner_cost_is_weighted_sum_of_focal_and_box_l1(gen: torch.Generat
     labels = torch.tensor([1, 4, 1])
     logits, codes = torch.randn(5, NUM_CLASSES, generator=gen), torch.randn(5, 10, generator=gen)
     assigner = hungarian_3d()
-    cost = assigner.cost(logits, codes, encode_boxes_streampetr(gt), labels)
+    cost = assigner.cost(logits, codes, encode_boxes(gt), labels)
     weights = torch.tensor([2.0, 2.0, 1, 1, 1, 1, 1, 1])
-    enc = encode_boxes_streampetr(gt)
+    enc = encode_boxes(gt)
     for q in range(5):
         for g in range(3):
             p = logits[q, labels[g]].sigmoid()

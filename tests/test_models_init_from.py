@@ -394,7 +394,7 @@ def test_bare_state_dict_saved_from_ddp_loads_in_our_names(tmp_path: Path) -> No
 # ------------------------------------------------------------------------------------- (b) torchvision ResNet-50
 def published_streampetr() -> StreamPETR:
     cfg = load_config(CONFIGS / "streampetr_full.yaml").model
-    assert cfg.args["backbone"] == "resnet50"  # the published img_backbone: ResNet depth 50
+    assert cfg.args.backbone == "resnet50"  # the published img_backbone: ResNet depth 50
     return build_model(cfg)
 
 

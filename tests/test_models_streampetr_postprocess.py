@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from drivetrain.geometry import encode_boxes_streampetr
 from drivetrain.models.streampetr import decode, reference_decode
+from drivetrain.models.streampetr.box_code import encode_boxes
 from helpers.boxes import random_boxes3d
 from helpers.nosync import no_host_sync
 
@@ -21,7 +21,7 @@ SIGMOID_RTOL = 4 * torch.finfo(torch.float32).eps
 
 def outputs(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     logits = torch.randn(B, Q, C, generator=gen) * 3
-    codes = encode_boxes_streampetr(random_boxes3d(B * Q, gen)).view(B, Q, 10)
+    codes = encode_boxes(random_boxes3d(B * Q, gen)).view(B, Q, 10)
     codes[:, :5, 0] = 70.0  # some centres beyond the post-centre range (61.2 m)
     return logits, codes
 
@@ -55,7 +55,7 @@ def test_ground_truth_fed_as_outputs_decodes_back_to_itself(gen) -> None:
     logits = torch.full((1, Q, C), -20.0)
     logits[0, torch.arange(7), labels] = 20.0  # queries 0..6 are the ground truth, certain
     codes = torch.zeros(1, Q, 10)
-    codes[0, :7] = encode_boxes_streampetr(gt)
+    codes[0, :7] = encode_boxes(gt)
     codes[0, 7:, 7] = 1.0  # other queries: any valid code
     boxes, scores, out_labels = decode(logits, codes, max_num=7)
     assert int(boxes.sizes[0]) == 7 and (scores.tensor[0] > 0.99).all()

@@ -10,10 +10,12 @@ import pytest
 import torch
 
 from drivetrain.data.formats.nuscenes.tables import CLASSES as DATASET_CLASSES
-from drivetrain.losses import FocalHeadLoss, StreamPETRLoss
 from drivetrain.match import HungarianAssigner2D, HungarianAssigner3D
 from drivetrain.models import FocalDetector2D, StreamPETR
+from drivetrain.models.streampetr.box_code import encode_boxes
 from drivetrain.models.streampetr.criteria import focal_head_loss, streampetr_loss
+from drivetrain.models.streampetr.focal_head_loss import FocalHeadLoss
+from drivetrain.models.streampetr.loss import StreamPETRLoss
 from drivetrain.models.streampetr.recipe import (
     CLASSES,
     CODE_WEIGHTS,
@@ -37,7 +39,9 @@ def test_streampetr_criteria_are_built_from_the_recipe():
     assert tuple(model.criterion.code_weights.tolist()) == CODE_WEIGHTS
     assert model.criterion.weights["loss_cls"] == LOSS_WEIGHTS["loss_cls"]
     assert model.criterion.weights["loss_bbox"] == LOSS_WEIGHTS["loss_bbox"]
-    assert model.criterion.assigner == HungarianAssigner3D(code_weights=CODE_WEIGHTS, **MATCH_COSTS)
+    assert model.criterion.assigner == HungarianAssigner3D(
+        code_weights=CODE_WEIGHTS, encode=encode_boxes, **MATCH_COSTS
+    )
     assert model.focal_criterion is not None
     assert {k: model.focal_criterion.weights[k] for k in FOCAL_HEAD_WEIGHTS} == FOCAL_HEAD_WEIGHTS
     assert model.focal_criterion.assigner == HungarianAssigner2D(**FOCAL_HEAD_MATCH_COSTS)

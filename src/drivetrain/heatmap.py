@@ -37,7 +37,8 @@ _EPS32 = float(torch.finfo(torch.float32).eps)
 
 
 def focal_head_radius(centres: torch.Tensor, boxes_xyxy: torch.Tensor, stride: float) -> torch.Tensor:
-    """StreamPETR focal-head radius: ``max(1, ceil(min(l, t, r, b) / stride))``, int64.
+    """Radius by the centre's distance to the box edges: ``max(1, ceil(min(l, t, r, b) / stride))``, int64 (the
+    rule StreamPETR's focal head draws its centerness heatmap with, ``FocalHead._get_heatmap_single``).
 
     Args:
         centres: ``(..., 2)`` pixel centres (projected 3D centres).

@@ -65,7 +65,7 @@ GROUPS = {"model": "drivetrain.models", "data": "drivetrain.datasets"}
 # per detector.
 MODELS: dict[str, tuple[str, str, str]] = {
     "smoke": ("drivetrain.engine.smoke", "SMOKE_SPEC", "a two-layer MLP on generated tensors (engine tests)"),
-    "focal2d": ("drivetrain.models.focal2d", "SPEC", "a small 2D detector with StreamPETR's focal head"),
+    "focal2d": ("drivetrain.models.focal2d.spec", "SPEC", "a small 2D detector with StreamPETR's focal head"),
     "streampetr": ("drivetrain.models.streampetr.spec", "SPEC", "StreamPETR camera 3D detector"),
     "pointpillars": ("drivetrain.models.pointpillars.spec", "POINTPILLARS", "PointPillars lidar 3D detector"),
     "ssn": ("drivetrain.models.pointpillars.spec", "SSN", "SSN (shape signature network) lidar 3D detector"),

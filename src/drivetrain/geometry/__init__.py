@@ -1,5 +1,5 @@
-"""Box encodings, 2D box formats, IoU/GIoU for padded batches, BEV and rotated IoU, rotated NMS, rigid transforms
-and camera projection."""
+"""The anchor delta box coder, 2D box formats, IoU/GIoU for padded batches, BEV and rotated IoU, rotated NMS,
+rigid transforms and camera projection."""
 
 from drivetrain.geometry.bev_iou import nearest_bev_iou
 from drivetrain.geometry.boxes2d import (
@@ -12,7 +12,6 @@ from drivetrain.geometry.boxes2d import (
     normalize_boxes,
     unnormalize_boxes,
 )
-from drivetrain.geometry.boxes3d import decode_boxes_streampetr, encode_boxes_streampetr
 from drivetrain.geometry.delta_coder import decode_delta_xyzwlhr, direction_target, encode_delta_xyzwlhr
 from drivetrain.geometry.rotated_iou import rotated_bev_iou_aligned, rotated_bev_iou_pairwise
 from drivetrain.geometry.rotated_nms import (
@@ -26,10 +25,8 @@ __all__ = [
     "batched_rotated_nms",
     "boxes_cxcywh_to_xyxy",
     "boxes_xyxy_to_cxcywh",
-    "decode_boxes_streampetr",
     "decode_delta_xyzwlhr",
     "direction_target",
-    "encode_boxes_streampetr",
     "encode_delta_xyzwlhr",
     "giou_aligned",
     "giou_pairwise",

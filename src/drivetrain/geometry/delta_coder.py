@@ -1,6 +1,6 @@
 """The residual anchor box code of mmdetection3d's anchor heads (its ``DeltaXYZWLHRBBoxCoder``).
 
-Boxes here use the gravity centre ``(x, y, z_c, dx, dy, dz, yaw[, vx, vy])`` (see :mod:`.boxes3d`). The
+Boxes here use the gravity centre ``(x, y, z_c, dx, dy, dz, yaw[, vx, vy])`` (see :mod:`.rigid`). The
 original works on bottom-centre boxes and first lifts anchor and target to their gravity centres
 (``z + dz/2``) before taking differences; on centre-z inputs that lift is the identity, so the formulas
 below are the original's without it (``tests/test_geometry_delta_coder.py`` checks the two agree).

@@ -1,11 +1,12 @@
-"""Camera projection of 3D boxes: the per-camera 2D ground truth of StreamPETR's focal head.
+"""Camera projection of 3D boxes: the per-camera 2D ground truth of image-space heads (2D boxes, centres, depths).
 
 For each box and camera: the 2D box is the min/max of the cuboid's projection — corners in front of the
 near plane plus the points where its edges cross that plane, so boxes reaching behind the camera are
 handled — clipped to the image; ``centers_2d`` is the projection of the 3D box centre and ``depths_2d``
 its depth (camera z). A box is kept for a camera when its centre lies at least ``min_depth`` in front of
 the camera and projects inside the image, and its clipped 2D box is at least ``min_size`` pixels wide and
-high (StreamPETR: depth > 0.1 m, ≥ 2 px... its converter keeps the centre inside the image).
+high (as StreamPETR's converter, whose 2D ground truth its focal head learns: depth > 0.1 m, ≥ 2 px... it keeps
+the centre inside the image).
 """
 
 from __future__ import annotations

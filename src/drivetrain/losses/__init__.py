@@ -1,6 +1,5 @@
 """Detection losses (elementwise, fp32) and average factors."""
 
-from drivetrain.losses.focal_head import FocalHeadLoss
 from drivetrain.losses.functional import (
     gaussian_focal_loss,
     giou_loss,
@@ -12,11 +11,8 @@ from drivetrain.losses.functional import (
     smooth_l1_loss,
 )
 from drivetrain.losses.normalize import average_factor
-from drivetrain.losses.streampetr import StreamPETRLoss
 
 __all__ = [
-    "FocalHeadLoss",
-    "StreamPETRLoss",
     "average_factor",
     "gaussian_focal_loss",
     "giou_loss",

@@ -1,24 +1,27 @@
-"""Hungarian assigners of StreamPETR: 3D (main head) and 2D (focal head), reference and batched.
+"""Hungarian assigners over given costs: 3D boxes of every decoder layer, and 2D boxes of every image; reference
+and batched.
 
-``reference_*`` does what the original code does: one cost matrix per sample and decoder layer (or per
-image), each moved to the host and solved on its own. ``batched_*`` builds the costs of all layers ×
-samples (or samples × cameras) in one go over padded targets and solves them with one host transfer
-(or none, with the ``gpu`` backend). Both return the same pairs; both run without gradients.
+``reference_*`` does what the original code (the DETR-style ``HungarianAssigner3D`` / ``HungarianAssigner2D`` of
+StreamPETR, ``projects/mmdet3d_plugin/core/bbox/assigners/``) does: one cost matrix per sample and decoder layer
+(or per image), each moved to the host and solved on its own. ``batched_*`` builds the costs of all layers ×
+samples (or samples × cameras) in one go over padded targets and solves them with one host transfer (or none,
+with the ``gpu`` backend). Both return the same pairs; both run without gradients.
 
 A sample (or image) with more ground truths than predictions (``M > Q``) gets ``Q`` pairs: every query is
 matched and the other ``M − Q`` ground truths stay unassigned, as in the original (SciPy's
 ``linear_sum_assignment`` on the rectangular ``(Q, M)`` cost matrix); they take no part in the matched loss
 terms (:func:`drivetrain.match.solve.num_assigned` counts the pairs).
 
-Costs (``λ`` the cost weights, ``w`` the code weights; a model passes its published values, e.g. StreamPETR's
-:mod:`drivetrain.models.streampetr.recipe` — the assigners have no defaults for them):
-    3D: ``λ_cls · focal(logits, y) + λ_reg · Σ_{k<8} |w_k·pred_k − w_k·enc(gt)_k|``.
+Costs (``λ`` the cost weights, ``w`` the code weights, ``enc`` the box code: a model passes its own — e.g.
+:mod:`drivetrain.models.streampetr.criteria` — the assigners have no defaults for them):
+    3D: ``λ_cls · focal(logits, y) + λ_reg · Σ_{k<reg_dims} |w_k·pred_k − w_k·enc(gt)_k|``.
     2D: ``λ_cls · focal + λ_box · L1(pred cxcywh, gt cxcywh / (W, H)) − λ_giou · GIoU_pixels
     + λ_centre · L1(pred c2d, c2d / (W, H))``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +29,7 @@ from scipy.optimize import linear_sum_assignment
 
 from drivetrain.compiled import region
 from drivetrain.constants import constant
-from drivetrain.geometry import boxes_xyxy_to_cxcywh, encode_boxes_streampetr, normalize_boxes
+from drivetrain.geometry import boxes_xyxy_to_cxcywh, normalize_boxes
 from drivetrain.match.costs import bbox3d_l1_cost, centre_l1_cost, focal_cost, giou_cost, l1_cost
 from drivetrain.match.solve import NAN_COST, NEGINF_COST, POSINF_COST, solve
 from drivetrain.ragged import RaggedBatch
@@ -65,6 +68,8 @@ class HungarianAssigner3D:
         reg_weight: weight of the code-weighted L1 box cost (required, keyword).
         code_weights: per-dim weights of the box code (required, keyword); only the first ``reg_dims`` dims are
             compared.
+        encode: the model's box code (required, keyword): ground-truth boxes ``(..., 9)`` → codes ``(..., D)``,
+            the space of the predicted codes; it must keep the padding (ones) finite.
         alpha, gamma: focal cost parameters (0.25, 2: the defaults of the original's ``FocalLossCost``).
         reg_dims: box-code dims used by the cost (8: no velocity, as the original's ``match_with_velo=False``).
         backend: solver backend for the batched path (see :func:`drivetrain.match.solve`).
@@ -73,6 +78,7 @@ class HungarianAssigner3D:
     cls_weight: float
     reg_weight: float
     code_weights: tuple[float, ...]
+    encode: Callable[[torch.Tensor], torch.Tensor]
     alpha: float = 0.25
     gamma: float = 2.0
     reg_dims: int = 8
@@ -105,7 +111,7 @@ class HungarianAssigner3D:
 
         Args:
             pred_logits: ``(L, B, Q, C)`` (any number of leading dims before ``B`` works).
-            pred_codes: ``(L, B, Q, 10)`` box codes (StreamPETR encoding).
+            pred_codes: ``(L, B, Q, D)`` box codes (:attr:`encode`'s).
             gt_boxes: RaggedBatch ``(B, G, 9)`` gravity-centre boxes.
             gt_labels: RaggedBatch ``(B, G)`` int classes, same sizes as ``gt_boxes``.
 
@@ -118,7 +124,7 @@ class HungarianAssigner3D:
             raise TypeError(f"gt_boxes: expected a RaggedBatch (B, G, 9), got {type(gt_boxes).__name__}")
         _check_targets("gt_boxes", gt_boxes, lead[-gt_boxes.num_batch_dims :])
         _check_targets("gt_labels", gt_labels, tuple(gt_boxes.batch_shape))
-        gt_codes = encode_boxes_streampetr(gt_boxes.with_padding(1.0).tensor)  # (B, G, 10): padding stays finite
+        gt_codes = self.encode(gt_boxes.with_padding(1.0).tensor)  # (B, G, D): padding stays finite
         labels = gt_labels.with_padding(0).tensor  # (B, G)
         with region("cost"):
             cost = self.cost(pred_logits, pred_codes, gt_codes, labels)  # (L, B, Q, G)
@@ -137,7 +143,7 @@ class HungarianAssigner3D:
 
         Args:
             pred_logits: ``(L, B, Q, C)`` class logits.
-            pred_codes: ``(L, B, Q, 10)`` box codes.
+            pred_codes: ``(L, B, Q, D)`` box codes (:attr:`encode`'s).
             gt_boxes: per sample ``(M_b, 9)`` gravity-centre boxes.
             gt_labels: per sample ``(M_b,)`` int classes.
 
@@ -152,7 +158,7 @@ class HungarianAssigner3D:
                     row.append(torch.zeros(0, 2, dtype=torch.long, device=pred_logits.device))
                     continue
                 with region("cost"):
-                    gt_codes = encode_boxes_streampetr(boxes)
+                    gt_codes = self.encode(boxes)
                     cost = self.cost(pred_logits[layer, b], pred_codes[layer, b], gt_codes, labels)
                 row.append(_solve_one(cost))
             out.append(row)
@@ -161,7 +167,7 @@ class HungarianAssigner3D:
 
 @dataclass(frozen=True, kw_only=True)
 class HungarianAssigner2D:
-    """Match the focal head's per-image 2D predictions to the 2D ground truth of their image.
+    """Match per-image 2D predictions (tokens of a dense 2D head) to the 2D ground truth of their image.
 
     Args:
         cls_weight, box_weight, giou_weight, centre_weight: cost weights (required, keyword).

@@ -69,7 +69,7 @@ def bbox3d_l1_cost(
     """Code-weighted L1 between encoded 3D boxes on their first ``dims`` dims (no velocity by default).
 
     Args:
-        pred_codes: ``(..., Q, D)`` predicted box codes (StreamPETR encoding, ``D`` ≥ ``dims``).
+        pred_codes: ``(..., Q, D)`` predicted box codes (the model's box code, ``D`` ≥ ``dims``).
         gt_codes: ``(..., G, D')`` encoded targets, ``D'`` ≥ ``dims``.
         code_weights: ``(D,)`` per-dim weights (e.g. 2, 2, 1, 1, 1, 1, 1, 1, 1, 1); both sides are weighted.
         dims: leading dims compared (8: centre, size, yaw; the velocity is left out, as in the original).

@@ -1,10 +1,13 @@
-"""StreamPETR, the streaming multi-camera 3D detector, one concept per module.
+"""StreamPETR, the streaming multi-camera 3D detector, one concept per module — everything specific to it.
 
-``backbone`` (tiny conv net or ResNet-50 + CPFPN), ``position`` (the PETR 3D position embedding), ``embedding``
-(query-side encodings), ``memory`` (the temporal memory bank), ``denoising`` (denoising queries),
-``decoder`` (the transformer decoder), ``heads`` (class/box branches and the 2D focal head), ``postprocess``
-(NMS-free decoding) and ``detector`` (:class:`StreamPETR`, which composes them); ``recipe`` holds the published
-constants (classes, ranges, image normalisation, code and loss weights, matching costs).
+The model: ``backbone`` (tiny conv net or ResNet-50 + CPFPN), ``position`` (the PETR 3D position embedding),
+``embedding`` (query-side encodings), ``memory`` (the temporal memory bank), ``denoising`` (denoising queries),
+``decoder`` (the transformer decoder), ``heads`` (class/box branches and the 2D focal head), ``box_code`` (the 3D
+box code its heads regress), ``postprocess`` (NMS-free decoding) and ``detector`` (:class:`StreamPETR`, which
+composes them). Its training: ``loss`` (the 3D head's loss), ``focal_head_loss`` (the 2D focal head's) and
+``criteria`` (both, with their Hungarian matchers, built from ``recipe``, the published constants: classes,
+ranges, image normalisation, code and loss weights, matching costs). The engine's view: ``weights`` (the weight
+formats it imports) and ``spec`` (its :class:`~drivetrain.model_spec.ModelSpec` and typed ``model.args``).
 """
 
 from drivetrain.models.streampetr.backbone import ResNet50, ResNetBackbone, TinyBackbone, build_backbone

@@ -1,10 +1,10 @@
 """StreamPETR's criteria built from its recipe: the 3D head's loss and matcher, the 2D focal head's.
 
-The generic losses and assigners (:class:`~drivetrain.losses.StreamPETRLoss`,
-:class:`~drivetrain.losses.FocalHeadLoss`, :class:`~drivetrain.match.HungarianAssigner3D`,
-:class:`~drivetrain.match.HungarianAssigner2D`) take the published weights and costs as required arguments; these
-functions pass :mod:`.recipe`'s, so a model, a benchmark or a user's own training loop gets the published criterion
-in one call and the constants keep one owner::
+The losses (:class:`~.loss.StreamPETRLoss`, :class:`~.focal_head_loss.FocalHeadLoss`) and the generic assigners
+(:class:`~drivetrain.match.HungarianAssigner3D`, :class:`~drivetrain.match.HungarianAssigner2D`) take the published
+weights, costs and box code as required arguments; these functions pass :mod:`.recipe`'s (and :mod:`.box_code`),
+so a model, a benchmark or a user's own training loop gets the published criterion in one call and the constants
+keep one owner::
 
     >>> from drivetrain.models.streampetr.criteria import streampetr_loss
     >>> loss = streampetr_loss()  # focal 2.0 + L1 0.25, code weights (2, 2, 1, …), DN split 0.75, Hungarian 3D
@@ -17,8 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from drivetrain.losses import FocalHeadLoss, StreamPETRLoss
 from drivetrain.match import HungarianAssigner2D, HungarianAssigner3D
+from drivetrain.models.streampetr.box_code import encode_boxes
+from drivetrain.models.streampetr.focal_head_loss import FocalHeadLoss
+from drivetrain.models.streampetr.loss import StreamPETRLoss
 from drivetrain.models.streampetr.recipe import (
     CLASSES,
     CODE_WEIGHTS,
@@ -34,12 +36,13 @@ __all__ = ["focal_head_loss", "hungarian_2d", "hungarian_3d", "streampetr_loss"]
 
 
 def hungarian_3d(backend: str = "auto") -> HungarianAssigner3D:
-    """The 3D head's matcher: :data:`~.recipe.MATCH_COSTS` over :data:`~.recipe.CODE_WEIGHTS`.
+    """The 3D head's matcher: :data:`~.recipe.MATCH_COSTS` over :data:`~.recipe.CODE_WEIGHTS` of the box code
+    (:func:`~.box_code.encode_boxes`).
 
     Args:
         backend: solver backend of the batched path (:func:`drivetrain.match.solve`).
     """
-    return HungarianAssigner3D(code_weights=CODE_WEIGHTS, **MATCH_COSTS, backend=backend)
+    return HungarianAssigner3D(code_weights=CODE_WEIGHTS, encode=encode_boxes, **MATCH_COSTS, backend=backend)
 
 
 def hungarian_2d(backend: str = "auto") -> HungarianAssigner2D:
@@ -65,8 +68,8 @@ def streampetr_loss(
         num_classes: ``C`` (the recipe's 10 classes).
         backend: the matcher's solver backend.
         dn_split: the denoising split (:data:`~.recipe.DN_SPLIT`).
-        sync_cls_avg_factor: as :class:`~drivetrain.losses.StreamPETRLoss`'s.
-        compile: as :class:`~drivetrain.losses.StreamPETRLoss`'s.
+        sync_cls_avg_factor: as :class:`~.loss.StreamPETRLoss`'s.
+        compile: as :class:`~.loss.StreamPETRLoss`'s.
     """
     return StreamPETRLoss(
         num_classes,
@@ -94,8 +97,8 @@ def focal_head_loss(
         num_classes: ``C`` (the recipe's 10 classes).
         stride: the feature stride in pixels (:data:`~.recipe.STRIDE`).
         backend: the matcher's solver backend.
-        sync_cls_avg_factor: as :class:`~drivetrain.losses.FocalHeadLoss`'s.
-        compile: as :class:`~drivetrain.losses.FocalHeadLoss`'s.
+        sync_cls_avg_factor: as :class:`~.focal_head_loss.FocalHeadLoss`'s.
+        compile: as :class:`~.focal_head_loss.FocalHeadLoss`'s.
     """
     return FocalHeadLoss(
         num_classes,

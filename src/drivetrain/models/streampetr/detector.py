@@ -1,7 +1,7 @@
 """StreamPETR, the streaming multi-camera 3D detector: backbone → 3D position embedding → queries aligned with
 the temporal memory → transformer decoder → shared class/box branches, with denoising queries in training and
-the 2D focal head on the image features; trained by :class:`~drivetrain.losses.StreamPETRLoss` and
-:class:`~drivetrain.losses.FocalHeadLoss` through the engine's protocol (``forward(batch)``,
+the 2D focal head on the image features; trained by :class:`~.loss.StreamPETRLoss` and
+:class:`~.focal_head_loss.FocalHeadLoss` through the engine's protocol (``forward(batch)``,
 ``loss(outputs, batch)``).
 
 One frame per step, as the published streaming training (``seq_mode``, one frame per iteration): the memory
@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from drivetrain.batch import Batch
 from drivetrain.constants import constant
 from drivetrain.models.streampetr.backbone import build_backbone
 from drivetrain.models.streampetr.criteria import focal_head_loss, streampetr_loss
@@ -186,7 +187,7 @@ class StreamPETR(nn.Module):
         return (self.num_query + self.num_propagated,)
 
     # ---------------------------------------------------------------------------------------------- forward
-    def forward(self, batch: Any) -> dict[str, Any]:
+    def forward(self, batch: Batch) -> dict[str, Any]:
         """One frame of every batch slot.
 
         Args:
@@ -251,7 +252,7 @@ class StreamPETR(nn.Module):
         next batch ahead, on a side stream (``speed.encoder_overlap``)."""
         return self.freeze_backbone
 
-    def encode(self, batch: Any) -> tuple[torch.Tensor, tuple[int, int]]:
+    def encode(self, batch: Batch) -> tuple[torch.Tensor, tuple[int, int]]:
         """The image encoder alone: features ``(B·N, E, h, w)`` of ``batch.images`` and the padded size ``(W, H)``;
         without gradients when the backbone is frozen."""
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.freeze_backbone):
@@ -276,7 +277,7 @@ class StreamPETR(nn.Module):
             x = F.pad(x, (0, pw - w, 0, ph - h))  # (B·N, 3, H', W'), zeros after normalising, as the original
         return self.backbone(x), (pw, ph)
 
-    def _dn_queries(self, batch: Any):
+    def _dn_queries(self, batch: Batch):
         build = make_dn_queries if self.impl == "batched" else reference_make_dn_queries
         return build(
             batch.gt_boxes,
@@ -355,7 +356,7 @@ class StreamPETR(nn.Module):
             counts.update(self.focal_criterion.counts)
         return counts
 
-    def loss(self, outputs: dict[str, Any], batch: Any) -> dict[str, torch.Tensor]:
+    def loss(self, outputs: dict[str, Any], batch: Batch) -> dict[str, torch.Tensor]:
         """Unweighted terms of the 3D head (every layer, denoising) and of the focal head."""
         terms = self.criterion(outputs, batch, impl=self.impl)
         if self.focal_criterion is not None:
@@ -366,7 +367,7 @@ class StreamPETR(nn.Module):
     # -------------------------------------------------------------------------------------------- inference
     @torch.no_grad()
     def detect(
-        self, batch: Any, max_num: int = MAX_NUM, score_threshold: float | None = None
+        self, batch: Batch, max_num: int = MAX_NUM, score_threshold: float | None = None
     ) -> tuple[RaggedBatch, RaggedBatch, RaggedBatch]:
         """Forward one frame and decode the last layer's top ``max_num`` boxes (no NMS).
 

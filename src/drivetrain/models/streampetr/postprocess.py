@@ -20,7 +20,7 @@ import torch
 
 from drivetrain import ragged
 from drivetrain.constants import constant
-from drivetrain.geometry import decode_boxes_streampetr
+from drivetrain.models.streampetr.box_code import decode_boxes
 from drivetrain.models.streampetr.recipe import MAX_NUM, POST_CENTER_RANGE
 from drivetrain.ragged import RaggedBatch
 
@@ -63,7 +63,7 @@ def decode(
     labels = index % num_classes  # (B, K)
     query = torch.div(index, num_classes, rounding_mode="floor")  # (B, K)
     codes = box_codes.gather(1, query.unsqueeze(-1).expand(*query.shape, 10))  # (B, K, 10)
-    boxes = decode_boxes_streampetr(codes)  # (B, K, 9)
+    boxes = decode_boxes(codes)  # (B, K, 9)
     keep = _in_range(boxes, post_center_range)  # (B, K)
     if score_threshold is not None:
         keep = keep & (scores >= score_threshold)  # (B, K)
@@ -92,7 +92,7 @@ def reference_decode(
     for b in range(cls_logits.shape[0]):
         scores, index = cls_logits[b].sigmoid().view(-1).topk(max_num)  # (K,), (K,)
         labels = index % num_classes  # (K,)
-        boxes = decode_boxes_streampetr(box_codes[b][torch.div(index, num_classes, rounding_mode="floor")])  # (K, 9)
+        boxes = decode_boxes(box_codes[b][torch.div(index, num_classes, rounding_mode="floor")])  # (K, 9)
         mask = _in_range(boxes, post_center_range)  # (K,)
         if score_threshold is not None:
             mask &= scores >= score_threshold

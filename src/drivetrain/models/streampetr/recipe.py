@@ -2,9 +2,9 @@
 and decoding ranges, code weights, loss weights and matching costs of the 3D head and of the 2D focal head.
 
 Each is cited from the published config of the StreamPETR repository (``exiawsh/StreamPETR`` at commit 95f6470),
-``projects/configs/StreamPETR/stream_petr_r50_flash_704_bs2_seq_24e.py``. The generic pieces
-(:class:`~drivetrain.losses.StreamPETRLoss`, :class:`~drivetrain.losses.FocalHeadLoss`, the Hungarian assigners of
-:mod:`drivetrain.match.assigners`) take these as required arguments and default to none of them;
+``projects/configs/StreamPETR/stream_petr_r50_flash_704_bs2_seq_24e.py``. The losses
+(:class:`~.loss.StreamPETRLoss`, :class:`~.focal_head_loss.FocalHeadLoss`) and the generic Hungarian assigners of
+:mod:`drivetrain.match.assigners` take these as required arguments and default to none of them;
 :mod:`.criteria` builds them from this module, for :class:`~.detector.StreamPETR`,
 :class:`~drivetrain.models.focal2d.FocalDetector2D` and users' own training code. This module holds data only.
 """
@@ -90,8 +90,8 @@ FOCAL_HEAD_WEIGHTS = {
     "centerness_loss": 1.0,
 }
 """``img_roi_head``'s ``loss_cls2d`` (quality focal), ``loss_bbox2d`` (L1), ``loss_iou2d`` (GIoU),
-``loss_centers2d`` (L1) and ``loss_centerness`` (Gaussian focal) weights, by :class:`~drivetrain.losses.
-FocalHeadLoss`' term names."""
+``loss_centers2d`` (L1) and ``loss_centerness`` (Gaussian focal) weights, by the term names of
+:class:`~.focal_head_loss.FocalHeadLoss`."""
 
 FOCAL_HEAD_MATCH_COSTS = {"cls_weight": 2.0, "box_weight": 5.0, "giou_weight": 2.0, "centre_weight": 10.0}
 """``img_roi_head.train_cfg.assigner2d`` (``HungarianAssigner2D``): ``cls_cost``, ``reg_cost`` (xywh L1),

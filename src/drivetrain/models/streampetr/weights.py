@@ -1,4 +1,5 @@
-"""Key maps from the original implementations' weights to drivetrain's models (``model.init_from``).
+"""StreamPETR's weight formats (``model.init_from``): a torchvision ResNet-50 into its trunk, and the StreamPETR
+repository's checkpoints, each map renaming the original's state dict into our names (:mod:`drivetrain.keymap`).
 
 Each map reads a state dict in the original's parameter and buffer names and returns our model's names, with the
 tensor converted where our layout differs (said at the rule that does it). The names were read from the original
@@ -7,8 +8,8 @@ module definitions at these versions:
 * **torchvision ResNet-50** (``torchvision/models/resnet.py``: ``ResNet``, ``Bottleneck``): ``conv1``, ``bn1``,
   ``layer{1..4}.{i}.conv{1,2,3}`` / ``bn{1,2,3}`` / ``downsample.{0,1}``, ``fc``. mmdet's ``ResNet``
   (``mmdet/models/backbones/resnet.py``: ``Bottleneck``, ``ResLayer``, norms named by ``build_norm_layer``'s
-  ``bn`` + postfix) uses the same names without ``fc``, so it maps onto :class:`~.streampetr.backbone.ResNet50`
-  as it is; ``fc`` (the ImageNet classifier) is ignored.
+  ``bn`` + postfix) uses the same names without ``fc``, so it maps onto :class:`~.backbone.ResNet50` as it is;
+  ``fc`` (the ImageNet classifier) is ignored.
 * **StreamPETR** (repository ``exiawsh/StreamPETR`` at commit 95f6470, the published
   ``projects/configs/StreamPETR/stream_petr_r50_flash_704_bs2_seq_24e.py``): ``Petr3D``
   (``projects/mmdet3d_plugin/models/detectors/petr3d.py``: ``img_backbone``, ``img_neck``, ``img_roi_head``,
@@ -23,17 +24,18 @@ module definitions at these versions:
   ``models/utils/attention.py``) and ``attn.out_proj``, the layout of our packed ``in_proj`` (no conversion);
   mmcv 1.7's ``FFN`` (``mmcv/cnn/bricks/transformer.py``): ``layers.0.0`` (Linear E→F) and ``layers.1``
   (Linear F→E), our ``ffn.0`` and ``ffn.3``.
+
 Class order: the class channels of the original's heads follow its config's ``class_names``. A checkpoint's
-``meta`` names them (mmdet3d 0.x / mmcv: ``meta.CLASSES``; mmengine: ``meta.dataset_meta.classes``); without it
-the published order is assumed (StreamPETR's, which is drivetrain's). When that order differs from the model's,
-the class channels of the class linear layers are permuted to the model's order (a conversion); another class set
-is reported as a mismatch. (The mmdetection3d lidar checkpoints' map: :mod:`drivetrain.models.pointpillars.weights`.)
+``meta`` names them (mmcv: ``meta.CLASSES``; mmengine: ``meta.dataset_meta.classes``); without it the published
+order is assumed (:data:`.recipe.CLASSES`, which is drivetrain's). When that order differs from the model's, the
+class channels of the class linear layers are permuted to the model's order (a conversion); another class set is
+reported as a mismatch.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Collection
 
 import torch
 from torch import nn
@@ -45,22 +47,28 @@ from drivetrain.keymap import (
     KeyMapError,
     class_order,
     file_classes,
-    map_drivetrain,
     permute_classes,
     rename,
     rules,
     short,
 )
-from drivetrain.models.streampetr import recipe as streampetr_recipe
+from drivetrain.model_spec import WeightFormat
+from drivetrain.models.streampetr import recipe
 from drivetrain.models.streampetr.backbone import ResNet50
 from drivetrain.models.streampetr.detector import StreamPETR
 
-__all__ = ["MAPS", "KeyMap", "KeyMapError", "map_state"]
+__all__ = [
+    "STREAMPETR_RULES",
+    "STREAMPETR_WEIGHTS",
+    "TORCHVISION_RESNET50",
+    "map_streampetr",
+    "map_torchvision_resnet50",
+]
 
 
 # --------------------------------------------------------------------------------------- torchvision ResNet-50
 def map_torchvision_resnet50(model: nn.Module, state: dict[str, torch.Tensor], meta: dict | None = None) -> KeyMap:
-    """A torchvision ResNet-50 state dict into the model's one :class:`~.streampetr.backbone.ResNet50` trunk
+    """A torchvision ResNet-50 state dict into the model's one :class:`~.backbone.ResNet50` trunk
     (StreamPETR's ``backbone.trunk`` with ``backbone: resnet50``): the same names, ``fc.*`` ignored."""
     trunks = [name for name, module in model.named_modules() if isinstance(module, ResNet50)]
     if len(trunks) != 1:
@@ -121,7 +129,7 @@ def _streampetr_constants(model: StreamPETR) -> dict[str, torch.Tensor]:
 
 
 def map_streampetr(model: nn.Module, state: dict[str, torch.Tensor], meta: dict | None = None) -> KeyMap:
-    """A StreamPETR-repository checkpoint (``Petr3D``'s ``state_dict``) into :class:`~.streampetr.StreamPETR`.
+    """A StreamPETR-repository checkpoint (``Petr3D``'s ``state_dict``) into :class:`~.detector.StreamPETR`.
 
     Beyond :data:`STREAMPETR_RULES`: the original puts one class and one box branch object in its list once per
     layer (``_init_layers``), so ``cls_branches.{1..5}`` / ``reg_branches.{1..5}`` repeat ``.0`` — they are ignored
@@ -149,11 +157,11 @@ def map_streampetr(model: nn.Module, state: dict[str, torch.Tensor], meta: dict 
             else:
                 out.ignored.append((key, "a constant of the model's arguments; it agrees"))
         elif key in _LOSS_CONSTANTS:
-            out.ignored.append((key, "a loss constant, held by drivetrain.losses.StreamPETRLoss"))
+            out.ignored.append((key, "a loss constant, held by the criterion (drivetrain.models.streampetr.loss)"))
         else:
             rest[key] = value
     rename(rest, STREAMPETR_RULES, out)
-    classes_in_file = file_classes(meta) or streampetr_recipe.CLASSES  # the published config's class_names
+    classes_in_file = file_classes(meta) or recipe.CLASSES  # the published config's class_names
     last = len(model.cls_branch) - 1
     permute_classes(
         out,
@@ -164,26 +172,27 @@ def map_streampetr(model: nn.Module, state: dict[str, torch.Tensor], meta: dict 
     return out
 
 
-MAPS: dict[str, Callable[[nn.Module, dict[str, torch.Tensor], dict | None], KeyMap]] = {
-    "drivetrain": map_drivetrain,
-    "torchvision-resnet50": map_torchvision_resnet50,
-    "streampetr": map_streampetr,
-}
-"""Format name → map."""
+# ------------------------------------------------------------------------------------------------ the formats
+_STREAMPETR_PREFIXES = ("img_backbone.", "img_neck.", "img_roi_head.", "pts_bbox_head.transformer.")
 
 
-def map_state(model: nn.Module, state: dict[str, torch.Tensor], fmt: str, meta: dict | None = None) -> KeyMap:
-    """``state`` (names of format ``fmt``, one of :data:`MAPS`) in ``model``'s names.
+def _is_streampetr(names: Collection[str]) -> bool:
+    return any(name.startswith(_STREAMPETR_PREFIXES) for name in names)
 
-    Args:
-        model: the model to initialise.
-        state: name → tensor, in the file's names (the ``state_dict`` of a checkpoint, ``module.`` removed).
-        fmt: ``drivetrain``, ``torchvision-resnet50`` or ``streampetr``.
-        meta: the checkpoint's ``meta`` (its class names), if any.
 
-    Returns:
-        a :class:`KeyMap`; raises :class:`KeyMapError` when the format does not apply to this kind of model.
-    """
-    if fmt not in MAPS:
-        raise KeyMapError(f"unknown format {fmt!r}; expected one of {', '.join(MAPS)}")
-    return MAPS[fmt](model, state, meta)
+def _is_torchvision_resnet50(names: Collection[str]) -> bool:
+    return "conv1.weight" in names and "layer1.0.conv1.weight" in names
+
+
+TORCHVISION_RESNET50 = WeightFormat(
+    "torchvision-resnet50",
+    "a torchvision ResNet-50 state dict, into the model's ResNet-50 trunk (the published backbone initialisation)",
+    _is_torchvision_resnet50,
+    map_torchvision_resnet50,
+)
+"""``format: torchvision-resnet50``: :func:`map_torchvision_resnet50`."""
+
+STREAMPETR_WEIGHTS = WeightFormat(
+    "streampetr", "a StreamPETR-repository checkpoint (the state_dict of Petr3D)", _is_streampetr, map_streampetr
+)
+"""``format: streampetr``: :func:`map_streampetr`."""

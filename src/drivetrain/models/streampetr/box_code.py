@@ -1,18 +1,19 @@
-"""3D box encodings used by the detection heads.
+"""StreamPETR's 3D box code: what its box branch regresses, its loss compares and its matcher costs.
 
 Boxes are in the lidar frame (x forward, y left, z up) with the *gravity centre* as position:
-``(x, y, z_c, dx, dy, dz, yaw, vx, vy)`` with ``dx`` the length along the heading. StreamPETR regresses
-``(x, y, z_c, ln dx, ln dy, ln dz, sin yaw, cos yaw, vx, vy)``.
+``(x, y, z_c, dx, dy, dz, yaw, vx, vy)`` with ``dx`` the length along the heading
+(:mod:`drivetrain.geometry.rigid`). StreamPETR regresses ``(x, y, z_c, ln dx, ln dy, ln dz, sin yaw, cos yaw,
+vx, vy)`` (its ``normalize_bbox`` / ``denormalize_bbox``, ``projects/mmdet3d_plugin/core/bbox/util.py``).
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["decode_boxes_streampetr", "encode_boxes_streampetr"]
+__all__ = ["decode_boxes", "encode_boxes"]
 
 
-def encode_boxes_streampetr(boxes: torch.Tensor) -> torch.Tensor:
+def encode_boxes(boxes: torch.Tensor) -> torch.Tensor:
     """Encode boxes for regression targets and matching costs.
 
     Args:
@@ -31,8 +32,8 @@ def encode_boxes_streampetr(boxes: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts, dim=-1)  # (..., 10) or (..., 8)
 
 
-def decode_boxes_streampetr(codes: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`encode_boxes_streampetr`: ``(..., 10)`` or ``(..., 8)`` → ``(..., 9)`` or ``(..., 7)``."""
+def decode_boxes(codes: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`encode_boxes`: ``(..., 10)`` or ``(..., 8)`` → ``(..., 9)`` or ``(..., 7)``."""
     if codes.shape[-1] not in (8, 10):
         raise ValueError(f"codes: last dim must be 8 or 10, got {codes.shape[-1]}")
     yaw = torch.atan2(codes[..., 6:7], codes[..., 7:8])  # (..., 1)

@@ -1,6 +1,6 @@
-"""StreamPETR's main-head loss: Hungarian-matched focal + L1 over all decoder layers, plus denoising groups.
+"""StreamPETR's 3D-head loss: Hungarian-matched focal + L1 over all decoder layers, plus denoising groups.
 
-Two implementations of one specification (see DESIGN.md, "The two paths"):
+Two implementations of one specification (see docs/design.md, "The two paths"):
 
 ``reference``: as the original head, op for op: the assigner runs once per decoder layer and sample,
     targets are built per sample (its result per query, mmdet's pseudo sampler, labels, boxes, weights over all
@@ -51,7 +51,6 @@ import torch
 
 from drivetrain import ragged
 from drivetrain.compiled import compile_options, compiled, dense, dynamic, ragged_dynamic, region
-from drivetrain.geometry import encode_boxes_streampetr
 from drivetrain.losses.functional import class_mask, l1_loss, sigmoid_focal_loss
 from drivetrain.losses.inputs import Targets, field
 from drivetrain.losses.normalize import average_factor
@@ -59,6 +58,7 @@ from drivetrain.losses.sampling import assigned_from_pairs, pseudo_sample
 from drivetrain.losses.weights import weighted_total
 from drivetrain.match import HungarianAssigner3D
 from drivetrain.match.solve import num_assigned, num_unassigned
+from drivetrain.models.streampetr.box_code import encode_boxes
 from drivetrain.ragged import RaggedBatch
 
 __all__ = ["StreamPETRLoss"]
@@ -221,7 +221,7 @@ class StreamPETRLoss(torch.nn.Module):
             box_factor = average_factor(num_pos)  # ()
             matched_pred = ragged.gather(box_codes, pred_index)  # (L, B, G, 10)
             gt_layers = gt_boxes.expand_batch(num_layers, batch)  # (L, B, G, 9)
-            matched_gt = encode_boxes_streampetr(ragged.gather(gt_layers, gt_index, fill=1.0).tensor)  # (L, B, G, 10)
+            matched_gt = encode_boxes(ragged.gather(gt_layers, gt_index, fill=1.0).tensor)  # (L, B, G, 10)
             keep = torch.isfinite(matched_gt).all(-1) & pred_index.mask  # (L, B, G)
         with region("losses"):
             focal = sigmoid_focal_loss(cls_logits, one_hot, self.alpha, self.gamma)  # (L, B, Q, C)
@@ -249,7 +249,7 @@ class StreamPETRLoss(torch.nn.Module):
             labels = labels.masked_fill(dn_background, num_classes)  # (B, P)
             one_hot = class_mask(labels, num_classes).float()  # (B, P, C)
             boxes = gt_boxes.with_padding(1.0).tensor.gather(1, slot_index.unsqueeze(-1).expand(batch, num_dn, 9))
-            target = encode_boxes_streampetr(boxes)  # (B, P, 10)
+            target = encode_boxes(boxes)  # (B, P, 10)
             keep = exists & torch.isfinite(target).all(-1)  # (B, P)
             num_targets = gt_boxes.sizes.sum() * groups  # G·T on the device
             cls_factor = average_factor(
@@ -294,7 +294,7 @@ class StreamPETRLoss(torch.nn.Module):
                 cls_factor = average_factor(num_pos, across_ranks=self.sync_cls_avg_factor)  # ()
                 box_factor = average_factor(num_pos)  # ()
                 one_hot = class_mask(label_all, num_classes).float()  # (B·Q, C)
-                normalized = encode_boxes_streampetr(target_all)  # (B·Q, 10): unmatched rows hold -inf
+                normalized = encode_boxes(target_all)  # (B·Q, 10): unmatched rows hold -inf
                 finite = torch.isfinite(normalized).all(-1)  # (B·Q,)
                 weights = weight_all * self.code_weights  # (B·Q, 10)
             with region("losses"):
@@ -376,7 +376,7 @@ class StreamPETRLoss(torch.nn.Module):
                 box_weights = torch.ones_like(codes[layer]) * self.code_weights  # (K, 10)
                 focal = sigmoid_focal_loss(logits[layer], one_hot, self.alpha, self.gamma)  # (K, C)
                 loss_cls = (focal * label_weights[:, None]).sum() / cls_factor  # ()
-                normalized = encode_boxes_streampetr(known_boxes)  # (K, 10)
+                normalized = encode_boxes(known_boxes)  # (K, 10)
                 finite = torch.isfinite(normalized).all(-1)  # (K,)
                 loss_bbox = l1_loss(codes[layer][finite], normalized[finite], box_weights[finite]).sum() / box_factor
             terms[_layer_name(layer, num_layers, "dn_loss_cls")] = loss_cls

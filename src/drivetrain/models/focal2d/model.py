@@ -1,10 +1,12 @@
-"""A small camera detector made of StreamPETR's 2D focal head: the data → model → batched loss → trainer loop.
+"""The 2D focal detector: a small camera detector made of StreamPETR's 2D focal head, the data → model → batched
+loss → trainer loop.
 
 Each camera image goes through a few stride-2 conv stages to stride 16; per feature cell the head predicts
 class logits, a box as distances (left, top, right, bottom) from the cell centre, the projected 3D centre
-as an offset from the cell centre, and a centerness logit — the outputs :class:`FocalHeadLoss` takes. It is
-the smallest model that learns from the synthetic nuScenes-format data, so ``drivetrain train`` runs the
-whole loop on it in minutes on a CPU; the 3D heads come with the StreamPETR model.
+as an offset from the cell centre, and a centerness logit — the outputs
+:class:`~drivetrain.models.streampetr.focal_head_loss.FocalHeadLoss` takes. It is the smallest model that learns
+from the synthetic nuScenes-format data, so ``drivetrain train`` runs the whole loop on it in minutes on a CPU;
+the 3D heads come with the StreamPETR model.
 
 Its recipe is StreamPETR's focal head's (:mod:`drivetrain.models.streampetr.recipe`: image normalisation, the
 focal head's loss weights and 2D matching costs, the latter two through
@@ -14,12 +16,11 @@ focal head's loss weights and 2D matching costs, the latter two through
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from torch import nn
 
-from drivetrain.model_spec import ModelSpec
+from drivetrain.batch import Batch
 from drivetrain.models.streampetr.criteria import focal_head_loss
 from drivetrain.models.streampetr.recipe import CLASSES, MEAN, STD, STRIDE
 
@@ -74,7 +75,7 @@ class FocalDetector2D(nn.Module):
         self.register_buffer("mean", torch.tensor(MEAN).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(STD).view(1, 3, 1, 1), persistent=False)
 
-    def forward(self, batch: Any) -> dict[str, torch.Tensor]:
+    def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
         """``batch.images`` uint8 ``(B, N, 3, H, W)`` → the focal-head outputs (see FocalHeadLoss)."""
         images = batch.images
         b, n, _, h, w = images.shape
@@ -107,16 +108,6 @@ class FocalDetector2D(nn.Module):
         """The focal head's published weights (a run config's ``model.loss_weights`` overrides them by name)."""
         return dict(self.criterion.weights)
 
-    def loss(self, outputs: dict[str, torch.Tensor], batch: Any) -> dict[str, torch.Tensor]:
+    def loss(self, outputs: dict[str, torch.Tensor], batch: Batch) -> dict[str, torch.Tensor]:
         """Unweighted focal-head terms, weighted by the engine with :attr:`loss_weights`."""
         return self.criterion(outputs, batch, impl=self.impl)
-
-
-SPEC = ModelSpec(
-    "focal2d",
-    build=FocalDetector2D,
-    args=None,
-    modalities=frozenset({"camera"}),
-    summary="a small 2D detector with StreamPETR's focal head",
-)
-"""The registry's entry for ``model.name: focal2d``."""

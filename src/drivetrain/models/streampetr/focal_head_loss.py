@@ -22,8 +22,8 @@ assigned tokens); they are still drawn in the centerness heatmap, as in the orig
 :attr:`FocalHeadLoss.counts` holds their number in the last call (``unassigned_gt_2d``, a device tensor the
 trainer logs per step), and the first such batch gives one warning.
 
-Terms are unweighted; :attr:`FocalHeadLoss.weights` holds the weights it was given (StreamPETR passes its
-published ones).
+Terms are unweighted; :attr:`FocalHeadLoss.weights` holds the weights it was given (StreamPETR and the 2D focal
+detector pass the published ones, :func:`.criteria.focal_head_loss`).
 ``reference`` loops over images as the original; ``batched`` treats all images at once; ``compile=True`` runs
 the batched path through ``torch.compile`` in one graph, the solver inside it as a custom operator and the
 ground-truth dim dynamic (:mod:`drivetrain.compiled`).
@@ -60,8 +60,8 @@ from drivetrain.ragged import RaggedBatch
 __all__ = ["TERMS", "FocalHeadLoss"]
 
 TERMS = ("enc_loss_cls", "enc_loss_bbox", "enc_loss_iou", "centers2d_loss", "centerness_loss")
-"""The loss's terms, each of which takes a weight (the published ones: StreamPETR's
-:data:`~drivetrain.models.streampetr.recipe.FOCAL_HEAD_WEIGHTS`)."""
+"""The loss's terms, each of which takes a weight (the published ones:
+:data:`.recipe.FOCAL_HEAD_WEIGHTS`)."""
 
 
 class FocalHeadLoss(torch.nn.Module):

@@ -1,0 +1,93 @@
+"""The built-in models' specs: each typed ``model.args`` dataclass is its builder's keyword arguments (names, types,
+defaults, order), each spec's modalities are what its built model says it reads, and ``model.args`` values of
+either member of a union (``compile_loss: true`` or a mapping of ``torch.compile`` arguments) load."""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import functools
+import inspect
+import operator
+import types
+import typing
+
+import pytest
+
+from drivetrain.engine import ConfigError
+from drivetrain.engine.protocol import Sensors
+from drivetrain.engine.registry import MODELS, check_args, model_spec
+
+WITH_ARGS = [name for name in MODELS if model_spec(name).args is not None]
+# Builders with named keyword parameters; SSN's builder takes **kwargs over its defaults table (SSN_DEFAULTS), which
+# tests/test_models_pointpillars_spec.py holds its args against.
+NAMED = [
+    name
+    for name in WITH_ARGS
+    if any(p.kind is not p.VAR_KEYWORD for p in inspect.signature(model_spec(name).build).parameters.values())
+]
+
+
+def test_the_shipped_detectors_declare_typed_args():
+    assert {"streampetr", "focal2d", "pointpillars", "ssn"} <= set(WITH_ARGS)
+    assert {"streampetr", "focal2d", "pointpillars"} <= set(NAMED)
+
+
+@pytest.mark.parametrize("name", NAMED)
+def test_args_dataclass_is_the_builders_keyword_arguments(name):
+    spec = model_spec(name)
+    params = [
+        p for p in inspect.signature(spec.build).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD
+    ]
+    fields = dataclasses.fields(spec.args)
+    assert [f.name for f in fields] == [p.name for p in params]
+    for f, p in zip(fields, params, strict=True):
+        assert p.default is not inspect.Parameter.empty, f"{name}: {p.name} has no default in the builder"
+        assert f.default == p.default, f"{name}.{f.name}: {f.default!r} in the args, {p.default!r} in the builder"
+    builder_hints = typing.get_type_hints(spec.build.__init__ if inspect.isclass(spec.build) else spec.build)
+    args_hints = typing.get_type_hints(spec.args)
+    expected = {p.name: _concrete(builder_hints[p.name]) for p in params}
+    assert {f.name: args_hints[f.name] for f in fields} == expected
+    assert spec.args.__dataclass_params__.frozen
+
+
+def _concrete(tp: object) -> object:
+    """A builder's annotation as a config can hold it: ``Sequence[X]`` is read as ``tuple[X, ...]`` (YAML lists load
+    as tuples), inside unions too; every other type is itself."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is collections.abc.Sequence:
+        return tuple[_concrete(args[0]), ...]
+    if origin in (typing.Union, types.UnionType):
+        return functools.reduce(operator.or_, [_concrete(a) for a in args])
+    return tp
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_spec_modalities_are_what_the_built_model_reads(name):
+    spec = model_spec(name)
+    model = spec.build_model(spec.args() if spec.args is not None else None)
+    if spec.modalities == {"tensor"}:  # the engine's smoke model: plain tensors, no sensor to declare
+        assert not isinstance(model, Sensors)
+    else:
+        assert frozenset(model.input_modalities) == spec.modalities
+
+
+def test_compile_loss_takes_true_or_a_mapping_of_compile_arguments():
+    assert check_args("model", "streampetr", {"compile_loss": True}).compile_loss is True
+    mapping = check_args("model", "streampetr", {"compile_loss": {"mode": "reduce-overhead"}})
+    assert mapping.compile_loss == {"mode": "reduce-overhead"}
+    assert check_args("model", "streampetr", {}).compile_loss is False
+
+
+def test_a_value_of_no_union_member_is_refused_by_the_first():
+    with pytest.raises(ConfigError, match=r"^model\.args\.compile_loss: expected true or false, got str 'yes'$"):
+        check_args("model", "streampetr", {"compile_loss": "yes"})
+    with pytest.raises(ConfigError, match=r"^model\.args\.backbone_args: expected a mapping, got int 3$"):
+        check_args("model", "streampetr", {"backbone_args": 3})
+
+
+def test_a_key_the_builder_does_not_take_is_one_line():
+    with pytest.raises(ConfigError, match=r"^model\.args\.num_queries: unknown key; known keys: .*num_query"):
+        check_args("model", "streampetr", {"num_queries": 100})
+    with pytest.raises(ConfigError, match=r"^model\.args\.width: expected an integer, got float 1\.5$"):
+        check_args("model", "focal2d", {"width": 1.5})
