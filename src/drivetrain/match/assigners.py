@@ -12,8 +12,8 @@ matched and the other ``M − Q`` ground truths stay unassigned, as in the origi
 ``linear_sum_assignment`` on the rectangular ``(Q, M)`` cost matrix); they take no part in the matched loss
 terms (:func:`drivetrain.match.solve.num_assigned` counts the pairs).
 
-Costs (``λ`` the cost weights, ``w`` the code weights, ``enc`` the box code: a model passes its own — e.g.
-:mod:`drivetrain.models.streampetr.criteria` — the assigners have no defaults for them):
+Costs (``λ`` the cost weights, ``w`` the code weights, ``enc`` the box code: each model's criterion passes its own;
+the assigners have no defaults for them):
     3D: ``λ_cls · focal(logits, y) + λ_reg · Σ_{k<reg_dims} |w_k·pred_k − w_k·enc(gt)_k|``.
     2D: ``λ_cls · focal + λ_box · L1(pred cxcywh, gt cxcywh / (W, H)) − λ_giou · GIoU_pixels
     + λ_centre · L1(pred c2d, c2d / (W, H))``.
