@@ -17,7 +17,14 @@ import numpy as np
 from drivetrain.data.errors import DataError
 from drivetrain.safe_files import replace_text
 
-__all__ = ["check_box_vectors", "is_number", "submission_boxes", "submission_meta", "write_submission"]
+__all__ = [
+    "check_box_vectors",
+    "check_sample_tokens",
+    "is_number",
+    "submission_boxes",
+    "submission_meta",
+    "write_submission",
+]
 
 
 def submission_meta(*, camera: bool = True, lidar: bool = False) -> dict[str, bool]:
@@ -53,6 +60,19 @@ def check_box_vectors(box: dict[str, Any], where: str, vectors: dict[str, int], 
             raise DataError(f"{where}.{field}: non-finite value {value!r}", path)
     if min(box["size"]) <= 0:
         raise DataError(f"{where}.size: must be positive, got {box['size']!r}", path)
+
+
+def check_sample_tokens(in_split: set[str], results: dict[str, Any], split: str, path: Path) -> None:
+    """DataError naming the sample tokens of ``split`` the predictions lack, or the entries that are not its samples
+    (a submission lists every sample of the split, with ``[]`` where nothing is detected)."""
+    missing, extra = sorted(in_split - set(results)), sorted(set(results) - in_split)
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} sample(s) of split {split!r} have no entry (e.g. {missing[:3]})")
+        if extra:
+            parts.append(f"{len(extra)} entr(y/ies) are not samples of split {split!r} (e.g. {extra[:3]})")
+        raise DataError("; ".join(parts) + "; list every sample of the split, with [] where nothing is detected", path)
 
 
 def is_number(value: Any) -> bool:

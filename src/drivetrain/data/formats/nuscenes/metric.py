@@ -13,6 +13,7 @@ from drivetrain import safe_json
 from drivetrain.data.errors import DataError
 from drivetrain.data.formats.nuscenes.submission import check_submission
 from drivetrain.data.formats.record import MetricOptions
+from drivetrain.data.formats.submission import check_sample_tokens
 from drivetrain.data.table_paths import check_root
 from drivetrain.safe_files import replace_text
 
@@ -59,7 +60,9 @@ def evaluate(
     except (AssertionError, FileNotFoundError, ValueError):
         raise DataError(f"unknown devkit detection config {config!r} (e.g. detection_cvpr_2019)", "--config") from None
     nusc = NuScenes(version=version, dataroot=str(root), verbose=verbose)
-    _check_tokens(nusc, splits[split], submission["results"], split, predictions)
+    wanted = set(splits[split])
+    in_split = {s["token"] for s in nusc.sample if nusc.get("scene", s["scene_token"])["name"] in wanted}
+    check_sample_tokens(in_split, submission["results"], split, predictions)
     out = Path(out_dir) if out_dir is not None else predictions.parent / f"{predictions.stem}_eval"
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -72,20 +75,6 @@ def evaluate(
     except AssertionError as err:
         raise DataError(f"the devkit rejected the predictions: {err}", predictions) from None
     return evaluator.main(plot_examples=0, render_curves=False)
-
-
-def _check_tokens(nusc: Any, scenes: list[str], results: dict[str, Any], split: str, path: Path) -> None:
-    """DataError naming the sample tokens the split has and the predictions lack, or the other way round."""
-    wanted = set(scenes)
-    in_split = {s["token"] for s in nusc.sample if nusc.get("scene", s["scene_token"])["name"] in wanted}
-    missing, extra = sorted(in_split - set(results)), sorted(set(results) - in_split)
-    if missing or extra:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} sample(s) of split {split!r} have no entry (e.g. {missing[:3]})")
-        if extra:
-            parts.append(f"{len(extra)} entr(y/ies) are not samples of split {split!r} (e.g. {extra[:3]})")
-        raise DataError("; ".join(parts) + "; list every sample of the split, with [] where nothing is detected", path)
 
 
 def _no_detections(eval_config: Any, out: Path) -> dict[str, Any]:
