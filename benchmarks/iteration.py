@@ -77,7 +77,7 @@ from drivetrain.engine.config import ConfigError, OptimConfig, from_dict
 from drivetrain.engine.config_files import read_config_file
 from drivetrain.losses.weights import resolve_weights, weighted_total
 from drivetrain.match import gpu_solver_shapes, warm_pending
-from drivetrain.models import StreamPETR
+from drivetrain.models.streampetr import StreamPETR
 from drivetrain.pipeline.transfer import to_device
 from drivetrain.profile import (
     BenchResult,

@@ -158,7 +158,7 @@ def test_blank_inputs_gives_a_lidar_model_no_points_and_detections_that_do_not_d
 
 
 def test_blank_inputs_shows_a_camera_model_grey_images_only(camera_run, synth_root, tmp_path, monkeypatch, capsys):
-    from drivetrain.models import StreamPETR
+    from drivetrain.models.streampetr import StreamPETR
 
     seen = []
     detect = StreamPETR.detect

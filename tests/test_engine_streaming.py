@@ -11,7 +11,7 @@ import torch
 
 from drivetrain.data.sources import StreamingFrames, frames
 from drivetrain.engine import Trainer, brings_own_batching, load_config
-from drivetrain.models import FocalDetector2D
+from drivetrain.models.focal2d import FocalDetector2D
 from helpers.engine import assert_same_weights, final_state, losses, metrics
 
 ROOT = Path(__file__).resolve().parents[1]

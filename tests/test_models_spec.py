@@ -4,11 +4,14 @@ either member of a union (``compile_loss: true`` or a mapping of ``torch.compile
 
 from __future__ import annotations
 
+import ast
 import collections.abc
 import dataclasses
 import functools
 import inspect
 import operator
+import subprocess
+import sys
 import types
 import typing
 
@@ -91,3 +94,20 @@ def test_a_key_the_builder_does_not_take_is_one_line():
         check_args("model", "streampetr", {"num_queries": 100})
     with pytest.raises(ConfigError, match=r"^model\.args\.width: expected an integer, got float 1\.5$"):
         check_args("model", "focal2d", {"width": 1.5})
+
+
+# A detector's folder stands alone: looking up one model imports no other detector's folder (the 2D focal detector
+# reuses StreamPETR's focal head, so it brings that folder, and only that one).
+IMPORTS_OF = {"streampetr": set(), "pointpillars": set(), "ssn": set(), "focal2d": {"streampetr"}}
+
+
+@pytest.mark.parametrize("name", sorted(IMPORTS_OF))
+def test_looking_up_a_model_imports_no_other_detectors_folder(name):
+    code = (
+        "import sys\nfrom drivetrain.engine.registry import model_spec\n"
+        f"model_spec({name!r}).build\n"
+        "print(sorted({m.split('.')[2] for m in sys.modules if m.startswith('drivetrain.models.')}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    folder = "pointpillars" if name == "ssn" else name
+    assert set(ast.literal_eval(done.stdout.strip())) == {folder} | IMPORTS_OF[name]

@@ -11,7 +11,8 @@ import torch
 
 from drivetrain.data.formats.nuscenes.tables import CLASSES as DATASET_CLASSES
 from drivetrain.match import HungarianAssigner2D, HungarianAssigner3D
-from drivetrain.models import FocalDetector2D, StreamPETR
+from drivetrain.models.focal2d import FocalDetector2D
+from drivetrain.models.streampetr import StreamPETR
 from drivetrain.models.streampetr.box_code import encode_boxes
 from drivetrain.models.streampetr.criteria import focal_head_loss, streampetr_loss
 from drivetrain.models.streampetr.focal_head_loss import FocalHeadLoss

@@ -325,7 +325,7 @@ def test_training_with_augmentation_resumes_bit_exactly(synth_index, synth_root,
 
 def test_evaluation_runs_the_test_time_transform(synth_index, synth_root, tmp_path, monkeypatch):
     from drivetrain.engine import evaluation
-    from drivetrain.models import StreamPETR
+    from drivetrain.models.streampetr import StreamPETR
     from helpers.streampetr import SMALL
 
     seen = []
@@ -396,7 +396,7 @@ def test_eval_cli_runs_an_augmented_runs_test_time_transform(synth_index, synth_
     """``drivetrain eval --checkpoint`` of a run trained with data.augment feeds the model the test-time transform
     of the recipe (the images at the model's size, normalised) — spied on the model's detect."""
     from drivetrain.cli.main import main
-    from drivetrain.models import StreamPETR
+    from drivetrain.models.streampetr import StreamPETR
 
     config = ROOT / "configs" / "streampetr_tiny_aug.yaml"
     Trainer(load_config(config, _aug_overrides(tmp_path / "run", synth_root, "train.steps=2"))).fit()

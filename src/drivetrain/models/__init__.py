@@ -1,7 +1,6 @@
-"""Reference detectors that follow the engine protocol (``forward(batch)``, ``loss(outputs, batch)``)."""
+"""The reference detectors, one folder each (``streampetr``, ``pointpillars`` — PointPillars and SSN —, ``focal2d``).
 
-from drivetrain.models.focal2d import FocalDetector2D
-from drivetrain.models.pointpillars import SSN, PointPillars
-from drivetrain.models.streampetr import StreamPETR
-
-__all__ = ["SSN", "FocalDetector2D", "PointPillars", "StreamPETR"]
+A folder owns everything specific to its detector and exports one spec (``models/<name>/spec.py``); the registry
+imports a folder only when a config names its model, so this package imports none of them (import a detector from
+its folder: ``from drivetrain.models.streampetr import StreamPETR``). docs/design.md, "A new detector".
+"""
