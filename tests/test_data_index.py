@@ -206,3 +206,25 @@ def test_boxes_of_no_extent_are_counted_and_left_out(tables_copy, synth_index):
         index = build_index(tables_copy, progress=False)
     assert len(index.arrays["boxes"]) == len(synth_index.arrays["boxes"]) - 4
     assert (index.arrays["boxes"][:, 3:6] > 0).all()
+
+
+def _npy_with_cut_header() -> bytes:
+    """A ``.npy`` member whose header dict is cut off (numpy parses the header as a Python literal: it fails in the
+    tokenizer, with neither a ValueError nor an OSError)."""
+    header = b"{'descr': '|u1', 'fortran_order': False, 'shape': (3,), "
+    header += b" " * ((64 - (10 + len(header) + 1) % 64) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + b"abc"
+
+
+def test_an_index_with_a_damaged_array_header_is_one_data_error_naming_it(synth_index, tmp_path):
+    import zipfile
+
+    path = tmp_path / "index.npz"
+    save_index(synth_index, path)
+    damaged = tmp_path / "damaged.npz"
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(damaged, "w") as out:
+        for name in source.namelist():
+            out.writestr(name, _npy_with_cut_header() if name == "meta_json.npy" else source.read(name))
+    with pytest.raises(DataError, match=r"corrupt \.npz index") as info:
+        load_index(damaged)
+    assert str(damaged) in str(info.value)

@@ -66,7 +66,7 @@ from drivetrain.data.formats.record import DatasetFormat
 from drivetrain.data.formats.registry import FORMATS, detect_format, format_of, index_meta
 from drivetrain.data.formats.schema import CAMERAS, LIDAR, TABLES
 from drivetrain.data.index_check import check_index
-from drivetrain.data.io import read_points
+from drivetrain.data.io import NPZ_ERRORS, read_points
 from drivetrain.data.points_in_boxes import count_points_in_boxes
 from drivetrain.data.table_paths import ANNOTATION_TABLES, check_root
 from drivetrain.geometry.rigid import invert, transform, yaw_from_matrix
@@ -539,7 +539,7 @@ def load_index(path: str | Path, root: str | Path | None = None) -> FrameIndex:
         _check_arrays_size(f, path)
         try:
             loaded = np.load(f, allow_pickle=False)
-        except (ValueError, OSError, EOFError, zipfile.BadZipFile):  # numpy reads a non-zip as a (pickled) .npy
+        except NPZ_ERRORS:  # numpy reads a non-zip as a (pickled) .npy
             raise DataError(
                 "not a readable .npz index (truncated, or not a zip archive of arrays); rebuild it with "
                 "`drivetrain data index`",
@@ -550,7 +550,7 @@ def load_index(path: str | Path, root: str | Path | None = None) -> FrameIndex:
         try:
             with loaded as npz:
                 data = {k: npz[k] for k in npz.files}
-        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
+        except NPZ_ERRORS as err:
             raise DataError(
                 f"truncated or corrupt .npz index ({err}); rebuild it with `drivetrain data index`", path
             ) from None

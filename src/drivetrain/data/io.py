@@ -21,6 +21,8 @@ Example:
 from __future__ import annotations
 
 import os
+import tokenize
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +31,20 @@ import simplejpeg
 from drivetrain.data.errors import DataError
 from drivetrain.safe_reads import open_regular, read_bytes
 
-__all__ = ["MAX_IMAGE_PIXELS", "MAX_POINTS", "max_jpeg_bytes", "read_image", "read_jpeg_bytes", "read_points"]
+__all__ = [
+    "MAX_IMAGE_PIXELS",
+    "MAX_POINTS",
+    "NPZ_ERRORS",
+    "max_jpeg_bytes",
+    "read_image",
+    "read_jpeg_bytes",
+    "read_points",
+]
+
+NPZ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, SyntaxError, tokenize.TokenError)
+"""What numpy raises reading a corrupt ``.npz``/``.npy``: a bad zip, a short member, a pickled array refused, and a
+damaged array header — which numpy parses as a Python literal, so a cut-off one is a ``SyntaxError`` or, before
+that, ``tokenize.TokenError`` (neither a ValueError; found by tests/test_fuzz_data.py's slow index fuzzing)."""
 
 # Points in one lidar file. The densest automotive sweeps hold ~250k (a 128-beam sensor; nuScenes' 32 beams
 # ~35k, Lyft's three lidars ~100k); 16× that leaves room for merged or denser clouds while keeping one file's

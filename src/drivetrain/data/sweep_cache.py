@@ -39,7 +39,6 @@ import hashlib
 import json
 import os
 import re
-import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +49,7 @@ import numpy as np
 from drivetrain import safe_json
 from drivetrain.data.errors import DataError
 from drivetrain.data.index import FrameIndex
+from drivetrain.data.io import NPZ_ERRORS
 from drivetrain.data.sweeps import DT_COLUMN, SweepConfig, merge_sweeps
 from drivetrain.safe_files import open_output, replace_text
 from drivetrain.safe_reads import open_regular, zip_members_size
@@ -491,7 +491,7 @@ class SweepCache:
                 with np.load(path, allow_pickle=False) as z:
                     meta = {key: z[key] for key in z.files}
                 total = int(meta["point_offset"][-1])
-            except (ValueError, OSError, KeyError, IndexError, TypeError, zipfile.BadZipFile) as err:  # pickled, bad
+            except (*NPZ_ERRORS, KeyError, IndexError, TypeError) as err:  # pickled, bad
                 raise DataError(
                     f"unreadable sweep-cache shard ({type(err).__name__}: {err}); rebuild the cache with "
                     "drivetrain data cache --rebuild",
