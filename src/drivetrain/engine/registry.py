@@ -3,8 +3,9 @@
 Configs, run directories and checkpoints come from other people, so a name in them is data: it is looked up
 here and nothing else. Three sources fill the registry, all chosen by whoever installs or types, never by a file:
 
-1. drivetrain's own builders (:data:`MODELS`, :data:`DATASETS`): a fixed table of short names, each bound to one
-   of our modules, imported only when that name is built;
+1. drivetrain's own (:data:`MODELS`, :data:`DATASETS`): a fixed table of short names, each bound to one of our
+   modules — a model to its folder's spec (:class:`~drivetrain.model_spec.ModelSpec`), a dataset to its builder —,
+   imported only when that name is used;
 2. installed packages' entry points in the groups ``drivetrain.models`` and ``drivetrain.datasets`` (their names
    are read from the installed metadata without importing anything; an entry point is loaded only when its name
    is built);
@@ -20,12 +21,16 @@ naming ``SECTION.args.KEY``), and the loaded config holds that dataclass.
 Older configs spelled our builders as ``package.module:Name``; those spellings map through the fixed :data:`ALIASES`
 table (no import is derived from the text), any other ``a.b:c`` is refused.
 
+The engine reads a model only through its spec (builder, typed ``model.args``, modalities, weight formats) and the
+protocol of :mod:`drivetrain.engine.protocol`; a model registered by a bare builder gets a spec without typed
+arguments.
+
 Example (a plugin module the user passes as ``drivetrain train --plugin mypkg.detectors ...``)::
 
     from drivetrain.engine.registry import register_model
+    from drivetrain.model_spec import ModelSpec
 
-    @register_model("mydet")
-    class MyDetector(torch.nn.Module): ...
+    register_model(ModelSpec("mydet", build=MyDetector, args=MyDetectorArgs, modalities=frozenset({"lidar"})))
 """
 
 from __future__ import annotations
