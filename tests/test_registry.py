@@ -298,6 +298,28 @@ def test_an_installed_entry_point_registers_a_model_imported_only_when_named(tmp
     assert metrics[-1]["step"] == 2
 
 
+def test_an_entry_point_may_name_a_spec_whose_typed_args_are_checked_when_the_config_loads(tmp_path):
+    site, _ = _plugin_site(tmp_path, entry_point=True)
+    (site / "dtplugin" / "spec.py").write_text(
+        "from dataclasses import dataclass\n\nfrom drivetrain.model_spec import ModelSpec\n"
+        "from dtplugin import TinyNet\n\n"
+        "@dataclass(frozen=True)\nclass TinyArgs:\n    channels: int = 3\n    width: int = 8\n    depth: int = 2\n"
+        "    dims: int = 2\n    dropout: float = 0.0\n    memory: bool = False\n\n"
+        "SPEC = ModelSpec('tinyspec', build=TinyNet, args=TinyArgs, modalities=frozenset({'tensor'}))\n"
+    )
+    with (site / "dtplugin-0.1.dist-info" / "entry_points.txt").open("a") as f:
+        f.write("tinyspec = dtplugin.spec:SPEC\n")
+    common = ["train", "--config", str(SMOKE), "train.steps=1", "log.tensorboard=false", "log.progress=false",
+              "model.name=tinyspec"]  # fmt: skip
+    refused = _cli(site, *common, "model.args.colour=3", f"run.out_dir={tmp_path / 'x'}")
+    assert refused.returncode == 2 and "model.args.colour: unknown key; known keys: channels, " in refused.stderr
+    assert not (tmp_path / "x").exists()  # refused when the config loaded, before a run folder was made
+    done = _cli(site, *common, "model.args.width=4", f"run.out_dir={tmp_path / 'run'}")
+    assert done.returncode == 0, done.stderr
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["model"]["args"] == {"channels": 3, "width": 4, "depth": 3, "dims": 2, "dropout": 0.1, "memory": True}
+
+
 def test_a_plugin_typed_on_the_command_line_registers_a_model(tmp_path, monkeypatch, capsys):
     site, imported = _plugin_site(tmp_path, entry_point=False)
     monkeypatch.syspath_prepend(str(site))

@@ -176,9 +176,9 @@ def args_type(kind: str, name: str) -> type | None:
     ``args=`` of a registered dataset; None when the builder declares none (or the name is unknown)."""
     short = canonical_name(kind, name) if isinstance(name, str) else name
     if kind == "model":
-        if short not in _BUILTIN[kind] and short not in _REGISTERED[kind]:
-            return None  # an entry point's spec is read when it is built, not when a config is checked
-        return model_spec(short).args
+        if not isinstance(short, str) or short not in known_names(kind):
+            return None  # unknown: building it says so, listing the known names
+        return model_spec(short).args  # an entry point named by the config is loaded here, as it is to be built
     if short in ARGS[kind]:
         module, attr = ARGS[kind][short]
         return getattr(importlib.import_module(module), attr)
