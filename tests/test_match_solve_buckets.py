@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import warnings
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -165,6 +166,66 @@ def test_warm_gpu_solver_skips_compiled_shapes_and_does_nothing_without_the_back
     assert warm_gpu_solver(40, 64, "cpu").shapes == ()
 
 
+def test_the_warm_up_leaves_the_default_generators_as_they_were(kernel) -> None:
+    """A resumed run warms the solver at other steps than the uninterrupted one, after its RNG state was restored:
+    the warm-up's random costs must not move the default generators (dropout, denoising noise)."""
+    before = torch.get_rng_state()
+    warm = warm_gpu_solver(40, 64, "cpu")
+    assert warm.shapes  # the warm-up did launch the kernel on random costs
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+class _PackageWithout:
+    """A ``torch_linear_assignment`` whose ``_triton`` entry point takes no ``validation`` (another version): the
+    public ``batch_linear_assignment`` solves with the recording stand-in."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import sys
+        import types
+
+        self.public = RecordingKernel()
+        package, triton = types.ModuleType("torch_linear_assignment"), types.ModuleType("torch_linear_assignment._triton")
+        package.batch_linear_assignment = self.public
+        triton.batch_linear_assignment = lambda cost: self.public(cost)  # no validation argument
+        package._triton = self.triton = triton
+        monkeypatch.setitem(sys.modules, "torch_linear_assignment", package)
+        monkeypatch.setitem(sys.modules, "torch_linear_assignment._triton", triton)
+
+
+@pytest.fixture
+def entry_cache() -> Iterator[None]:
+    solve_module._sync_free_entry.cache_clear()
+    yield
+    solve_module._sync_free_entry.cache_clear()
+
+
+def test_a_package_without_the_sync_free_entry_point_warns_once_and_counts_its_calls(entry_cache, monkeypatch, gen):
+    package = _PackageWithout(monkeypatch)
+    monkeypatch.setattr(solve_module, "gpu_solver_available", lambda device: True)
+    monkeypatch.setattr(solve_module, "_SHAPES", solve_module._ShapeBook())
+    costs = costs_with_max((2, 3), 20, 5, gen)
+    with pytest.warns(UserWarning, match="public wrapper is used, with two host syncs per call"):
+        assert_original_pairs(costs, solve(costs, backend="gpu"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process
+        assert_original_pairs(costs, solve(costs, backend="gpu"))
+    assert gpu_solver_shapes()["wrapper_calls"] == 2 and len(package.public.shapes) == 2
+
+
+def test_an_error_inside_the_kernel_is_not_taken_for_another_package_version(entry_cache, monkeypatch, gen) -> None:
+    package = _PackageWithout(monkeypatch)
+
+    def broken(cost: torch.Tensor, validation: str) -> torch.Tensor:
+        raise TypeError("a bug inside the kernel")
+
+    monkeypatch.setattr(package.triton, "batch_linear_assignment", broken)
+    monkeypatch.setattr(solve_module, "gpu_solver_available", lambda device: True)
+    monkeypatch.setattr(solve_module, "_SHAPES", solve_module._ShapeBook())
+    with pytest.raises(TypeError, match="a bug inside the kernel"):
+        solve(costs_with_max((2,), 20, 5, gen), backend="gpu")
+    assert package.public.shapes == [] and gpu_solver_shapes()["wrapper_calls"] == 0
+
+
 def test_a_batch_without_targets_needs_no_kernel(kernel) -> None:
     costs = RaggedBatch(torch.zeros(3, 10, 0), torch.zeros(3, dtype=torch.long), ragged_dim=2)
     with warnings.catch_warnings():
@@ -228,6 +289,15 @@ def test_cuda_warmed_auto_compiles_nothing_over_64_target_counts(fresh_book, gen
             result = solve(costs.to("cuda"), backend="auto")
             assert_matches_scipy(costs, result.to("cpu"))
     assert gpu_solver_shapes()["compiled"] == compiled and gpu_solver_shapes()["fallbacks"] == 0
+
+
+@pytest.mark.cuda
+@needs_kernel
+def test_cuda_warm_up_leaves_the_default_cuda_generator_as_it_was(fresh_book) -> None:
+    before = torch.cuda.get_rng_state()
+    assert warm_gpu_solver(300, 64, "cuda").shapes
+    assert torch.equal(torch.cuda.get_rng_state(), before)
+    assert gpu_solver_shapes()["wrapper_calls"] == 0  # the sync-free entry point of the installed package was used
 
 
 @pytest.mark.cuda
