@@ -54,6 +54,11 @@ class RecordingKernel:
 @pytest.fixture
 def kernel(monkeypatch: pytest.MonkeyPatch) -> RecordingKernel:
     """The gpu backend on the CPU with a recording kernel and an empty book of compiled shapes."""
+    return install_recording_kernel(monkeypatch)
+
+
+def install_recording_kernel(monkeypatch: pytest.MonkeyPatch) -> RecordingKernel:
+    """:func:`kernel` for other test modules: the stand-in installed until ``monkeypatch`` undoes it."""
     fake = RecordingKernel()
     monkeypatch.setattr(solve_module, "gpu_solver_available", lambda device: True)
     monkeypatch.setattr(solve_module, "_triton_assignment", fake)
@@ -184,7 +189,10 @@ class _PackageWithout:
         import types
 
         self.public = RecordingKernel()
-        package, triton = types.ModuleType("torch_linear_assignment"), types.ModuleType("torch_linear_assignment._triton")
+        package, triton = (
+            types.ModuleType("torch_linear_assignment"),
+            types.ModuleType("torch_linear_assignment._triton"),
+        )
         package.batch_linear_assignment = self.public
         triton.batch_linear_assignment = lambda cost: self.public(cost)  # no validation argument
         package._triton = self.triton = triton
