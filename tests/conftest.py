@@ -26,6 +26,16 @@ def _restore_torch_globals() -> Iterator[None]:
     torch.use_deterministic_algorithms(deterministic)
 
 
+@pytest.fixture
+def gpu_solver_required() -> None:
+    """A test that needs the GPU solver where it is not usable, while the run book requires it: a failure naming why
+    (tests/helpers/gpu_solver.py)."""
+    from drivetrain.match import gpu_solver_status
+    from helpers.gpu_solver import REQUIRE_ENV
+
+    pytest.fail(f"{REQUIRE_ENV}=1 requires the GPU solver, but it is {gpu_solver_status('cuda')}", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def synth_root(tmp_path_factory: pytest.TempPathFactory):
     from drivetrain.data.synth import SynthConfig, generate

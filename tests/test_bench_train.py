@@ -117,6 +117,7 @@ def test_result_names_keep_the_published_and_tiny_configs_apart():
 
 
 @pytest.mark.cuda
+@pytest.mark.heavy
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_bench_train_on_cuda_counts_the_syncs_of_the_timed_steps(tmp_path, monkeypatch):
     data, scratch = _bench(tmp_path, monkeypatch, "--steps", "2", "--warmup", "2", "--device", "cuda")

@@ -29,6 +29,7 @@ from drivetrain.match.solve import (
 from drivetrain.profile import Profiler
 from drivetrain.profile.timer import active
 from drivetrain.ragged import RaggedBatch
+from helpers.gpu_solver import REQUIRE_ENV, needs_gpu_solver
 from test_match_solve import assert_matches_scipy, padded_costs
 
 solve_module = importlib.import_module("drivetrain.match.solve")  # the package's `solve` is the function
@@ -274,9 +275,7 @@ def test_under_torch_compile_an_uncompiled_shape_falls_back_inside_the_operator(
 
 
 # ---------------------------------------------------------------------- CUDA: the real kernel
-needs_kernel = pytest.mark.skipif(
-    not gpu_solver_available("cuda"), reason="gpu solver needs CUDA (CC ≥ 8.0), triton and the package"
-)
+needs_kernel = needs_gpu_solver()  # skipped without the solver, failed instead when the run book requires it
 
 
 @pytest.fixture
@@ -329,3 +328,38 @@ def test_cuda_auto_falls_back_until_warm_pending_compiles(fresh_book, gen) -> No
 def test_cuda_bucketed_kernel_matches_scipy(q: int, g: int, gen) -> None:
     costs = costs_with_max((5,), q, g, gen)
     assert_original_pairs(costs, solve(costs.to("cuda"), backend="gpu").to("cpu"))
+
+
+def test_without_the_solver_its_tests_skip_unless_the_run_book_requires_it(monkeypatch) -> None:
+    if gpu_solver_available("cuda"):
+        pytest.skip("the solver is usable here: nothing would be skipped")
+    monkeypatch.delenv(REQUIRE_ENV, raising=False)
+    mark = needs_gpu_solver()
+    assert mark.name == "skipif" and mark.args == (True,) and "not usable" in mark.kwargs["reason"]
+    monkeypatch.setenv(REQUIRE_ENV, "1")
+    mark = needs_gpu_solver()
+    assert mark.name == "usefixtures" and mark.args == ("gpu_solver_required",)
+
+
+@pytest.mark.slow
+def test_the_run_books_requirement_turns_the_solver_tests_skip_into_a_failure(tmp_path) -> None:
+    """Without the solver the CUDA solver tests skip, but under the run book's DRIVETRAIN_REQUIRE_GPU_SOLVER=1 they
+    fail, naming why: a GPU machine without Triton or the package cannot pass the CUDA test step as "ok"."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if gpu_solver_available("cuda"):
+        pytest.skip("the solver is usable here: nothing would be skipped")
+    root = Path(__file__).resolve().parents[1]
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", "-m", "cuda", "-k", "bucketed",
+            str(Path(__file__))]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    env.pop(REQUIRE_ENV, None)
+    skipped = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, check=False, timeout=300)
+    assert skipped.returncode == 0 and "4 skipped" in skipped.stdout, skipped.stdout[-2000:]
+    required = subprocess.run(argv, capture_output=True, text=True, env={**env, REQUIRE_ENV: "1"}, cwd=tmp_path,
+                              check=False, timeout=300)  # fmt: skip
+    assert required.returncode == 1 and "4 error" in required.stdout, required.stdout[-2000:]
+    assert f"{REQUIRE_ENV}=1 requires the GPU solver, but it is not usable: " in required.stdout

@@ -43,6 +43,7 @@ it. Eager calls skip the operator dispatch and run the same functions directly.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import inspect
 import math
@@ -67,6 +68,7 @@ __all__ = [
     "SolverWarmUp",
     "gpu_solver_available",
     "gpu_solver_shapes",
+    "gpu_solver_status",
     "num_assigned",
     "num_unassigned",
     "padded_target_count",
@@ -189,6 +191,30 @@ def gpu_solver_available(device: torch.device | str) -> bool:
     if device.type != "cuda" or not torch.cuda.is_available():
         return False
     return torch.cuda.get_device_capability(device) >= (8, 0) and _has_triton_solver()
+
+
+def gpu_solver_status(device: torch.device | str = "cuda") -> str:
+    """One line saying whether the ``gpu`` backend can run on ``device`` and, if not, why; with the versions of
+    the package and Triton, e.g. ``usable (torch-linear-assignment 0.1.0, triton 3.5.0)`` or ``not usable: no
+    CUDA device``. For environment records; :func:`gpu_solver_available` is what the solver itself asks."""
+    versions = []
+    for name, module in (("torch-linear-assignment", "torch_linear_assignment"), ("triton", "triton")):
+        try:
+            versions.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{name} {'installed' if importlib.util.find_spec(module) else 'missing'}")
+    installed = ", ".join(versions)
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return f"not usable: no CUDA device ({installed})"
+    capability = torch.cuda.get_device_capability(device)
+    if capability < (8, 0):
+        return f"not usable: compute capability {capability[0]}.{capability[1]} < 8.0 ({installed})"
+    if not _has_triton_solver():
+        return f"not usable: {installed}"
+    if _sync_free_entry() is None:
+        return f"usable through the package's public wrapper, two host syncs per call ({installed})"
+    return f"usable ({installed})"
 
 
 # ---------------------------------------------------------------------- scipy
