@@ -30,7 +30,7 @@ def _args(tmp_path) -> argparse.Namespace:
 
 
 def test_every_benchmark_starts_from_the_trainers_tf32_and_cudnn_defaults_and_records_them(backends, tmp_path):
-    assert (BENCH_TF32, BENCH_CUDNN_BENCHMARK) == (SpeedConfig().tf32, SpeedConfig().cudnn_benchmark)
+    assert (SpeedConfig().tf32, SpeedConfig().cudnn_benchmark) == (BENCH_TF32, BENCH_CUDNN_BENCHMARK)
     args = _args(tmp_path)
     setup_bench(args)
     assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
