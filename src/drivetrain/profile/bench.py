@@ -180,6 +180,17 @@ def rows_from_profilers(reference: Profiler, batched: Profiler) -> list[Row]:
     return rows
 
 
+def result_paths(result: BenchResult, args: argparse.Namespace) -> tuple[Path | None, Path | None]:
+    """Where :func:`emit` writes the JSON and the Markdown: ``--json`` and ``--md``, else with ``--save``
+    ``benchmarks/results/<benchmark>-<device>.{json,md}`` (None: not written)."""
+    json_path, md_path = args.json, args.md
+    if args.save:
+        stem = f"{result.benchmark}-{device_slug(args.device)}"
+        json_path = json_path or RESULTS_DIR / f"{stem}.json"
+        md_path = md_path or RESULTS_DIR / f"{stem}.md"
+    return json_path, md_path
+
+
 def emit(result: BenchResult, args: argparse.Namespace, *, chart: bool = True) -> list[Path]:
     """Print the table and write the files the options ask for (JSON, Markdown and, with ``chart``, the
     :func:`~drivetrain.profile.charts.bench_chart` PNG at ``--png`` or, with ``--save``, next to the JSON);
@@ -189,11 +200,7 @@ def emit(result: BenchResult, args: argparse.Namespace, *, chart: bool = True) -
         result.config.setdefault("malloc", args.malloc)
     result.config.setdefault("backends", backend_flags())
     print(result.render_table())
-    json_path, md_path = args.json, args.md
-    if args.save:
-        stem = f"{result.benchmark}-{device_slug(args.device)}"
-        json_path = json_path or RESULTS_DIR / f"{stem}.json"
-        md_path = md_path or RESULTS_DIR / f"{stem}.md"
+    json_path, md_path = result_paths(result, args)
     written = result.write(json_path, md_path)
     png = getattr(args, "png", None) or (Path(json_path).with_suffix(".png") if args.save and json_path else None)
     if chart and png is not None:
