@@ -382,7 +382,8 @@ def result_notes(work: Path, outcomes: Iterable[Outcome], device: str) -> list[s
             notes.append(f"{o.step.name}: {skipped} of its {result.get('steps')} timed steps skipped the optimizer "
                          "(fp16 loss scale): its optimizer share is understated.")  # fmt: skip
         solver = result.get("config", {}).get("gpu_solver") or result.get("gpu_solver") or {}
-        fallbacks, wrapper = solver.get("fallbacks", 0), solver.get("wrapper_calls", 0)
+        timed = [solver[key] for key in ("fallbacks_timed", "scipy_fallbacks_timed", "fallbacks") if key in solver]
+        fallbacks, wrapper = (timed[0] if timed else 0), solver.get("wrapper_calls", 0)
         if fallbacks or wrapper:
             notes.append(f"{o.step.name}: the GPU solver fell back to SciPy {fallbacks} times and went through the "
                          f"package's public wrapper (two host syncs) {wrapper} times.")  # fmt: skip
