@@ -2,12 +2,13 @@
 
 A borrowed GPU comes for 15 minutes in all (its start included), so ``scripts/gpu_check.sh`` spends them highest
 priority first: (1) the CUDA tests, in two steps: the device tests, then those that train or compile (``heavy``),
-each test's outcome streamed into the log as it ends, (2) the solver's kernel shapes (``bench solve``) over the synthetic full set,
-(3) the trainer's own step at the three published configs with a profile of each (``bench train --profile``),
-(4) the full-size iterations, reference vs batched; part 2 the tiny iterations, copy, loss and ragged ops; parts 3
-and 4 the camera data path, precision, switches, sweeps and the rest, for a later lease. Each step has the time it
-is expected to need and a cap; it runs under ``timeout`` with min(cap, what remains of the budget − a reserve for
-packing), and a step expected to need more than what remains is skipped and named rather than started and cut.
+each test's outcome streamed into the log as it ends, (2) the solver's kernel shapes (``bench solve``) over the
+synthetic full set, (3) the trainer's own step at the three published configs with a profile of each (``bench
+train --profile``), (4) the full-size iterations, reference vs batched; part 2 the tiny iterations, copy, loss and
+ragged ops; parts 3 and 4 the camera data path, precision, switches, sweeps and the rest, for a later lease. Each
+step has the time it is expected to need and a cap; it runs under ``timeout`` with min(cap, what remains of the
+budget − a reserve for packing), and a step expected to need more than what remains is skipped and named rather than
+started and cut.
 ``--part N`` picks one group of steps sized for one device command (:data:`PART_BUDGET_S`); the parts partition
 the steps. Everything a run writes goes into one ``gpu-results.tar.gz`` (kept under the 16 MiB a borrowed machine
 hands back) beside ``summary.md``, both rewritten into ``--out`` before every step (the steps done, the one starting,
