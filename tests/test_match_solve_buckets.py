@@ -221,6 +221,30 @@ def test_a_package_without_the_sync_free_entry_point_warns_once_and_counts_its_c
     assert gpu_solver_shapes()["wrapper_calls"] == 2 and len(package.public.shapes) == 2
 
 
+def test_an_entry_point_without_a_readable_signature_is_tried_then_left_for_the_wrapper(entry_cache, monkeypatch, gen):
+    """A compiled entry point has no signature to read: it is called with ``validation``; when it refuses the
+    keyword, the public wrapper takes over (warned once, counted) and the entry point is not tried again."""
+    package = _PackageWithout(monkeypatch)
+    calls = []
+
+    class Compiled:  # like a builtin: inspect.signature cannot read it
+        __signature__ = property(lambda self: (_ for _ in ()).throw(ValueError("no signature")))
+
+        def __call__(self, cost, **kwargs):
+            calls.append(kwargs)
+            raise TypeError("batch_linear_assignment() got an unexpected keyword argument 'validation'")
+
+    monkeypatch.setattr(package.triton, "batch_linear_assignment", Compiled())
+    monkeypatch.setattr(solve_module, "_ENTRY_REFUSED", [])
+    monkeypatch.setattr(solve_module, "gpu_solver_available", lambda device: True)
+    monkeypatch.setattr(solve_module, "_SHAPES", solve_module._ShapeBook())
+    costs = costs_with_max((2,), 20, 5, gen)
+    with pytest.warns(UserWarning, match="public wrapper is used"):
+        assert_original_pairs(costs, solve(costs, backend="gpu"))
+    assert_original_pairs(costs, solve(costs, backend="gpu"))
+    assert calls == [{"validation": "off"}] and gpu_solver_shapes()["wrapper_calls"] == 2
+
+
 def test_an_error_inside_the_kernel_is_not_taken_for_another_package_version(entry_cache, monkeypatch, gen) -> None:
     package = _PackageWithout(monkeypatch)
 
@@ -228,6 +252,7 @@ def test_an_error_inside_the_kernel_is_not_taken_for_another_package_version(ent
         raise TypeError("a bug inside the kernel")
 
     monkeypatch.setattr(package.triton, "batch_linear_assignment", broken)
+    monkeypatch.setattr(solve_module, "_ENTRY_REFUSED", [])
     monkeypatch.setattr(solve_module, "gpu_solver_available", lambda device: True)
     monkeypatch.setattr(solve_module, "_SHAPES", solve_module._ShapeBook())
     with pytest.raises(TypeError, match="a bug inside the kernel"):

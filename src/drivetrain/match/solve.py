@@ -212,7 +212,7 @@ def gpu_solver_status(device: torch.device | str = "cuda") -> str:
         return f"not usable: compute capability {capability[0]}.{capability[1]} < 8.0 ({installed})"
     if not _has_triton_solver():
         return f"not usable: {installed}"
-    if _sync_free_entry() is None:
+    if _sync_free_entry() is None or _ENTRY_REFUSED:
         return f"usable through the package's public wrapper, two host syncs per call ({installed})"
     return f"usable ({installed})"
 
@@ -481,8 +481,13 @@ def _triton_assignment(cost: torch.Tensor) -> torch.Tensor:
     is not caught.
     """
     entry = _sync_free_entry()
-    if entry is not None:
-        return entry(cost, validation="off")
+    if entry is not None and not _ENTRY_REFUSED:
+        try:
+            return entry(cost, validation="off")
+        except TypeError as err:  # an entry point whose signature could not be read may not take the keyword
+            if "validation" not in str(err):
+                raise  # the kernel's own error
+            _ENTRY_REFUSED.append(str(err))
     from torch_linear_assignment import batch_linear_assignment
 
     if _SHAPES.wrapper_calls == 0:
@@ -493,6 +498,9 @@ def _triton_assignment(cost: torch.Tensor) -> torch.Tensor:
         )
     _SHAPES.wrapper_calls += 1
     return batch_linear_assignment(cost)  # sync: the public wrapper validates on the host
+
+
+_ENTRY_REFUSED: list[str] = []  # the TypeError of an entry point that turned out not to take ``validation``
 
 
 @lru_cache(maxsize=1)
@@ -508,8 +516,8 @@ def _sync_free_entry() -> Callable[..., torch.Tensor] | None:
         return None
     try:
         parameters = inspect.signature(entry).parameters
-    except (TypeError, ValueError):  # no signature to read: calling it would be a guess
-        return None
+    except (TypeError, ValueError):  # no signature to read (a compiled function): tried, see _triton_assignment
+        return entry
     takes_keywords = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     return entry if "validation" in parameters or takes_keywords else None
 
