@@ -619,6 +619,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             "kernels_compiled_before_timing": sum(len(w.shapes) for w in solver_warmups),
             "compile_seconds": round(sum(w.seconds for w in solver_warmups), 3),
             "scipy_fallbacks_timed": gpu_solver_shapes()["fallbacks"] - fallbacks_before,
+            "wrapper_calls": gpu_solver_shapes()["wrapper_calls"],  # through the package's public wrapper: 2 syncs
         },
         "compile": compile_options(args) if args.compile else False,
         "repeat": args.repeat,

@@ -18,6 +18,12 @@ Variants per head, each timed on every batch (medians and maxima over the batche
   head's buckets (the compile seconds are reported apart); a shape not compiled would fall back to SciPy, and the
   count of such fallbacks is printed (0 expected).
 
+Before timing, each variant's pairs are checked on every batch against the per-problem solve: an assignment of
+``min(Q, M)`` pairs whose total cost is the optimum's within float32 rounding (:func:`cost_tolerance`; the GPU kernel
+solves in float32, where costs that differ in float64 may tie, and may then return the other pairs); the JSON's
+``config.checked`` counts the problems solved with other pairs at an equal cost, ``config.gpu_solver`` the solver's
+fallbacks to SciPy and its calls through the package's public wrapper. Anything else stops the benchmark.
+
 Device-independent, so printed on any machine: ``kernel shapes over N batches: K`` per head — how many kernel
 shapes the batches reach with the target buckets (:func:`~drivetrain.match.solve.padded_target_count`) against
 the distinct raw ``G`` values a per-shape kernel would have compiled for.
@@ -117,6 +123,58 @@ def per_problem(costs: RaggedBatch) -> list[torch.Tensor]:
     return pairs
 
 
+def cost_tolerance(num_pairs: int, largest_cost: float) -> float:
+    """How much more than the optimum a float32 solver's assignment of ``num_pairs`` pairs may cost.
+
+    The GPU kernel works in float32 where SciPy works in float64; where two assignments' totals differ by less than
+    float32 rounding (an exact tie in float32 of costs that differ in float64), either may come out. Each reduced cost
+    ``c − u − v`` the kernel compares is a sum of three terms; a potential is a sum of at most ``n`` cost differences
+    along an alternating path, so ``|u| + |v| ≤ 4 n M`` (``M``: the largest cost magnitude the kernel sees, its
+    padding cost included), and each reduced cost is off by at most ``δ = 3 ε (1 + 4 n) M`` (ε: float32's). The
+    assignment found is then optimal for costs each within ``δ`` of the true ones, so its true total is within
+    ``2 n δ`` of the optimum.
+    """
+    eps = float(np.finfo(np.float32).eps)
+    return 2 * num_pairs * 3 * eps * (1 + 4 * num_pairs) * largest_cost
+
+
+def check_assignments(costs: RaggedBatch, got: RaggedBatch, expected: list[torch.Tensor]) -> dict[str, float]:
+    """Check a solver's pairs against the per-problem solve: per problem ``min(Q, M)`` pairs of distinct predictions
+    and real targets, of a total cost (float64) at most :func:`cost_tolerance` above the per-problem optimum.
+
+    Returns:
+        ``problems`` checked, ``other_pairs``: problems whose pairs differ from the per-problem ones at an equal cost
+        (within the tolerance), and ``max_excess``: the largest cost above the optimum (≥ 0 up to rounding).
+
+    Raises:
+        ValueError: naming the problem, for pairs that are not an assignment or cost more than the tolerance allows.
+    """
+    flat_costs = costs.tensor.reshape(-1, *costs.shape[-2:]).double().cpu()  # (P, Q, G)
+    flat = got.tensor.reshape(-1, *got.shape[-2:]).cpu()  # (P, G, 2)
+    sizes = got.sizes.reshape(-1).tolist()  # host lists: a check, not a timed path
+    counts = {"problems": 0, "other_pairs": 0, "max_excess": 0.0}
+    for p, (n, want) in enumerate(zip(sizes, expected, strict=True)):
+        pairs, want = flat[p, :n], want.cpu()
+        if n != len(want):
+            raise ValueError(f"problem {p}: {n} pairs, the per-problem solve has {len(want)}")
+        counts["problems"] += 1
+        if torch.equal(pairs, want):
+            continue
+        rows, cols = pairs[:, 0], pairs[:, 1]
+        m = int(costs.sizes.reshape(-1)[p])
+        if len(set(rows.tolist())) != n or len(set(cols.tolist())) != n or bool((cols >= m).any()):
+            raise ValueError(f"problem {p}: the pairs are not an assignment of distinct predictions and real targets")
+        block = torch.nan_to_num(flat_costs[p, :, :m], nan=NAN_COST, posinf=POSINF_COST, neginf=NEGINF_COST)
+        total, optimum = float(block[rows, cols].sum()), float(block[want[:, 0], want[:, 1]].sum())
+        largest = 2 * float(block.abs().max()) + 1  # the gpu backend's padding cost, above every real cost
+        if total - optimum > cost_tolerance(n, largest):
+            raise ValueError(f"problem {p}: total cost {total:.9g} exceeds the optimum {optimum:.9g} by more than "
+                             f"float32 rounding allows ({cost_tolerance(n, largest):.3g})")  # fmt: skip
+        counts["other_pairs"] += 1
+        counts["max_excess"] = max(counts["max_excess"], total - optimum)
+    return counts
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -152,19 +210,20 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "scipy": lambda costs: solve(costs, backend="scipy"),
         **({"gpu": lambda costs: solve(costs, backend="auto")} if gpu else {}),
     }
-    for i, batch in enumerate(problems):  # every variant gives the original's pairs on every batch
+    checked = {name: {"problems": 0, "other_pairs": 0, "max_excess": 0.0} for name in variants if name != "per problem"}
+    for i, batch in enumerate(problems):  # every variant's assignment is as cheap as the per-problem solve's
         for head, costs in batch.items():
             expected = per_problem(costs)
-            for name, fn in variants.items():
-                got = fn(costs) if name != "per problem" else None
-                if got is None:
-                    continue
-                flat = got.tensor.reshape(-1, *got.shape[-2:]).cpu()  # (P, G, 2)
-                sizes = got.sizes.reshape(-1).tolist()
-                if any(
-                    not torch.equal(flat[p, :n], e.cpu()) for p, (n, e) in enumerate(zip(sizes, expected, strict=True))
-                ):
-                    raise SystemExit(f"batch {i}, {head}: the {name} pairs differ from the per-problem solve")
+            for name in checked:
+                got = variants[name](costs)
+                try:
+                    found = check_assignments(costs, got, expected)
+                except ValueError as err:
+                    raise SystemExit(f"batch {i}, {head}: the {name} solve: {err}") from None
+                total = checked[name]
+                total["problems"] += found["problems"]
+                total["other_pairs"] += found["other_pairs"]
+                total["max_excess"] = max(total["max_excess"], found["max_excess"])
     profiler = Profiler(device, warmup=args.warmup, count=False)
     fallbacks_before = gpu_solver_shapes()["fallbacks"]
     for batch in problems:
@@ -175,7 +234,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                     fn(costs)
                 synchronize(device)
         profiler.step()
-    fallbacks = gpu_solver_shapes()["fallbacks"] - fallbacks_before
+    solver = gpu_solver_shapes()
+    fallbacks = solver["fallbacks"] - fallbacks_before
     summary = profiler.summary()
 
     rows, shapes_line = [], {}
@@ -210,11 +270,15 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "warmup": args.warmup,
         "seed": args.seed,
         "shapes": shapes_line,
+        "checked": checked,
+        "gpu_solver": {key: solver[key] for key in ("fallbacks", "wrapper_calls")} | {"fallbacks_timed": fallbacks},
     }
     notes = [
         "Each repeat is one batch of the config's data (its own G); warm-up batches first. Costs: tie-free random "
         "numbers of the batch's shapes, NaN in the padding.",
-        "Before timing, every variant's pairs equaled the per-problem solve's on every batch. "
+        "Before timing, every variant's pairs were checked on every batch: an assignment of min(Q, M) pairs whose "
+        "total cost is the per-problem optimum's within float32 rounding (config.checked: problems whose pairs "
+        "differ at an equal cost, and the largest excess). "
         "per problem = the original assigners' loop (each matrix to the host, SciPy, pairs back); scipy = one "
         "transfer and a thread pool; gpu = backend auto after warm_gpu_solver (CUDA with Triton only).",
     ]

@@ -23,11 +23,14 @@ network's own work. Host syncs per step: on CUDA every synchronising call of the
 JSON: the standard rows (one path: each row's ``reference_ms`` and ``batched_ms`` are the same measurement; the
 counts in the batched column) and the top-level keys ``train_device``, ``steps``, ``warmup``, ``step_ms``,
 ``step_max_ms``, ``parts`` ({part: ``median_ms``, ``max_ms``, ``share``, ``kernels``, ``syncs``}),
-``data_wait_ms``, ``overhead_share``, ``syncs_per_step``, ``syncs_source``, ``counted_syncs_per_step``,
-``kernels_per_step``, ``region_syncs``, ``logged``, ``inner_ms``; with ``--profile``, ``profile`` ({``steps``,
-``file``, ``chrome_trace``, ``syncs_per_step``, ``gpu_idle_share``}).
+``data_wait_ms``, ``overhead_share``, ``skipped_steps`` (timed steps whose update was skipped: an fp16 loss scale
+still settling makes the optimizer part a skip decision, so its share is understated), ``syncs_per_step``,
+``syncs_source``, ``counted_syncs_per_step``, ``kernels_per_step``, ``region_syncs``, ``logged``, ``inner_ms``,
+``gpu_solver`` (the GPU assignment solver's ``fallbacks`` to SciPy and ``wrapper_calls`` in this process); with
+``--profile``, ``profile`` ({``steps``, ``file``, ``chrome_trace``, ``syncs_per_step``, ``gpu_idle_share``}).
 
-``--profile N`` runs N more steps under ``torch.profiler`` (nothing timed there) and writes
+``--profile N`` runs N more steps under ``torch.profiler`` (nothing timed there) — the JSON and Markdown of the timed
+steps are written before their summary is made, then again with the ``profile`` entry — and writes
 ``profile-<model>-<size>-<device>.md`` beside the JSON (:mod:`drivetrain.profile.trace`: top 30 ops by device and by
 CPU time, GPU idle time between kernels per step, each host sync with its Python call site) and the Chrome trace
 (``.trace.json``) when it is at most 4 MB.
@@ -48,10 +51,12 @@ import torch
 
 from drivetrain.engine import ConfigError, load_config
 from drivetrain.engine.stepsplit import LABELS, StepSplit, measure_steps, table_lines
+from drivetrain.match import gpu_solver_shapes
 from drivetrain.model_spec import keywords
 from drivetrain.profile import BenchResult, Row, add_bench_arguments, device_name, device_slug, emit, setup_bench, trace
-from drivetrain.profile.bench import RESULTS_DIR
+from drivetrain.profile.bench import RESULTS_DIR, result_paths
 from drivetrain.profile.costmodel import Cost
+from drivetrain.profile.report import backend_flags
 from drivetrain.profile.timer import Stats
 from drivetrain.safe_files import replace_text
 
@@ -118,8 +123,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     traced = f", then {args.profile} under torch.profiler" if args.profile else ""
     print(f"bench train: {args.config}, {args.warmup} warm-up + {steps} timed steps{traced} on {device} ...",
           flush=True)  # fmt: skip
-    split = measure_steps(args.config, overrides, steps=steps, warmup=args.warmup, device=str(device), nvtx=args.nvtx,
-                          trace_steps=args.profile, trace_file=trace_file)  # fmt: skip
     shown = args.config.resolve()
     shown = shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else args.config
     config = {
@@ -129,12 +132,49 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "persistent_workers": cfg.data.persistent_workers, "precision": cfg.precision.mode,
         "accumulation": cfg.train.accumulation,
     }  # fmt: skip
-    result = BenchResult(name, device_name(device), config)
+
+    def write_timed(timed: StepSplit) -> None:
+        """The timed steps' result, written before the trace is summarised (a run cut there keeps it)."""
+        early = _result(name, device, config, timed)
+        early.notes.append(f"The {args.profile} profiled steps are still being summarised.")
+        early.config.setdefault("backends", backend_flags())
+        early.config.setdefault("malloc", args.malloc)
+        written = early.write(*result_paths(early, args))
+        _append_step_table(written, table_lines(timed.as_dict()))
+        for path in written:
+            print(f"wrote {path} (the timed steps; the profile follows)", flush=True)
+
+    split = measure_steps(args.config, overrides, steps=steps, warmup=args.warmup, device=str(device), nvtx=args.nvtx,
+                          trace_steps=args.profile, trace_file=trace_file, on_timed=write_timed)  # fmt: skip
+    result = _result(name, device, config, split)
+    if split.trace is not None:
+        result.extra["profile"] = _write_profile(split, result, profile_md, trace_file)
+    written = emit(result, args, chart=False)
+    lines = table_lines(split.as_dict())
+    print("\n".join(lines))
+    _append_step_table(written, lines)
+    return 0
+
+
+def _append_step_table(written: list[Path], lines: list[str]) -> None:
+    """Append the step's table (:func:`~drivetrain.engine.stepsplit.table_lines`) to the Markdown among ``written``."""
+    for path in written:
+        if path.suffix == ".md":
+            with open(path, "a") as f:
+                f.write("\n## The trainer's step\n\n" + "\n".join(lines) + "\n")
+
+
+def _result(name: str, device: torch.device, config: dict[str, Any], split: StepSplit) -> BenchResult:
+    """The benchmark's result of one split: its rows, the split's numbers as top-level keys, the solver's counts."""
+    result = BenchResult(name, device_name(device), dict(config))
     for row in rows(split):
         result.add(row)
     measured = split.as_dict()
     measured["train_device"] = measured.pop("device")  # the top-level "device" is the device's name
     result.extra.update(measured)
+    solver = gpu_solver_shapes()
+    result.extra["gpu_solver"] = {"fallbacks": solver["fallbacks"], "wrapper_calls": solver["wrapper_calls"],
+                                  "compiled": len(solver["compiled"])}  # fmt: skip
     result.notes += [
         "One path (the config's model.args.impl): the trainer runs it alone, so each row's reference_ms and "
         "batched_ms hold the same measurement (speedup 1 by construction); the counts of the counted step are in "
@@ -144,16 +184,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "medians need not add up to the step's median exactly.",
         "overhead_share = 1 - (forward + backward) / step, from the medians.",
     ]
-    if split.trace is not None:
-        result.extra["profile"] = _write_profile(split, result, profile_md, trace_file)
-    written = emit(result, args, chart=False)
-    lines = table_lines(split.as_dict())
-    print("\n".join(lines))
-    for path in written:
-        if path.suffix == ".md":
-            with open(path, "a") as f:
-                f.write("\n## The trainer's step\n\n" + "\n".join(lines) + "\n")
-    return 0
+    if split.skipped_steps:
+        result.notes.append(f"{split.skipped_steps} of the {split.steps} timed steps skipped the optimizer's update "
+                            "(non-finite gradients, e.g. an fp16 loss scale still settling): the optimizer share "
+                            "is understated.")  # fmt: skip
+    return result
 
 
 def _profile_path(name: str, device: torch.device, args: argparse.Namespace) -> Path | None:

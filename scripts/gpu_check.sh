@@ -7,11 +7,13 @@
 #   bash scripts/gpu_check.sh OUT_DIR [--budget SECONDS] [--part N] [--device cuda|cpu] [--wheels DIR] [--save] [--full]
 #
 #   OUT_DIR     receives two files: gpu-results.tar.gz (logs, JUnit XML, results, environment.txt, steps.json;
-#               at most 16 MiB) and summary.md (step, part, status, seconds, cap, expected)
+#               at most 16 MiB) and summary.md (step, part, status, seconds, cap, expected), both rewritten before
+#               every step: a run killed part-way (SIGKILL) leaves every finished step's results there
 #   --budget    seconds for the whole command, wheel install included (default: every step's cap)
-#   --part      1-4: only that part's steps (a 15-minute GPU lease runs parts 1 and 2): 1 CUDA tests, bench
-#               solve, bench train --profile and full-size iterations of the three published configs (8.5 min);
-#               2 tiny iterations, copy, loss, ragged (5 min); 3 augment, precision, switches; 4 the rest;
+#   --part      1-4: only that part's steps (a 15-minute GPU lease runs parts 1 and 2): 1 CUDA tests (device
+#               tests, then those that train or compile), bench solve, bench train --profile and full-size
+#               iterations of the three published configs (9 min); 2 tiny iterations, copy, loss, ragged
+#               (4.5 min); 3 augment, precision, switches; 4 the rest;
 #               without it every step runs in priority order
 #   --device    cpu: a dry run of the run book with tiny sizes and few repeats (CUDA-only steps are skipped)
 #   --wheels    folder of wheels from scripts/gpu_wheels.sh (default: .whl; skipped if absent)
@@ -56,9 +58,8 @@ export PYTHONUNBUFFERED=1 DRIVETRAIN_BENCHMARKS="$PWD/benchmarks"
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "host: $(uname -srm), $(nproc) CPUs"
   nvidia-smi -L 2>/dev/null || echo "nvidia-smi: not available"
-  "$py" -c 'import sys, numpy, torch
-print("python", sys.version.split()[0], "| numpy", numpy.__version__, "| torch", torch.__version__, "| CUDA", torch.version.cuda)
-print("GPU:", torch.cuda.get_device_name() if torch.cuda.is_available() else "none visible to torch")'
+  # versions (torch, CUDA, cuDNN, driver), the GPU, whether the GPU solver is usable, the TF32/cudnn.benchmark flags
+  "$py" -m drivetrain.profile.gpu_environment || echo "drivetrain.profile.gpu_environment: failed (see above)"
   "$py" -c 'import nuscenes.eval.detection.evaluate' 2>/dev/null && echo "nuScenes devkit: imports" \
     || echo "nuScenes devkit: does not import here (the data tests and bench data need it)"
   "$py" -c 'import nvidia.dali' 2>/dev/null && echo "DALI: imports" \

@@ -19,11 +19,24 @@ def gen() -> torch.Generator:
 
 @pytest.fixture(autouse=True)
 def _restore_torch_globals() -> Iterator[None]:
-    """Engine runs in-process set threads and deterministic mode from their config; undo that per test."""
+    """Engine runs in-process set threads, deterministic mode and the TF32/cuDNN flags from their config (and
+    benchmarks the flags); undo that per test."""
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
     yield
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(deterministic)
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = flags
+
+
+@pytest.fixture
+def gpu_solver_required() -> None:
+    """A test that needs the GPU solver where it is not usable, while the run book requires it: a failure naming why
+    (tests/helpers/gpu_solver.py)."""
+    from drivetrain.match import gpu_solver_status
+    from helpers.gpu_solver import REQUIRE_ENV
+
+    pytest.fail(f"{REQUIRE_ENV}=1 requires the GPU solver, but it is {gpu_solver_status('cuda')}", pytrace=False)
 
 
 @pytest.fixture(scope="session")

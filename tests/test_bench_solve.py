@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
+
+import pytest
+import torch
 
 from drivetrain.cli.main import main
 from drivetrain.engine.config_files import read_config_file
 from drivetrain.match.solve import TARGET_BUCKETS
+from drivetrain.ragged import RaggedBatch
 
-CONFIG = Path(__file__).resolve().parents[1] / "configs" / "streampetr_tiny.yaml"
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "streampetr_tiny.yaml"
 # The first 4 scenes of the tiny preset (2 mini_train scenes, batch ≤ 2), generated into tmp_path.
 TINY = ["--config", str(CONFIG), "--batch", "2", "--scenes", "4", "--repeat", "3", "--warmup", "1"]
 
@@ -39,4 +45,39 @@ def test_bench_solve_times_the_variants_per_batch_and_counts_kernel_shapes(tmp_p
         assert row["baseline"] == "per problem" and set(row["variants"]) == {"per problem", "scipy"}  # no GPU here
         assert row["reference_ms"] > 0 and row["reference_max_ms"] >= row["reference_ms"]
         assert row["batched_max_ms"] >= row["batched_ms"] > 0
-    assert any("every variant's pairs equaled the per-problem solve's" in note for note in data["notes"])
+    assert any("whose total cost is the per-problem optimum's within float32 rounding" in n for n in data["notes"])
+    checked = data["config"]["checked"]["scipy"]  # SciPy on the same values: the same pairs
+    assert checked["problems"] > 0 and checked["other_pairs"] == 0 and checked["max_excess"] == 0
+    assert data["config"]["gpu_solver"] == {"fallbacks": 0, "wrapper_calls": 0, "fallbacks_timed": 0}
+
+
+def _bench_module():
+    spec = importlib.util.spec_from_file_location("bench_solve", ROOT / "benchmarks" / "solve.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _one(costs: list[list[float]]) -> RaggedBatch:
+    tensor = torch.tensor([costs], dtype=torch.float32)  # (1, Q, G)
+    return RaggedBatch(tensor, torch.tensor([tensor.shape[-1]]), ragged_dim=2)
+
+
+def _pairs(pairs: list[tuple[int, int]]) -> RaggedBatch:
+    return RaggedBatch(torch.tensor([pairs]), torch.tensor([len(pairs)]), ragged_dim=1)
+
+
+def test_an_assignment_of_equal_cost_passes_and_a_costlier_or_broken_one_stops_the_benchmark():
+    """float32 ties: where two assignments cost the same, the GPU kernel may return the other one; that passes the
+    check (counted), a costlier one or pairs that are no assignment do not."""
+    bench = _bench_module()
+    tie = _one([[0.5, 0.5], [0.5, 0.5]])
+    counts = bench.check_assignments(tie, _pairs([(0, 1), (1, 0)]), bench.per_problem(tie))
+    assert counts == {"problems": 1, "other_pairs": 1, "max_excess": 0.0}
+    cross = _one([[0.0, 1.0], [1.0, 0.0]])
+    with pytest.raises(ValueError, match="exceeds the optimum"):
+        bench.check_assignments(cross, _pairs([(0, 1), (1, 0)]), bench.per_problem(cross))
+    with pytest.raises(ValueError, match="not an assignment"):
+        bench.check_assignments(cross, _pairs([(0, 0), (1, 0)]), bench.per_problem(cross))
+    # the bound: 64 pairs of costs below 1 (padding 3): a few hundredths; float32 ties of 1-ulp costs are far below
+    assert 1e-3 < bench.cost_tolerance(64, 3.0) < 0.05 and bench.cost_tolerance(1, 1.0) < 1e-5

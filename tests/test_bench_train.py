@@ -17,7 +17,8 @@ from helpers.engine import FAST, SMOKE
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = [*FAST, "data.batch_size=4"]  # the smoke model on generated tensors: milliseconds a step
-KEYS = {"step_ms", "step_max_ms", "parts", "data_wait_ms", "overhead_share", "syncs_per_step", "syncs_source",
+KEYS = {"step_ms", "step_max_ms", "parts", "data_wait_ms", "overhead_share", "skipped_steps", "syncs_per_step",
+        "syncs_source",
         "counted_syncs_per_step", "kernels_per_step", "region_syncs", "logged", "inner_ms"}  # fmt: skip
 ALL_PARTS = (*PARTS, "other")
 MS_ROUNDING = 5e-7  # the JSON's ms have 6 decimals
@@ -64,12 +65,16 @@ def test_bench_train_splits_the_trainers_step_and_leaves_no_run_behind(tmp_path,
     assert data["steps"] == 1 and data["warmup"] == 2 and data["config"]["model"] == "smoke"
     assert data["train_device"] == "cpu" and data["device"].startswith("CPU")
     assert data["logged"]["step_ms"] > 0  # the trainer's own log of the timed step was read
+    assert data["skipped_steps"] == 0  # fp32: every timed step updated
+    assert data["gpu_solver"] == {"fallbacks": 0, "wrapper_calls": 0, "compiled": 0}
+    assert data["config"]["backends"]["tf32_cudnn"] is False  # the trainer's default, as every benchmark's
     rows = {row["name"]: row for row in data["rows"]}
     assert rows["step"]["parent"] is None and len(rows) == 1 + len(ALL_PARTS)
     assert all(row["reference_ms"] == row["batched_ms"] for row in data["rows"])  # one path, one measurement
     assert list(scratch.iterdir()) == []  # the scratch run directory is deleted
     printed = capsys.readouterr().out
     assert "| data wait (loader) |" in printed and "overhead share = 1 − (forward + backward) / step" in printed
+    assert "timed steps that skipped the update (non-finite gradients, e.g. fp16 overflow): 0 of 1" in printed
     assert "| copy (host → device) |" in (tmp_path / "r.md").read_text()
 
 
@@ -95,6 +100,34 @@ def test_bench_train_profiles_more_steps_after_the_timed_ones(tmp_path, monkeypa
     assert list(scratch.iterdir()) == []
 
 
+def test_bench_train_reports_the_timed_steps_that_skipped_the_update(tmp_path, monkeypatch):
+    """fp16 with a loss scale of 2**40 overflows (tests/test_engine_trainer.py): with hysteresis 2 and backoff 2**-8
+    the first three iterations skip, so of the timed steps 2–4 some skip, and the result says how many."""
+    scale = ["precision.mode=fp16", "precision.init_scale=1099511627776", "precision.backoff_factor=0.00390625"]
+    data, _ = _bench(tmp_path, monkeypatch, "--steps", "3", "--warmup", "1", *scale)
+    assert 1 <= data["skipped_steps"] <= 3
+    assert any(
+        f"{data['skipped_steps']} of the 3 timed steps skipped the optimizer's update" in n for n in data["notes"]
+    )
+    assert f"{data['skipped_steps']} of 3: the optimizer part of those is a skip" in (tmp_path / "r.md").read_text()
+
+
+def test_bench_train_writes_the_timed_result_before_summarising_the_profile(tmp_path, monkeypatch):
+    """A run cut while the traced steps are summarised (the summary fails here) keeps the timed steps' JSON."""
+    from drivetrain.profile import trace
+
+    def cut(*args, **kwargs):
+        raise RuntimeError("cut while summarising")
+
+    monkeypatch.setattr(trace, "summarize", cut)
+    with pytest.raises(RuntimeError, match="cut while summarising"):
+        _bench(tmp_path, monkeypatch, "--steps", "1", "--warmup", "1", "--profile", "1")
+    data = json.loads((tmp_path / "r.json").read_text())
+    _check_split(data)
+    assert "profile" not in data and any("still being summarised" in note for note in data["notes"])
+    assert "| copy (host → device) |" in (tmp_path / "r.md").read_text()
+
+
 def test_bench_train_refuses_a_missing_config_in_one_line(tmp_path):
     missing = tmp_path / "nope.yaml"
     with pytest.raises(SystemExit) as err:
@@ -117,6 +150,7 @@ def test_result_names_keep_the_published_and_tiny_configs_apart():
 
 
 @pytest.mark.cuda
+@pytest.mark.heavy
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_bench_train_on_cuda_counts_the_syncs_of_the_timed_steps(tmp_path, monkeypatch):
     data, scratch = _bench(tmp_path, monkeypatch, "--steps", "2", "--warmup", "2", "--device", "cuda")

@@ -19,6 +19,7 @@ from helpers.engine import SMOKE, assert_same_weights, cli_env, final_state, los
 from helpers.streampetr import SMALL
 
 pytestmark = [
+    pytest.mark.heavy,
     pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]

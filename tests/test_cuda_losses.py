@@ -116,6 +116,7 @@ def fresh_dynamo():
     counters.clear()
 
 
+@pytest.mark.heavy
 def test_compiled_streampetr_loss_on_cuda_is_one_graph_within_the_float32_bound(fresh_dynamo, gen):
     """Inductor's CUDA kernels for the 3D head's batched loss, for two batches whose ground-truth count differs
     (7, then 9: no recompile), against eager CUDA (tests/test_losses_compile.py derives the bound)."""
@@ -130,6 +131,7 @@ def test_compiled_streampetr_loss_on_cuda_is_one_graph_within_the_float32_bound(
     assert graph_breaks() == 0 and counters["stats"]["unique_graphs"] == 1
 
 
+@pytest.mark.heavy
 def test_compiled_focal_head_loss_on_cuda_is_one_graph_within_the_float32_bound(fresh_dynamo, gen):
     loss = focal_head_loss(backend="scipy").to(DEVICE)
     for num_gt in FH_BATCHES[:2]:
@@ -140,6 +142,7 @@ def test_compiled_focal_head_loss_on_cuda_is_one_graph_within_the_float32_bound(
     assert graph_breaks() == 0 and counters["stats"]["unique_graphs"] == 1
 
 
+@pytest.mark.heavy
 def test_compiled_anchor_assignment_and_loss_on_cuda_is_one_graph_within_the_float32_bound(fresh_dynamo, gen):
     """PointPillars' dense assignment and loss in one inductor graph on CUDA against its eager windowed path."""
     feature_size = (8, 8)

@@ -108,6 +108,17 @@ def test_doctor_names_a_folder_that_is_not_a_run(tmp_path):
         main(["doctor", str(tmp_path)])
 
 
+@pytest.mark.parametrize(("option", "argv"), [("--warmup", ["--steps", "1", "--warmup", "0"]),
+                                             ("--steps", ["--steps", "0", "--warmup", "1"])])  # fmt: skip
+def test_a_window_option_out_of_range_is_one_line_naming_it(tmp_path, option, argv):
+    run = _run(tmp_path / "run")
+    with pytest.raises(SystemExit) as err:
+        main(["doctor", str(run), *argv])
+    message = str(err.value)
+    assert message.startswith(f"doctor: {option} must be ≥ 1") and "\n" not in message
+    assert not (run / "doctor.md").exists()
+
+
 def test_host_syncs_beyond_the_trainers_one_are_named_with_their_regions():
     summary = {"data_share": 0.0, "data_wait_ms": 0.0, "step_ms": 20.0, "peak_memory_mb": 100.0,
                "config": {"data": {"num_workers": 0}, "model": {}}}  # fmt: skip

@@ -199,3 +199,39 @@ def test_streampetr_3d_head_kernels_compile_before_the_first_step(
     assert len(lines) == 2 and lines[1].endswith("after step 1") and f"Q {queries}:" not in lines[1]
     noted = {q for _, q, _ in solve_module.gpu_solver_shapes()["compiled"]}
     assert queries in noted and len(noted) == 2  # the 3D head's Q before step 1, the focal head's after it
+
+
+def test_a_resumed_run_warming_the_gpu_solver_continues_bit_identically(synth_index, synth_root, tmp_path, monkeypatch):
+    """StreamPETR (dropout, denoising noise) with the gpu backend's plumbing on the CPU (the recording stand-in for the
+    Triton kernel): the resumed run warms the solver again after its RNG state was restored — the 3D head before its
+    first step, the focal head after it, at other steps than the uninterrupted run — and still ends with the same
+    losses and weights: the warm-up's random costs come from a generator of its own."""
+    import importlib
+
+    import test_match_solve_buckets as buckets
+    from helpers.streampetr import SMALL
+
+    solve_module = importlib.import_module("drivetrain.match.solve")
+    buckets.install_recording_kernel(monkeypatch)
+    model = ", ".join(f"{k}: {json.dumps(v)}" for k, v in SMALL.items())
+
+    def fit(out: Path, steps: int, resume: str | None = None) -> None:
+        monkeypatch.setattr(solve_module, "_SHAPES", solve_module._ShapeBook())  # a new process: nothing compiled
+        cfg = load_config(
+            ROOT / "configs" / "streampetr_tiny.yaml",
+            [
+                f"run.out_dir={out}", "run.threads=1", "run.deterministic=true", "log.progress=false",
+                "log.tensorboard=false", "log.every=1", "eval.every=0", "eval.at_start=false",
+                f"model.args={{{model}}}", "data.name=frames",
+                f"data.args={{index: {synth_root / 'drivetrain_index.npz'}, split: mini_train}}",
+                f"train.steps={steps}", "checkpoint.every=2", "checkpoint.keep=2",
+            ],
+        )  # fmt: skip
+        with pytest.warns(UserWarning, match="not compiled yet"):  # the focal head's shapes, in the first step
+            Trainer(cfg, resume=resume).fit()
+
+    fit(tmp_path / "full", 4)
+    fit(tmp_path / "resumed", 2)
+    fit(tmp_path / "resumed", 4, resume="auto")
+    assert losses(tmp_path / "resumed") == losses(tmp_path / "full") and len(losses(tmp_path / "full")) == 4
+    assert_same_weights(final_state(tmp_path / "resumed")["model"], final_state(tmp_path / "full")["model"])

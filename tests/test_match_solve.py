@@ -11,6 +11,7 @@ from scipy.optimize import linear_sum_assignment
 
 from drivetrain.match import gpu_solver_available, pairs_from_assignment, solve
 from drivetrain.ragged import RaggedBatch
+from helpers.gpu_solver import needs_gpu_solver
 
 POISONS = (float("nan"), 1e30, -1e30, float("inf"), float("-inf"))
 
@@ -228,7 +229,7 @@ def test_pairs_from_assignment_by_hand() -> None:
 
 # ---------------------------------------------------------------------- CUDA
 @pytest.mark.cuda
-@pytest.mark.skipif(not gpu_solver_available("cuda"), reason="gpu solver needs CUDA (CC ≥ 8.0), triton and the package")
+@needs_gpu_solver()
 @pytest.mark.parametrize("batch_shape", [(14,), (3, 5)], ids=["B", "L,B"])
 def test_gpu_backend_matches_scipy(batch_shape: tuple[int, ...], gen: torch.Generator) -> None:
     costs = padded_costs(batch_shape, 30, 17, gen, dtype=torch.float32)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import warnings
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ from drivetrain.match.solve import (
 from drivetrain.profile import Profiler
 from drivetrain.profile.timer import active
 from drivetrain.ragged import RaggedBatch
+from helpers.gpu_solver import REQUIRE_ENV, needs_gpu_solver
 from test_match_solve import assert_matches_scipy, padded_costs
 
 solve_module = importlib.import_module("drivetrain.match.solve")  # the package's `solve` is the function
@@ -53,6 +55,11 @@ class RecordingKernel:
 @pytest.fixture
 def kernel(monkeypatch: pytest.MonkeyPatch) -> RecordingKernel:
     """The gpu backend on the CPU with a recording kernel and an empty book of compiled shapes."""
+    return install_recording_kernel(monkeypatch)
+
+
+def install_recording_kernel(monkeypatch: pytest.MonkeyPatch) -> RecordingKernel:
+    """:func:`kernel` for other test modules: the stand-in installed until ``monkeypatch`` undoes it."""
     fake = RecordingKernel()
     monkeypatch.setattr(solve_module, "gpu_solver_available", lambda device: True)
     monkeypatch.setattr(solve_module, "_triton_assignment", fake)
@@ -165,6 +172,94 @@ def test_warm_gpu_solver_skips_compiled_shapes_and_does_nothing_without_the_back
     assert warm_gpu_solver(40, 64, "cpu").shapes == ()
 
 
+def test_the_warm_up_leaves_the_default_generators_as_they_were(kernel) -> None:
+    """A resumed run warms the solver at other steps than the uninterrupted one, after its RNG state was restored:
+    the warm-up's random costs must not move the default generators (dropout, denoising noise)."""
+    before = torch.get_rng_state()
+    warm = warm_gpu_solver(40, 64, "cpu")
+    assert warm.shapes  # the warm-up did launch the kernel on random costs
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+class _PackageWithout:
+    """A ``torch_linear_assignment`` whose ``_triton`` entry point takes no ``validation`` (another version): the
+    public ``batch_linear_assignment`` solves with the recording stand-in."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import sys
+        import types
+
+        self.public = RecordingKernel()
+        package, triton = (
+            types.ModuleType("torch_linear_assignment"),
+            types.ModuleType("torch_linear_assignment._triton"),
+        )
+        package.batch_linear_assignment = self.public
+        triton.batch_linear_assignment = lambda cost: self.public(cost)  # no validation argument
+        package._triton = self.triton = triton
+        monkeypatch.setitem(sys.modules, "torch_linear_assignment", package)
+        monkeypatch.setitem(sys.modules, "torch_linear_assignment._triton", triton)
+
+
+@pytest.fixture
+def entry_cache() -> Iterator[None]:
+    solve_module._sync_free_entry.cache_clear()
+    yield
+    solve_module._sync_free_entry.cache_clear()
+
+
+def test_a_package_without_the_sync_free_entry_point_warns_once_and_counts_its_calls(entry_cache, monkeypatch, gen):
+    package = _PackageWithout(monkeypatch)
+    monkeypatch.setattr(solve_module, "gpu_solver_available", lambda device: True)
+    monkeypatch.setattr(solve_module, "_SHAPES", solve_module._ShapeBook())
+    costs = costs_with_max((2, 3), 20, 5, gen)
+    with pytest.warns(UserWarning, match="public wrapper is used, with two host syncs per call"):
+        assert_original_pairs(costs, solve(costs, backend="gpu"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process
+        assert_original_pairs(costs, solve(costs, backend="gpu"))
+    assert gpu_solver_shapes()["wrapper_calls"] == 2 and len(package.public.shapes) == 2
+
+
+def test_an_entry_point_without_a_readable_signature_is_tried_then_left_for_the_wrapper(entry_cache, monkeypatch, gen):
+    """A compiled entry point has no signature to read: it is called with ``validation``; when it refuses the
+    keyword, the public wrapper takes over (warned once, counted) and the entry point is not tried again."""
+    package = _PackageWithout(monkeypatch)
+    calls = []
+
+    class Compiled:  # like a builtin: inspect.signature cannot read it
+        __signature__ = property(lambda self: (_ for _ in ()).throw(ValueError("no signature")))
+
+        def __call__(self, cost, **kwargs):
+            calls.append(kwargs)
+            raise TypeError("batch_linear_assignment() got an unexpected keyword argument 'validation'")
+
+    monkeypatch.setattr(package.triton, "batch_linear_assignment", Compiled())
+    monkeypatch.setattr(solve_module, "_ENTRY_REFUSED", [])
+    monkeypatch.setattr(solve_module, "gpu_solver_available", lambda device: True)
+    monkeypatch.setattr(solve_module, "_SHAPES", solve_module._ShapeBook())
+    costs = costs_with_max((2,), 20, 5, gen)
+    with pytest.warns(UserWarning, match="public wrapper is used"):
+        assert_original_pairs(costs, solve(costs, backend="gpu"))
+    assert_original_pairs(costs, solve(costs, backend="gpu"))
+    assert calls == [{"validation": "off"}] and gpu_solver_shapes()["wrapper_calls"] == 2
+
+
+def test_an_error_inside_the_kernel_is_not_taken_for_another_package_version(entry_cache, monkeypatch, gen) -> None:
+    package = _PackageWithout(monkeypatch)
+
+    def broken(cost: torch.Tensor, validation: str) -> torch.Tensor:
+        raise TypeError("a bug inside the kernel")
+
+    monkeypatch.setattr(package.triton, "batch_linear_assignment", broken)
+    monkeypatch.setattr(solve_module, "_ENTRY_REFUSED", [])
+    monkeypatch.setattr(solve_module, "gpu_solver_available", lambda device: True)
+    monkeypatch.setattr(solve_module, "_SHAPES", solve_module._ShapeBook())
+    with pytest.raises(TypeError, match="a bug inside the kernel"):
+        solve(costs_with_max((2,), 20, 5, gen), backend="gpu")
+    assert package.public.shapes == [] and gpu_solver_shapes()["wrapper_calls"] == 0
+
+
 def test_a_batch_without_targets_needs_no_kernel(kernel) -> None:
     costs = RaggedBatch(torch.zeros(3, 10, 0), torch.zeros(3, dtype=torch.long), ragged_dim=2)
     with warnings.catch_warnings():
@@ -205,9 +300,7 @@ def test_under_torch_compile_an_uncompiled_shape_falls_back_inside_the_operator(
 
 
 # ---------------------------------------------------------------------- CUDA: the real kernel
-needs_kernel = pytest.mark.skipif(
-    not gpu_solver_available("cuda"), reason="gpu solver needs CUDA (CC ≥ 8.0), triton and the package"
-)
+needs_kernel = needs_gpu_solver()  # skipped without the solver, failed instead when the run book requires it
 
 
 @pytest.fixture
@@ -232,6 +325,15 @@ def test_cuda_warmed_auto_compiles_nothing_over_64_target_counts(fresh_book, gen
 
 @pytest.mark.cuda
 @needs_kernel
+def test_cuda_warm_up_leaves_the_default_cuda_generator_as_it_was(fresh_book) -> None:
+    before = torch.cuda.get_rng_state()
+    assert warm_gpu_solver(300, 64, "cuda").shapes
+    assert torch.equal(torch.cuda.get_rng_state(), before)
+    assert gpu_solver_shapes()["wrapper_calls"] == 0  # the sync-free entry point of the installed package was used
+
+
+@pytest.mark.cuda
+@needs_kernel
 def test_cuda_auto_falls_back_until_warm_pending_compiles(fresh_book, gen) -> None:
     costs = costs_with_max((4, 3), 704, 13, gen)
     with pytest.warns(UserWarning, match="not compiled yet"):
@@ -251,3 +353,38 @@ def test_cuda_auto_falls_back_until_warm_pending_compiles(fresh_book, gen) -> No
 def test_cuda_bucketed_kernel_matches_scipy(q: int, g: int, gen) -> None:
     costs = costs_with_max((5,), q, g, gen)
     assert_original_pairs(costs, solve(costs.to("cuda"), backend="gpu").to("cpu"))
+
+
+def test_without_the_solver_its_tests_skip_unless_the_run_book_requires_it(monkeypatch) -> None:
+    if gpu_solver_available("cuda"):
+        pytest.skip("the solver is usable here: nothing would be skipped")
+    monkeypatch.delenv(REQUIRE_ENV, raising=False)
+    mark = needs_gpu_solver()
+    assert mark.name == "skipif" and mark.args == (True,) and "not usable" in mark.kwargs["reason"]
+    monkeypatch.setenv(REQUIRE_ENV, "1")
+    mark = needs_gpu_solver()
+    assert mark.name == "usefixtures" and mark.args == ("gpu_solver_required",)
+
+
+@pytest.mark.slow
+def test_the_run_books_requirement_turns_the_solver_tests_skip_into_a_failure(tmp_path) -> None:
+    """Without the solver the CUDA solver tests skip, but under the run book's DRIVETRAIN_REQUIRE_GPU_SOLVER=1 they
+    fail, naming why: a GPU machine without Triton or the package cannot pass the CUDA test step as "ok"."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if gpu_solver_available("cuda"):
+        pytest.skip("the solver is usable here: nothing would be skipped")
+    root = Path(__file__).resolve().parents[1]
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", "-m", "cuda", "-k", "bucketed",
+            str(Path(__file__))]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    env.pop(REQUIRE_ENV, None)
+    skipped = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, check=False, timeout=300)
+    assert skipped.returncode == 0 and "4 skipped" in skipped.stdout, skipped.stdout[-2000:]
+    required = subprocess.run(argv, capture_output=True, text=True, env={**env, REQUIRE_ENV: "1"}, cwd=tmp_path,
+                              check=False, timeout=300)  # fmt: skip
+    assert required.returncode == 1 and "4 error" in required.stdout, required.stdout[-2000:]
+    assert f"{REQUIRE_ENV}=1 requires the GPU solver, but it is not usable: " in required.stdout

@@ -14,6 +14,7 @@ from helpers.heads import (
     assert_cuda_syncs_only_inside_the_solver,
     assert_paths_agree,
     assert_syncs_only_inside_the_one_solver_call,
+    assert_warmed_auto_loss_uses_the_kernel,
     focal_case,
     run,
 )
@@ -38,6 +39,14 @@ def test_focal_head_without_ground_truth_trains_only_background(gen):
 
 def test_batched_loss_syncs_only_inside_the_one_solver_call(gen, monkeypatch):
     assert_syncs_only_inside_the_one_solver_call("focal_head", gen, monkeypatch)
+
+
+def test_auto_loss_after_its_warm_up_runs_the_gpu_kernel_without_a_fallback(gen, monkeypatch):
+    """What the CUDA sync check below relies on, on the CPU with the recording stand-in for the Triton kernel: after
+    the warm-up call and the compile of what it met, the measured call takes the kernel, not SciPy."""
+    import test_match_solve_buckets as buckets
+
+    assert_warmed_auto_loss_uses_the_kernel("focal_head", gen, buckets.install_recording_kernel(monkeypatch))
 
 
 @pytest.mark.cuda

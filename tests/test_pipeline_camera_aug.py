@@ -380,6 +380,7 @@ def test_frozen_encoder_overlap_learns_exactly_what_the_plain_run_learns(synth_i
         Trainer(load_config(config, _aug_overrides(tmp_path / "bad", synth_root, "speed.encoder_overlap=true")))
 
 
+@pytest.mark.heavy
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_side_stream_augmentation_and_encoder_overlap_match_the_inline_run(synth_index, synth_root, tmp_path):

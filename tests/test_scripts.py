@@ -55,6 +55,7 @@ def test_gpu_check_dry_run_packs_one_tarball_and_a_summary_naming_every_step(tmp
         environment = tar.extractfile("gpu-check/environment.txt").read().decode()
     summary = (out / "summary.md").read_bytes().decode()
     assert packed_summary == summary and "torch" in environment and environment.splitlines()[0] in summary
+    assert "GPU solver: " in environment and "NVIDIA driver " in environment and "cudnn.benchmark " in environment
 
     names = [s.name for s in plan("cpu", sys.executable, tmp_path)]
     assert record["device"] == "cpu" and record["budget_s"] == budget

@@ -132,17 +132,50 @@ def assert_syncs_only_inside_the_one_solver_call(head: str, gen: torch.Generator
         loss(leaves, targets, impl="reference")
 
 
-def assert_cuda_syncs_only_inside_the_solver(head: str, gen: torch.Generator, monkeypatch) -> None:
-    """On CUDA (sync debug mode "error"), the batched loss syncs only inside the solver (or not at all)."""
-    from drivetrain.match import gpu_solver_available
+def warmed_auto_loss(head: str, device: str, gen: torch.Generator) -> tuple:
+    """``head``'s batched loss with ``backend="auto"`` on ``device``, called once as a warm-up and its solver shapes
+    then compiled (:func:`~drivetrain.match.warm_pending`, as the trainer does between steps): the next call takes
+    the GPU solver wherever it is usable, not the SciPy fallback of a shape met uncompiled. Returns
+    ``(loss, outputs, targets)`` on ``device`` (floating outputs are leaves that require grad)."""
+    from drivetrain.match import warm_pending
 
     outputs, targets, loss = head_case(head, "auto", gen)
-    loss = loss.cuda()
+    loss = loss.to(device)
     outputs = {
-        k: v.cuda().requires_grad_() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in outputs.items()
+        k: v.to(device).requires_grad_() if torch.is_tensor(v) and v.is_floating_point() else v
+        for k, v in outputs.items()
     }
-    outputs = {k: v.cuda() if torch.is_tensor(v) else v for k, v in outputs.items()}
-    targets = {k: v.to("cuda") if hasattr(v, "to") else v for k, v in targets.items()}
+    outputs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in outputs.items()}
+    targets = {k: v.to(device) if hasattr(v, "to") else v for k, v in targets.items()}
+    loss(outputs, targets)  # warm-up: lazy CUDA initialisation may sync once; the solver meets its shapes
+    warm_pending()
+    return loss, outputs, targets
+
+
+def assert_warmed_auto_loss_uses_the_kernel(head: str, gen: torch.Generator, kernel) -> None:
+    """The measured call of :func:`warmed_auto_loss` runs the GPU solver's kernel (``kernel``: the recording
+    stand-in of tests/test_match_solve_buckets.py, installed on the CPU) and falls back to SciPy for no shape."""
+    import warnings
+
+    from drivetrain.match import gpu_solver_shapes
+
+    with pytest.warns(UserWarning, match="not compiled yet"):  # the warm-up met its shapes uncompiled
+        loss, outputs, targets = warmed_auto_loss(head, "cpu", gen)
+    fallbacks = gpu_solver_shapes()["fallbacks"]
+    kernel.shapes.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a fallback would warn
+        terms = loss(outputs, targets)
+    assert gpu_solver_shapes()["fallbacks"] == fallbacks and kernel.shapes
+    assert all(torch.isfinite(v) for v in terms.values())
+
+
+def assert_cuda_syncs_only_inside_the_solver(head: str, gen: torch.Generator, monkeypatch) -> None:
+    """On CUDA (sync debug mode "error"), the batched loss syncs only inside the solver (or not at all: the GPU
+    solver, warmed by :func:`warmed_auto_loss`, makes no sync)."""
+    from drivetrain.match import gpu_solver_available
+
+    loss, outputs, targets = warmed_auto_loss(head, "cuda", gen)
     real_solve = assigners_module.solve
 
     def solve_allowing_sync(*args, **kwargs):
@@ -155,7 +188,6 @@ def assert_cuda_syncs_only_inside_the_solver(head: str, gen: torch.Generator, mo
             torch.cuda.set_sync_debug_mode("error")
 
     monkeypatch.setattr(assigners_module, "solve", solve_allowing_sync)
-    loss(outputs, targets)  # warm-up: lazy CUDA initialisation may sync once
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:

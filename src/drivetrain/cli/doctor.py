@@ -31,7 +31,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory (metrics.jsonl, config.yaml)")
     parser.add_argument("--steps", type=int, default=5, help="profiled steps (default: 5)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them (default: 2)")
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="untimed steps before them, ≥ 1: the last is counted (default: 2)")  # fmt: skip
     parser.add_argument("--no-profile", action="store_true", help="the run's metrics only; train nothing")
     parser.add_argument("--memory-budget-mb", type=float, default=None,
                         help="memory the run may use (default: the GPU's memory, or the machine's RAM)")  # fmt: skip
@@ -45,14 +46,16 @@ def run(args: argparse.Namespace) -> int:
     from drivetrain.engine import ConfigError
     from drivetrain.safe_files import replace_text
 
+    if not args.no_profile and args.steps < 1:
+        raise SystemExit(f"doctor: --steps must be ≥ 1, got {args.steps}")
+    if not args.no_profile and args.warmup < 1:
+        raise SystemExit(f"doctor: --warmup must be ≥ 1 (the last warm-up step is the counted one), got {args.warmup}")
     try:
         summary = doctor.run_summary(args.run_dir)
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"doctor: {err}") from None
     window = None
     if not args.no_profile:
-        if args.steps < 1 or args.warmup < 0:
-            raise SystemExit("doctor: --steps must be ≥ 1 and --warmup ≥ 0")
         print(f"doctor: profiling {args.warmup}+{args.steps} steps of {args.run_dir / 'config.yaml'} ...", flush=True)
         try:
             window = doctor.profile_window(args.run_dir, steps=args.steps, warmup=args.warmup,

@@ -209,7 +209,14 @@ def _checkpointed(forward: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def apply_speed(model: nn.Module, cfg: SpeedConfig) -> nn.Module:
-    """Apply memory and speed switches in place: memory format, activation checkpointing, compile, cuDNN/TF32."""
+    """Apply memory and speed switches in place: memory format, activation checkpointing, compile, cuDNN/TF32.
+
+    ``cudnn_benchmark`` and ``tf32`` set torch's process-wide flags (``torch.backends.cudnn.benchmark``,
+    ``torch.backends.cuda.matmul.allow_tf32``, ``torch.backends.cudnn.allow_tf32``) and leave them so: the process is
+    the run's. With ``tf32`` false (the default) cuDNN's TF32, which torch turns on by default, is off as well, so
+    convolutions run in full float32. The benchmarks start from the same settings
+    (:func:`drivetrain.profile.bench.setup_bench`) and record those in effect.
+    """
     if cfg.channels_last != "none":
         fmt = torch.channels_last if cfg.channels_last == "2d" else torch.channels_last_3d
         rank = 4 if cfg.channels_last == "2d" else 5

@@ -22,10 +22,14 @@ steps also run under ``torch.cuda.set_sync_debug_mode("warn")`` and every synchr
 metric log's flush every ``log.every`` steps included), which is then the reported number.
 
 ``overhead_share = 1 − (forward + backward) / step``: the share of the step that is not the network's own work.
+``skipped_steps``: the timed steps whose update was skipped (non-finite gradients: an fp16 loss scale still too high
+for the model) — such a step's optimizer part is a skip decision, not an update, so a split with many of them
+understates the optimizer.
 
 With ``trace_steps``, that many more steps follow the timed ones under ``torch.profiler`` (``with_stack``; no region
 is timed there): :func:`drivetrain.profile.trace.summarize` gives their top ops, GPU idle time between kernels and
-host syncs by call site, and the trace can be kept as a Chrome trace file.
+host syncs by call site, and the trace can be kept as a Chrome trace file. The split of the timed steps is handed
+to ``on_timed`` before that summary is made, so a caller can write it first (a run cut during the summary keeps it).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import os
 import statistics
 import tempfile
 import warnings
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -82,6 +87,7 @@ class StepSplit:
         logged: medians of the trainer's log over the timed steps: ``step_ms``, ``data_wait_ms`` (host clock; the
             wait includes the copy), and the run's ``peak_memory_mb``.
         trace: :func:`drivetrain.profile.trace.summarize` of the traced steps after the timed ones (None without).
+        skipped_steps: timed steps that skipped the optimizer's update (None: the trainer's log had no record).
     """
 
     device: str
@@ -98,6 +104,7 @@ class StepSplit:
     part_costs: dict[str, Cost | None]
     logged: dict[str, float]
     trace: dict[str, Any] | None = None
+    skipped_steps: int | None = None
 
     @property
     def data_wait_ms(self) -> float:
@@ -131,6 +138,7 @@ class StepSplit:
             "parts": {name: stats(name, s) for name, s in self.parts.items()},
             "data_wait_ms": round(self.data_wait_ms, 6),
             "overhead_share": round(self.overhead_share, 4),
+            "skipped_steps": self.skipped_steps,
             "syncs_per_step": self.syncs_per_step,
             "syncs_source": self.syncs_source,
             "counted_syncs_per_step": self.counted_syncs_per_step,
@@ -193,6 +201,7 @@ def measure_steps(
     trace_steps: int = 0,
     trace_file: str | Path | None = None,
     generate_data: bool = True,
+    on_timed: Callable[[StepSplit], None] | None = None,
 ) -> StepSplit:
     """Train ``config`` (its ``base:`` chain and ``overrides`` applied) ``warmup + steps`` steps and split its step.
 
@@ -208,6 +217,7 @@ def measure_steps(
         trace_file: where to export those steps' Chrome trace (JSON; with ``trace_steps``).
         generate_data: the config's data may be generated if missing (the :class:`Trainer`'s switch); ``doctor``
             profiling a run passes False, so a run's config never makes it write into the folder it names.
+        on_timed: called with the split of the timed steps (``trace`` None) before the traced steps are summarised.
 
     Returns:
         The :class:`StepSplit`.
@@ -243,6 +253,7 @@ def measure_steps(
                     if cuda:
                         torch.cuda.set_sync_debug_mode("default")
             logged = _logged(out / "metrics.jsonl", warmup, total)
+            skipped = _skipped(out / "metrics.jsonl", warmup, total)
         finally:
             trainer.close()
     for w in caught:  # the run's other warnings reach the caller as they would have (once per place)
@@ -260,18 +271,11 @@ def measure_steps(
         seen = sum(SYNC_WARNING in str(w.message).lower() for w in window)
         syncs, source = (seen // steps if seen % steps == 0 else seen / steps), "cuda sync debug mode"
     region_syncs = _own_syncs(profiler)
-    traced = None
-    if profiler.trace is not None:
-        traced = trace.summarize(profiler.trace, trace_steps)
-        if trace_file is not None:  # torch opens the file itself: exported into a folder made just now, then
-            with tempfile.TemporaryDirectory(dir=Path(trace_file).parent) as fresh:  # renamed over the name
-                profiler.trace.export_chrome_trace(str(Path(fresh) / Path(trace_file).name))
-                os.replace(Path(fresh) / Path(trace_file).name, trace_file)  # (a link there replaced, not followed)
     part_costs = {part: profiler.cost(f"{STEP}/{part}") for part in PARTS}
     if counted is not None:
         kernels = counted.kernels - sum(c.kernels for c in part_costs.values() if c is not None)
         part_costs["other"] = Cost(kernels, counted.syncs - sum(c.syncs for c in part_costs.values() if c is not None))
-    return StepSplit(
+    split = StepSplit(
         device=str(trainer.device),
         steps=steps,
         warmup=warmup,
@@ -284,9 +288,19 @@ def measure_steps(
         syncs_source=source,
         region_syncs=region_syncs,
         part_costs=part_costs,
-        trace=traced,
         logged=logged,
+        skipped_steps=skipped,
     )
+    if profiler.trace is None:
+        return split
+    if on_timed is not None:
+        on_timed(split)  # before the summary of the trace, which takes a while
+    traced = trace.summarize(profiler.trace, trace_steps)
+    if trace_file is not None:  # torch opens the file itself: exported into a folder made just now, then
+        with tempfile.TemporaryDirectory(dir=Path(trace_file).parent) as fresh:  # renamed over the name
+            profiler.trace.export_chrome_trace(str(Path(fresh) / Path(trace_file).name))
+            os.replace(Path(fresh) / Path(trace_file).name, trace_file)  # (a link there replaced, not followed)
+    return dataclasses.replace(split, trace=traced)
 
 
 def _own_syncs(profiler: Profiler) -> dict[str, int]:
@@ -324,6 +338,16 @@ def _logged(path: Path, warmup: int, total: int) -> dict[str, float]:
     return out
 
 
+def _skipped(path: Path, warmup: int, total: int) -> int | None:
+    """Timed steps (``warmup + 1 … total``) that skipped the update: the log's cumulative ``skipped_steps`` at the
+    last timed step minus at the last warm-up step; None without those records."""
+    records = [r for _, _, r in jsonl_records(path.read_text(), source=path)] if path.is_file() else []
+    at = {int(r["step"]): int(r["skipped_steps"]) for r in records if "step" in r and "skipped_steps" in r}
+    if total not in at or warmup not in at:
+        return None
+    return at[total] - at[warmup]
+
+
 def table_lines(split: dict[str, Any]) -> list[str]:
     """Markdown lines of a split in :meth:`StepSplit.as_dict` form: each part's median, max, share of the step and
     counted kernels and host reads, the step, then overhead share, host syncs, kernels and the trainer's own log
@@ -341,6 +365,11 @@ def table_lines(split: dict[str, Any]) -> list[str]:
     syncs = "n/a" if split["syncs_per_step"] is None else f"{split['syncs_per_step']:g}"
     where = ", ".join(f"{name} {n}" for name, n in split["region_syncs"].items()) or "none"
     lines.append(f"- host syncs per step: {syncs} ({split['syncs_source']}; host reads counted by region: {where})")
+    skipped = split.get("skipped_steps")
+    if skipped is not None:
+        note = ": the optimizer part of those is a skip, not an update" if skipped else ""
+        lines.append(f"- timed steps that skipped the update (non-finite gradients, e.g. fp16 overflow): "
+                     f"{skipped} of {split['steps']}{note}")  # fmt: skip
     if split["kernels_per_step"] is not None:
         lines.append(f"- ATen kernels per step (counted, the loader's work excepted): {split['kernels_per_step']:,}")
     logged = split["logged"]

@@ -43,11 +43,14 @@ it. Eager calls skip the operator dispatch and run the same functions directly.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import inspect
 import math
 import os
 import time
 import warnings
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -65,6 +68,7 @@ __all__ = [
     "SolverWarmUp",
     "gpu_solver_available",
     "gpu_solver_shapes",
+    "gpu_solver_status",
     "num_assigned",
     "num_unassigned",
     "padded_target_count",
@@ -189,6 +193,30 @@ def gpu_solver_available(device: torch.device | str) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 0) and _has_triton_solver()
 
 
+def gpu_solver_status(device: torch.device | str = "cuda") -> str:
+    """One line saying whether the ``gpu`` backend can run on ``device`` and, if not, why; with the versions of
+    the package and Triton, e.g. ``usable (torch-linear-assignment 0.1.0, triton 3.5.0)`` or ``not usable: no
+    CUDA device``. For environment records; :func:`gpu_solver_available` is what the solver itself asks."""
+    versions = []
+    for name, module in (("torch-linear-assignment", "torch_linear_assignment"), ("triton", "triton")):
+        try:
+            versions.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{name} {'installed' if importlib.util.find_spec(module) else 'missing'}")
+    installed = ", ".join(versions)
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return f"not usable: no CUDA device ({installed})"
+    capability = torch.cuda.get_device_capability(device)
+    if capability < (8, 0):
+        return f"not usable: compute capability {capability[0]}.{capability[1]} < 8.0 ({installed})"
+    if not _has_triton_solver():
+        return f"not usable: {installed}"
+    if _sync_free_entry() is None or _ENTRY_REFUSED:
+        return f"usable through the package's public wrapper, two host syncs per call ({installed})"
+    return f"usable ({installed})"
+
+
 # ---------------------------------------------------------------------- scipy
 _POOL: ThreadPoolExecutor | None = None
 
@@ -310,6 +338,7 @@ class _ShapeBook:
     compiled: set[tuple[str, int, int]] = field(default_factory=set)  # (device, Q, G)
     pending: set[tuple[str, int, int]] = field(default_factory=set)
     fallbacks: int = 0
+    wrapper_calls: int = 0  # kernel calls through the package's public wrapper (its two host syncs each)
 
     def ready(self, device: torch.device, q: int, g: int) -> bool:
         return g == 0 or (str(device), q, g) in self.compiled
@@ -331,8 +360,15 @@ _SHAPES = _ShapeBook()
 
 def gpu_solver_shapes() -> dict[str, object]:
     """The ``gpu`` backend's kernel shapes of this process: ``{"compiled": [(device, Q, G), ...], "pending":
-    [...], "fallbacks": n}`` (``fallbacks``: calls ``auto`` handed to SciPy because their shape was not compiled)."""
-    return {"compiled": sorted(_SHAPES.compiled), "pending": sorted(_SHAPES.pending), "fallbacks": _SHAPES.fallbacks}
+    [...], "fallbacks": n, "wrapper_calls": k}`` (``fallbacks``: calls ``auto`` handed to SciPy because their shape
+    was not compiled; ``wrapper_calls``: kernel calls that went through the package's public wrapper, with its two
+    host syncs, because its sync-free entry point is not there — 0 with the version the module was written for)."""
+    return {
+        "compiled": sorted(_SHAPES.compiled),
+        "pending": sorted(_SHAPES.pending),
+        "fallbacks": _SHAPES.fallbacks,
+        "wrapper_calls": _SHAPES.wrapper_calls,
+    }
 
 
 def warm_gpu_solver(
@@ -340,7 +376,8 @@ def warm_gpu_solver(
 ) -> SolverWarmUp:
     """Compile the ``gpu`` backend's kernel for every bucket ``G`` from 1 to ``max_targets`` reaches at
     ``Q = num_predictions`` (before training or timing starts: no step then compiles). Nothing happens where the
-    backend is unavailable (a CPU, no Triton): an empty :class:`SolverWarmUp`.
+    backend is unavailable (a CPU, no Triton): an empty :class:`SolverWarmUp`. The warm-up's random costs come from a
+    generator of its own: the default generators' states are left as they were.
 
     Args:
         num_predictions: ``Q``, the predictions of the head (e.g. 900 queries, or 704 tokens per image).
@@ -357,10 +394,13 @@ def warm_gpu_solver(
         device = torch.device("cuda", torch.cuda.current_device())
     start = time.perf_counter()
     done = []
+    # A private generator: the default ones (dropout, denoising noise, ...) must not move, or a resumed run — warmed at
+    # other steps than the uninterrupted one, after its RNG state was restored — would draw other numbers.
+    generator = torch.Generator(device=device).manual_seed(0)
     for g in target_buckets(max_targets):
         if _SHAPES.ready(device, num_predictions, g):
             continue
-        cost = torch.rand((1, num_predictions, g), device=device)  # (1, Q, G)
+        cost = torch.rand((1, num_predictions, g), device=device, generator=generator)  # (1, Q, G)
         _triton_assignment(cost)
         _SHAPES.compiled.add((str(device), num_predictions, g))
         _SHAPES.pending.discard((str(device), num_predictions, g))
@@ -435,17 +475,51 @@ def _triton_assignment(cost: torch.Tensor) -> torch.Tensor:
     The package's public wrapper checks for NaN/-inf and infeasibility with two host reads. Our costs are
     finite by construction (``nan_to_num`` and constant padding) and every problem is feasible (rectangular
     problems of finite costs always are; the package transposes ``G < Q`` itself),
-    so we call its Triton entry point with validation off; if that private entry point is not there (a
-    different package version), the public wrapper is used, with its two syncs.
+    so we call its Triton entry point with validation off. Where that entry point is not there (a different package
+    version: :func:`_sync_free_entry`), the public wrapper is used, with its two syncs: a warning says so once per
+    process and :func:`gpu_solver_shapes` counts the calls (``wrapper_calls``). An error raised by the kernel itself
+    is not caught.
     """
+    entry = _sync_free_entry()
+    if entry is not None and not _ENTRY_REFUSED:
+        try:
+            return entry(cost, validation="off")
+        except TypeError as err:  # an entry point whose signature could not be read may not take the keyword
+            if "validation" not in str(err):
+                raise  # the kernel's own error
+            _ENTRY_REFUSED.append(str(err))
+    from torch_linear_assignment import batch_linear_assignment
+
+    if _SHAPES.wrapper_calls == 0:
+        warnings.warn(
+            "solve: torch_linear_assignment has no _triton.batch_linear_assignment(cost, validation=...) entry point "
+            "(a version drivetrain was not written for); its public wrapper is used, with two host syncs per call",
+            stacklevel=2,
+        )
+    _SHAPES.wrapper_calls += 1
+    return batch_linear_assignment(cost)  # sync: the public wrapper validates on the host
+
+
+_ENTRY_REFUSED: list[str] = []  # the TypeError of an entry point that turned out not to take ``validation``
+
+
+@lru_cache(maxsize=1)
+def _sync_free_entry() -> Callable[..., torch.Tensor] | None:
+    """The package's Triton entry point that takes ``validation`` (``torch_linear_assignment._triton.
+    batch_linear_assignment``), or None where this version of the package has none."""
     try:
         from torch_linear_assignment import _triton
-
-        return _triton.batch_linear_assignment(cost, validation="off")
-    except (ImportError, AttributeError, TypeError):
-        from torch_linear_assignment import batch_linear_assignment
-
-        return batch_linear_assignment(cost)  # sync: the public wrapper validates on the host
+    except ImportError:
+        return None
+    entry = getattr(_triton, "batch_linear_assignment", None)
+    if not callable(entry):
+        return None
+    try:
+        parameters = inspect.signature(entry).parameters
+    except (TypeError, ValueError):  # no signature to read (a compiled function): tried, see _triton_assignment
+        return entry
+    takes_keywords = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    return entry if "validation" in parameters or takes_keywords else None
 
 
 @torch.library.custom_op(

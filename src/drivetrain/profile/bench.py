@@ -20,7 +20,7 @@ import torch
 
 from drivetrain.profile.allocator import retain_freed_memory
 from drivetrain.profile.costmodel import Cost, count_call
-from drivetrain.profile.report import BenchResult, Row, device_slug
+from drivetrain.profile.report import BenchResult, Row, backend_flags, device_slug
 from drivetrain.profile.timer import Profiler, synchronize
 
 __all__ = [
@@ -35,6 +35,12 @@ __all__ = [
 ]
 
 RESULTS_DIR = Path("benchmarks") / "results"
+# Every benchmark starts from the trainer's defaults (``speed.tf32``, ``speed.cudnn_benchmark``: both off), so that
+# the networks two benchmarks time run under the same settings, those of a default training run (torch's own
+# default leaves cuDNN's TF32 on, which the trainer turns off); a benchmark that trains applies its config's speed
+# section on top, and :func:`emit` records the settings in effect (``config.backends``).
+BENCH_TF32 = False
+BENCH_CUDNN_BENCHMARK = False
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser, *, repeat: int = 20, warmup: int = 3) -> None:
@@ -63,8 +69,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser, *, repeat: int = 20, wa
 
 
 def setup_bench(args: argparse.Namespace) -> torch.device:
-    """Apply the process settings the options ask for (``--malloc``) and resolve ``--device``."""
+    """Apply the process settings the options ask for (``--malloc``), set TF32 and cuDNN's autotuner to the trainer's
+    defaults (:data:`BENCH_TF32`, :data:`BENCH_CUDNN_BENCHMARK`) and resolve ``--device``."""
     device = resolve_device(args.device)
+    torch.backends.cuda.matmul.allow_tf32 = BENCH_TF32
+    torch.backends.cudnn.allow_tf32 = BENCH_TF32
+    torch.backends.cudnn.benchmark = BENCH_CUDNN_BENCHMARK
     if getattr(args, "malloc", "default") == "retain" and not retain_freed_memory():
         print("note: --malloc retain needs glibc's mallopt, which this system lacks; the allocator is unchanged")
         args.malloc = "default"
@@ -170,18 +180,27 @@ def rows_from_profilers(reference: Profiler, batched: Profiler) -> list[Row]:
     return rows
 
 
-def emit(result: BenchResult, args: argparse.Namespace, *, chart: bool = True) -> list[Path]:
-    """Print the table and write the files the options ask for (JSON, Markdown and, with ``chart``, the
-    :func:`~drivetrain.profile.charts.bench_chart` PNG at ``--png`` or, with ``--save``, next to the JSON);
-    return the paths written. Benchmarks that draw a picture of their own pass ``chart=False``."""
-    if hasattr(args, "malloc"):
-        result.config.setdefault("malloc", args.malloc)
-    print(result.render_table())
+def result_paths(result: BenchResult, args: argparse.Namespace) -> tuple[Path | None, Path | None]:
+    """Where :func:`emit` writes the JSON and the Markdown: ``--json`` and ``--md``, else with ``--save``
+    ``benchmarks/results/<benchmark>-<device>.{json,md}`` (None: not written)."""
     json_path, md_path = args.json, args.md
     if args.save:
         stem = f"{result.benchmark}-{device_slug(args.device)}"
         json_path = json_path or RESULTS_DIR / f"{stem}.json"
         md_path = md_path or RESULTS_DIR / f"{stem}.md"
+    return json_path, md_path
+
+
+def emit(result: BenchResult, args: argparse.Namespace, *, chart: bool = True) -> list[Path]:
+    """Print the table and write the files the options ask for (JSON, Markdown and, with ``chart``, the
+    :func:`~drivetrain.profile.charts.bench_chart` PNG at ``--png`` or, with ``--save``, next to the JSON);
+    return the paths written. Benchmarks that draw a picture of their own pass ``chart=False``. The config records
+    the TF32 and ``cudnn.benchmark`` settings in effect (``backends``) unless the benchmark recorded its own."""
+    if hasattr(args, "malloc"):
+        result.config.setdefault("malloc", args.malloc)
+    result.config.setdefault("backends", backend_flags())
+    print(result.render_table())
+    json_path, md_path = result_paths(result, args)
     written = result.write(json_path, md_path)
     png = getattr(args, "png", None) or (Path(json_path).with_suffix(".png") if args.save and json_path else None)
     if chart and png is not None:

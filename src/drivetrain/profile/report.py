@@ -381,6 +381,17 @@ def device_slug(device: torch.device | str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name(device).lower()).strip("-")
 
 
+def backend_flags() -> dict[str, bool | str]:
+    """The process-wide math settings a timing depends on: TF32 for matmuls and for cuDNN convolutions, cuDNN's
+    autotuner (``cudnn.benchmark``) and the float32 matmul precision, as they are now."""
+    return {
+        "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
+        "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    }
+
+
 def environment() -> dict[str, str]:
     """Versions that matter for a timing: Python, NumPy, CUDA/cuDNN when present, drivetrain."""
     import numpy

@@ -1,16 +1,19 @@
 """The GPU check's run book: its steps in a fixed priority order, each capped to end inside a time budget.
 
 A borrowed GPU comes for 15 minutes in all (its start included), so ``scripts/gpu_check.sh`` spends them highest
-priority first: (1) the CUDA tests, (2) the solver's kernel shapes (``bench solve``) over the synthetic full set,
-(3) the trainer's own step at the three published configs with a profile of each (``bench train --profile``),
-(4) the full-size iterations, reference vs batched; part 2 the tiny iterations, copy, loss and ragged ops; parts 3
-and 4 the camera data path, precision, switches, sweeps and the rest, for a later lease. Each step has the time it
-is expected to need and a cap; it runs under ``timeout`` with min(cap, what remains of the budget − a reserve for
-packing), and a step expected to need more than what remains is skipped and named rather than started and cut.
+priority first: (1) the CUDA tests, in two steps: the device tests, then those that train or compile (``heavy``),
+each test's outcome streamed into the log as it ends, (2) the solver's kernel shapes (``bench solve``) over the
+synthetic full set, (3) the trainer's own step at the three published configs with a profile of each (``bench
+train --profile``), (4) the full-size iterations, reference vs batched; part 2 the tiny iterations, copy, loss and
+ragged ops; parts 3 and 4 the camera data path, precision, switches, sweeps and the rest, for a later lease. Each
+step has the time it is expected to need and a cap; it runs under ``timeout`` with min(cap, what remains of the
+budget − a reserve for packing), and a step expected to need more than what remains is skipped and named rather than
+started and cut.
 ``--part N`` picks one group of steps sized for one device command (:data:`PART_BUDGET_S`); the parts partition
 the steps. Everything a run writes goes into one ``gpu-results.tar.gz`` (kept under the 16 MiB a borrowed machine
-hands back) beside ``summary.md``; :func:`collect` (``scripts/gpu_results.sh``) copies the results out of such
-tarballs into ``benchmarks/results``.
+hands back) beside ``summary.md``, both rewritten into ``--out`` before every step (the steps done, the one starting,
+the ones not reached), so a run killed part-way — a lease ends with SIGKILL — has handed back every finished step;
+:func:`collect` (``scripts/gpu_results.sh``) copies the results out of such tarballs into ``benchmarks/results``.
 
 Only the standard library is used here, and :mod:`drivetrain.safe_files` (standard library only) for every file
 written, so that no output is written through a link planted at its name: collecting results needs no torch.
@@ -41,7 +44,19 @@ from pathlib import Path, PurePosixPath
 
 from drivetrain.safe_files import open_output, replace_bytes, replace_text, replacing
 
-__all__ = ["PARTS", "PART_BUDGET_S", "Outcome", "Step", "collect", "pack", "plan", "run_book", "select", "summary"]
+__all__ = [
+    "PARTS",
+    "PART_BUDGET_S",
+    "Outcome",
+    "Step",
+    "collect",
+    "pack",
+    "plan",
+    "result_notes",
+    "run_book",
+    "select",
+    "summary",
+]
 
 RESERVE_S = 20.0  # kept back from every cap: timeout's 10 s grace before SIGKILL, then packing
 KILL_AFTER_S = 10
@@ -49,8 +64,8 @@ SETUP_S = 30.0  # wheels, environment.txt and this module's start, before the fi
 TARBALL = "gpu-results.tar.gz"
 TARBALL_LIMIT = 16 * 1024 * 1024  # the largest file a borrowed machine hands back
 # --budget of each part's device command, wheel install included. A borrowed GPU comes for 15 minutes in all, its
-# start (1–2 min) included: part 1 (8.5 min) then part 2 (5 min) fit one lease; parts 3 and 4 are for a later one.
-PART_BUDGET_S = {1: 510, 2: 300, 3: 540, 4: 540}
+# start (1–2 min) included: part 1 (9 min) then part 2 (4.5 min) fit one lease; parts 3 and 4 are for a later one.
+PART_BUDGET_S = {1: 540, 2: 270, 3: 540, 4: 540}
 PARTS = {
     1: "CUDA tests, bench solve, bench train (with its profile) and full-size iterations of the three published "
     "configs",
@@ -74,6 +89,7 @@ class Step:
         cap_s: the longest it may run.
         argv: the command; empty when the step does not run on this device (``skip`` says why).
         skip: why the step never runs here (e.g. a GPU-only size in the CPU dry run), or "".
+        env: environment variables the command runs with, besides the caller's.
     """
 
     name: str
@@ -83,6 +99,7 @@ class Step:
     cap_s: float
     argv: tuple[str, ...]
     skip: str = ""
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -109,6 +126,9 @@ class Outcome:
 
 # The runner runs one step under a cap; it returns (exit status, seconds taken, whether the cap stopped it).
 Runner = Callable[[Step, float], tuple[int, float, bool]]
+# Told where the run stands before each step that runs and once at the end: the outcomes so far, the step about to
+# run (None at the end) and the steps after it.
+Progress = Callable[[list[Outcome], Step | None, list[Step]], None]
 
 
 FULL_ROOT = "data/synth-full-704"  # the root of configs/{streampetr_full,pointpillars_nus,ssn_nus}.yaml
@@ -118,16 +138,28 @@ FULL_ROOT = "data/synth-full-704"  # the root of configs/{streampetr_full,pointp
 # run generates 4 scenes there instead of the presets under the checkout's data/.
 # Expected CUDA seconds: the 2026-11-26 H200 run (its steps.json) where a step ran then, with a margin; the new
 # steps (solve, train) are estimates until a run measures them.
+# The CUDA tests, from that run's 16 tests: 31 s in all, of which 8.3 s in the tests, so ~22 s to start, import and
+# collect; the first CUDA call 2.6 s; a device test ~0.13 s (the median ones 0.006–0.74 s); 2 trainer runs 3.9 s.
+# Step 1, the device tests (85 now; `cuda and not heavy`): 22 + 2.6 + 85 × 0.13 + ~10 cold solver kernels × 0.75 s
+# (the slowest bucket compile then) ≈ 45 s. Step 2, the tests that train or compile (13 now; `heavy`): 22 + 2.6 +
+# ~10 trainer runs × 2 s + 2 CLI trainings × ~12 s (a process of its own: start, import, CUDA) + 3 cold inductor
+# compiles × ~20 s (an estimate: no inductor compile was timed on the H200) ≈ 130 s. Caps: about twice that.
+# Both stream each test's outcome into their log (-v) as it ends, then the slowest 15 and every outcome again.
+_TESTS = {"fast": "-m 'cuda and not heavy'", "heavy": "-m 'cuda and heavy'"}
 _BOOK: list[tuple[str, int, int, str | None, tuple, tuple | None]] = [
-    ("tests-cuda", 1, 1, None, (60, 150, "-m cuda"), (30, 90, "-m cuda")),  # 31 s for 16 tests then
+    ("tests-cuda", 1, 1, None, (45, 90, _TESTS["fast"]), (30, 90, _TESTS["fast"])),
+    ("tests-cuda-trainer", 1, 1, None, (130, 240, _TESTS["heavy"]), (30, 90, _TESTS["heavy"])),
     # The published configs read the synthetic set at 704×256, which a benchmark would render on first use in one
     # process (~4 min); "synth" renders it with a process per core first (35 s on 16 cores then).
     ("synth-full-704", 2, 1, "synth", (40, 150, FULL_ROOT), None),
     ("solve", 2, 1, "solve", (20, 60, ""),
      (20, 60, "--config configs/streampetr_tiny.yaml --batch 2 --scenes 4 --repeat 2 --data-root {data}/camera")),
-    # The trainer's own step at the published configs, each with a torch.profiler trace of 3 more steps.
+    # The trainer's own step at the published configs, each with a torch.profiler trace of 3 more steps. StreamPETR's
+    # config is fp16 with the loss scale starting at 65536, where the first steps overflow and skip the optimizer
+    # (halving the scale each time): it starts at 2^10 here, so the timed steps update (bench train reports
+    # skipped_steps, and the summary names a step that skipped).
     ("train-streampetr-full", 3, 1, "train", (60, 150, "--config configs/streampetr_full.yaml --steps 8 --warmup 3 "
-     "--profile 3"), None),
+     "--profile 3 precision.init_scale=1024"), None),
     ("train-pointpillars-full", 3, 1, "train", (40, 120, "--config configs/pointpillars_nus.yaml --steps 8 --warmup 3 "
      "--profile 3"), None),
     ("train-ssn-full", 3, 1, "train", (40, 120, "--config configs/ssn_nus.yaml --steps 8 --warmup 3 --profile 3"),
@@ -200,15 +232,18 @@ def plan(device: str, python: str, work: Path, *, full: bool = False) -> list[St
         expected, cap, options = spec
         opts = shlex.split(options.format(data=shlex.quote(str(work / "data")), **_SWITCHES))
         argv = _command(name, what, opts, device, python, work)
-        steps.append(Step(name, priority, part, float(expected), float(cap), argv))
+        # On a GPU machine a test of the GPU solver fails where the solver is not usable (tests/helpers/gpu_solver.py)
+        env = (("DRIVETRAIN_REQUIRE_GPU_SOLVER", "1"),) if what is None and device == "cuda" else ()
+        steps.append(Step(name, priority, part, float(expected), float(cap), argv, env=env))
     return sorted(steps, key=lambda s: s.priority)
 
 
 def _command(name: str, what: str | None, opts: list[str], device: str, python: str, work: Path) -> tuple[str, ...]:
-    """pytest with JUnit XML; the synthetic full set rendered and indexed unless there; or ``drivetrain bench WHAT``
+    """pytest with each test's outcome in the log as it ends (``-v``), then the 15 slowest and every outcome again,
+    and JUnit XML at the end; the synthetic full set rendered and indexed unless there; or ``drivetrain bench WHAT``
     writing ``<name>-<device>.{json,md,png}`` into ``work``."""
     if what is None:
-        return (python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *opts,
+        return (python, "-m", "pytest", "-v", "-rA", "--durations=15", "-p", "no:cacheprovider", *opts,
                 "--junitxml", str(work / f"{name}.xml"), "tests")  # fmt: skip
     if what == "synth":
         root, cli = shlex.quote(opts[0]), f"{shlex.quote(python)} -m drivetrain.cli.main data"
@@ -239,15 +274,19 @@ def run_book(
     clock: Callable[[], float] = time.time,
     started: float | None = None,
     reserve_s: float = RESERVE_S,
+    progress: Progress | None = None,
 ) -> list[Outcome]:
     """Run ``steps`` in priority order within ``budget_s`` seconds counted from ``started`` (default: now).
 
     Each step runs with cap min(its cap, remaining − ``reserve_s``); a step that expects to need more than that
     is skipped and named, so nothing is cut half-way without a record. ``runner(step, cap)`` runs one step.
+    ``progress(outcomes, running, after)`` is told where the run stands before each step that runs and once at the
+    end (``running`` None), so that a run killed in a step has published every step before it.
     """
     start = clock() if started is None else started
-    outcomes = []
-    for step in sorted(steps, key=lambda s: s.priority):
+    outcomes: list[Outcome] = []
+    ordered = sorted(steps, key=lambda s: s.priority)
+    for index, step in enumerate(ordered):
         left = budget_s - (clock() - start) - reserve_s
         if step.skip:
             outcomes.append(Outcome(step, "skipped", reason=step.skip))
@@ -256,10 +295,14 @@ def run_book(
             outcomes.append(Outcome(step, "skipped", reason=reason))
         else:
             cap = float(int(min(step.cap_s, left)))  # whole seconds, as `timeout` takes them
+            if progress is not None:
+                progress(outcomes, step, ordered[index + 1 :])
             rc, seconds, timed_out = runner(step, cap)
             status = "timed out" if timed_out else "ok" if rc == 0 else "failed"
             outcomes.append(Outcome(step, status, seconds=seconds, cap_s=cap, rc=rc))
         print(f"gpu_check: {step.name}: {outcomes[-1].label()}", flush=True)
+    if progress is not None:
+        progress(outcomes, None, [])
     return outcomes
 
 
@@ -279,7 +322,8 @@ def subprocess_runner(work: Path, *, kill_after: int = KILL_AFTER_S) -> Runner:
             f.write(f"$ {shlex.join(step.argv)}\n(cap {limit} s)\n")
             f.flush()
             argv = ["timeout", f"--kill-after={kill_after}", str(limit), *step.argv]
-            rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", **dict(step.env)}  # the log is written as the step runs
+            rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env=env, check=False).returncode
         seconds = time.time() - start
         timed_out = rc in (124, 137, -9) and seconds >= limit - 1
         if timed_out:
@@ -291,9 +335,12 @@ def subprocess_runner(work: Path, *, kill_after: int = KILL_AFTER_S) -> Runner:
 
 
 def summary(outcomes: list[Outcome], *, title: str, environment: str = "", notes: Iterable[str] = (),
-            tails: dict[str, str] | None = None) -> str:  # fmt: skip
+            tails: dict[str, str] | None = None, running: Step | None = None,
+            after: Iterable[Step] = ()) -> str:  # fmt: skip
     """``summary.md``: the environment, the table (step, part, status, seconds, cap, expected), the skipped
-    steps by name, ``notes`` (a sentence each) and the log tails of failed and timed-out steps."""
+    steps by name, ``notes`` (a sentence each) and the log tails of failed and timed-out steps. While the run is under
+    way (``running``: the step now running; ``after``: the steps not reached yet) the table lists them too and a line
+    says where the run stands: a run cut now leaves this summary."""
     lines = [f"# {title}", ""]
     lines += [f"    {line}" for line in environment.splitlines()] + ([""] if environment else [])
     lines += ["| step | part | status | seconds | cap (s) | expected (s) |", "|---|---:|---|---:|---:|---:|"]
@@ -301,12 +348,47 @@ def summary(outcomes: list[Outcome], *, title: str, environment: str = "", notes
         ran = (f"{o.seconds:.0f}", f"{o.cap_s:.0f}") if o.status != "skipped" else ("–", "–")
         expected = "–" if o.step.skip else f"{o.step.expected_s:.0f}"
         lines.append(f"| {o.step.name} | {o.step.part} | {o.label()} | {ran[0]} | {ran[1]} | {expected} |")
+    after = list(after)
+    if running is not None:
+        lines.append(f"| {running.name} | {running.part} | running | – | – | {running.expected_s:.0f} |")
+    for step in after:
+        expected = "–" if step.skip else f"{step.expected_s:.0f}"
+        lines.append(f"| {step.name} | {step.part} | not reached | – | – | {expected} |")
     skipped = [o.step.name for o in outcomes if o.status == "skipped"]
     lines += ["", f"Skipped: {', '.join(skipped)}." if skipped else "Skipped: none."]
+    if running is not None or after:
+        lines.append(
+            f"In progress: {len(outcomes)} steps done, {running.name if running else 'none'} running, "
+            f"{len(after)} not reached yet; a run cut now returns this summary and the tarball as they are."
+        )
     lines += list(notes)
     for name, tail in (tails or {}).items():
         lines += ["", f"## {name}: last lines of {name}.log", "", "```", tail.rstrip(), "```"]
     return "\n".join(lines) + "\n"
+
+
+def result_notes(work: Path, outcomes: Iterable[Outcome], device: str) -> list[str]:
+    """Sentences for the summary from the results of the steps that ran: timed steps that skipped the optimizer
+    (``bench train``'s ``skipped_steps``: an fp16 loss scale still settling) and GPU-solver calls that fell back to
+    SciPy or went through the package's public wrapper (``gpu_solver``), each named with its step."""
+    notes = []
+    for o in outcomes:
+        path = work / f"{o.step.name}-{device}.json"
+        try:
+            result = json.loads(path.read_text()) if o.status != "skipped" and path.is_file() else {}
+        except (OSError, ValueError):
+            continue
+        skipped = result.get("skipped_steps")
+        if isinstance(skipped, int) and skipped > 0:
+            notes.append(f"{o.step.name}: {skipped} of its {result.get('steps')} timed steps skipped the optimizer "
+                         "(fp16 loss scale): its optimizer share is understated.")  # fmt: skip
+        solver = result.get("config", {}).get("gpu_solver") or result.get("gpu_solver") or {}
+        timed = [solver[key] for key in ("fallbacks_timed", "scipy_fallbacks_timed", "fallbacks") if key in solver]
+        fallbacks, wrapper = (timed[0] if timed else 0), solver.get("wrapper_calls", 0)
+        if fallbacks or wrapper:
+            notes.append(f"{o.step.name}: the GPU solver fell back to SciPy {fallbacks} times and went through the "
+                         f"package's public wrapper (two host syncs) {wrapper} times.")  # fmt: skip
+    return notes
 
 
 def _tail(path: Path, max_bytes: int) -> bytes:
@@ -416,38 +498,52 @@ def _run(args: argparse.Namespace) -> int:
     budget = args.budget if args.budget is not None else SETUP_S + RESERVE_S + sum(s.cap_s for s in steps)
     started = time.time() if args.started is None else args.started
     setup = f"Setup (wheels, environment.txt) took {time.time() - started:.0f} s of the budget."
-    outcomes = run_book(steps, budget, subprocess_runner(work), started=started)
-    record = {"device": args.device, "part": args.part, "budget_s": budget, "steps": [
-        {"name": o.step.name, "part": o.step.part, "priority": o.step.priority, "status": o.status, "rc": o.rc,
-         "seconds": round(o.seconds, 1), "cap_s": round(o.cap_s, 1), "expected_s": o.step.expected_s,
-         "reason": o.reason} for o in outcomes]}  # fmt: skip
-    replace_text(work / "steps.json", json.dumps(record, indent=1) + "\n")
     env_path = work / "environment.txt"
     environment = env_path.read_text() if env_path.exists() else ""
     which = f"part {args.part} ({PARTS[args.part]})" if args.part else "all parts"
     title = f"GPU check — {which}, device {args.device}, budget {budget:.0f} s"
-    tails = {}
-    for o in outcomes:
-        log = work / f"{o.step.name}.log"
-        if o.status in ("failed", "timed out") and log.exists():
-            text = _tail(log, 4096).decode(errors="replace")
-            tails[o.step.name] = "\n".join(text.splitlines()[-15:])  # splitlines also splits progress bars' \r
-
-    def write_summary(notes: list[str]) -> None:
-        notes = [setup, *(f"Packing: {note} to stay under 16 MiB." for note in notes)]
-        text = summary(outcomes, title=title, environment=environment, notes=notes, tails=tails)
-        replace_text(work / "summary.md", text)
-
     tarball = out / TARBALL
-    try:
-        pack(work, tarball, write_summary=write_summary)
-        packed = True
-    except RuntimeError as err:
-        print(f"gpu_check: {err}", file=sys.stderr)
-        packed = False
-    replace_bytes(out / "summary.md", (work / "summary.md").read_bytes())
+
+    def publish(outcomes: list[Outcome], running: Step | None, after: list[Step]) -> bool:
+        """steps.json, summary.md and the tarball as the run stands, into ``work`` and ``out``; whether it packed."""
+        record = {"device": args.device, "part": args.part, "budget_s": budget, "steps": [
+            {"name": o.step.name, "part": o.step.part, "priority": o.step.priority, "status": o.status, "rc": o.rc,
+             "seconds": round(o.seconds, 1), "cap_s": round(o.cap_s, 1), "expected_s": o.step.expected_s,
+             "reason": o.reason} for o in outcomes],
+            "running": running.name if running else None, "not_reached": [s.name for s in after]}  # fmt: skip
+        replace_text(work / "steps.json", json.dumps(record, indent=1) + "\n")
+        tails = {}
+        for o in outcomes:
+            log = work / f"{o.step.name}.log"
+            if o.status in ("failed", "timed out") and log.exists():
+                text = _tail(log, 4096).decode(errors="replace")
+                tails[o.step.name] = "\n".join(text.splitlines()[-15:])  # splitlines also splits progress bars' \r
+
+        def write_summary(notes: list[str]) -> None:
+            notes = [setup, *result_notes(work, outcomes, args.device),
+                     *(f"Packing: {note} to stay under 16 MiB." for note in notes)]  # fmt: skip
+            text = summary(outcomes, title=title, environment=environment, notes=notes, tails=tails,
+                           running=running, after=after)  # fmt: skip
+            replace_text(work / "summary.md", text)
+
+        try:
+            pack(work, tarball, write_summary=write_summary)
+            packed = True
+        except RuntimeError as err:
+            print(f"gpu_check: {err}", file=sys.stderr)
+            packed = False
+        replace_bytes(out / "summary.md", (work / "summary.md").read_bytes())  # after the tarball: both agree
+        return packed
+
+    packs = [publish([], None, steps)]  # a run cut in its first step still returns the environment and the plan
+
+    def progress(outcomes: list[Outcome], running: Step | None, after: list[Step]) -> None:
+        packs.append(publish(outcomes, running, after))
+
+    outcomes = run_book(steps, budget, subprocess_runner(work), started=started, progress=progress)
     print((out / "summary.md").read_text())
     print(f"gpu_check: {tarball} ({tarball.stat().st_size / 2**20:.2f} MiB) and {out / 'summary.md'}")
+    packed = packs[-1]
     if args.save and args.device == "cuda" and packed:
         collect([tarball], Path("benchmarks") / "results")
     return 0 if packed and all(o.status in ("ok", "skipped") for o in outcomes) else 1
