@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -135,6 +137,39 @@ def torchrun(*args: str, timeout: float = 600, **env: str) -> subprocess.Complet
         out, err = proc.communicate()
         raise AssertionError(f"torchrun timed out after {timeout} s: {cmd}\n{out[-3000:]}\n{err[-6000:]}") from None
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def torchrun_nodes(cwds: list[Path], *args: str, timeout: float = 120, **env: str) -> list[subprocess.CompletedProcess]:
+    """One ``torchrun --nnodes N --node_rank k --nproc_per_node 1 ARGS`` per folder of ``cwds`` (node k runs in
+    ``cwds[k]``), all at once with static rendezvous on one free port: N "nodes" on this machine, each with its own
+    working directory (a relative ``run.out_dir`` is then a node-local folder). ``env`` extends cli_env.
+
+    On a timeout (shared by all nodes) every launcher and its ranks are killed and the error shows their output.
+    """
+    port = str(free_port())
+    procs = []
+    for rank, cwd in enumerate(cwds):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(cwds)), "--node_rank", str(rank),
+               "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", port, *args]  # fmt: skip
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, "start_new_session": True}
+        procs.append(subprocess.Popen(cmd, cwd=cwd, env=cli_env(**env), **pipes))
+    deadline, done = time.monotonic() + timeout, []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))
+            done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    except subprocess.TimeoutExpired:
+        outputs = []
+        for rank, proc in enumerate(procs):
+            if rank < len(done):
+                out, err = done[rank].stdout, done[rank].stderr
+            else:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                out, err = proc.communicate()
+            outputs.append(f"node {rank} (status {proc.returncode}): {out[-2000:]}\n{err[-4000:]}")
+        raise AssertionError(f"torchrun nodes timed out after {timeout} s: {args}\n" + "\n".join(outputs)) from None
+    return done
 
 
 def train_single_double_batch(out: Path, float64: bool = True) -> Path:
