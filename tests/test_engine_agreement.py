@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from drivetrain.engine.agreement import TOKEN_PREFIX, RanksDisagree, agree_on_start, disagreement
+from drivetrain.engine.agreement import RanksDisagree, agree_on_start, disagreement
 from drivetrain.engine.checkpoint import Checkpointer, CheckpointError
 from drivetrain.engine.config import ConfigError, load_config
 from drivetrain.engine.distributed import DistContext
+from drivetrain.engine.rundir import START_TOKEN, check_run_dir
 from helpers.engine import FAST, ON_CPU, SMOKE, final_state, losses, torchrun_nodes
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
@@ -61,7 +62,7 @@ def test_ranks_sharing_the_run_folder_train_and_leave_no_token(shared: Path) -> 
     assert len(losses(run)) == 4
     assert final_state(run)["world_size"] == 2
     assert [step for step, _ in Checkpointer(run / "checkpoints").committed()] == [2, 4]
-    assert not [p for p in run.iterdir() if p.name.startswith(TOKEN_PREFIX)]
+    assert not [p for p in run.iterdir() if p.name.startswith(START_TOKEN)]
 
 
 def test_node_local_run_folders_stop_every_rank_in_one_line_and_write_nothing(shared: Path, tmp_path: Path) -> None:
@@ -152,6 +153,14 @@ def test_a_process_alone_raises_its_own_error_and_writes_nothing(tmp_path: Path)
         agree_on_start(alone, tmp_path / "run", cfg, None, error)
     assert raised.value is error and not isinstance(raised.value, RanksDisagree)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_token_left_by_a_killed_start_keeps_a_new_folder_new(tmp_path: Path) -> None:
+    (tmp_path / f"{START_TOKEN}0123456789abcdef").write_text("pid 1 on h\n")
+    check_run_dir(tmp_path)  # accepted as empty
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="is not empty and is not a drivetrain run"):
+        check_run_dir(tmp_path)
 
 
 # ---------------------------------------------------------------------- the checkpoint's identity

@@ -14,12 +14,16 @@ run folder, :func:`agree_on_start` compares what every rank saw:
    the digest of its ``COMMITTED`` marker, which records the state's size and SHA-256) and the digest of its config
    (without the :data:`NODE_LOCAL` keys, such as ``data.num_workers``, that a node may set for itself).
 
-Rank 0 then removes the token (and the folder it created for it, when the start stops). Any difference is one
-:class:`RanksDisagree` line (a :class:`~drivetrain.engine.config.ConfigError`: ``drivetrain train`` exits with
-status 2), the same on every rank, naming the first cause in this order: a rank that does not see rank 0's folder,
-a rank that could not start (its own line; a line every rank met is given as is), ranks that resumed different
-checkpoints (a node with a stale or unshared copy of ``checkpoints/``), ranks with different configs. Every rank
-leaves at the same point, so none is left waiting in a collective, and nothing of the run was written.
+Rank 0 then removes the token (and the folder it created for it, when the start stops; a token that a start killed
+in between leaves behind does not make a new folder "not empty": :func:`~drivetrain.engine.rundir.check_run_dir`).
+Any difference is one :class:`RanksDisagree` line (a :class:`~drivetrain.engine.config.ConfigError`: ``drivetrain
+train`` exits with status 2), the same on every rank, naming the first cause in this order: a rank that does not see
+rank 0's folder, a rank that could not start (its own line; a line every rank met is given as is), ranks that resumed
+different checkpoints (a node with a stale or unshared copy of ``checkpoints/``), ranks with different configs. Every
+rank leaves at the same point, so none is left waiting in a collective, and nothing of the run was written.
+
+The check costs a broadcast, a gather and a file made and removed; a rank that does not see the token waits
+:data:`SEE_WAIT_S` before it says so.
 
 A process alone (no process group, or a group of one) skips all of it: its start errors are raised as they come.
 """
@@ -40,10 +44,10 @@ import yaml
 from drivetrain.engine.checkpoint import Checkpointer, CheckpointError
 from drivetrain.engine.config import ConfigError, TrainConfig, config_to_dict
 from drivetrain.engine.distributed import DistContext
+from drivetrain.engine.rundir import START_TOKEN
 
-__all__ = ["NODE_LOCAL", "SEE_WAIT_S", "TOKEN_PREFIX", "RanksDisagree", "agree_on_start", "disagreement"]
+__all__ = ["NODE_LOCAL", "SEE_WAIT_S", "RanksDisagree", "agree_on_start", "disagreement"]
 
-TOKEN_PREFIX = ".drivetrain-start-"
 # Keys a node may set for itself (they change neither what is learned nor when the ranks meet in a collective).
 NODE_LOCAL = ("run.threads", "data.num_workers", "data.pin_memory", "data.persistent_workers", "data.prefetch_factor")
 # How long a rank looks for rank 0's token before it counts as unseen (a shared file system may show it late).
@@ -183,7 +187,7 @@ def _write_token(out_dir: Path) -> tuple[Path, list[Path]]:
     try:
         for folder in created:
             folder.mkdir()
-        token = Path(out_dir) / f"{TOKEN_PREFIX}{secrets.token_hex(8)}"
+        token = Path(out_dir) / f"{START_TOKEN}{secrets.token_hex(8)}"
         with open(token, "x") as f:  # a new name: never anyone else's file
             f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
     except OSError:
