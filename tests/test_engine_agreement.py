@@ -136,7 +136,7 @@ def test_different_checkpoints_are_listed_by_group() -> None:
     assert line is not None and line.startswith("--resume: the ranks resumed different checkpoints (")
     assert "rank 0 (host h0) and 1 more rank: step-00000004 (COMMITTED digest abababababab)" in line
     assert "rank 2 (host h2) and 1 more rank: none (step 0)" in line
-    assert "stale or unshared copy of runs/x/checkpoints" in line
+    assert "a node has a stale or unshared copy of them: run.out_dir (and a --resume DIR) must be one folder" in line
 
 
 def test_different_configs_are_named() -> None:

@@ -123,7 +123,7 @@ def disagreement(views: list[dict[str, Any]], out_dir: str) -> str | None:
         ckpts = "; ".join(f"{_ranks(group)}: {_checkpoint(group[0]['resumed'])}" for group in resumed)
         return (
             f"--resume: the ranks resumed different checkpoints ({ckpts}); a node has a stale or unshared copy of "
-            f"{out_dir}/checkpoints: run.out_dir must be one folder shared by every node; nothing was written"
+            "them: run.out_dir (and a --resume DIR) must be one folder shared by every node; nothing was written"
         )
     configs = _groups(views, "config")
     if len(configs) > 1:

@@ -70,7 +70,9 @@ class Trainer:
 
     ``cfg.run.out_dir`` must be new, empty or a drivetrain run (its ``.drivetrain-run`` marker, written when the
     trainer takes the directory's lock): anything else is a ConfigError before a file is written
-    (:mod:`drivetrain.engine.rundir`).
+    (:mod:`drivetrain.engine.rundir`). Under torchrun every rank first proves, in one collective, that it sees rank 0's
+    run folder and resumes the same checkpoint with the same config; any difference, or any rank's start error, is
+    one ConfigError line on every rank before anything is written (:mod:`drivetrain.engine.agreement`).
 
     Args:
         cfg: the run's configuration.
