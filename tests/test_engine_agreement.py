@@ -103,6 +103,22 @@ def test_ranks_resuming_different_copies_of_a_checkpoint_stop_in_one_line(shared
     assert listing(tmp_path) == before
 
 
+@pytest.mark.slow  # ~10 s
+def test_a_start_error_on_one_rank_stops_every_rank_in_its_line(shared: Path, tmp_path: Path) -> None:
+    """A fresh start (no --resume) where only node 0's folder holds checkpoints: rank 0 refuses, and rank 1, which
+    would have started, stops with rank 0's line instead of waiting for it in the model's first broadcast."""
+    node0, node1 = tmp_path / "node0", tmp_path / "node1"
+    shutil.copytree(shared, node0)
+    node1.mkdir()
+    before = listing(tmp_path)
+    for proc in torchrun_nodes([node0, node1], *TRAIN, timeout=TIMEOUT):
+        assert proc.returncode != 0
+        lines = stderr_lines(proc, "drivetrain train:")
+        assert len(lines) == 1, proc.stderr[-4000:]
+        assert "config error: rank 0 (host" in lines[0] and "run.out_dir: run already holds checkpoints" in lines[0]
+    assert listing(tmp_path) == before
+
+
 # ---------------------------------------------------------------------- the comparison, without processes
 def view(rank: int, **changes) -> dict:
     base = {"rank": rank, "host": f"h{rank}", "folder": "/r", "sees_folder": True, "error": None,
