@@ -33,7 +33,7 @@ import yaml
 
 import drivetrain
 from drivetrain.data.errors import DataError
-from drivetrain.engine.agreement import agree_on_start
+from drivetrain.engine.agreement import RanksDisagree, agree_on_start
 from drivetrain.engine.build import apply_speed, build_dataset, build_model, build_optimizer
 from drivetrain.engine.checkpoint import MARKER, Checkpointer, CheckpointError
 from drivetrain.engine.config import ConfigError, TrainConfig, config_to_dict
@@ -72,7 +72,8 @@ class Trainer:
     trainer takes the directory's lock): anything else is a ConfigError before a file is written
     (:mod:`drivetrain.engine.rundir`). Under torchrun every rank first proves, in one collective, that it sees rank 0's
     run folder and resumes the same checkpoint with the same config; any difference, or any rank's start error, is
-    one ConfigError line on every rank before anything is written (:mod:`drivetrain.engine.agreement`).
+    one ConfigError line on every rank before anything is written, and every rank leaves the process group
+    (:mod:`drivetrain.engine.agreement`).
 
     Args:
         cfg: the run's configuration.
@@ -96,8 +97,10 @@ class Trainer:
         self._lock: RunDirLock | None = None
         try:
             self._build(resume)
-        except BaseException:
+        except BaseException as err:
             self._release()
+            if isinstance(err, RanksDisagree):  # every rank stops here, together: leave the group as a finished run
+                teardown(self.ctx)
             raise
 
     def _build(self, resume: str | None) -> None:
