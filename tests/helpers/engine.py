@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import torch
@@ -118,23 +120,70 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Set in the environment of a torchrun launch (inherited by its agent and ranks) to find every process of it.
+LAUNCH_ENV = "DRIVETRAIN_TEST_LAUNCH"
+
+
+def kill_launch(tag: str) -> None:
+    """SIGKILL every process whose environment has ``LAUNCH_ENV=tag``: torchrun starts each rank in a process
+    group of its own, so killing the launcher's group would leave the ranks running (and holding its pipes)."""
+    import psutil
+
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get(LAUNCH_ENV) == tag:
+                proc.kill()
+
+
 def torchrun(*args: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
     """``python -m torch.distributed.run --nproc_per_node 2 ARGS`` on a free port; ``env`` extends cli_env.
 
-    On a timeout the launcher and its ranks (one process group) are killed and the error shows their output.
+    On a timeout the launcher and its ranks are killed (:func:`kill_launch`) and the error shows their output.
     """
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            *args]  # fmt: skip
+    tag = uuid.uuid4().hex
     proc = subprocess.Popen(
-        cmd, env=cli_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+        cmd, env=cli_env(**env, **{LAUNCH_ENV: tag}), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_launch(tag)
         out, err = proc.communicate()
         raise AssertionError(f"torchrun timed out after {timeout} s: {cmd}\n{out[-3000:]}\n{err[-6000:]}") from None
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def torchrun_nodes(cwds: list[Path], *args: str, timeout: float = 120, **env: str) -> list[subprocess.CompletedProcess]:
+    """One ``torchrun --nnodes N --node_rank k --nproc_per_node 1 ARGS`` per folder of ``cwds`` (node k runs in
+    ``cwds[k]``), all at once with static rendezvous on one free port: N "nodes" on this machine, each with its own
+    working directory (a relative ``run.out_dir`` is then a node-local folder). ``env`` extends cli_env.
+
+    On a timeout (shared by all nodes) every launcher and its ranks are killed (:func:`kill_launch`) and the error
+    shows their output.
+    """
+    port, tag = str(free_port()), uuid.uuid4().hex
+    procs = []
+    for rank, cwd in enumerate(cwds):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(cwds)), "--node_rank", str(rank),
+               "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", port, *args]  # fmt: skip
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, "start_new_session": True}
+        procs.append(subprocess.Popen(cmd, cwd=cwd, env=cli_env(**env, **{LAUNCH_ENV: tag}), **pipes))
+    deadline, done = time.monotonic() + timeout, []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))
+            done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    except subprocess.TimeoutExpired:
+        kill_launch(tag)
+        outputs = []
+        for rank, proc in enumerate(procs):
+            out, err = (done[rank].stdout, done[rank].stderr) if rank < len(done) else proc.communicate()
+            outputs.append(f"node {rank} (status {proc.returncode}): {out[-2000:]}\n{err[-4000:]}")
+        raise AssertionError(f"torchrun nodes timed out after {timeout} s: {args}\n" + "\n".join(outputs)) from None
+    return done
 
 
 def train_single_double_batch(out: Path, float64: bool = True) -> Path:

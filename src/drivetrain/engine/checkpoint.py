@@ -63,7 +63,7 @@ from drivetrain.engine.state import (
     format_version,
 )
 from drivetrain.safe_files import LinkedFolderError, real_dir, remove_path
-from drivetrain.safe_reads import read_text
+from drivetrain.safe_reads import open_regular, read_text
 from drivetrain.torch_files import TorchFileError, load_torch_file
 
 __all__ = [
@@ -447,6 +447,21 @@ class Checkpointer:
             raise CheckpointError(f"{state_path}: unreadable state file ({reason})") from None
         except TorchFileError as err:
             raise CheckpointError(f"{state_path}: {err}") from None
+
+    @staticmethod
+    def identity(path: str | Path) -> str:
+        """What tells two copies of the committed checkpoint ``path`` apart: the SHA-256 of its ``COMMITTED``
+        marker's bytes (hex), which record the state's size and SHA-256. Reads only the marker (≤ 64 KiB).
+
+        Raises:
+            CheckpointError: the marker cannot be read (one line naming it).
+        """
+        marker = checkpoint_dir(path) / MARKER
+        try:  # a regular file of at most 64 KiB (a FIFO there cannot block)
+            with open_regular(marker, limit=MAX_MARKER_BYTES, what="a marker may hold") as f:
+                return hashlib.sha256(f.read()).hexdigest()
+        except OSError as err:
+            raise CheckpointError(f"{marker}: unreadable {MARKER} marker ({err.strerror or err})") from None
 
     def load_latest(self) -> tuple[Path, dict[str, Any]] | None:
         """The newest checkpoint that loads, skipping bad ones with a warning; None if there is none.

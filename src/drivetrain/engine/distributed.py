@@ -50,6 +50,14 @@ class DistContext:
         dist.all_gather_object(out, obj)
         return out
 
+    def broadcast_from_main(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` (small, picklable by torch.distributed) on every rank (``obj`` as is without a group)."""
+        if not self.initialized:
+            return obj
+        out = [obj]
+        dist.broadcast_object_list(out, src=0)
+        return out[0]
+
     def all_reduce_max(self, t: torch.Tensor) -> torch.Tensor:
         """Element-wise maximum of ``t`` over ranks, reduced in place and returned (``t`` as is without a group)."""
         if self.initialized:

@@ -1,12 +1,15 @@
 """Continuing a run: the checkpoint ``--resume`` names, checked against this run before anything is restored.
 
-``--resume auto`` takes the run's newest committed checkpoint that loads (none: the run starts from step 0, saying
-why when corrupt ones were skipped); ``--resume DIR`` takes that checkpoint directory (or its ``state.pt``). Before a
-component is restored, each of these is one :class:`ConfigError` line: another format version, a missing or an extra
-component, an older run's state that cannot continue exactly (:mod:`drivetrain.engine.compat`), a config that
-differs from the saved one (read in today's spelling; the keys a resume may change excepted), another world size.
-Then every component is restored in the mapping's order (the RNG states last). A resume with another ``train.steps``
-that reshapes the learning-rate schedule warns.
+Two steps, so that the ranks of a process group can agree on the checkpoint in between
+(:mod:`drivetrain.engine.agreement`). :func:`find_resume`, every rank alone and before any collective: ``--resume
+auto`` takes the run's newest committed checkpoint that loads (none: the run starts from step 0, saying why when
+corrupt ones were skipped); ``--resume DIR`` takes that checkpoint directory (or its ``state.pt``); each of these is
+one :class:`ConfigError` line: another format version, a config that differs from the saved one (read in today's
+spelling; the keys a resume may change excepted), another world size. :func:`restore_found`, once the components are
+built: a missing or an extra component and an older run's state that cannot continue exactly
+(:mod:`drivetrain.engine.compat`) are one ConfigError line each before anything is restored; then every component is
+restored in the mapping's order (the RNG states last). A resume with another ``train.steps`` that reshapes the
+learning-rate schedule warns.
 
 After a resume, :func:`set_aside_unusable` moves corrupt checkpoints and those of an abandoned continuation aside, so
 that a later ``--resume auto`` cannot pick them over this run's progress.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,54 +38,57 @@ from drivetrain.engine.config import ConfigError, TrainConfig, config_diff, conf
 from drivetrain.engine.schedule import lr_factor
 from drivetrain.engine.state import Stateful, TrainState
 
-__all__ = ["resume_run", "set_aside_unusable"]
+__all__ = ["Found", "find_resume", "restore_found", "set_aside_unusable"]
 
 
-def resume_run(
-    resume: str,
-    checkpointer: Checkpointer,
-    components: dict[str, Stateful],
-    cfg: TrainConfig,
-    model: Any,
-    state: TrainState,
-    world_size: int,
-) -> tuple[Path | None, str | None]:
-    """Restore ``components`` from the checkpoint ``resume`` names, after checking it against this run.
+@dataclass
+class Found:
+    """What a start continues from: the checkpoint ``--resume`` found (its directory and loaded state), or none.
+
+    Attributes:
+        path: the checkpoint directory; None when the run starts from step 0.
+        checkpoint: its loaded state, until :func:`restore_found` hands it to the components.
+        note: why ``--resume auto`` starts from step 0 when corrupt checkpoints were skipped (else None).
+    """
+
+    path: Path | None = None
+    checkpoint: dict[str, Any] | None = None
+    note: str | None = None
+
+
+def find_resume(resume: str, checkpointer: Checkpointer, cfg: TrainConfig, world_size: int) -> Found:
+    """The checkpoint ``resume`` names, loaded and checked against this run; restores nothing (no collective).
 
     Args:
         resume: ``"auto"`` or the path of a checkpoint directory (or its ``state.pt``).
         checkpointer: the run's checkpointer.
-        components: what a checkpoint holds, in restore order (the trainer's).
         cfg: this run's configuration.
-        model: this run's model.
-        state: the loop counters (one of ``components``; read after the restore).
         world_size: this run's number of ranks.
 
     Returns:
-        ``(checkpoint resumed from, None)``, or ``(None, note)`` when ``auto`` found nothing to resume (the note
-        says why when corrupt checkpoints were skipped, else it is None).
+        The checkpoint found; for ``auto`` with nothing to resume, none (with a note when corrupt checkpoints were
+        skipped).
 
     Raises:
-        ConfigError: the checkpoint cannot be found, read or continued by this run (one line naming it).
+        ConfigError: the checkpoint cannot be found or read, is of another format version, was written with another
+            config (the keys a resume may change excepted) or by another number of ranks (one line naming it).
     """
     if resume == "auto":
         found = checkpointer.load_latest()
         if found is None:
             if not checkpointer.skipped:
-                return None, None
-            return None, (
-                f"no usable checkpoint in {checkpointer.root} ({len(checkpointer.skipped)} corrupt, moved to "
+                return Found()
+            return Found(
+                note=f"no usable checkpoint in {checkpointer.root} ({len(checkpointer.skipped)} corrupt, moved to "
                 f"{checkpointer.root / CORRUPT}); starting from step 0"
             )
         path, ckpt = found
     else:
         path, ckpt = _load_named(resume, checkpointer)
-    try:  # before anything is read from it: another format version, a missing or an extra component
+    try:  # before anything is read from it: another format version
         check_format(ckpt, path)
-        check_components(ckpt, components, path)
     except CheckpointError as err:
         raise ConfigError(f"--resume: {err}") from None
-    refuse_own_augmentation_generator(model, ckpt, path)
     diff = config_diff(upgrade_saved_config(ckpt["config"]), config_to_dict(cfg))
     if diff:
         raise ConfigError(
@@ -92,9 +99,39 @@ def resume_run(
             f"--resume: checkpoint {path} was written by {ckpt['world_size']} ranks, this run has "
             f"{world_size}; per-rank RNG and data positions need the same number"
         )
+    return Found(path, ckpt)
+
+
+def restore_found(
+    found: Found, checkpointer: Checkpointer, components: dict[str, Stateful], cfg: TrainConfig, model: Any,
+    state: TrainState,
+) -> None:  # fmt: skip
+    """Restore ``components`` from the checkpoint :func:`find_resume` found (nothing when it found none).
+
+    Collective where the strategy's restore is (FSDP, DeepSpeed): every rank calls it, with the same checkpoint.
+
+    Args:
+        found: what :func:`find_resume` returned (its loaded state is released here).
+        checkpointer: the run's checkpointer.
+        components: what a checkpoint holds, in restore order (the trainer's).
+        cfg: this run's configuration.
+        model: this run's model.
+        state: the loop counters (one of ``components``; read after the restore).
+
+    Raises:
+        ConfigError: the checkpoint lacks a component or holds one the run has not, or cannot be continued exactly
+            by this model (one line naming it); nothing was restored.
+    """
+    ckpt, path, found.checkpoint = found.checkpoint, found.path, None
+    if ckpt is None:
+        return
+    try:  # before anything is read from it: a missing or an extra component
+        check_components(ckpt, components, path)
+    except CheckpointError as err:
+        raise ConfigError(f"--resume: {err}") from None
+    refuse_own_augmentation_generator(model, ckpt, path)
     checkpointer.restore(ckpt, components, path)  # in the mapping's order: the RNG states last
     _warn_schedule_change(cfg, ckpt["config"]["train"]["steps"], state.step)
-    return path, None
 
 
 def _load_named(resume: str, checkpointer: Checkpointer) -> tuple[Path, dict[str, Any]]:

@@ -52,6 +52,7 @@ __all__ = [
     "RUN_FOLDERS",
     "RUN_FORMAT",
     "RUN_MARKER",
+    "START_TOKEN",
     "RunDirLock",
     "check_run_dir",
     "check_run_folders",
@@ -60,6 +61,9 @@ __all__ = [
 ]
 
 LOCK_FILE = ".drivetrain.lock"
+# Rank 0's proof that every rank sees its run folder, made and removed at start (drivetrain.engine.agreement);
+# a start killed in between leaves one, which a new or empty folder may hold.
+START_TOKEN = ".drivetrain-start-"
 RUN_MARKER = ".drivetrain-run"
 RUN_FORMAT = "drivetrain-run"
 RUN_VERSION = 1
@@ -104,7 +108,7 @@ def check_run_dir(out_dir: Path) -> None:
         check_run_folders(out_dir)
         return
     try:
-        entries = [p for p in out_dir.iterdir() if p.name != LOCK_FILE]
+        entries = [p for p in out_dir.iterdir() if p.name != LOCK_FILE and not p.name.startswith(START_TOKEN)]
     except OSError as err:
         raise ConfigError(f"run.out_dir: cannot list {out_dir} ({err.strerror})") from None
     if not entries:

@@ -33,6 +33,7 @@ import yaml
 
 import drivetrain
 from drivetrain.data.errors import DataError
+from drivetrain.engine.agreement import RanksDisagree, agree_on_start
 from drivetrain.engine.build import apply_speed, build_dataset, build_model, build_optimizer
 from drivetrain.engine.checkpoint import MARKER, Checkpointer, CheckpointError
 from drivetrain.engine.config import ConfigError, TrainConfig, config_to_dict
@@ -42,7 +43,7 @@ from drivetrain.engine.metrics import MetricsLogger
 from drivetrain.engine.periodic_evaluation import eval_frames, evaluate_step
 from drivetrain.engine.precision import autocast, fp32_outputs
 from drivetrain.engine.protocol import LossCounts
-from drivetrain.engine.resume import resume_run, set_aside_unusable
+from drivetrain.engine.resume import Found, find_resume, restore_found, set_aside_unusable
 from drivetrain.engine.rng import seed_all
 from drivetrain.engine.rundir import RunDirLock, check_run_dir, write_run_marker
 from drivetrain.engine.schedule import lr_factor
@@ -69,7 +70,10 @@ class Trainer:
 
     ``cfg.run.out_dir`` must be new, empty or a drivetrain run (its ``.drivetrain-run`` marker, written when the
     trainer takes the directory's lock): anything else is a ConfigError before a file is written
-    (:mod:`drivetrain.engine.rundir`).
+    (:mod:`drivetrain.engine.rundir`). Under torchrun every rank first proves, in one collective, that it sees rank 0's
+    run folder and resumes the same checkpoint with the same config; any difference, or any rank's start error, is
+    one ConfigError line on every rank before anything is written, and every rank leaves the process group
+    (:mod:`drivetrain.engine.agreement`).
 
     Args:
         cfg: the run's configuration.
@@ -93,20 +97,30 @@ class Trainer:
         self._lock: RunDirLock | None = None
         try:
             self._build(resume)
-        except BaseException:
+        except BaseException as err:
             self._release()
+            if isinstance(err, RanksDisagree):  # every rank stops here, together: leave the group as a finished run
+                teardown(self.ctx)
             raise
 
     def _build(self, resume: str | None) -> None:
         cfg = self.cfg
-        if self.ctx.is_main:  # before anything is built or written: only into a new, empty or drivetrain run dir
-            check_run_dir(self.out_dir)
         self.checkpointer = Checkpointer(self.out_dir / "checkpoints", keep=cfg.checkpoint.keep)
-        if resume is None and self.checkpointer.committed():
-            raise ConfigError(
-                f"run.out_dir: {self.out_dir} already holds checkpoints; pass --resume auto to continue "
-                "that run or choose another run.out_dir"
-            )
+        found, error = Found(), None
+        try:  # what this rank starts from, decided alone: no collective, nothing written
+            if self.ctx.is_main:  # only into a new, empty or drivetrain run dir
+                check_run_dir(self.out_dir)
+            if resume is None and self.checkpointer.committed():
+                raise ConfigError(
+                    f"run.out_dir: {self.out_dir} already holds checkpoints; pass --resume auto to continue "
+                    "that run or choose another run.out_dir"
+                )
+            if resume is not None:
+                found = find_resume(resume, self.checkpointer, cfg, self.ctx.world_size)
+        except ConfigError as err:
+            error = err
+        # The run's first collective: the same folder and checkpoint on every rank, or one line on every rank.
+        agree_on_start(self.ctx, self.out_dir, cfg, found.path, error)
 
         seed_all(cfg.run.seed)  # model initialisation is identical on every rank
         model = build_model(cfg.model)
@@ -132,12 +146,8 @@ class Trainer:
             self._lock = RunDirLock(self.out_dir)
             self._lock.acquire()
             write_run_marker(self.out_dir)
-        self.resumed_from: Path | None = None
-        self._resume_note: str | None = None
-        if resume is not None:  # restores the RNG states last
-            self.resumed_from, self._resume_note = resume_run(
-                resume, self.checkpointer, self.components, cfg, self.model, self.state, self.ctx.world_size
-            )
+        restore_found(found, self.checkpointer, self.components, cfg, self.model, self.state)  # the RNG states last
+        self.resumed_from, self._resume_note = found.path, found.note
         self.ctx.barrier()  # every rank has read its checkpoint before rank 0 moves any aside
         if self.ctx.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
