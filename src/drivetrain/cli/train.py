@@ -68,6 +68,9 @@ def run(args: argparse.Namespace) -> int:
         from drivetrain.cli.configs import print_resolved
 
         return print_resolved(args.config, args.overrides, "train")
+    from drivetrain.cli.launch import RUNNING, record_worker_status
+
+    record_worker_status(RUNNING)  # for a `drivetrain launch` above this worker (a no-op without one)
     from drivetrain.engine import (
         CheckpointError,
         ConfigError,
@@ -90,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     except KeyboardInterrupt:
         print("drivetrain train: interrupted while starting; no step was run", file=sys.stderr)
+        record_worker_status(130)
         return 130
     except Exception as err:  # only a write without room is reported here; the rest is re-raised
         if not _report_no_room(err, cfg):
@@ -121,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
             f"{state.skipped} skipped) in {cfg.run.out_dir}"
         )
     code = stop_status(trainer.stopped_by)
+    record_worker_status(code)
     if trainer.ctx.initialized:
         # Everything is written and every rank passed the last barrier. Leave without the interpreter's
         # teardown, whose destructors of torch.distributed objects can deadlock on the GIL (see

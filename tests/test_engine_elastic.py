@@ -1,0 +1,156 @@
+"""torchrun around the trainer: the scheduler contract of ``drivetrain launch`` (SIGTERM by PID: 143 after every
+worker's checkpoint, where torchrun returns 1; a killed worker: a failure), and, in the slow set, torchrun's own
+restarts with the static rendezvous and with two agents (``--nnodes 1:2``, c10d) resuming bit-exactly (2 gloo ranks
+on 127.0.0.1). The default set's restart test with c10d is in test_engine_distributed.py (it compares with a run
+that file's fixture makes anyway)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from drivetrain.cli.launch import RUNNING, clean_stop_status
+from drivetrain.engine import Checkpointer
+from drivetrain.engine.trainer import STEP_DELAY_ENV
+from helpers.elastic import finish, kill, rendezvous, start, train_args, wait_for_checkpoint, worker_pid
+from helpers.engine import FLOAT64, ON_CPU, assert_same_weights, final_state, free_port, losses, metrics
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+
+# DDP with dropout and the streaming memory on (per-rank RNG and buffers must come back), in float64.
+RUN = ["train.steps=12", "checkpoint.every=3", "distributed.strategy=ddp", *FLOAT64, *ON_CPU]
+TIMEOUT_S = 240  # one launch; past it the launcher's session (it and its workers) is killed
+LAUNCH = ["-m", "drivetrain.cli.main", "launch", "--nproc_per_node", "2"]
+
+
+def test_launch_returns_143_when_sigterm_stopped_every_worker_at_its_checkpoint(tmp_path: Path) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    proc = start([*LAUNCH, *rendezvous(), *train_args(tmp_path, *RUN, "train.steps=40")], **{STEP_DELAY_ENV: "0.3"})
+    try:
+        first = wait_for_checkpoint(tmp_path, proc, deadline)
+        os.kill(proc.pid, signal.SIGTERM)  # the launcher only, as Kubernetes signals a container's first process
+    except BaseException:
+        kill(proc)
+        raise
+    done = finish(proc, deadline)
+    assert done.returncode == 143, done.stdout[-3000:] + done.stderr[-6000:]
+    assert "every worker stopped after its checkpoint (SIGTERM); exit 143" in done.stderr
+    stopped_at = len(metrics(tmp_path))  # one line per step, written by rank 0
+    assert first <= stopped_at < 40
+    assert Checkpointer(tmp_path / "checkpoints").committed()[-1][0] == stopped_at  # the stop's own checkpoint
+
+
+def test_launch_reports_a_killed_worker_as_a_failure(tmp_path: Path) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    proc = start([*LAUNCH, *rendezvous(), *train_args(tmp_path, *RUN)], **{STEP_DELAY_ENV: "0.3"})
+    try:
+        wait_for_checkpoint(tmp_path, proc, deadline)
+        os.kill(worker_pid(proc.pid, 1, deadline), signal.SIGKILL)  # no restarts: torchrun stops the other
+    except BaseException:
+        kill(proc)
+        raise
+    done = finish(proc, deadline)
+    assert done.returncode == 1, done.stderr[-6000:]
+
+
+def _records(folder: Path, *records: tuple[int, int, int, int]) -> Path:
+    for attempt, local_rank, local_world_size, status in records:
+        record = {"attempt": attempt, "local_rank": local_rank, "local_world_size": local_world_size, "status": status}
+        (folder / f"attempt-{attempt}.local-{local_rank}.json").write_text(json.dumps(record))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("records", "expected"),
+    [
+        ([(0, 0, 2, 143), (0, 1, 2, 143)], 143),
+        ([(0, 0, 2, 130), (0, 1, 2, 130)], 130),
+        ([(0, 0, 2, 130), (0, 1, 2, 143)], 143),  # one rank's SIGINT, agreed as a stop by the other
+        ([(0, 0, 2, 143)], None),  # a worker left no record
+        ([(0, 0, 2, 143), (0, 1, 2, RUNNING)], None),  # killed while training
+        ([(0, 0, 2, 143), (0, 1, 2, 1)], None),  # an error
+        ([(0, 0, 2, 143), (0, 1, 2, 143), (1, 0, 2, RUNNING), (1, 1, 2, RUNNING)], None),  # a newer attempt died
+        ([(0, 0, 2, 1), (0, 1, 2, 1), (1, 0, 2, 143), (1, 1, 2, 143)], 143),  # the newest attempt stopped cleanly
+        ([(0, 0, 2, 0), (0, 1, 2, 0)], None),  # finished: torchrun itself returns 0 then
+        ([], None),
+    ],
+)
+def test_clean_stop_needs_every_worker_of_the_newest_attempt(tmp_path: Path, records, expected) -> None:
+    assert clean_stop_status(_records(tmp_path, *records)) == expected
+
+
+def test_launch_passes_torchrun_option_errors_on() -> None:
+    done = finish(start([*LAUNCH, "--no-such-option", "train.py"]), time.monotonic() + 60)
+    assert done.returncode == 2, done.stderr
+    assert "drivetrain launch: error: unrecognized arguments: --no-such-option" in done.stderr
+
+
+def _kill_rank1_after_a_checkpoint(out: Path, procs: list, deadline: float) -> None:
+    try:
+        assert wait_for_checkpoint(out, procs[0], deadline) < 12, "the run ended before the kill"
+        for proc in procs:  # the agent whose child is rank 1
+            try:
+                pid = worker_pid(proc.pid, 1, min(deadline, time.monotonic() + 2))
+            except AssertionError:
+                continue
+            os.kill(pid, signal.SIGKILL)
+            return
+        raise AssertionError("no rank 1 found")
+    except BaseException:
+        for proc in procs:
+            kill(proc)
+        raise
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("uninterrupted")
+    launcher = ["-m", "torch.distributed.run", "--nproc_per_node", "2", *rendezvous()]
+    done = finish(start([*launcher, *train_args(out, *RUN)]), time.monotonic() + TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-6000:]
+    return out
+
+
+def assert_resumed_exactly(run: Path, reference: Path) -> None:
+    assert losses(run) == losses(reference)
+    state, expected = final_state(run), final_state(reference)
+    assert state["train"] == expected["train"]
+    assert_same_weights(state["model"], expected["model"])
+    for a, b in zip(state["rng"], expected["rng"], strict=True):
+        assert torch.equal(a["torch"], b["torch"])
+
+
+@pytest.mark.slow
+def test_torchrun_restart_with_static_rendezvous(tmp_path: Path, uninterrupted: Path) -> None:
+    """The static rendezvous keeps one agent store for every attempt as well."""
+    deadline = time.monotonic() + TIMEOUT_S
+    launcher = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--max-restarts", "1", *rendezvous("static")]
+    proc = start([*launcher, *train_args(tmp_path, *RUN)], **{STEP_DELAY_ENV: "0.3"})
+    _kill_rank1_after_a_checkpoint(tmp_path, [proc], deadline)
+    done = finish(proc, deadline)
+    assert done.returncode == 0, done.stderr[-6000:]
+    assert (done.stdout + done.stderr).count("resumed from") == 1
+    assert_resumed_exactly(tmp_path, uninterrupted)
+
+
+@pytest.mark.slow
+def test_torchrun_restart_with_two_agents(tmp_path: Path, uninterrupted: Path) -> None:
+    """``--nnodes 1:2``, one worker per agent, c10d: the killed worker's agent restarts (its restart count 1), the
+    other agent follows the new rendezvous round without counting a restart (its count stays 0), so the attempt
+    cannot be named by ``TORCHELASTIC_RESTART_COUNT``; the group still meets and resumes exactly."""
+    deadline = time.monotonic() + TIMEOUT_S
+    where = [*rendezvous("c10d", f"127.0.0.1:{free_port()}"), "--rdzv-id", "two", "--rdzv-conf", "last_call_timeout=10"]
+    agent = ["-m", "torch.distributed.run", "--nnodes", "1:2", "--nproc_per_node", "1", "--max-restarts", "1", *where]
+    procs = [start([*agent, *train_args(tmp_path, *RUN)], **{STEP_DELAY_ENV: "0.3"}) for _ in range(2)]
+    _kill_rank1_after_a_checkpoint(tmp_path, procs, deadline)
+    done = [finish(proc, deadline) for proc in procs]
+    log = "".join(d.stdout + d.stderr for d in done)
+    assert [d.returncode for d in done] == [0, 0], log[-6000:]
+    assert log.count("resumed from") == 1, log[-6000:]
+    assert_resumed_exactly(tmp_path, uninterrupted)
