@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,10 +20,10 @@ import pytest
 import torch
 
 from drivetrain.cli.launch import RUNNING, clean_stop_status
-from drivetrain.engine import Checkpointer
+from drivetrain.engine import Checkpointer, load_config
 from drivetrain.engine.trainer import STEP_DELAY_ENV
 from helpers.elastic import finish, kill, rendezvous, start, train_args, wait_for_checkpoint, worker_pid
-from helpers.engine import FLOAT64, ON_CPU, assert_same_weights, final_state, free_port, losses, metrics
+from helpers.engine import FLOAT64, ON_CPU, ROOT, assert_same_weights, cli_env, final_state, free_port, losses, metrics
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 
@@ -57,6 +61,36 @@ def test_launch_reports_a_killed_worker_as_a_failure(tmp_path: Path) -> None:
         raise
     done = finish(proc, deadline)
     assert done.returncode == 1, done.stderr[-6000:]
+
+
+def _local_doc_commands() -> list[list[str]]:
+    """The ``drivetrain launch --standalone`` commands of docs/engine.md's elastic section, as argv."""
+    text = (ROOT / "docs" / "engine.md").read_text()
+    section = text[text.index("## Elastic training") :]
+    section = section[: section.index("\n## ", 1)]
+    joined = re.sub(r"\\\n\s*", " ", section)  # continuation lines
+    return [
+        shlex.split(line, comments=True)
+        for line in joined.splitlines()
+        if line.startswith("drivetrain launch --standalone")
+    ]
+
+
+def test_the_elastic_sections_local_command_runs(tmp_path: Path) -> None:
+    """The documented one-machine command, as written but for the run folder and ``python -m`` for the console
+    script (whose installed copy may be another checkout's): it trains under torchrun's c10d rendezvous and exits 0."""
+    (command,) = _local_doc_commands()
+    argv = [a if not a.startswith("run.out_dir=") else f"run.out_dir={tmp_path}" for a in command[2:]]
+    script = argv.index("--no-python")
+    argv = [*argv[:script], "-m", "drivetrain.cli.main", *argv[script + 2 :]]
+    proc = subprocess.run(
+        [sys.executable, "-m", "drivetrain.cli.main", "launch", *argv], cwd=ROOT, env=cli_env(), capture_output=True,
+        text=True, timeout=TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    cfg = load_config(ROOT / "configs" / "smoke.yaml")
+    assert len(metrics(tmp_path)) == cfg.train.steps
+    assert final_state(tmp_path)["world_size"] == 2
 
 
 def _records(folder: Path, *records: tuple[int, int, int, int]) -> Path:
