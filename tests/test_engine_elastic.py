@@ -35,7 +35,8 @@ LAUNCH = ["-m", "drivetrain.cli.main", "launch", "--nproc_per_node", "2"]
 
 def test_launch_returns_143_when_sigterm_stopped_every_worker_at_its_checkpoint(tmp_path: Path) -> None:
     deadline = time.monotonic() + TIMEOUT_S
-    proc = start([*LAUNCH, *rendezvous(), *train_args(tmp_path, *RUN, "train.steps=40")], **{STEP_DELAY_ENV: "0.3"})
+    args = [*LAUNCH, "--max-restarts", "1", *rendezvous(), *train_args(tmp_path, *RUN, "train.steps=40")]
+    proc = start(args, **{STEP_DELAY_ENV: "0.3"})  # a signal to the launcher stops torchrun: no restart
     try:
         first = wait_for_checkpoint(tmp_path, proc, deadline)
         os.kill(proc.pid, signal.SIGTERM)  # the launcher only, as Kubernetes signals a container's first process
@@ -50,6 +51,24 @@ def test_launch_returns_143_when_sigterm_stopped_every_worker_at_its_checkpoint(
     assert Checkpointer(tmp_path / "checkpoints").committed()[-1][0] == stopped_at  # the stop's own checkpoint
 
 
+@pytest.mark.slow
+def test_launch_returns_143_when_one_worker_got_sigterm_and_every_worker_stopped(tmp_path: Path) -> None:
+    """SIGTERM to rank 1 only (a scheduler that signals one process): the ranks agree on the stop, both checkpoint
+    and exit 143; torchrun (no restarts) fails; the launcher returns 143."""
+    deadline = time.monotonic() + TIMEOUT_S
+    proc = start([*LAUNCH, *rendezvous(), *train_args(tmp_path, *RUN, "train.steps=40")], **{STEP_DELAY_ENV: "0.3"})
+    try:
+        wait_for_checkpoint(tmp_path, proc, deadline)
+        os.kill(worker_pid(proc.pid, 1, deadline), signal.SIGTERM)
+    except BaseException:
+        kill(proc)
+        raise
+    done = finish(proc, deadline)
+    assert done.returncode == 143, done.stderr[-6000:]
+    assert Checkpointer(tmp_path / "checkpoints").committed()[-1][0] == len(metrics(tmp_path))
+
+
+@pytest.mark.slow
 def test_launch_reports_a_killed_worker_as_a_failure(tmp_path: Path) -> None:
     deadline = time.monotonic() + TIMEOUT_S
     proc = start([*LAUNCH, *rendezvous(), *train_args(tmp_path, *RUN)], **{STEP_DELAY_ENV: "0.3"})

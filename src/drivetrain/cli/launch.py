@@ -3,8 +3,9 @@
 torchrun (``torch.distributed.run``, run here in this process with the options given) forwards SIGTERM/SIGINT to
 its workers, which finish the step, checkpoint and exit 143/130 — yet torchrun itself then returns 1, which a
 scheduler reads as a failure. This launcher returns what one ``drivetrain train`` process would: 0 when the run
-finished; 143 (130) when every worker on this node stopped cleanly at its checkpoint on SIGTERM (SIGINT) — requeue
-the job, ``--resume auto`` continues it exactly; anything else (1, or 2 for bad options) is a failure to look at.
+finished; 143 (130) when every worker on this node stopped cleanly at its checkpoint on SIGTERM (SIGINT), or the
+signal came before any worker started — requeue the job, ``--resume auto`` continues it exactly; anything else (1,
+or 2 for bad options) is a failure to look at.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ examples:
 
 exit status (the scheduler contract, as for one `drivetrain train` process):
   0        the run finished
-  143/130  SIGTERM/SIGINT stopped every worker of this node cleanly after its checkpoint: requeue;
-           `--resume auto` continues exactly
+  143/130  SIGTERM/SIGINT stopped every worker of this node cleanly after its checkpoint (or came before any
+           worker started): requeue; `--resume auto` continues exactly
   other    a failure (torchrun's status: 1; 2 for bad options)
 Send the signal to the launcher, which passes it to the workers through torchrun (a worker that exits 143 on a
 signal torchrun did not send is restarted while --max-restarts allows). Kubernetes sends it to the container's first
@@ -82,6 +83,9 @@ def launch(argv: list[str]) -> int:
             return err.code if isinstance(err.code, int) else 2
         except SignalException as err:
             print(f"drivetrain launch: torchrun stopped its workers on {err.sigval.name}", file=sys.stderr)
+            if not any(folder.glob("attempt-*.json")):  # no worker had started: nothing to lose, nothing failed
+                print(f"drivetrain launch: {err.sigval.name} before any worker started", file=sys.stderr)
+                return 128 + int(err.sigval)
         except Exception as err:  # ChildFailedError (torchrun printed the failures) or another launch error
             if type(err).__name__ != "ChildFailedError":
                 print(f"drivetrain launch: {type(err).__name__}: {err}", file=sys.stderr)
