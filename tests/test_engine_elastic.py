@@ -6,6 +6,7 @@ that file's fixture makes anyway)."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,6 +23,7 @@ import torch
 
 from drivetrain.cli.launch import RUNNING, clean_stop_status
 from drivetrain.engine import Checkpointer, load_config
+from drivetrain.engine.elastic_store import _agree
 from drivetrain.engine.trainer import STEP_DELAY_ENV
 from helpers.elastic import finish, kill, rendezvous, start, train_args, wait_for_checkpoint, worker_pid
 from helpers.engine import FLOAT64, ON_CPU, ROOT, assert_same_weights, cli_env, final_state, free_port, losses, metrics
@@ -95,6 +98,7 @@ def _local_doc_commands() -> list[list[str]]:
     ]
 
 
+@pytest.mark.slow
 def test_the_elastic_sections_local_command_runs(tmp_path: Path) -> None:
     """The documented one-machine command, as written but for the run folder and ``python -m`` for the console
     script (whose installed copy may be another checkout's): it trains under torchrun's c10d rendezvous and exits 0."""
@@ -110,6 +114,34 @@ def test_the_elastic_sections_local_command_runs(tmp_path: Path) -> None:
     cfg = load_config(ROOT / "configs" / "smoke.yaml")
     assert len(metrics(tmp_path)) == cfg.train.steps
     assert final_state(tmp_path)["world_size"] == 2
+
+
+def test_ranks_agree_on_their_attempt_although_the_previous_attempts_keys_remain() -> None:
+    """The handshake of :func:`drivetrain.engine.elastic_store.attempt_store` on a real TCPStore: a second attempt
+    whose rank 1 starts long before its rank 0 first reads the dead attempt's token, and still ends in the new one."""
+    server = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    timeout = datetime.timedelta(seconds=60)
+
+    def attempt(delays: dict[int, float]) -> dict[int, str]:
+        tokens: dict[int, str] = {}
+
+        def rank(r: int) -> None:
+            time.sleep(delays[r])
+            client = torch.distributed.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timeout)
+            tokens[r] = _agree(client, "drivetrain/test", r, 3, timeout)
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=90)
+        return tokens
+
+    first = attempt({0: 0.0, 1: 0.0, 2: 0.0})
+    assert len(set(first.values())) == 1 and len(first) == 3
+    second = attempt({0: 1.0, 1: 0.0, 2: 0.2})  # ranks 1 and 2 read the first attempt's token before rank 0 writes
+    assert len(set(second.values())) == 1 and len(second) == 3
+    assert second[0] != first[0]
 
 
 def _records(folder: Path, *records: tuple[int, int, int, int]) -> Path:
