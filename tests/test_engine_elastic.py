@@ -239,3 +239,27 @@ def test_torchrun_restart_with_two_agents(tmp_path: Path, uninterrupted: Path) -
     assert [d.returncode for d in done] == [0, 0], log[-6000:]
     assert log.count("resumed from") == 1, log[-6000:]
     assert_resumed_exactly(tmp_path, uninterrupted)
+
+
+@pytest.mark.slow
+def test_a_node_joining_a_running_launch_restarts_the_group_bigger(tmp_path: Path) -> None:
+    """``drivetrain launch --nnodes 1:2``: one agent starts alone (world 1), a second joins; torchrun restarts the
+    workers in a world of 2, whose process group starts (with torch's shared store the newcomer's agent waited for
+    a store address that the first agent never published, and failed after 60 s)."""
+    deadline = time.monotonic() + TIMEOUT_S
+    where = [*rendezvous("c10d", f"127.0.0.1:{free_port()}"), "--rdzv-id", "join", "--rdzv-conf", "last_call_timeout=1"]
+    agent = ["-m", "drivetrain.cli.main", "launch", "--nnodes", "1:2", "--nproc_per_node", "1", *where,
+             str(ROOT / "tests" / "elastic_join_worker.py"), str(tmp_path)]  # fmt: skip
+    first = start(agent)
+    try:
+        while not (tmp_path / "world1-rank0.txt").exists():  # the first agent's group (world 1) is running
+            assert time.monotonic() < deadline and first.poll() is None, "the first agent's worker did not start"
+            time.sleep(0.05)
+        second = start(agent)
+    except BaseException:
+        kill(first)
+        raise
+    done = [finish(first, deadline), finish(second, deadline)]
+    assert [d.returncode for d in done] == [0, 0], "".join(d.stdout + d.stderr for d in done)[-6000:]
+    assert (tmp_path / "world1-rank0.txt").read_text() == "1"
+    assert [(tmp_path / f"world2-rank{r}.txt").read_text() for r in (0, 1)] == ["3", "3"]

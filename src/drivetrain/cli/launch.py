@@ -23,6 +23,7 @@ __all__ = ["STATUS_ENV", "add_parser", "launch", "record_worker_status"]
 
 # Set by the launcher for its workers: the folder where each `drivetrain train` worker records its exit status.
 STATUS_ENV = "DRIVETRAIN_LAUNCH_STATUS_DIR"
+SHARE_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # set to 1 by the launcher unless the user set it
 RUNNING = -1  # a worker's record while it trains (replaced by its exit status when it leaves cleanly)
 CLEAN_STOPS = {128 + int(signal.SIGTERM), 128 + int(signal.SIGINT)}
 
@@ -43,7 +44,9 @@ signal torchrun did not send is restarted while --max-restarts allows). Kubernet
 process: make this launcher that process. SLURM: `#SBATCH --signal=B:TERM@120` and a `trap` that passes it on
 (docs/engine.md). Give the workers time to checkpoint: terminationGracePeriodSeconds, and torchrun's
 `--shutdown-timeout` (default 30 s: how long torchrun waits after passing the signal on before it kills the
-workers). Every torchrun option is accepted as it is (python -m torch.distributed.run --help).
+workers). Every torchrun option is accepted as it is (python -m torch.distributed.run --help). The launcher sets
+TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 unless it is set: with torch's shared store, a node that joins a running
+c10d rendezvous (--nnodes MIN:MAX) waits for a store address no agent publishes, and fails.
 """
 
 
@@ -65,13 +68,20 @@ def launch(argv: list[str]) -> int:
     """Run torchrun with ``argv`` in this process; return the scheduler's exit status (module docstring).
 
     The workers learn a fresh folder from ``DRIVETRAIN_LAUNCH_STATUS_DIR`` and record their exit status there
-    (:func:`record_worker_status`); the folder is removed afterwards.
+    (:func:`record_worker_status`); the folder is removed afterwards. ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE`` is
+    set to 1 unless it is set, so that nodes can join a running c10d rendezvous (the comment in the code says why).
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun_main
 
     folder = Path(tempfile.mkdtemp(prefix="drivetrain-launch-"))
     os.environ[STATUS_ENV] = str(folder)
+    # A node that joins a running c10d rendezvous (--nnodes MIN:MAX) never learns the address of the agents' shared
+    # store: DynamicRendezvousHandler.next_rendezvous (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py)
+    # publishes it only in a node's first round, so the newcomer waits for a key no one writes and fails after 60 s.
+    # Without the shared store every round publishes a fresh address (rank 0's worker hosts the store).
+    set_here = SHARE_STORE_ENV not in os.environ
+    os.environ.setdefault(SHARE_STORE_ENV, "1")
     program, sys.argv[0] = sys.argv[0], "drivetrain launch"  # torchrun's usage and errors name this command
     try:
         try:
@@ -101,6 +111,8 @@ def launch(argv: list[str]) -> int:
     finally:
         sys.argv[0] = program
         os.environ.pop(STATUS_ENV, None)
+        if set_here:
+            os.environ.pop(SHARE_STORE_ENV, None)
         shutil.rmtree(folder, ignore_errors=True)
 
 
