@@ -212,10 +212,14 @@ def assert_resumed_exactly(run: Path, reference: Path) -> None:
 
 
 @pytest.mark.slow
-def test_torchrun_restart_with_static_rendezvous(tmp_path: Path, uninterrupted: Path) -> None:
-    """The static rendezvous keeps one agent store for every attempt as well."""
+@pytest.mark.parametrize("how", ["torchrun-static", "launch-c10d"])
+def test_torchrun_restart_with_static_rendezvous_and_under_launch(tmp_path: Path, uninterrupted: Path, how) -> None:
+    """The static rendezvous keeps one agent store for every attempt as well; ``drivetrain launch`` (no shared
+    store: rank 0's worker hosts a fresh one per attempt) restarts the same way."""
     deadline = time.monotonic() + TIMEOUT_S
-    launcher = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--max-restarts", "1", *rendezvous("static")]
+    program = ["torch.distributed.run"] if how.startswith("torchrun") else ["drivetrain.cli.main", "launch"]
+    where = rendezvous(how.split("-")[1])
+    launcher = ["-m", *program, "--nproc_per_node", "2", "--max-restarts", "1", *where]
     proc = start([*launcher, *train_args(tmp_path, *RUN)], **{STEP_DELAY_ENV: "0.3"})
     _kill_rank1_after_a_checkpoint(tmp_path, [proc], deadline)
     done = finish(proc, deadline)
@@ -226,9 +230,9 @@ def test_torchrun_restart_with_static_rendezvous(tmp_path: Path, uninterrupted: 
 
 @pytest.mark.slow
 def test_torchrun_restart_with_two_agents(tmp_path: Path, uninterrupted: Path) -> None:
-    """``--nnodes 1:2``, one worker per agent, c10d: the killed worker's agent restarts (its restart count 1), the
-    other agent follows the new rendezvous round without counting a restart (its count stays 0), so the attempt
-    cannot be named by ``TORCHELASTIC_RESTART_COUNT``; the group still meets and resumes exactly."""
+    """``--nnodes 1:2``, one worker per agent, c10d: each agent counts its own restarts (one that only follows the
+    other's new rendezvous round counts none), so ``TORCHELASTIC_RESTART_COUNT`` cannot name the attempt; the
+    group still meets and resumes exactly."""
     deadline = time.monotonic() + TIMEOUT_S
     where = [*rendezvous("c10d", f"127.0.0.1:{free_port()}"), "--rdzv-id", "two", "--rdzv-conf", "last_call_timeout=10"]
     agent = ["-m", "torch.distributed.run", "--nnodes", "1:2", "--nproc_per_node", "1", "--max-restarts", "1", *where]
