@@ -23,7 +23,7 @@ import torch
 
 from drivetrain.cli.launch import RUNNING, clean_stop_status
 from drivetrain.engine import Checkpointer, load_config
-from drivetrain.engine.elastic_store import _agree
+from drivetrain.engine.elastic_store import agree_on_attempt
 from drivetrain.engine.trainer import STEP_DELAY_ENV
 from helpers.elastic import finish, kill, rendezvous, start, train_args, wait_for_checkpoint, worker_pid
 from helpers.engine import FLOAT64, ON_CPU, ROOT, assert_same_weights, cli_env, final_state, free_port, losses, metrics
@@ -128,7 +128,7 @@ def test_ranks_agree_on_their_attempt_although_the_previous_attempts_keys_remain
         def rank(r: int) -> None:
             time.sleep(delays[r])
             client = torch.distributed.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timeout)
-            tokens[r] = _agree(client, "drivetrain/test", r, 3, timeout)
+            tokens[r] = agree_on_attempt(client, "drivetrain/test", r, 3, timeout)
 
         threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
         for t in threads:

@@ -11,6 +11,7 @@ or 2 for bad options) is a failure to look at.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -155,5 +156,6 @@ def record_worker_status(status: int) -> None:
     }
     path = Path(folder) / f"attempt-{attempt}.local-{local_rank}.json"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record))
-    os.replace(tmp, path)  # the launcher never reads half a record
+    with contextlib.suppress(OSError):  # a record that cannot be written only makes the launcher report a failure
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)  # the launcher never reads half a record

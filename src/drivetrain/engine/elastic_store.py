@@ -34,7 +34,7 @@ import time
 
 import torch.distributed as dist
 
-__all__ = ["attempt_store", "uses_agent_store"]
+__all__ = ["agree_on_attempt", "attempt_store", "uses_agent_store"]
 
 POLL_S = 0.05  # how often a rank that has not been confirmed reads the leader key again
 
@@ -69,12 +69,24 @@ def attempt_store(rank: int, world_size: int, timeout: _dt.timedelta) -> dist.St
         timeout=timeout,
     )
     base = f"drivetrain/{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}"
-    token = _agree(client, base, rank, world_size, timeout)
+    token = agree_on_attempt(client, base, rank, world_size, timeout)
     return dist.PrefixStore(f"{base}/attempt-{token}/", client)
 
 
-def _agree(store: dist.Store, base: str, rank: int, world_size: int, timeout: _dt.timedelta) -> str:
-    """The token rank 0 of this attempt published under ``base`` (every rank returns the same one)."""
+def agree_on_attempt(store: dist.Store, base: str, rank: int, world_size: int, timeout: _dt.timedelta) -> str:
+    """The token that rank 0 of this attempt publishes under ``base``: every rank of the attempt returns the same one,
+    never an earlier attempt's (the module docstring has the protocol).
+
+    Args:
+        store: the store every rank of every attempt shares.
+        base: the key prefix of the handshake.
+        rank: this rank.
+        world_size: the number of ranks of this attempt.
+        timeout: how long to wait for the other ranks.
+
+    Returns:
+        The attempt's token (16 hex digits).
+    """
     leader = f"{base}/leader"
     mine = secrets.token_hex(8)
     if rank == 0:
