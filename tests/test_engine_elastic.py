@@ -1,8 +1,11 @@
-"""torchrun around the trainer: the scheduler contract of ``drivetrain launch`` (SIGTERM by PID: 143 after every
-worker's checkpoint, where torchrun returns 1; a killed worker: a failure), and, in the slow set, torchrun's own
-restarts with the static rendezvous and with two agents (``--nnodes 1:2``, c10d) resuming bit-exactly (2 gloo ranks
-on 127.0.0.1). The default set's restart test with c10d is in test_engine_distributed.py (it compares with a run
-that file's fixture makes anyway)."""
+"""torchrun around the trainer (2 gloo ranks on 127.0.0.1, processes signalled by PID): the scheduler contract of
+``drivetrain launch`` (SIGTERM to the launcher: 143 with the stop's checkpoint committed, where torchrun returns 1;
+its decision over the workers' records; torchrun's option errors), the attempt handshake of
+:mod:`drivetrain.engine.elastic_store` on a real TCPStore, and, in the slow set, torchrun's own restarts with static
+rendezvous, under ``drivetrain launch`` and with two agents (``--nnodes 1:2``) resuming bit-exactly, a node joining a
+running launch, SIGTERM to one worker, a killed worker under the launcher, and the documented local command. The
+default set's restart test with c10d is in test_engine_distributed.py (it compares with a run that file's fixture
+makes anyway)."""
 
 from __future__ import annotations
 
