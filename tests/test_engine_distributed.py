@@ -16,7 +16,7 @@ import torch
 from drivetrain.engine import ConfigError, Trainer, load_config
 from drivetrain.engine.trainer import STEP_DELAY_ENV
 from engine_dist_worker import RESUME
-from helpers.elastic import finish, kill, rendezvous, start, train_args, wait_for_checkpoint, worker_pid
+from helpers.launch import finish, kill, rendezvous, start, train_args, wait_for_checkpoint, worker_pid
 from helpers.engine import (
     ON_CPU,
     ROOT,
