@@ -1,16 +1,22 @@
 """Two processes on the gloo backend (torchrun): DDP, DDP static graph, FSDP2 and FSDP2 with CPU offload each
 match one process with the double batch (in float64: see helpers.engine.FLOAT64); a DDP run stopped and
 resumed matches an uninterrupted one exactly — the smoke model, and PointPillars with its lidar augmentation,
-whose ranks draw different parameters."""
+whose ranks draw different parameters; torchrun's own restart after a killed worker resumes exactly."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from drivetrain.engine import ConfigError, Trainer, load_config
+from drivetrain.engine.trainer import STEP_DELAY_ENV
+from engine_dist_worker import RESUME
+from helpers.launch import finish, kill, rendezvous, start, train_args, wait_for_checkpoint, worker_pid
 from helpers.engine import (
     ON_CPU,
     ROOT,
@@ -111,3 +117,30 @@ def test_more_ranks_than_gpus_is_a_clear_error(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ConfigError, match=r"LOCAL_RANK=1 but 1 CUDA device\(s\) are visible.*train.device=cpu"):
         Trainer(load_config(SMOKE, overrides(tmp_path, "distributed.strategy=ddp")))
+
+
+def test_torchrun_restart_after_a_killed_worker_resumes_bit_exactly(runs: Path, tmp_path: Path) -> None:
+    """``torchrun --max-restarts 1`` with its default c10d agent store; rank 1 SIGKILLed by PID after the first
+    committed checkpoint: the group restarts, resumes (``--resume auto``) and ends bit-equal to ``ddp_full``, the
+    same run uninterrupted (before drivetrain kept each attempt's process-group keys apart, the restarted ranks read
+    the killed attempt's gloo addresses: "Connection refused", or a hang in gloo's connect)."""
+    deadline = time.monotonic() + 240
+    launcher = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--max-restarts", "1", *rendezvous("c10d")]
+    proc = start([*launcher, *train_args(tmp_path, *RESUME)], **{STEP_DELAY_ENV: "0.3"})
+    try:
+        assert wait_for_checkpoint(tmp_path, proc, deadline) < 12, "the run ended before the kill"
+        os.kill(worker_pid(proc.pid, 1, deadline), signal.SIGKILL)
+    except BaseException:
+        kill(proc)
+        raise
+    done = finish(proc, deadline)
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-6000:]
+    assert "(exitcode: -9) local_rank: 1" in log, log[-6000:]  # torchrun saw the killed worker ...
+    assert log.count("resumed from") == 1, log[-6000:]  # ... and rank 0 of the second attempt resumed
+    assert losses(tmp_path) == losses(runs / "ddp_full")
+    state, expected = final_state(tmp_path), final_state(runs / "ddp_full")
+    assert state["train"] == expected["train"]
+    assert_same_weights(state["model"], expected["model"])
+    for a, b in zip(state["rng"], expected["rng"], strict=True):  # every rank's generators continue exactly
+        assert torch.equal(a["torch"], b["torch"])

@@ -6,13 +6,13 @@ import argparse
 import sys
 
 import drivetrain
-from drivetrain.cli import bench, configs, data, doctor, predict, report, train, tune, viz
+from drivetrain.cli import bench, configs, data, doctor, launch, predict, report, train, tune, viz
 from drivetrain.cli import eval as eval_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``drivetrain`` argument parser with its subcommands (bench, train, configs, data, eval, predict, viz,
-    tune, report, doctor)."""
+    """The ``drivetrain`` argument parser with its subcommands (bench, train, launch, configs, data, eval, predict,
+    viz, tune, report, doctor)."""
     parser = argparse.ArgumentParser(
         prog="drivetrain",
         description=(
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     bench.add_parser(sub)
     train.add_parser(sub)
+    launch.add_parser(sub)
     configs.add_parser(sub)
     data.add_parser(sub)
     eval_cli.add_parser(sub)
@@ -33,7 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_parser(sub)
     report.add_parser(sub)
     doctor.add_parser(sub)
-    for command in sub.choices.values():
+    for name, command in sub.choices.items():
+        if name == "launch":  # its arguments are torchrun's; the workers' command takes --plugin
+            continue
         command.add_argument(
             "--plugin",
             metavar="MODULE",
@@ -49,10 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the chosen subcommand and return its exit code.
 
     ``KEY=VALUE`` arguments that argparse leaves over go to the ``train`` overrides; any other leftover
-    argument is a usage error.
+    argument is a usage error. ``launch`` hands everything after it to torchrun as it is (``launch --help`` aside).
     """
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["launch"] and argv[1:2] not in (["-h"], ["--help"]):
+        return launch.launch(argv[1:])  # torchrun's options and the worker command, which parses its own
     parser = build_parser()
-    args, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    args, extra = parser.parse_known_args(argv)
     # `train` takes KEY=VALUE overrides anywhere (also after --resume auto); argparse collects positionals
     # only up to the first option, so the later ones arrive here.
     overrides = [a for a in extra if "=" in a and not a.startswith("-")]

@@ -5,7 +5,8 @@ Overrides are dotted keys of the config with YAML values (``optim.lr=3e-4``,
 checkpoint of the run directory (``run.out_dir``); ``--resume DIR`` from a given checkpoint directory.
 SIGTERM/SIGINT finish the current step, write a checkpoint and exit with the signal's conventional status
 (143 for SIGTERM, 130 for SIGINT), so a ``train && eval`` chain stops and a scheduler can requeue the job. Under
-``torchrun`` every rank runs this same command.
+``torchrun`` every rank runs this same command; ``drivetrain launch`` in place of ``torchrun`` returns that status
+for the node (torchrun returns 1), and ``--resume auto`` lets torchrun's restarts continue the run.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ examples:
   drivetrain train --config configs/smoke.yaml --resume auto        # after a preemption
   drivetrain train --config configs/ssn_tiny.yaml --print-config    # the config resolved; trains nothing
   torchrun --nproc_per_node 2 --no-python drivetrain train --config configs/smoke.yaml distributed.strategy=ddp
+  drivetrain launch --nproc_per_node 2 --max-restarts 3 --no-python drivetrain train --config configs/smoke.yaml \
+      distributed.strategy=ddp --resume auto                       # restarts, and 143 for a scheduler
 
 the run directory (run.out_dir) holds config.yaml (resolved), metrics.jsonl (one JSON object per step),
 checkpoints/step-00000040/ (atomic, the newest checkpoint.keep kept; corrupt ones moved to
@@ -68,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
         from drivetrain.cli.configs import print_resolved
 
         return print_resolved(args.config, args.overrides, "train")
+    from drivetrain.cli.launch import RUNNING, record_worker_status
+
+    record_worker_status(RUNNING)  # for a `drivetrain launch` above this worker (a no-op without one)
     from drivetrain.engine import (
         CheckpointError,
         ConfigError,
@@ -90,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     except KeyboardInterrupt:
         print("drivetrain train: interrupted while starting; no step was run", file=sys.stderr)
+        record_worker_status(130)
         return 130
     except Exception as err:  # only a write without room is reported here; the rest is re-raised
         if not _report_no_room(err, cfg):
@@ -121,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
             f"{state.skipped} skipped) in {cfg.run.out_dir}"
         )
     code = stop_status(trainer.stopped_by)
+    record_worker_status(code)
     if trainer.ctx.initialized:
         # Everything is written and every rank passed the last barrier. Leave without the interpreter's
         # teardown, whose destructors of torch.distributed objects can deadlock on the GIL (see

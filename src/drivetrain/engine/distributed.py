@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from drivetrain.engine.config import ConfigError, TrainConfig
+from drivetrain.engine.elastic_store import attempt_store, uses_agent_store
 
 __all__ = ["DistContext", "setup", "teardown"]
 
@@ -76,7 +77,12 @@ class DistContext:
 
 
 def setup(cfg: TrainConfig) -> DistContext:
-    """Join the torchrun process group (if launched by torchrun) and pick this rank's device."""
+    """Join the torchrun process group (if launched by torchrun) and pick this rank's device.
+
+    Under torchrun's agent store (c10d or static rendezvous) the group starts in a namespace of this restart
+    attempt (:func:`drivetrain.engine.elastic_store.attempt_store`), so that ``torchrun --max-restarts K`` restarts
+    work without ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``; otherwise from ``env://``.
+    """
     strategy = cfg.distributed.strategy
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -112,6 +118,8 @@ def setup(cfg: TrainConfig) -> DistContext:
             kwargs: dict[str, Any] = {"backend": backend, "timeout": _dt.timedelta(minutes=30)}
             if use_cuda:
                 kwargs["device_id"] = device
+            if uses_agent_store():  # torchrun's agent store outlives a restart: start in this attempt's own keys
+                kwargs.update(store=attempt_store(rank, world, kwargs["timeout"]), rank=rank, world_size=world)
             dist.init_process_group(**kwargs)
         initialized = True
     return DistContext(rank, world, local_rank, device, strategy, initialized)
