@@ -46,6 +46,7 @@ __all__ = [
     "EvalFrames",
     "EvalResult",
     "blank_inputs",
+    "detections_on_host",
     "evaluate_model",
     "has_streaming_state",
     "predict",
@@ -154,8 +155,10 @@ def blank_inputs(batch: Batch, grey: tuple[int, int, int] = BLANK_GREY) -> Batch
     return dataclasses.replace(batch, **changes)
 
 
-def _host(values: Any) -> list[np.ndarray]:
-    """Per-sample numpy arrays of a RaggedBatch (its valid rows) or of a dense batch tensor."""
+def detections_on_host(values: Any) -> list[np.ndarray]:
+    """Per-sample NumPy arrays of one of :meth:`~drivetrain.engine.protocol.Detector.detect`'s outputs: a
+    RaggedBatch (each sample's valid rows) or a plain batch tensor (``(B, K, ...)``: each sample's ``K`` rows), as the
+    protocol allows either."""
     if isinstance(values, RaggedBatch):
         return [t.cpu().numpy() for t in values.to_list()]
     return [t.cpu().numpy() for t in values]
@@ -234,7 +237,7 @@ def predict(
                     batch = transform(loaded) if transform is not None else loaded
                     boxes, scores, labels = model.detect(batch)
                     # sync: the batch's detections and poses go to the host once, for the submission file
-                    boxes, scores, labels = _host(boxes), _host(scores), _host(labels)
+                    boxes, scores, labels = (detections_on_host(v) for v in (boxes, scores, labels))
                     poses = batch.ego_pose.cpu().numpy().astype(np.float64)  # (B, 4, 4)
                     for b, (frame, _) in enumerate(readable):
                         if on_frame is not None:
