@@ -101,7 +101,13 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as err:
             print(f"drivetrain {args.command}: {err}", file=sys.stderr)
             return 2
-    return args.run(args)
+    from drivetrain.batch import BatchFieldError
+
+    try:
+        return args.run(args)
+    except BatchFieldError as err:  # a model's code read a field a Batch does not have: where, and which exist
+        print(f"drivetrain {args.command}: {err.located()}", file=sys.stderr)
+        return 1
 
 
 def _one_line_warnings() -> None:
