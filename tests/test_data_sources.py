@@ -157,10 +157,8 @@ def test_generating_a_new_synthetic_set_says_so_and_names_a_set_beside_it_with_t
     assert "generating" not in capsys.readouterr().err  # reused: nothing generated, nothing said
     synthetic(root=str(tmp_path / "synth-tinny"), **small, generate=True)
     line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("data.args.root:"))
-    assert line.endswith(
-        f"; {tmp_path / 'synth-tiny'} beside it holds one with these settings: data.args.root={tmp_path / 'synth-tiny'} "
-        "uses it"
-    ), line
+    there = tmp_path / "synth-tiny"
+    assert line.endswith(f"; {there} beside it holds one with these settings: data.args.root={there} uses it"), line
     synthetic(root=str(tmp_path / "other"), **{**small, "frames_per_scene": 2}, generate=True)
     line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("data.args.root:"))
     assert "beside it" not in line  # the sets there were generated with other settings
