@@ -76,8 +76,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description=(
             "Run one benchmark: both paths in one process on the same data, after warm-up, with device "
             "synchronisation; prints a breakdown table of medians. Every benchmark takes --device, --repeat, "
-            "--warmup, --seed, --json, --md and --save, and --plugin MODULE anywhere (a model of a plugin's, e.g. for "
-            "`bench train`); `drivetrain bench WHAT --help` lists its own options."
+            "--warmup, --seed, --json, --md and --save (except `bench originals`, which counts kernels and times "
+            "nothing: --seed and --json), and --plugin MODULE anywhere (a plugin's model, e.g. for `bench train`); "
+            "`drivetrain bench WHAT --help` lists its own options."
         ),
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
