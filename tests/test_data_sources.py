@@ -151,13 +151,13 @@ def test_generating_a_new_synthetic_set_says_so_and_names_a_set_beside_it_with_t
     small = {"size": "tiny", "scenes": 1, "frames_per_scene": 1, "sweeps_per_sample": 0, "image_size": [160, 90]}
     synthetic(root=str(tmp_path / "synth-tiny"), **small, generate=True)
     first = capsys.readouterr().err
-    assert f"data.args.root: {tmp_path / 'synth-tiny'} holds no finished synthetic dataset; generating a new" in first
+    there = tmp_path / "synth-tiny"
+    assert f"{there} holds no finished synthetic dataset; generating a new set there (scenes: 1, key frames: 1" in first
     assert "beside it" not in first  # nothing like it there yet
     synthetic(root=str(tmp_path / "synth-tiny"), **small, generate=True)
     assert "generating" not in capsys.readouterr().err  # reused: nothing generated, nothing said
     synthetic(root=str(tmp_path / "synth-tinny"), **small, generate=True)
     line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("data.args.root:"))
-    there = tmp_path / "synth-tiny"
     assert line.endswith(f"; {there} beside it holds one with these settings: data.args.root={there} uses it"), line
     synthetic(root=str(tmp_path / "other"), **{**small, "frames_per_scene": 2}, generate=True)
     line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("data.args.root:"))

@@ -269,10 +269,11 @@ def _generating_note(path: Path, config: Any, state: str) -> str:
     from drivetrain.data.synth.manifest import read_manifest
 
     frames = len(config.scenes) * config.samples_per_scene
-    what = "finishing the unfinished synthetic set" if state == "unfinished" else "generating a new synthetic set"
+    stopped = "replacing the unfinished set (its generation was stopped)"
+    what = stopped if state == "unfinished" else "generating a new set"
     note = (
-        f"data.args.root: {path} holds no finished synthetic dataset; {what} there ({len(config.scenes)} scenes, "
-        f"{frames} key frames, {config.image_width}x{config.image_height} images, seed {config.seed})"
+        f"data.args.root: {path} holds no finished synthetic dataset; {what} there (scenes: {len(config.scenes)}, "
+        f"key frames: {frames}, images: {config.image_width}x{config.image_height}, seed: {config.seed})"
     )
     wanted = json.loads(json.dumps(asdict(config)))  # tuples → lists, as recorded
     try:

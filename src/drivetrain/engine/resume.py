@@ -117,7 +117,7 @@ def _ways_forward(saved: dict[str, Any], keys: list[str], path: Path) -> str:
         for part in key.split("."):
             node = node.get(part, _ABSENT) if isinstance(node, dict) else _ABSENT
         if node is not _ABSENT:  # a key the saved config lacks is undone by leaving it out
-            value = node if isinstance(node, str) else json.dumps(node)  # JSON is YAML: an override's value
+            value = node if isinstance(node, str) and _reads_back(node) else json.dumps(node)  # JSON is YAML
             undo.append(shlex.quote(f"{key}={value}"))
     put_back = f" (or override {' '.join(undo)})" if undo else ""
     return (
@@ -128,6 +128,19 @@ def _ways_forward(saved: dict[str, Any], keys: list[str], path: Path) -> str:
 
 
 _ABSENT = object()
+
+
+def _reads_back(text: str) -> bool:
+    """Whether ``KEY=text`` gives the string ``text`` back (an override's value is read as YAML: ``true``, ``1e-3``
+    or ``null`` would not)."""
+    import yaml
+
+    from drivetrain.engine.config_files import load_yaml
+
+    try:
+        return load_yaml(text) == text  # bounded, as an override's value is read
+    except yaml.YAMLError:
+        return False
 
 
 def _load_named(resume: str, checkpointer: Checkpointer) -> tuple[Path, dict[str, Any]]:
