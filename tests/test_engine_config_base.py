@@ -141,6 +141,7 @@ def test_an_unknown_key_or_bad_value_names_the_file_of_the_chain_that_set_it(tmp
         load_config(child)
     message = str(err.value)
     assert message.startswith(f"{tmp_path / 'base.yaml'} (a base of {child}): optim.lrr: unknown key"), message
+    assert message.endswith(f"; {child} drops what its bases set there with `unset: [optim]` (docs/engine.md)")
     assert "\n" not in message
 
     smoke_base(tmp_path)
@@ -170,6 +171,22 @@ def test_overrides_apply_after_the_chain_and_their_errors_name_the_override_not_
     bad = write(tmp_path / "bad.yaml", "base: smoke_base.yaml\noptim: {lr: fast}\n")
     with pytest.raises(ConfigError, match=rf"^{bad}: optim\.lr: expected a number"):  # the file's own key
         load_config(bad, ["optim.clip_norm=1"])
+
+
+def test_a_config_naming_another_model_than_its_base_is_told_to_unset_the_bases_args(tmp_path):
+    """A config built on a shipped one with another model: the base's model.args are not the new model's; the error
+    says how to drop them, and that works (docs/design.md's plugin config)."""
+    base = os.path.relpath(CONFIGS / "pointpillars_tiny.yaml", tmp_path)
+    other = write(tmp_path / "other.yaml", f"base: {base}\nmodel: {{name: streampetr}}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(other)
+    assert re.fullmatch(
+        rf".*\.yaml \(a base of {re.escape(str(other))}\): model\.args\.\w+: unknown .*; "
+        rf"{re.escape(str(other))} drops what its bases set there with `unset: \[model\.args\]` \(docs/engine\.md\)",
+        str(err.value),
+    ), err.value
+    fixed = write(tmp_path / "fixed.yaml", other.read_text() + "unset: [model.args]\n")
+    assert load_config(fixed).model.name == "streampetr"
 
 
 def test_a_loop_is_refused_with_the_chain_named(tmp_path):

@@ -118,7 +118,11 @@ class ConfigSource:
             return ConfigError(f"{_OVERRIDE} {origin}: {err}")
         if origin is None or origin == self.path:
             return ConfigError(f"{self.path}: {err}")
-        return ConfigError(f"{origin} (a base of {self.path}): {err}")
+        hint = ""
+        if re.search(r": unknown (key|argument)", str(err)):  # a base's key that does not apply to this config
+            section = ".".join(parts[:-1]) or key  # model.args.backbone → model.args (e.g. another model's args)
+            hint = f"; {self.path} drops what its bases set there with `unset: [{section}]` (docs/engine.md)"
+        return ConfigError(f"{origin} (a base of {self.path}): {err}{hint}")
 
 
 def read_config_file(path: str | Path) -> ConfigSource:
