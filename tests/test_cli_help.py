@@ -17,7 +17,8 @@ from drivetrain.cli.main import build_parser, main, plugins
 from helpers.cli import benchmark_parser, option_strings, walk
 
 REPO = Path(__file__).resolve().parents[1]
-TREE = dict(walk(build_parser()))
+PARSER = build_parser()  # built once: building reads every benchmark script's docstring
+TREE = dict(walk(PARSER))
 BENCHMARKS = sorted(available())
 # what `drivetrain bench --help` says every benchmark takes
 COMMON = ("--device", "--repeat", "--warmup", "--seed", "--json", "--md", "--save")
@@ -67,7 +68,7 @@ def _target(words: list[str]) -> tuple[tuple[str, ...], argparse.ArgumentParser 
 def _parse(words: list[str]) -> None:
     """A whole example parses as ``drivetrain`` parses it: the command's parser (leftovers only ``KEY=VALUE``), and a
     benchmark's own parser for ``bench WHAT ...``."""
-    args, extra = build_parser().parse_known_args(words)
+    args, extra = PARSER.parse_known_args(words)
     assert all("=" in a and not a.startswith("-") for a in extra), f"drivetrain {shlex.join(words)}: {extra}"
     plugins(args)
     if args.command == "bench":
@@ -131,11 +132,11 @@ def test_plugin_is_taken_before_and_after_every_command_and_sub_action(capsys):
         path, _, rest = _target(words)
         typed = ["--plugin", "p0", path[0], "--plugin", "p1", *path[1:], *(["--plugin", "p2"] if len(path) > 1 else []),
                  *rest, "--plugin", "p3"]  # fmt: skip
-        args, extra = build_parser().parse_known_args(typed)
+        args, extra = PARSER.parse_known_args(typed)
         assert all("=" in a for a in extra), typed
         found = plugins(args)
         assert sorted(found) == sorted(["p0", "p1", "p3"] + (["p2"] if len(path) > 1 else [])), (typed, found)
-    args, _ = build_parser().parse_known_args(["bench", "train", "--plugin", "a", "--config", "x", "--plugin=b"])
+    args, _ = PARSER.parse_known_args(["bench", "train", "--plugin", "a", "--config", "x", "--plugin=b"])
     assert plugins(args) == ["a", "b"] and args.args == ["--config", "x"]  # taken out of the benchmark's options
 
 
