@@ -86,12 +86,16 @@ def streampetr_inputs(args: argparse.Namespace, gen: torch.Generator, device: to
     return {"outputs": outputs, "targets": targets, "num_gt": num_gt}
 
 
+CAMERAS = 6  # images per sample of the focal head's inputs
+MAX_GT_PER_IMAGE = 20  # its 2D ground truths per image are drawn from 0..this
+
+
 def focal_head_inputs(args: argparse.Namespace, gen: torch.Generator, device: torch.device) -> dict[str, Any]:
     """Random focal-head outputs and per-image 2D ground truth (boxes inside a 704×256 image)."""
-    B, N, C, stride = args.batch, 6, 10, 16
+    B, N, C, stride = args.batch, CAMERAS, 10, 16
     hf, wf = 16, 44
     width, height = wf * stride, hf * stride
-    num_gt = torch.randint(0, 21, (B, N), generator=gen).tolist()
+    num_gt = torch.randint(0, MAX_GT_PER_IMAGE + 1, (B, N), generator=gen).tolist()
     boxes, labels, centres = [], [], []
     for row in num_gt:
         boxes.append([])
@@ -297,9 +301,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     # The chart's anchor: StreamPETR's loss at batch 8 on an A100, 183 ms per-sample → ×4.46 batched (ACCV-Lab).
     result.extra["published"] = {"loss forward": (4.46, "ACCV-Lab, B=8, A100")}
 
-    # Heatmap drawing alone: all boxes of all 48 images, per-box loop vs one scatter, a batch of its own per repeat.
+    # Heatmap drawing alone: all boxes of all B × 6 images, per-box loop vs one scatter, a batch of its own per repeat.
     reference_inputs, batched_inputs, heat_diff = [], [], 0.0
-    heat = torch.zeros(args.batch, 6, 16, 44, device=device)
+    heat = torch.zeros(args.batch, CAMERAS, 16, 44, device=device)
     flat_heat = heat.view(-1, 16, 44)
     for _, fh_batch in batches:
         centres, boxes = fh_batch["targets"]["centers_2d"], fh_batch["targets"]["gt_boxes_2d"]
@@ -322,7 +326,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     )
     result.add(
         Row.from_samples(
-            "heatmap drawing (48 images, 0-20 boxes each)",
+            f"heatmap drawing ({args.batch * CAMERAS} images, 0-{MAX_GT_PER_IMAGE} boxes each)",
             ref_ms,
             bat_ms,
             reference_cost=ref_ms.cost,

@@ -3,11 +3,11 @@
 What a training step's matcher solves, batch after batch: the 3D head's ``L × B`` problems of ``Q = num_query +
 num_propagated`` queries against the batch's padded ground-truth count ``G`` (the largest of its samples), and the
 focal head's ``B × N`` problems of ``Q = (H / 16) · (W / 16)`` tokens per image against the largest per-image
-count. The target counts of each problem are read from ``--batches`` consecutive batches of the config's synthetic
-set (``configs/streampetr_full.yaml``: ``data/synth-full-704``, generated on first use), as the trainer's sampler
-walks it; the costs are tie-free random numbers of those shapes (a solver's run time depends on the sizes; what an
-untrained network's costs would change is the number of augmenting steps, not the shapes — saved costs of a real
-forward are ~9 MB a batch, too large to commit as test data).
+count. The target counts of each problem are read from ``--warmup`` + ``--repeat`` consecutive batches (every repeat
+is one batch) of the config's synthetic set (``configs/streampetr_full.yaml``: ``data/synth-full-704``, generated on
+first use), as the trainer's sampler walks it; the costs are tie-free random numbers of those shapes (a solver's run
+time depends on the sizes; what an untrained network's costs would change is the number of augmenting steps, not the
+shapes — saved costs of a real forward are ~9 MB a batch, too large to commit as test data).
 
 Variants per head, each timed on every batch (medians and maxima over the batches; CUDA events on a GPU):
 
@@ -28,7 +28,7 @@ Device-independent, so printed on any machine: ``kernel shapes over N batches: K
 shapes the batches reach with the target buckets (:func:`~drivetrain.match.solve.padded_target_count`) against
 the distinct raw ``G`` values a per-shape kernel would have compiled for.
 
-Run: ``drivetrain bench solve [--config CFG] [--batches N] [--device cpu|cuda] [--save]``.
+Run: ``drivetrain bench solve [--config CFG] [--repeat N] [--warmup N] [--device cpu|cuda] [--save]``.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ from typing import Any
 import torch
 
 from drivetrain.engine import ConfigError, load_config
-from drivetrain.engine.stepsplit import LABELS, StepSplit, measure_steps, table_lines
+from drivetrain.engine.stepsplit import LABELS, MIN_WARMUP, StepSplit, measure_steps, table_lines
 from drivetrain.match import gpu_solver_shapes
 from drivetrain.model_spec import keywords
 from drivetrain.profile import BenchResult, Row, add_bench_arguments, device_name, device_slug, emit, setup_bench, trace
@@ -121,12 +121,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if trace_file is not None:
         trace_file.parent.mkdir(parents=True, exist_ok=True)
     traced = f", then {args.profile} under torch.profiler" if args.profile else ""
-    print(f"bench train: {args.config}, {args.warmup} warm-up + {steps} timed steps{traced} on {device} ...",
+    warm = max(args.warmup, MIN_WARMUP)  # the counted step is never the run's first (measure_steps)
+    print(f"bench train: {args.config}, {warm} warm-up + {steps} timed steps{traced} on {device} ...",
           flush=True)  # fmt: skip
     shown = args.config.resolve()
     shown = shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else args.config
     config = {
-        "config": str(shown), "overrides": overrides, "steps": steps, "warmup": args.warmup,
+        "config": str(shown), "overrides": overrides, "steps": steps, "warmup": warm,
         "model": cfg.model.name, "impl": keywords(cfg.model.args).get("impl"), "batch_size": cfg.data.batch_size,
         "num_workers": cfg.data.num_workers, "prefetch": cfg.data.prefetch, "pin_memory": cfg.data.pin_memory,
         "persistent_workers": cfg.data.persistent_workers, "precision": cfg.precision.mode,

@@ -15,7 +15,7 @@ run="${DEMO_RUN:-runs/demo}"
 steps="${DEMO_STEPS:-1000}"
 every="${DEMO_EVAL_EVERY:-250}"
 echo "demo: SSN-tiny on the synthetic lidar: set up, train $steps steps on the CPU, score mini_val with the nuScenes" \
-  "devkit against a control with the points removed, time a StreamPETR iteration (reference vs batched loss); ~6 min"
+  "devkit against a control with the points removed, time a StreamPETR iteration (reference vs batched loss); ~3 min on 2 CPU cores"
 bash scripts/setup.sh
 venv="${DRIVETRAIN_VENV:-.venv}"
 drivetrain="$venv/bin/drivetrain"

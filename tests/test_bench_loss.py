@@ -53,3 +53,5 @@ def test_bench_loss_times_a_batch_of_its_own_per_repeat_and_reports_its_counts(t
         assert row["reference_max_ms"] >= row["reference_ms"] and row["batched_max_ms"] >= row["batched_ms"]
         assert row["max_over_median"] == bool(row["max_over_median_paths"])
     assert "| region | reference ms (max) | batched ms (max) | speedup |" in (tmp_path / "r.md").read_text()
+    # the labels say what was timed: --batch 2 is 2 samples × 6 cameras of heatmaps
+    assert "heatmap drawing (12 images, 0-20 boxes each)" in [row["name"] for row in data["rows"]]

@@ -141,3 +141,24 @@ def test_the_tiny_presets_focal_matches_the_one_its_image_size_gives(tmp_path):
     assert len(synthetic(**small, image_size=[320, 180])) == len(first) == 1
     with pytest.raises(ValueError, match=r"focal: the data has 253\.20000000000002, asked for 265\.86"):
         synthetic(**small, image_size=[336, 189])
+
+
+def test_generating_a_new_synthetic_set_says_so_and_names_a_set_beside_it_with_the_same_settings(tmp_path, capsys):
+    """A typo in data.args.root (synth-tinny) would write a whole new set there unannounced: the run says it is
+    generating one, and which finished set beside it has the very settings asked for; a set reused says nothing."""
+    from drivetrain.data.sources import synthetic
+
+    small = {"size": "tiny", "scenes": 1, "frames_per_scene": 1, "sweeps_per_sample": 0, "image_size": [160, 90]}
+    synthetic(root=str(tmp_path / "synth-tiny"), **small, generate=True)
+    first = capsys.readouterr().err
+    there = tmp_path / "synth-tiny"
+    assert f"{there} holds no finished synthetic dataset; generating a new set there (scenes: 1, key frames: 1" in first
+    assert "beside it" not in first  # nothing like it there yet
+    synthetic(root=str(tmp_path / "synth-tiny"), **small, generate=True)
+    assert "generating" not in capsys.readouterr().err  # reused: nothing generated, nothing said
+    synthetic(root=str(tmp_path / "synth-tinny"), **small, generate=True)
+    line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("data.args.root:"))
+    assert line.endswith(f"; {there} beside it holds one with these settings: data.args.root={there} uses it"), line
+    synthetic(root=str(tmp_path / "other"), **{**small, "frames_per_scene": 2}, generate=True)
+    line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("data.args.root:"))
+    assert "beside it" not in line  # the sets there were generated with other settings

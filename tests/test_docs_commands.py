@@ -17,6 +17,7 @@ import pytest
 
 from drivetrain.cli.main import build_parser
 from drivetrain.engine.config import ConfigError, TrainConfig, apply_overrides, from_dict, load_config
+from helpers.cli import benchmark_parser
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -82,10 +83,15 @@ def test_a_documented_command_parses_with_existing_configs_and_keys(page: Path, 
         pytest.fail(f"{where}: does not parse (drivetrain {argv[0]} --help)")
     overrides = [a for a in extra if "=" in a and not a.startswith("-")]
     assert not [a for a in extra if a not in overrides], f"{where}: unknown arguments"
-    if args.command == "bench":  # benchmark scripts parse their own options
-        from drivetrain.cli.bench import available
+    if args.command == "bench":  # benchmark scripts parse their own options: with the script's own parser
+        from drivetrain.cli.bench import available, take_plugins
 
         assert args.what in available(), f"{where}: no benchmark {args.what!r}"
+        options = take_plugins(args.args)[1]
+        try:
+            benchmark_parser(args.what, options).parse_args(options)
+        except SystemExit:
+            pytest.fail(f"{where}: the benchmark's options do not parse (drivetrain bench {args.what} --help)")
         return
     # a YAML run config (eval's --config is the devkit's detection config); one of ours lives in configs/
     config = getattr(args, "config", None) if args.command in ("train", "tune") else None

@@ -60,7 +60,8 @@ def test_the_profiled_window_is_the_split_bench_train_reports(tmp_path):
     assert tuple(window["parts"]) == doctor.PARTS == (*PARTS, "other")
     parts = {p: window["parts"][p]["median_ms"] for p in doctor.PARTS}
     assert window["overhead_share"] == round(1 - (parts["forward"] + parts["backward"]) / window["step_ms"], 4)
-    assert window["data_wait_ms"] == parts["data"] and window["steps"] == 3 and window["warmup"] == 1
+    # --warmup 1 runs 2: the counted step (the last warm-up step) is never the run's first (stepsplit.MIN_WARMUP)
+    assert window["data_wait_ms"] == parts["data"] and window["steps"] == 3 and window["warmup"] == 2
     # The CPU counts host reads too: the smoke model's step has the trainer's one, the skip decision.
     assert window["syncs_per_step"] == 1 and window["region_syncs"] == {"step/optimizer": 1}
     report = (run / "doctor.md").read_text()
@@ -130,3 +131,16 @@ def test_host_syncs_beyond_the_trainers_one_are_named_with_their_regions():
     assert "step/forward/input 1" in syncs[0].statement and "step/loss/assignment 1" in syncs[0].statement
     one = doctor.diagnose(summary, _window(20.0, 1, **parts), memory_budget_mb=1e6)
     assert "host-syncs" not in [f.kind for f in one]
+
+
+def test_the_counted_step_is_the_same_whatever_the_warm_up(tmp_path):
+    """doctor and bench train count the last warm-up step; a run's first step does one-time work (more kernels, and
+    for some models more host reads), so a warm-up of 1 would count that instead: at least 2 run, and the counts of a
+    config do not depend on the warm-up asked for."""
+    from drivetrain.engine.stepsplit import MIN_WARMUP, measure_steps
+
+    keys = ["train.device=cpu", "run.threads=1"]
+    splits = {w: measure_steps(SMOKE, keys, steps=1, warmup=w, scratch=tmp_path) for w in (1, MIN_WARMUP + 1)}
+    assert splits[1].warmup == MIN_WARMUP and splits[MIN_WARMUP + 1].warmup == MIN_WARMUP + 1
+    counted = {w: (s.kernels_per_step, s.counted_syncs_per_step, s.region_syncs) for w, s in splits.items()}
+    assert counted[1] == counted[MIN_WARMUP + 1], counted

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,7 @@ def test_an_unknown_key_or_bad_value_names_the_file_of_the_chain_that_set_it(tmp
         load_config(child)
     message = str(err.value)
     assert message.startswith(f"{tmp_path / 'base.yaml'} (a base of {child}): optim.lrr: unknown key"), message
+    assert message.endswith(f"; {child} drops what its bases set there with `unset: [optim]` (docs/engine.md)")
     assert "\n" not in message
 
     smoke_base(tmp_path)
@@ -154,13 +156,37 @@ def test_an_unknown_key_or_bad_value_names_the_file_of_the_chain_that_set_it(tmp
         load_config(unknown_section)
 
 
-def test_overrides_apply_after_the_chain_and_their_errors_name_the_command_lines_file(tmp_path):
+def test_overrides_apply_after_the_chain_and_their_errors_name_the_override_not_a_file(tmp_path):
     smoke_base(tmp_path)
     child = write(tmp_path / "child.yaml", "base: smoke_base.yaml\noptim: {lr: 0.5}\n")
     assert load_config(child, ["optim.lr=0.125"]).optim.lr == 0.125  # over the child's value
     assert load_config(child, ["optim.clip_norm=2.0"]).optim.clip_norm == 2.0  # over the base's
-    with pytest.raises(ConfigError, match=rf"^{child}: optim\.clip_norm: expected a number"):
+    with pytest.raises(ConfigError, match=r"^override optim\.clip_norm=big: optim\.clip_norm: expected a number"):
         load_config(child, ["optim.clip_norm=big"])  # the base set clip_norm, the override broke it
+    with pytest.raises(ConfigError, match=r"^override optim\.lrr=1e-3: optim\.lrr: unknown key"):
+        load_config(child, ["optim.lrr=1e-3"])  # typed on the command line: no file of the chain holds it
+    section = "optim.groups=[{modules: [backbone], lr_mul: 2}]"  # a key inside a section an override replaced
+    with pytest.raises(ConfigError, match=rf"^override {re.escape(section)}: optim\.groups\[0\]\.lr_mul"):
+        load_config(child, [section])
+    bad = write(tmp_path / "bad.yaml", "base: smoke_base.yaml\noptim: {lr: fast}\n")
+    with pytest.raises(ConfigError, match=rf"^{bad}: optim\.lr: expected a number"):  # the file's own key
+        load_config(bad, ["optim.clip_norm=1"])
+
+
+def test_a_config_naming_another_model_than_its_base_is_told_to_unset_the_bases_args(tmp_path):
+    """A config built on a shipped one with another model: the base's model.args are not the new model's; the error
+    says how to drop them, and that works (docs/design.md's plugin config)."""
+    base = os.path.relpath(CONFIGS / "pointpillars_tiny.yaml", tmp_path)
+    other = write(tmp_path / "other.yaml", f"base: {base}\nmodel: {{name: streampetr}}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(other)
+    assert re.fullmatch(
+        rf".*\.yaml \(a base of {re.escape(str(other))}\): model\.args\.\w+: unknown .*; "
+        rf"{re.escape(str(other))} drops what its bases set there with `unset: \[model\.args\]` \(docs/engine\.md\)",
+        str(err.value),
+    ), err.value
+    fixed = write(tmp_path / "fixed.yaml", other.read_text() + "unset: [model.args]\n")
+    assert load_config(fixed).model.name == "streampetr"
 
 
 def test_a_loop_is_refused_with_the_chain_named(tmp_path):
@@ -261,7 +287,7 @@ def test_print_config_prints_the_resolved_config_and_creates_nothing(tmp_path, c
 
     assert main(["train", "--config", str(child), "--print-config", "optim.lrr=1"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"drivetrain train: config error: {child}: optim.lrr: unknown key; known keys: ")
+    assert err.startswith("drivetrain train: config error: override optim.lrr=1: optim.lrr: unknown key; known keys: ")
     assert err.count("\n") == 1  # one line
     assert main(["tune", "loader", "--config", str(child), "--print-config"]) == 0  # tune loader takes --config too
     assert "optim:\n  lr: 0.5\n" in capsys.readouterr().out

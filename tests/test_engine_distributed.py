@@ -16,7 +16,6 @@ import torch
 from drivetrain.engine import ConfigError, Trainer, load_config
 from drivetrain.engine.trainer import STEP_DELAY_ENV
 from engine_dist_worker import RESUME
-from helpers.launch import finish, kill, rendezvous, start, train_args, wait_for_checkpoint, worker_pid
 from helpers.engine import (
     ON_CPU,
     ROOT,
@@ -29,6 +28,7 @@ from helpers.engine import (
     torchrun,
     train_single_double_batch,
 )
+from helpers.launch import finish, kill, rendezvous, start, train_args, wait_for_checkpoint, worker_pid
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 

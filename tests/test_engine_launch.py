@@ -28,8 +28,8 @@ from drivetrain.cli.launch import RUNNING, clean_stop_status
 from drivetrain.engine import Checkpointer, load_config
 from drivetrain.engine.elastic_store import agree_on_attempt
 from drivetrain.engine.trainer import STEP_DELAY_ENV
-from helpers.launch import finish, kill, rendezvous, start, train_args, wait_for_checkpoint, worker_pid
 from helpers.engine import FLOAT64, ON_CPU, ROOT, assert_same_weights, cli_env, final_state, free_port, losses, metrics
+from helpers.launch import finish, kill, rendezvous, start, train_args, wait_for_checkpoint, worker_pid
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 

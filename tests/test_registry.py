@@ -341,6 +341,36 @@ def test_a_plugin_that_fails_to_import_is_one_line(capsys):
     assert line.startswith("drivetrain train: --plugin no_such_plugin_module: cannot import it")
 
 
+def test_a_plugin_off_the_import_path_says_how_to_put_it_there(tmp_path, monkeypatch, capsys):
+    """The console script leaves the current folder off the import path (docs/safety.md): a plugin there is told how
+    to be found; a package found without the module, and a plugin whose own import fails, are told what they are."""
+    (tmp_path / "myproj").mkdir()
+    (tmp_path / "myproj" / "__init__.py").write_text("")
+    (tmp_path / "broken.py").write_text("import no_such_dependency_of_the_plugin\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    line = _refused(capsys, ["train", "--config", str(SMOKE), "--plugin", "myproj.bevgrid"])
+    assert line.startswith(
+        "drivetrain train: --plugin myproj.bevgrid: cannot import it (ModuleNotFoundError: No module named 'myproj'); "
+        "myproj is in the current folder, which drivetrain leaves off the import path (docs/safety.md): put the "
+        f"folder that holds it on the path, PYTHONPATH={tmp_path}"
+    ), line
+    monkeypatch.chdir(tmp_path / "myproj")  # elsewhere: the folder is the user's to name
+    line = _refused(capsys, ["train", "--config", str(SMOKE), "--plugin", "myproj.bevgrid"])
+    assert (
+        "no folder on the import path holds myproj: put the folder that holds it on the path, PYTHONPATH=FOLDER" in line
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        line = _refused(capsys, ["train", "--config", str(SMOKE), "--plugin", "myproj.bevgrid"])
+        assert line.endswith(f"; the package myproj ({tmp_path / 'myproj'}) holds no module bevgrid"), line
+        line = _refused(capsys, ["train", "--config", str(SMOKE), "--plugin", "broken"])
+        assert line.endswith("(ModuleNotFoundError: No module named 'no_such_dependency_of_the_plugin')"), line
+    finally:
+        for name in [m for m in sys.modules if m.startswith(("myproj", "broken"))]:
+            del sys.modules[name]
+
+
 def test_a_plugin_in_a_config_file_is_not_a_thing(tmp_path, capsys):
     cfg = yaml.safe_load(SMOKE.read_text())
     cfg["plugins"] = [HOSTILE]

@@ -21,7 +21,25 @@ import torch
 
 from drivetrain.ragged import RaggedBatch
 
-__all__ = ["Batch", "ModelBatch", "TensorTree"]
+__all__ = ["Batch", "BatchFieldError", "ModelBatch", "TensorTree"]
+
+
+class BatchFieldError(AttributeError):
+    """A name read from a :class:`Batch` that is none of its fields or members (``batch.gt_box``): the message names
+    the field, the closest existing ones and every field; an ``AttributeError``, so ``hasattr``/``getattr`` with a
+    default still work. :meth:`located` adds the line of the model's code that read it (the command line prints that,
+    one line, instead of a traceback)."""
+
+    def located(self) -> str:
+        """The message after the place that read the name: ``myproj/bevgrid.py:57 in loss: ...`` (the innermost frame
+        of the traceback outside this module)."""
+        import traceback
+
+        frames = [f for f in traceback.extract_tb(self.__traceback__) if f.filename != __file__]
+        if not frames:
+            return str(self)
+        frame = frames[-1]
+        return f"{frame.filename}:{frame.lineno} in {frame.name}: {self}"
 
 
 @dataclass(frozen=True)
@@ -52,6 +70,20 @@ class Batch:
     skipped: tuple[str, ...] = ()  # tokens of samples dropped as unreadable (on_error="skip")
     images_normalized: bool = False  # images are mean/std-normalised already (drivetrain.pipeline.augment.camera)
     encoded: Any = None  # a frozen image encoder's output for these images, computed ahead (speed.encoder_overlap)
+
+    def __getattr__(self, name: str) -> Any:
+        # Called only for a name that normal lookup did not find: a misspelt field in a model's forward or loss.
+        if name.startswith("__"):  # pickle, copy and friends probing for optional dunders: the plain error
+            raise AttributeError(name)
+        import difflib
+
+        names = [f.name for f in dataclasses.fields(self)]
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+        raise BatchFieldError(
+            f"Batch has no field {name!r}{hint}; its fields (drivetrain.batch.Batch): {', '.join(names)}", name=name,
+            obj=self,
+        )  # fmt: skip
 
     @property
     def batch_size(self) -> int:

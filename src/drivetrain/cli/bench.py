@@ -76,7 +76,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description=(
             "Run one benchmark: both paths in one process on the same data, after warm-up, with device "
             "synchronisation; prints a breakdown table of medians. Every benchmark takes --device, --repeat, "
-            "--warmup, --seed, --json, --md and --save; `drivetrain bench WHAT --help` lists its own options."
+            "--warmup, --seed, --json, --md and --save (except `bench originals`, which counts kernels and times "
+            "nothing: --seed and --json), and --plugin MODULE anywhere (a plugin's model, e.g. for `bench train`); "
+            "`drivetrain bench WHAT --help` lists its own options."
         ),
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -98,6 +100,27 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"bench: unknown benchmark {args.what!r}; available: {known}")
     module = load(scripts[args.what])
     return int(module.main(args.args, prog=f"drivetrain bench {args.what}") or 0)
+
+
+def take_plugins(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``(modules, rest)``: the ``--plugin MODULE`` / ``--plugin=MODULE`` options among a benchmark's options
+    (``drivetrain bench train --plugin X ...``: imported by ``drivetrain`` itself, in the process that runs the
+    benchmark) and the options left for the benchmark. A ``--plugin`` without a module is left for the benchmark's
+    parser to refuse."""
+    modules: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        item = argv[i]
+        if item.startswith("--plugin=") and len(item) > len("--plugin="):
+            modules.append(item.removeprefix("--plugin="))
+        elif item == "--plugin" and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+            modules.append(argv[i + 1])
+            i += 1
+        else:
+            rest.append(item)
+        i += 1
+    return modules, rest
 
 
 def _first_docline(path: Path) -> str:

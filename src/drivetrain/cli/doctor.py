@@ -31,8 +31,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory (metrics.jsonl, config.yaml)")
     parser.add_argument("--steps", type=int, default=5, help="profiled steps (default: 5)")
-    parser.add_argument("--warmup", type=int, default=2,
-                        help="untimed steps before them, ≥ 1: the last is counted (default: 2)")  # fmt: skip
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=2,
+        help="untimed steps before them, the last one counted (kernels, host syncs); at least 2 run (default: 2)",
+    )
     parser.add_argument("--no-profile", action="store_true", help="the run's metrics only; train nothing")
     parser.add_argument("--memory-budget-mb", type=float, default=None,
                         help="memory the run may use (default: the GPU's memory, or the machine's RAM)")  # fmt: skip
@@ -56,7 +60,10 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"doctor: {err}") from None
     window = None
     if not args.no_profile:
-        print(f"doctor: profiling {args.warmup}+{args.steps} steps of {args.run_dir / 'config.yaml'} ...", flush=True)
+        from drivetrain.engine.stepsplit import MIN_WARMUP
+
+        warm = max(args.warmup, MIN_WARMUP)  # the counted step is never the run's first (measure_steps)
+        print(f"doctor: profiling {warm}+{args.steps} steps of {args.run_dir / 'config.yaml'} ...", flush=True)
         try:
             window = doctor.profile_window(args.run_dir, steps=args.steps, warmup=args.warmup,
                                            overrides=args.overrides)  # fmt: skip

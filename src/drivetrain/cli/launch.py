@@ -4,8 +4,8 @@ torchrun (``torch.distributed.run``, run here in this process with the options g
 its workers, which finish the step, checkpoint and exit 143/130 — yet torchrun itself then returns 1, which a
 scheduler reads as a failure. This launcher returns what one ``drivetrain train`` process would: 0 when the run
 finished; 143 (130) when every worker on this node stopped cleanly at its checkpoint on SIGTERM (SIGINT), or the
-signal came before any worker started — requeue the job, ``--resume auto`` continues it exactly; anything else (1,
-or 2 for bad options) is a failure to look at.
+signal came before any worker started — requeue the job, ``drivetrain train --resume auto`` continues it exactly;
+anything else (1, or 2 for bad options) is a failure to look at.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ examples:
 exit status (the scheduler contract, as for one `drivetrain train` process):
   0        the run finished
   143/130  SIGTERM/SIGINT stopped every worker of this node cleanly after its checkpoint (or came before any
-           worker started): requeue; `--resume auto` continues exactly
+           worker started): requeue; `drivetrain train --resume auto` continues
   other    a failure (torchrun's status: 1; 2 for bad options)
 Send the signal to the launcher, which passes it to the workers through torchrun (a worker that exits 143 on a
 signal torchrun did not send is restarted while --max-restarts allows). Kubernetes sends it to the container's first

@@ -34,18 +34,47 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_parser(sub)
     report.add_parser(sub)
     doctor.add_parser(sub)
+    # --plugin goes anywhere a user types it: before the command, after it, or after its sub-action
+    # (`drivetrain viz frame --plugin X` and `drivetrain viz --plugin X frame` alike). Each level has its own
+    # destination: argparse copies a sub-parser's values over its parent's, so one shared name would lose one level's.
+    _add_plugin_option(parser, 0)
     for name, command in sub.choices.items():
         if name == "launch":  # its arguments are torchrun's; the workers' command takes --plugin
             continue
-        command.add_argument(
-            "--plugin",
-            metavar="MODULE",
-            action="append",
-            default=[],
-            help="import this Python module first so that it registers its models/datasets (repeatable; the only "
-            "way besides installed entry points: a config or run directory never names code; docs/engine.md)",
-        )
+        _add_plugin_option(command, 1)
+        for action in _sub_actions(command):
+            _add_plugin_option(action, 2)
     return parser
+
+
+PLUGIN_HELP = (
+    "import this Python module first so that it registers its models/datasets (repeatable; before or after the "
+    "command and its sub-action; the only way besides installed entry points: a config or run directory never names "
+    "code; docs/engine.md)"
+)
+
+
+def _add_plugin_option(parser: argparse.ArgumentParser, level: int) -> None:
+    parser.add_argument(
+        "--plugin", metavar="MODULE", action="append", dest=f"plugin_{level}", default=argparse.SUPPRESS,
+        help=PLUGIN_HELP,
+    )  # fmt: skip
+
+
+def _sub_actions(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The sub-action parsers of a command (``viz frame``, ``data synth``, ...), none for a command without."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return [p for a in subs for p in a.choices.values()]
+
+
+def plugins(args: argparse.Namespace) -> list[str]:
+    """Every ``--plugin`` module typed, in the order of the levels (before the command, after it, after its
+    sub-action), and, for ``bench``, those among the benchmark's options (taken out of them)."""
+    found = [m for level in range(3) for m in getattr(args, f"plugin_{level}", [])]
+    if args.command == "bench":
+        more, args.args = bench.take_plugins(args.args)
+        found += more
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,16 +97,23 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     _one_line_warnings()
-    if args.plugin:
+    modules = plugins(args)
+    if modules:
         from drivetrain.engine.config import ConfigError
         from drivetrain.engine.registry import load_plugins
 
         try:
-            load_plugins(args.plugin)
+            load_plugins(modules)
         except ConfigError as err:
             print(f"drivetrain {args.command}: {err}", file=sys.stderr)
             return 2
-    return args.run(args)
+    from drivetrain.batch import BatchFieldError
+
+    try:
+        return args.run(args)
+    except BatchFieldError as err:  # a model's code read a field a Batch does not have: where, and which exist
+        print(f"drivetrain {args.command}: {err.located()}", file=sys.stderr)
+        return 1
 
 
 def _one_line_warnings() -> None:

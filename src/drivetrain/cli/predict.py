@@ -37,6 +37,8 @@ examples:
   drivetrain predict --checkpoint runs/my-lidar-run --root data/synth-tiny --split mini_val --out results.json
   drivetrain predict --checkpoint runs/my-camera-run --root /data/nuscenes --version v1.0-test --out test.json
   drivetrain predict --checkpoint runs/my-lidar-run --root data/synth-tiny --out blank.json --blank-inputs
+  drivetrain predict --checkpoint runs/my-lidar-run --root data/synth-tiny --split mini_val --frames 3 \
+      --score-threshold 0.3 --out look.json                             # a quick look at a few frames
 
 Without --split every scene of the root is predicted (a test split's root holds just that split). A root without
 drivetrain_index.npz is indexed in memory first (not saved: predict writes nothing but --out; `drivetrain data
@@ -77,6 +79,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "or the one other table folder, as `data index`)",
     )
     add_model_options(parser)
+    parser.add_argument(
+        "--frames", type=int, default=None, metavar="N",
+        help="only the first N frames of the split (or root) in scene order: a quick look (default: all)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--score-threshold", type=float, default=None, metavar="S",
+        help="write only boxes scoring at least S (default: all, as a metric needs them)",
+    )  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(run=run)
 
@@ -122,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"predict: --out: {args.out} is a folder; name the submission file to write")
     if not args.out.parent.is_dir():
         raise SystemExit(f"predict: --out: the folder {args.out.parent} does not exist")
+    if args.frames is not None and args.frames < 1:
+        raise SystemExit(f"predict: --frames: must be ≥ 1, got {args.frames}")
     device = pick_device(args.device, "predict")
     model, cfg, path = load_detector(args.checkpoint, "predict", tta=args.tta, batch_size=args.batch_size)
     try:
@@ -146,11 +158,13 @@ def run(args: argparse.Namespace) -> int:
     if len(dataset) == 0:
         raise SystemExit(f"predict: --root: {args.root} holds no key frames to predict")
     which = args.split or f"all {len(dataset.index.meta['scenes'])} scenes"
+    if args.frames is not None and args.frames < len(dataset):
+        which += f", its first {args.frames} of {len(dataset)} frames"
     blank = f" with inputs blanked ({blank_note(model, cfg)})" if args.blank_inputs else ""
     print(f"predict: {path} on {args.root} {which} ({len(dataset)} frames, {device}){blank} → {args.out}", flush=True)
     submission, skipped = predict_frames(
         model.to(device), cfg, dataset, device, batch_size=args.batch_size, blank=args.blank_inputs,
-        progress=not args.quiet, label="predict",
+        progress=not args.quiet, label="predict", limit=args.frames, score_threshold=args.score_threshold,
     )  # fmt: skip
     try:
         write_submission(submission, args.out)
@@ -282,13 +296,25 @@ def blank_note(model: Any, cfg: Any) -> str:
 
 
 def predict_frames(
-    model: Any, cfg: Any, dataset: Any, device: Any, *, batch_size: int, blank: bool, progress: bool, label: str
+    model: Any,
+    cfg: Any,
+    dataset: Any,
+    device: Any,
+    *,
+    batch_size: int,
+    blank: bool,
+    progress: bool,
+    label: str,
+    limit: int | None = None,
+    score_threshold: float | None = None,
 ) -> tuple[dict[str, Any], int]:
-    """The submission of ``model`` (on ``device``) for every frame of ``dataset`` in the format of its index, with
-    the run's test-time transform (and the inputs blanked with ``blank``); and the number of unreadable frames."""
+    """The submission of ``model`` (on ``device``) for every frame of ``dataset`` (or its first ``limit``) in the
+    format of its index, with the run's test-time transform (and the inputs blanked with ``blank``), boxes below
+    ``score_threshold`` dropped when one is given; and the number of unreadable frames."""
     from drivetrain.engine.evaluation import predict
 
     return predict(
         model, dataset, device, progress=progress, dataset_format=dataset.index.format,
-        transform=frame_transform(cfg, blank=blank), batch_size=batch_size, label=label,
+        transform=frame_transform(cfg, blank=blank), batch_size=batch_size, label=label, limit=limit,
+        score_threshold=score_threshold,
     )  # fmt: skip

@@ -57,7 +57,7 @@ def run_frame(args: argparse.Namespace) -> int:
     from drivetrain.engine.build import build_dataset
     from drivetrain.engine.checkpoint import CheckpointError
     from drivetrain.engine.config import ConfigError
-    from drivetrain.engine.evaluation import model_from_checkpoint, streaming_state_aside
+    from drivetrain.engine.evaluation import detections_on_host, model_from_checkpoint, streaming_state_aside
     from drivetrain.engine.protocol import Detector, VoxelModel
     from drivetrain.model_spec import keywords
     from drivetrain.viz.lidar import bev_png, write_ply
@@ -117,8 +117,8 @@ def run_frame(args: argparse.Namespace) -> int:
         model_batch = dataclasses.replace(model_batch, prev_exists=torch.zeros_like(model_batch.prev_exists))
         with torch.no_grad(), streaming_state_aside(model):
             boxes, det_scores, det_labels = model.to(device).eval().detect(model_batch)
-        boxes, det_scores = boxes.to_list()[0].cpu().numpy(), det_scores.to_list()[0].cpu().numpy()
-        det_labels = det_labels.to_list()[0].cpu().numpy()
+        # plain tensors or RaggedBatch, as the Detector protocol allows: the one frame's rows as NumPy arrays
+        boxes, det_scores, det_labels = (detections_on_host(v)[0] for v in (boxes, det_scores, det_labels))
         keep = det_scores >= args.score_threshold
         pred, scores, labels = boxes[keep], det_scores[keep], det_labels[keep]
     time_column = use_dim.index(4) if 4 in use_dim else None

@@ -254,8 +254,42 @@ def _generate_once(path: Path, config: Any) -> None:
         state, _ = folder_state(path)  # again under the lock: another rank may have finished it meanwhile
         if state != "complete":
             _refuse_foreign(path, state)
+            print(_generating_note(path, config, state), file=sys.stderr, flush=True)
             generate(path, config, progress=True)
             _write_index(path)
+
+
+MAX_SIBLINGS = 256  # folders beside a new synthetic root whose manifests are read to find one with its settings
+
+
+def _generating_note(path: Path, config: Any, state: str) -> str:
+    """The line a run prints before it generates a synthetic set at ``path`` (a typo in ``data.args.root`` would
+    otherwise write a whole new set silently): what it makes, and a finished set of ours beside it with the very
+    settings asked for, when there is one (the first of :data:`MAX_SIBLINGS` folders, by name)."""
+    from drivetrain.data.synth.manifest import read_manifest
+
+    frames = len(config.scenes) * config.samples_per_scene
+    stopped = "replacing the unfinished set (its generation was stopped)"
+    what = stopped if state == "unfinished" else "generating a new set"
+    note = (
+        f"data.args.root: {path} holds no finished synthetic dataset; {what} there (scenes: {len(config.scenes)}, "
+        f"key frames: {frames}, images: {config.image_width}x{config.image_height}, seed: {config.seed})"
+    )
+    wanted = json.loads(json.dumps(asdict(config)))  # tuples → lists, as recorded
+    try:
+        siblings = sorted(p for p in path.parent.iterdir() if p.name != path.name)[:MAX_SIBLINGS]
+    except OSError:
+        siblings = []
+    for sibling in siblings:
+        try:
+            manifest = read_manifest(sibling) if sibling.is_dir() else None
+        except (DataError, OSError):  # a folder that is not ours, or unreadable: not the one meant
+            continue
+        if manifest is not None and manifest.complete:
+            recorded = manifest.settings
+            if all(_same_setting(recorded.get(k), v) for k, v in wanted.items()):
+                return f"{note}; {sibling} beside it holds one with these settings: data.args.root={sibling} uses it"
+    return note
 
 
 def _refuse_foreign(path: Path, state: str) -> None:

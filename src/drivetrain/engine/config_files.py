@@ -92,28 +92,37 @@ class ConfigSource:
     origins: dict[str, Path] = field(default_factory=dict)  # dotted key → the file of the chain that set it last
 
     def explain(self, err: ConfigError, overrides: list[str] | tuple[str, ...] = ()) -> ConfigError:
-        """``err`` (whose message starts with a dotted key) prefixed with the file that set that key.
+        """``err`` (whose message starts with a dotted key) prefixed with where that key was set.
 
         Args:
             err: an error of validating :attr:`data` (with ``overrides`` applied), ``"optim.lrr: unknown key"``.
-            overrides: the ``KEY=VALUE`` overrides applied after the chain; a key they set is named by
-                :attr:`path` (the command line's config), as without a base.
+            overrides: the ``KEY=VALUE`` overrides applied after the chain; a key one of them set is named by it,
+                as typed (it is on the command line, not in a file).
 
         Returns:
-            ``"<file>: <message>"``, or ``"<base> (a base of <path>): <message>"`` when a base set the key.
+            ``"<file>: <message>"``, ``"<base> (a base of <path>): <message>"`` when a base set the key, or
+            ``"override <KEY=VALUE>: <message>"`` when an override did.
         """
         key = re.sub(r"\[[^\]]*\]", "", str(err).split(": ", 1)[0])  # optim.groups[0].lr_mult → optim.groups.lr_mult
-        origins = dict(self.origins)
+        origins: dict[str, Path | str] = dict(self.origins)
         for item in overrides:
-            origins[item.partition("=")[0]] = Path(_OVERRIDE)
+            origins[item.partition("=")[0]] = item
         parts = key.split(".")
         for end in range(len(parts), 0, -1):
             origin = origins.get(".".join(parts[:end]))
             if origin is not None:
                 break
-        if origin is None or origin == Path(_OVERRIDE) or origin == self.path:
+        if origin is None:  # a section only an override names (nosuch.key=1 → "nosuch: unknown key")
+            origin = next((item for item in overrides if item.partition("=")[0].startswith(f"{key}.")), None)
+        if isinstance(origin, str):
+            return ConfigError(f"{_OVERRIDE} {origin}: {err}")
+        if origin is None or origin == self.path:
             return ConfigError(f"{self.path}: {err}")
-        return ConfigError(f"{origin} (a base of {self.path}): {err}")
+        hint = ""
+        if re.search(r": unknown (key|argument)", str(err)):  # a base's key that does not apply to this config
+            section = ".".join(parts[:-1]) or key  # model.args.backbone → model.args (e.g. another model's args)
+            hint = f"; {self.path} drops what its bases set there with `unset: [{section}]` (docs/engine.md)"
+        return ConfigError(f"{origin} (a base of {self.path}): {err}{hint}")
 
 
 def read_config_file(path: str | Path) -> ConfigSource:

@@ -46,6 +46,7 @@ __all__ = [
     "EvalFrames",
     "EvalResult",
     "blank_inputs",
+    "detections_on_host",
     "evaluate_model",
     "has_streaming_state",
     "predict",
@@ -154,8 +155,10 @@ def blank_inputs(batch: Batch, grey: tuple[int, int, int] = BLANK_GREY) -> Batch
     return dataclasses.replace(batch, **changes)
 
 
-def _host(values: Any) -> list[np.ndarray]:
-    """Per-sample numpy arrays of a RaggedBatch (its valid rows) or of a dense batch tensor."""
+def detections_on_host(values: Any) -> list[np.ndarray]:
+    """Per-sample NumPy arrays of one of :meth:`~drivetrain.engine.protocol.Detector.detect`'s outputs: a
+    RaggedBatch (each sample's valid rows) or a plain batch tensor (``(B, K, ...)``: each sample's ``K`` rows), as the
+    protocol allows either."""
     if isinstance(values, RaggedBatch):
         return [t.cpu().numpy() for t in values.to_list()]
     return [t.cpu().numpy() for t in values]
@@ -173,9 +176,11 @@ def predict(
     on_frame: Callable[[int, Batch, np.ndarray, np.ndarray, np.ndarray], None] | None = None,
     batch_size: int = 1,
     label: str = "eval",
+    limit: int | None = None,
+    score_threshold: float | None = None,
 ) -> tuple[dict[str, Any], int]:
-    """The submission of ``model`` on every frame of ``dataset``, in its (scene) order, one frame at a time
-    (``batch_size`` consecutive frames at a time for a model without streaming state).
+    """The submission of ``model`` on every frame of ``dataset`` (or its first ``limit``), in its (scene) order, one
+    frame at a time (``batch_size`` consecutive frames at a time for a model without streaming state).
 
     Args:
         model: a :class:`~drivetrain.engine.protocol.Detector`; put in eval mode for the call and back in its
@@ -194,6 +199,8 @@ def predict(
             memory sees one frame per call in scene order, as the :class:`~drivetrain.engine.protocol.Detector`
             protocol says).
         label: the progress bar's label.
+        limit: only the first this many frames (a quick look; the submission lists just those).
+        score_threshold: drop detections scoring below it (None: keep all, as a metric needs).
 
     Returns:
         The submission dict (``meta``, ``results`` keyed by sample token, in frame order) and the number of
@@ -203,6 +210,9 @@ def predict(
         raise TypeError(f"{type(model).__name__} has no detect(batch) method; it cannot be evaluated")
     if batch_size < 1:
         raise ValueError(f"batch_size: must be ≥ 1, got {batch_size}")
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit: must be ≥ 1, got {limit}")
+    total = len(dataset) if limit is None else min(limit, len(dataset))
     if batch_size > 1 and has_streaming_state(model):
         raise ValueError(
             f"batch_size: {type(model).__name__} keeps streaming state (a temporal memory) and detects one frame at "
@@ -220,10 +230,10 @@ def predict(
         with (
             streaming_state_aside(model),
             torch.random.fork_rng(devices=[]),
-            tqdm(total=len(dataset), desc=label, unit="frame", disable=not progress) as bar,
+            tqdm(total=total, desc=label, unit="frame", disable=not progress) as bar,
         ):
-            for start in range(0, len(dataset), batch_size):
-                frames = range(start, min(start + batch_size, len(dataset)))
+            for start in range(0, total, batch_size):
+                frames = range(start, min(start + batch_size, total))
                 samples = [dataset[frame] for frame in frames]
                 for sample in samples:  # listed here, so that the results keep the frame order
                     results[sample.token] = []  # unreadable ones (on_error=skip) stay without detections
@@ -234,7 +244,11 @@ def predict(
                     batch = transform(loaded) if transform is not None else loaded
                     boxes, scores, labels = model.detect(batch)
                     # sync: the batch's detections and poses go to the host once, for the submission file
-                    boxes, scores, labels = _host(boxes), _host(scores), _host(labels)
+                    boxes, scores, labels = (detections_on_host(v) for v in (boxes, scores, labels))
+                    if score_threshold is not None:
+                        kept = [s >= score_threshold for s in scores]
+                        boxes, scores, labels = ([v[k] for v, k in zip(vs, kept, strict=True)]
+                                                 for vs in (boxes, scores, labels))  # fmt: skip
                     poses = batch.ego_pose.cpu().numpy().astype(np.float64)  # (B, 4, 4)
                     for b, (frame, _) in enumerate(readable):
                         if on_frame is not None:

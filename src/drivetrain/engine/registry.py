@@ -359,6 +359,46 @@ def load_plugins(modules: Iterable[str]) -> None:
         try:
             importlib.import_module(module)
         except Exception as err:
-            raise ConfigError(f"--plugin {module}: cannot import it ({type(err).__name__}: {err})") from None
+            hint = _not_on_path(module, err)
+            raise ConfigError(
+                f"--plugin {module}: cannot import it ({type(err).__name__}: {err})" + (f"; {hint}" if hint else "")
+            ) from None
         finally:
             _LOADING_PLUGIN.pop()
+
+
+def _not_on_path(module: str, err: Exception) -> str | None:
+    """How to put ``module`` on the import path, when ``err`` says that it (or a package above it) is not there; None
+    for any other failure (e.g. a module the plugin itself imports is missing).
+
+    The ``drivetrain`` console script leaves the current folder off the path on purpose (docs/safety.md), so a
+    plugin beside the user is not found until its folder is named: the line says how, with the folder when the
+    plugin is in the current one."""
+    import os
+    import sys
+    from pathlib import Path
+
+    parts = module.split(".")
+    missing = getattr(err, "name", None)
+    packages = {".".join(parts[:n]) for n in range(1, len(parts) + 1)}  # myproj, myproj.bevgrid
+    if not isinstance(err, ModuleNotFoundError) or missing not in packages:
+        return None
+    top = parts[0]
+    if missing != top:  # the package was found; the module named in it is not there
+        parent, _, name = missing.rpartition(".")
+        where = getattr(sys.modules.get(parent), "__path__", None)
+        return f"the package {parent} ({', '.join(where) if where else 'found'}) holds no module {name}"
+    here = Path.cwd()
+    if (here / f"{top}.py").is_file() or (here / top).is_dir():
+        folder = str(here)
+        where = f"{top} is in the current folder, which drivetrain leaves off the import path (docs/safety.md)"
+    else:
+        folder = "FOLDER"
+        where = f"no folder on the import path holds {top}"
+    command = " ".join(["drivetrain", *sys.argv[1:]]) if sys.argv[1:] else "drivetrain ..."
+    shown = os.environ.get("PYTHONPATH")
+    path = f"{folder}{os.pathsep}{shown}" if shown else folder
+    return (
+        f"{where}: put the folder that holds it on the path, PYTHONPATH={path} {command}, or install its package "
+        "(pip install -e . in its project)"
+    )

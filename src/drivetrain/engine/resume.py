@@ -89,10 +89,14 @@ def find_resume(resume: str, checkpointer: Checkpointer, cfg: TrainConfig, world
         check_format(ckpt, path)
     except CheckpointError as err:
         raise ConfigError(f"--resume: {err}") from None
-    diff = config_diff(upgrade_saved_config(ckpt["config"]), config_to_dict(cfg))
+    saved = upgrade_saved_config(ckpt["config"])
+    diff = config_diff(saved, config_to_dict(cfg))
     if diff:
         raise ConfigError(
-            f"--resume: the config differs from the one checkpoint {path} was written with:\n  " + "\n  ".join(diff)
+            f"--resume: the config differs from the one checkpoint {path} was written with:\n  "
+            + "\n  ".join(diff)
+            + "\n"
+            + _ways_forward(saved, [line.split(": ", 1)[0] for line in diff], path)
         )
     if ckpt["world_size"] != world_size:
         raise ConfigError(
@@ -132,6 +136,48 @@ def restore_found(
     refuse_own_augmentation_generator(model, ckpt, path)
     checkpointer.restore(ckpt, components, path)  # in the mapping's order: the RNG states last
     _warn_schedule_change(cfg, ckpt["config"]["train"]["steps"], state.step)
+
+
+def _ways_forward(saved: dict[str, Any], keys: list[str], path: Path) -> str:
+    """What to do about a config that differs from the checkpoint's in ``keys``: undo the change to resume exactly
+    (the saved values, as overrides), or keep it and start a new run from the checkpoint's weights
+    (``model.init_from``), since a resumed run continues only the run it was."""
+    import json
+    import shlex
+
+    from drivetrain.engine.config import resolved_sections
+
+    resolved = resolved_sections(saved)
+    undo = []
+    for key in keys:
+        node: Any = resolved
+        for part in key.split("."):
+            node = node.get(part, _ABSENT) if isinstance(node, dict) else _ABSENT
+        if node is not _ABSENT:  # a key the saved config lacks is undone by leaving it out
+            value = node if isinstance(node, str) and _reads_back(node) else json.dumps(node)  # JSON is YAML
+            undo.append(shlex.quote(f"{key}={value}"))
+    put_back = f" (or override {' '.join(undo)})" if undo else ""
+    return (
+        f"to resume exactly, drop the change{put_back}; to keep it, start a new run from these weights: "
+        f"model.init_from={shlex.quote(str(path))} run.out_dir=NEW_DIR (the weights only: optimizer, schedule and "
+        "data order start afresh; docs/engine.md, model.init_from)"
+    )
+
+
+_ABSENT = object()
+
+
+def _reads_back(text: str) -> bool:
+    """Whether ``KEY=text`` gives the string ``text`` back (an override's value is read as YAML: ``true``, ``1e-3``
+    or ``null`` would not)."""
+    import yaml
+
+    from drivetrain.engine.config_files import load_yaml
+
+    try:
+        return load_yaml(text) == text  # bounded, as an override's value is read
+    except yaml.YAMLError:
+        return False
 
 
 def _load_named(resume: str, checkpointer: Checkpointer) -> tuple[Path, dict[str, Any]]:

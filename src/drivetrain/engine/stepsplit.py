@@ -17,7 +17,10 @@ the loader, not the host's wait when the GPU is still busy. The trainer's own ho
 ``step_time_s``, ``data_wait_s``, which includes the copy) is reported beside them.
 
 Host syncs per step: the last warm-up step is counted by :mod:`drivetrain.profile.costmodel` (the ATen kernels and
-host reads of the ``step`` region, the loader's host work in ``data`` excepted), on any device; on CUDA the timed
+host reads of the ``step`` region, the loader's host work in ``data`` excepted), on any device — never a run's first
+step, which does one-time work (lazy buffers, first solves, often with more host reads than any later step), so at
+least :data:`MIN_WARMUP` warm-up steps run whatever is asked, and ``doctor`` and ``bench train`` count the same step
+of a config alike; on CUDA the timed
 steps also run under ``torch.cuda.set_sync_debug_mode("warn")`` and every synchronising call is counted (the
 metric log's flush every ``log.every`` steps included), which is then the reported number.
 
@@ -189,6 +192,9 @@ class _StepMarks(Profiler):
             self.trace.stop()
 
 
+MIN_WARMUP = 2  # warm-up steps run at least: the last is counted, and it must not be the run's first (see the module)
+
+
 def measure_steps(
     config: str | Path,
     overrides: list[str] | tuple[str, ...] = (),
@@ -209,7 +215,8 @@ def measure_steps(
         config: a run config (YAML), read as ``drivetrain train`` reads it.
         overrides: ``key=value`` overrides (before the scratch run's own: out_dir, steps, no evaluation).
         steps: timed steps (≥ 1).
-        warmup: untimed steps before them (≥ 1: the last one is counted).
+        warmup: untimed steps before them (≥ 1; at least :data:`MIN_WARMUP` run: the last one is counted, and a
+            run's first step does one-time work); the split reports the number run.
         device: ``train.device`` if given, else the config's.
         scratch: the folder the scratch run directory is made in (default: the system's temporary folder).
         nvtx: also emit an NVTX range per region (CUDA only), for Nsight Systems.
@@ -228,6 +235,7 @@ def measure_steps(
     """
     if steps < 1 or warmup < 1 or trace_steps < 0:
         raise ValueError(f"steps ≥ 1, warmup ≥ 1, trace_steps ≥ 0: got {steps}, {warmup}, {trace_steps}")
+    warmup = max(warmup, MIN_WARMUP)  # the counted step is never the run's first (one-time work is no step's cost)
     total = warmup + steps
     with tempfile.TemporaryDirectory(prefix="drivetrain-steps-", dir=scratch) as tmp:
         out = Path(tmp) / "run"
