@@ -208,7 +208,7 @@ def test_sigterm_to_one_rank_during_evaluation_stops_both_after_a_checkpoint(syn
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for r in (0, 1)
     ]
     try:
