@@ -4,18 +4,23 @@
 Usage: ``torchrun ... tests/engine_eval_worker.py OUT_ROOT INDEX camera,lidar`` trains, in one process group, a
 small StreamPETR (``camera``: streaming memory, whole scenes per rank) and PointPillars tiny (``lidar``: batch
 norms, rank 0's statistics must be used) on the test set's frames for 2 steps under DDP on the CPU with an
-evaluation at step 2, into ``OUT_ROOT/<run>``, writing the sample tokens each rank detected to
-``OUT_ROOT/<run>/detected-rank<r>.json``. ``... OUT_ROOT timeout`` joins a group with ``distributed.timeout_s=2``;
-rank 0 arrives at a barrier 8 s late and rank 1 writes what its barrier did to ``OUT_ROOT/timeout-rank1.json``.
+evaluation at step 2, into ``OUT_ROOT/<run>``, writing the sample tokens each rank detected and digests of its
+buffers then and after the run to ``OUT_ROOT/<run>/detected-rank<r>.json``.
+
+``... OUT_ROOT timeout`` joins a group with ``distributed.timeout_s=2``; rank 0 arrives at a barrier 8 s late and
+rank 1 writes what its barrier did to ``OUT_ROOT/timeout-rank1.json``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
 import time
 from pathlib import Path
+
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -25,8 +30,8 @@ from helpers.engine import ON_CPU, ROOT, SMOKE
 from helpers.streampetr import SMALL
 
 BASE = ["run.threads=1", "run.deterministic=true", "log.progress=false", "log.tensorboard=false", "log.every=1",
-        "data.name=drivetrain.data.sources:frames", "train.steps=2", "eval.every=2", "eval.split=mini_val",
-        "distributed.strategy=ddp", "distributed.timeout_s=300", *ON_CPU]  # fmt: skip
+        "data.name=drivetrain.data.sources:frames", "train.steps=2", "eval.every=2", "eval.at_start=false",
+        "eval.split=mini_val", "distributed.strategy=ddp", "distributed.timeout_s=300", *ON_CPU]  # fmt: skip
 
 
 def camera_overrides(out: Path, index: str) -> list[str]:
@@ -43,18 +48,30 @@ def lidar_overrides(out: Path, index: str) -> list[str]:
             "use_dim: [0, 1, 2, 4]}"]  # fmt: skip
 
 
+def buffer_digest(model: torch.nn.Module) -> str:
+    """SHA-256 of the model's buffers (batch norm statistics, ...), in order."""
+    digest = hashlib.sha256()
+    for buffer in model.buffers():
+        digest.update(buffer.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
 def train_recording_frames(trainer: Trainer, out: Path) -> None:
-    """Train, writing the sample tokens this rank's model detected (in order) to ``out/detected-rank<r>.json``."""
+    """Train, writing to ``out/detected-rank<r>.json`` the sample tokens this rank's model detected (in order), the
+    digests of its buffers while it detected them and its buffers' digest after the run."""
     tokens: list[str] = []
+    digests: set[str] = set()
     detect = trainer.model.detect
 
     def recording(batch):
         tokens.extend(batch.sample_tokens)
+        digests.add(buffer_digest(trainer.model))
         return detect(batch)
 
     trainer.model.detect = recording
     trainer.fit()
-    (out / f"detected-rank{trainer.ctx.rank}.json").write_text(json.dumps(tokens))
+    record = {"tokens": tokens, "buffers_at_detect": sorted(digests), "buffers_after": buffer_digest(trainer.model)}
+    (out / f"detected-rank{trainer.ctx.rank}.json").write_text(json.dumps(record))
 
 
 def main(root: Path, index: str, runs: list[str]) -> None:
