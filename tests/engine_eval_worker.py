@@ -5,7 +5,8 @@ Usage: ``torchrun ... tests/engine_eval_worker.py OUT_ROOT INDEX camera,lidar`` 
 small StreamPETR (``camera``: streaming memory, whole scenes per rank) and PointPillars tiny (``lidar``: batch
 norms, rank 0's statistics must be used) on the test set's frames for 2 steps under DDP on the CPU with an
 evaluation at step 2, into ``OUT_ROOT/<run>``, writing the sample tokens each rank detected and digests of its
-buffers then and after the run to ``OUT_ROOT/<run>/detected-rank<r>.json``.
+buffers then and after the run to ``OUT_ROOT/<run>/detected-rank<r>.json``. ``...,broken BROKEN_INDEX`` trains the
+StreamPETR run again on BROKEN_INDEX's copy of the set, one of whose evaluation images is missing.
 
 ``... OUT_ROOT timeout`` joins a group with ``distributed.timeout_s=2``; rank 0 arrives at a barrier 8 s late and
 rank 1 writes what its barrier did to ``OUT_ROOT/timeout-rank1.json``.
@@ -74,11 +75,13 @@ def train_recording_frames(trainer: Trainer, out: Path) -> None:
     (out / f"detected-rank{trainer.ctx.rank}.json").write_text(json.dumps(record))
 
 
-def main(root: Path, index: str, runs: list[str]) -> None:
+def main(root: Path, index: str, runs: list[str], broken_index: str | None = None) -> None:
     trainer = None
-    for run in runs:  # one process group for both
+    for run in runs:  # one process group for all
         if run == "camera":
             config, args = ROOT / "configs" / "streampetr_tiny.yaml", camera_overrides(root / run, index)
+        elif run == "broken":
+            config, args = ROOT / "configs" / "streampetr_tiny.yaml", camera_overrides(root / run, broken_index)
         else:
             config, args = ROOT / "configs" / "pointpillars_tiny.yaml", lidar_overrides(root / run, index)
         trainer = Trainer(load_config(config, args))
@@ -106,4 +109,4 @@ if __name__ == "__main__":
     if sys.argv[2] == "timeout":
         timeout(Path(sys.argv[1]))
     else:
-        main(Path(sys.argv[1]), sys.argv[2], sys.argv[3].split(","))
+        main(Path(sys.argv[1]), sys.argv[2], sys.argv[3].split(","), *sys.argv[4:5])

@@ -8,6 +8,7 @@ in one process and when only one rank is signalled — and ``--resume auto`` eva
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -90,10 +91,23 @@ def test_timeout_is_a_positive_finite_number_of_seconds():
 def two_rank_runs(tmp_path_factory: pytest.TempPathFactory, synth_index, synth_root) -> Path:
     """StreamPETR and PointPillars trained 2 steps under DDP on two ranks, evaluated at step 2 over both."""
     root = tmp_path_factory.mktemp("sharded-eval")
+    broken = root / "broken-set"  # the test set with a camera image of the second evaluation scene missing
+    shutil.copytree(synth_root, broken)
+    (broken / _second_scene_image(broken)).unlink()
     index = str(synth_root / "drivetrain_index.npz")
-    proc = torchrun(str(WORKER), str(root), index, "camera,lidar", timeout=300)
+    proc = torchrun(str(WORKER), str(root), index, "camera,lidar,broken", str(broken / "drivetrain_index.npz"),
+                    timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    (root / "torchrun.err").write_text(proc.stderr)
     return root
+
+
+def _second_scene_image(root: Path) -> str:
+    """A camera image (relative to ``root``) of the last mini_val frame: rank 1's share of the evaluation."""
+    from drivetrain.data.index import load_index
+
+    index = load_index(root / "drivetrain_index.npz", root).split("mini_val")
+    return str(index.meta["image_files"][len(index) - 1][0])
 
 
 @pytest.mark.parametrize("run", ["camera", "lidar"])
@@ -126,6 +140,17 @@ def test_two_ranks_each_predict_their_share_and_score_as_one_process(two_rank_ru
     a.pop("eval_time", None), b.pop("eval_time", None)  # the devkit's own timing
     assert a == b
     assert evals[0]["eval/mAP"] == a["mean_ap"] and evals[0]["eval/NDS"] == a["nd_score"]
+
+
+def test_an_unreadable_frame_on_one_rank_fails_the_evaluation_on_both_and_training_goes_on(two_rank_runs):
+    out = two_rank_runs / "broken"
+    missing = _second_scene_image(two_rank_runs / "broken-set")
+    assert json.loads((out / "detected-rank0.json").read_text())["tokens"]  # rank 0's scene read and predicted
+    assert not [m for m in metrics(out) if "eval/mAP" in m]  # nothing logged as the evaluation's result
+    assert [m["step"] for m in metrics(out)] == [1, 2]  # the run went on and finished
+    assert Checkpointer(out / "checkpoints").committed()[-1][0] == 2
+    err = (two_rank_runs / "torchrun.err").read_text()
+    assert f"evaluation at step 2 failed, training goes on: {two_rank_runs / 'broken-set' / missing}" in err
 
 
 @pytest.mark.slow
