@@ -252,3 +252,31 @@ def test_sigterm_to_one_rank_during_evaluation_stops_both_after_a_checkpoint(syn
     assert "evaluation at step 2 abandoned: a stop signal (on another rank) received" in errs[0], errs[0][-3000:]
     assert "stopped after step 2 with checkpoint" in errs[0]
     _assert_stopped_in_evaluation(out)
+
+
+def test_sigterm_during_the_first_evaluation_checkpoints_step_0_and_resume_evaluates_it(
+    synth_index, synth_root, tmp_path
+):
+    """``eval.at_start``: a SIGTERM while the initial weights are scored stops before the first step with a step-0
+    checkpoint; the resumed run scores them, then trains."""
+    from drivetrain.engine import Trainer
+
+    out = tmp_path / "run"
+    args = _camera_args(out, synth_root / "drivetrain_index.npz", "train.steps=2", "eval.at_start=true")[2:]
+    trainer = Trainer(load_config(CAMERA, args))
+    detect = trainer.model.detect
+
+    def signalled(batch):  # a real SIGTERM to this process, handled by the run while it scores its first frame
+        signal.raise_signal(signal.SIGTERM)
+        return detect(batch)
+
+    trainer.model.detect = signalled
+    state = trainer.fit()
+    assert trainer.stopped_by == "SIGTERM" and state.iteration == 0
+    assert Checkpointer(out / "checkpoints").committed()[-1][0] == 0
+    assert not (out / "metrics.jsonl").exists() or not metrics(out)
+
+    resumed = Trainer(load_config(CAMERA, args), resume="auto")
+    resumed.fit()
+    assert resumed.stopped_by is None
+    assert [m["step"] for m in metrics(out) if "eval/mAP" in m] == [0, 2]
