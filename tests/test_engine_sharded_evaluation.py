@@ -142,6 +142,23 @@ def test_two_ranks_each_predict_their_share_and_score_as_one_process(two_rank_ru
     assert evals[0]["eval/mAP"] == a["mean_ap"] and evals[0]["eval/NDS"] == a["nd_score"]
 
 
+@pytest.mark.slow
+def test_eval_cli_under_torchrun_shares_the_frames_and_scores_as_one_process(two_rank_runs, tmp_path, capsys):
+    from drivetrain.cli.main import main
+
+    run = two_rank_runs / "camera"
+    torch.set_num_threads(1)  # as the ranks (OMP_NUM_THREADS=1)
+    assert main(["eval", "--checkpoint", str(run), "--device", "cpu", "--out", str(tmp_path / "one")]) == 0
+    capsys.readouterr()
+    args = ["--checkpoint", str(run), "--device", "cpu", "--out", str(tmp_path / "two")]
+    proc = torchrun("-m", "drivetrain.cli.main", "eval", *args, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    headers = [line for line in proc.stdout.splitlines() if line.startswith("eval: ")]
+    assert len(headers) == 1 and "6 frames, cpu, 2 ranks" in headers[0], proc.stdout  # rank 0 speaks, once
+    one, two = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("one", "two"))
+    assert one == two
+
+
 def test_an_unreadable_frame_on_one_rank_fails_the_evaluation_on_both_and_training_goes_on(two_rank_runs):
     out = two_rank_runs / "broken"
     missing = _second_scene_image(two_rank_runs / "broken-set")

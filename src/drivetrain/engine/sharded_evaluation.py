@@ -1,18 +1,18 @@
 """Prediction over every rank of a run: each rank detects its share of the frames, rank 0 gets them all.
 
-An evaluation during training (:mod:`drivetrain.engine.periodic_evaluation`) under torchrun takes about
-1/world_size of the one-process time, and no rank waits alone in a collective while another predicts the whole split
-(the process group's ``distributed.timeout_s`` bounds such a wait).
+An evaluation during training (:mod:`drivetrain.engine.periodic_evaluation`) or ``drivetrain eval --checkpoint``
+under torchrun takes about 1/world_size of the one-process time, and no rank waits alone in a collective while
+another predicts the whole split (the process group's ``distributed.timeout_s`` bounds such a wait).
 
 - :func:`frame_shares`: the frames of each rank, contiguous and in order. A model with streaming state (a temporal
   memory) gets whole scenes: its share starts where a scene starts, where the memory is cleared (``prev_exists``
   False) just as in a pass over every frame, so each frame's detections are the one-process ones. Other models detect
-  frame by frame, so the cut may fall anywhere.
-- :func:`predict_shared`: the detections of this rank's share (one frame per ``detect`` call, as
-  :func:`~drivetrain.engine.evaluation.evaluate_model`), gathered in frame order on rank 0. After every frame the ranks
-  agree in one small collective whether a stop signal arrived (:class:`EvaluationStopped`) or a frame could not be read
-  (:class:`EvaluationFailed`) anywhere; a rank whose share is shorter keeps joining those rounds until every share is
-  done, so every rank calls the same collectives.
+  frame by frame (or ``batch_size`` frames at a time), so the cut may fall at any frame (batch) of the pass.
+- :func:`predict_shared`: the detections of this rank's share (``batch_size`` frames per ``detect`` call: 1 during
+  training, as :func:`~drivetrain.engine.evaluation.evaluate_model`), gathered in frame order on rank 0. After every
+  call the ranks agree in one small collective whether a stop signal arrived (:class:`EvaluationStopped`) or a frame
+  could not be read (:class:`EvaluationFailed`) anywhere; a rank whose share is shorter keeps joining those rounds
+  until every share is done, so every rank calls the same collectives.
 - :func:`agree_on_stop`: the same agreement once, after rank 0 has scored.
 
 The model's buffers (a batch norm's running statistics, which each DDP rank updates in its own forward passes) are
@@ -54,13 +54,15 @@ class EvaluationFailed(Exception):
     """A frame could not be read on some rank; every rank raises it, with that rank's one-line reason."""
 
 
-def frame_shares(dataset: EvalFrames, world_size: int, *, whole_scenes: bool) -> list[range]:
+def frame_shares(dataset: EvalFrames, world_size: int, *, whole_scenes: bool, batch_size: int = 1) -> list[range]:
     """Each rank's frames: contiguous, in order, together every frame once, as equal in length as the cut points allow.
 
     Args:
         dataset: the frames (their index's ``frame_in_scene`` marks where scenes start).
         world_size: number of ranks.
         whole_scenes: cut only where a scene starts (a model with streaming state).
+        batch_size: frames per ``detect`` call; cuts fall on multiples of it, so every rank's batches are batches
+            of the one-process pass.
 
     Returns:
         ``world_size`` ranges; rank 0's holds the first scene (or frame), later ones may be empty.
@@ -70,7 +72,7 @@ def frame_shares(dataset: EvalFrames, world_size: int, *, whole_scenes: bool) ->
         starts = np.flatnonzero(np.asarray(dataset.index.arrays["frame_in_scene"]) == 0)  # (S,) frames
         cuts = np.unique(np.concatenate([starts, [n]])).astype(np.int64)  # (S + 1,) possible cut points
     else:
-        cuts = np.arange(n + 1, dtype=np.int64)  # (n + 1,)
+        cuts = np.unique(np.append(np.arange(0, n, batch_size), n)).astype(np.int64)  # (⌈n / batch_size⌉ + 1,)
     bounds = [0]
     for k in range(1, world_size):
         target = k * n / world_size
@@ -81,7 +83,8 @@ def frame_shares(dataset: EvalFrames, world_size: int, *, whole_scenes: bool) ->
 
 
 class _Agreement:
-    """One round after every frame: the ranks' stop signal and read failure flags, max-reduced (one collective)."""
+    """One round after every ``detect`` call: the ranks' stop signal and read failure flags, max-reduced (one
+    collective)."""
 
     def __init__(self, ctx: DistContext, stop_signal: Callable[[], str | None], delay_s: float) -> None:
         self.ctx, self.stop_signal, self.delay_s = ctx, stop_signal, delay_s
@@ -89,7 +92,7 @@ class _Agreement:
         self.rounds = 0
 
     def after_frame(self) -> None:
-        """The round after a predicted frame (the test hook's wait first)."""
+        """The round after a ``detect`` call (the test hook's wait first)."""
         end = time.monotonic() + self.delay_s
         while time.monotonic() < end and self.stop_signal() is None:
             time.sleep(min(0.05, self.delay_s))
@@ -138,6 +141,8 @@ def predict_shared(
     progress: bool = False,
     transform: Callable | None = None,
     on_frame: Callable | None = None,
+    batch_size: int = 1,
+    label: str = "eval",
 ) -> list[FrameDetections] | None:
     """Detect this rank's share of ``dataset`` (:func:`frame_shares`) and gather every rank's on rank 0 (collective).
 
@@ -150,6 +155,8 @@ def predict_shared(
         transform: the per-frame batch transform (see :func:`~drivetrain.engine.evaluation.predict`).
         on_frame: the per-frame callback, with the frame's place in ``dataset`` (see
             :func:`~drivetrain.engine.evaluation.predict`).
+        batch_size: frames per ``detect`` call (1 for a model with streaming state); the agreement follows each.
+        label: the progress bar's label.
 
     Returns:
         On rank 0 every frame's detections in frame order; None on the other ranks.
@@ -158,18 +165,19 @@ def predict_shared(
         EvaluationStopped: a stop signal arrived on some rank (on every rank, at the same frame).
         EvaluationFailed: a frame could not be read on some rank (on every rank, with its reason).
     """
-    shares = frame_shares(dataset, ctx.world_size, whole_scenes=has_streaming_state(model))
+    shares = frame_shares(dataset, ctx.world_size, whole_scenes=has_streaming_state(model), batch_size=batch_size)
+    rounds = max(-(-len(share) // batch_size) for share in shares)  # detect calls of the longest share
     agreement = _Agreement(ctx, stop_signal, float(os.environ.get(EVAL_DELAY_ENV, "0") or 0))
     mine: list[FrameDetections] = []
     with _main_rank_buffers(model, ctx):
         try:
             mine = detect_frames(
                 model, dataset, ctx.device, frames=shares[ctx.rank], progress=progress, transform=transform,
-                on_frame=on_frame, after_batch=agreement.after_frame,
+                on_frame=on_frame, batch_size=batch_size, label=label, after_batch=agreement.after_frame,
             )  # fmt: skip
         except DataError as err:  # the other ranks learn it in the next round
             agreement.failure = str(err)
-        while agreement.rounds < max(map(len, shares)) or agreement.failure is not None:
+        while agreement.rounds < rounds or agreement.failure is not None:
             agreement()  # a shorter share (or a failed one) keeps joining the rounds until every share is done
     if not ctx.initialized:
         return mine
