@@ -42,18 +42,20 @@ class _Frames:
 
 @pytest.mark.parametrize("lengths", [[3, 3], [5, 1, 1, 1], [1, 7, 2], [4], [2, 2, 2, 2, 2]])
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-@pytest.mark.parametrize("whole_scenes", [True, False])
-def test_shares_cover_every_frame_once_in_order_and_keep_scenes_whole(lengths, world_size, whole_scenes):
+@pytest.mark.parametrize(("whole_scenes", "batch_size"), [(True, 1), (False, 1), (False, 3)])
+def test_shares_cover_every_frame_once_in_order_and_keep_scenes_whole(lengths, world_size, whole_scenes, batch_size):
     dataset = _Frames(lengths)
-    shares = frame_shares(dataset, world_size, whole_scenes=whole_scenes)
+    shares = frame_shares(dataset, world_size, whole_scenes=whole_scenes, batch_size=batch_size)
     assert len(shares) == world_size
     assert [f for share in shares for f in share] == list(range(len(dataset)))  # contiguous, in order, once each
     assert len(shares[0]) > 0  # rank 0 has the first frame (the TensorBoard picture)
     starts = set(np.cumsum([0, *lengths]).tolist())
     if whole_scenes:
         assert all(share.start in starts for share in shares if share)
-    else:  # frame by frame: as equal as integers allow
-        assert max(map(len, shares)) - min(map(len, shares)) <= 1
+    else:  # the one-process pass's batches, as equal in number as integers allow
+        assert all(share.start % batch_size == 0 for share in shares)
+        batches = [-(-len(share) // batch_size) for share in shares]
+        assert max(batches) - min(batches) <= 1
 
 
 def test_two_equal_scenes_go_one_to_each_of_two_ranks():

@@ -68,17 +68,17 @@ def frame_shares(dataset: EvalFrames, world_size: int, *, whole_scenes: bool, ba
         ``world_size`` ranges; rank 0's holds the first scene (or frame), later ones may be empty.
     """
     n = len(dataset)
-    if whole_scenes:
+    if whole_scenes:  # balanced in frames, cut where scenes start
         starts = np.flatnonzero(np.asarray(dataset.index.arrays["frame_in_scene"]) == 0)  # (S,) frames
-        cuts = np.unique(np.concatenate([starts, [n]])).astype(np.int64)  # (S + 1,) possible cut points
-    else:
-        cuts = np.unique(np.append(np.arange(0, n, batch_size), n)).astype(np.int64)  # (⌈n / batch_size⌉ + 1,)
+        cuts, total, unit = np.unique(np.append(starts, n)).astype(np.int64), n, 1  # (S + 1,) cut points in frames
+    else:  # balanced in detect calls, cut between batches
+        total, unit = -(-n // batch_size), batch_size
+        cuts = np.arange(total + 1, dtype=np.int64)  # (⌈n / batch_size⌉ + 1,) cut points in batches
     bounds = [0]
     for k in range(1, world_size):
-        target = k * n / world_size
-        nearest = int(cuts[np.argmin(np.abs(cuts - target))])  # the first of two equally near ones
+        nearest = int(cuts[np.argmin(np.abs(cuts - k * total / world_size))])  # the first of two equally near ones
         bounds.append(max(nearest, bounds[-1], int(cuts[cuts > 0].min()) if n else 0))  # rank 0: ≥ one scene
-    bounds.append(n)
+    bounds = [min(b * unit, n) for b in [*bounds, total]]  # frames
     return [range(a, b) for a, b in itertools.pairwise(bounds)]
 
 
