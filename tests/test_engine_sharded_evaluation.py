@@ -65,6 +65,7 @@ def test_two_equal_scenes_go_one_to_each_of_two_ranks():
 def test_each_share_of_whole_scenes_gets_the_detections_of_one_pass(synth_index, synth_root):
     """The streaming memory is cleared where a scene starts, so a rank that starts there detects what one pass over
     every frame detects; a share cut inside a scene does not (what sharding by scene is for)."""
+    torch.set_num_threads(1)  # 2 threads on a loaded 2-core machine take 10× longer
     torch.manual_seed(0)
     model = StreamPETR(**SMALL)
     val = frames(str(synth_root / "drivetrain_index.npz"), split="mini_val")
