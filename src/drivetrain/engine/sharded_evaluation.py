@@ -1,7 +1,7 @@
 """Prediction over every rank of a run: each rank detects its share of the frames, rank 0 gets them all.
 
 An evaluation during training (:mod:`drivetrain.engine.periodic_evaluation`) or ``drivetrain eval --checkpoint``
-under torchrun takes about 1/world_size of the one-process time, and no rank waits alone in a collective while
+under torchrun has each rank predict about 1/world_size of the frames, and no rank waits alone in a collective while
 another predicts the whole split (the process group's ``distributed.timeout_s`` bounds such a wait).
 
 - :func:`frame_shares`: the frames of each rank, contiguous and in order. A model with streaming state (a temporal
