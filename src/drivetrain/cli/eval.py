@@ -4,7 +4,9 @@
 metric (nuScenes: the devkit's; Lyft Level 5: the Lyft mAP) and what is printed.
 
 ``--checkpoint`` is ``drivetrain predict`` (:mod:`drivetrain.cli.predict`: the same model loading, frames and
-prediction) writing ``results.json``, then the scoring of ``--predictions`` on it. ``--blank-inputs`` scores the
+prediction) writing ``results.json``, then the scoring of ``--predictions`` on it; under torchrun
+(``torchrun --nproc_per_node N --no-python drivetrain eval --checkpoint ...``) each rank predicts its share of the
+frames and rank 0 writes and scores them all. ``--blank-inputs`` scores the
 control (the sensor data blanked); ``--json FILE`` writes the flat summary (``mAP``, ``NDS``, ...) for scripts."""
 
 from __future__ import annotations
@@ -125,7 +127,10 @@ def run(args: argparse.Namespace) -> int:
         if args.checkpoint is not None:
             if args.ground_truth_from is not None:
                 raise SystemExit("eval: --ground-truth-from writes a predictions file; use it with --predictions")
-            fmt, metrics, scored = _score_checkpoint(args, options)
+            scored_here = _score_checkpoint(args, options)
+            if scored_here is None:  # a torchrun rank other than 0: its share is with rank 0
+                return 0
+            fmt, metrics, scored = scored_here
         else:
             if args.blank_inputs:
                 raise SystemExit("eval: --blank-inputs blanks a model's inputs; use it with --checkpoint")
@@ -205,15 +210,19 @@ def _score_predictions(args: argparse.Namespace, options: Any) -> tuple[Any, dic
     return fmt, metrics, {"split": split, "predictions": str(args.predictions)}
 
 
-def _score_checkpoint(args: argparse.Namespace, options: Any) -> tuple[Any, dict[str, Any], dict[str, str]]:
+def _score_checkpoint(args: argparse.Namespace, options: Any) -> tuple[Any, dict[str, Any], dict[str, str]] | None:
     """``drivetrain predict`` of the run's model over the split's frames (the run's data, or ``--root``'s index),
-    written to ``OUT/results.json``, then scored as ``--predictions`` with the metric of the frames' format."""
+    written to ``OUT/results.json``, then scored as ``--predictions`` with the metric of the frames' format.
+
+    Under torchrun every rank predicts its share of the frames (:mod:`drivetrain.engine.sharded_evaluation`) and rank
+    0 writes and scores them all; the other ranks return None."""
     from drivetrain.data.formats.submission import write_submission
     from drivetrain.safe_files import LinkedFolderError, real_dir
 
-    device = pick_device(args.device, "eval")
     model, cfg, path = load_detector(args.checkpoint, "eval", tta=args.tta, batch_size=args.batch_size)
     dataset, split = _checkpoint_frames(args, cfg)
+    ctx = _join_ranks(pick_device(args.device, "eval"), cfg.distributed.timeout_s)
+    device = ctx.device
     default = f"{path.name}-{split}" + ("-blank" if args.blank_inputs else "")  # the control beside the real one
     out = args.out or path.parent.parent / "eval" / default
 
@@ -230,11 +239,19 @@ def _score_checkpoint(args: argparse.Namespace, options: Any) -> tuple[Any, dict
 
     check_out(create=False)
     blank = f" with inputs blanked ({blank_note(model, cfg)})" if args.blank_inputs else ""
-    print(f"eval: {path} on {split} ({len(dataset)} frames, {device}){blank} → {out}", flush=True)
-    submission, skipped = predict_frames(
-        model.to(device), cfg, dataset, device, batch_size=args.batch_size, blank=args.blank_inputs, progress=True,
-        label="eval",
-    )  # fmt: skip
+    ranks = f", {ctx.world_size} ranks" if ctx.initialized else ""
+    if ctx.is_main:
+        print(f"eval: {path} on {split} ({len(dataset)} frames, {device}{ranks}){blank} → {out}", flush=True)
+    if ctx.initialized:
+        shared = _predict_shared(model.to(device), cfg, dataset, ctx, args)
+        if shared is None:
+            return None
+        submission, skipped = shared
+    else:
+        submission, skipped = predict_frames(
+            model.to(device), cfg, dataset, device, batch_size=args.batch_size, blank=args.blank_inputs,
+            progress=True, label="eval",
+        )  # fmt: skip
     check_out(create=True)
     predictions = write_submission(submission, out / "results.json")
     fmt, index = dataset.index.format, dataset.index
@@ -244,6 +261,55 @@ def _score_checkpoint(args: argparse.Namespace, options: Any) -> tuple[Any, dict
     if skipped:
         print(f"eval: {skipped} unreadable frame(s) counted without detections", flush=True)
     return fmt, metrics, {"split": split, "predictions": str(predictions), "checkpoint": str(path)}
+
+
+def _join_ranks(device: Any, timeout_s: float) -> Any:
+    """The :class:`~drivetrain.engine.distributed.DistContext` of this process: torchrun's ranks (``WORLD_SIZE`` > 1)
+    joined in a process group (gloo on the CPU; NCCL on CUDA, each rank on its ``LOCAL_RANK``'s GPU; the run's
+    ``distributed.timeout_s``), else one process on ``device``."""
+    import datetime
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from drivetrain.engine.distributed import DistContext
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistContext(0, 1, 0, device, "none", initialized=False)
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda":
+        if local >= torch.cuda.device_count():
+            raise SystemExit(
+                f"eval: this process is LOCAL_RANK={local} but {torch.cuda.device_count()} CUDA device(s) are "
+                "visible; start at most one process per GPU (torchrun --nproc_per_node) or pass --device cpu"
+            )
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return DistContext(rank, world, local, device, "none", initialized=True)
+
+
+def _predict_shared(model: Any, cfg: Any, dataset: Any, ctx: Any, args: argparse.Namespace) -> tuple[dict, int] | None:
+    """This rank's share of the frames predicted, every rank's gathered on rank 0: its submission and unreadable
+    frames there, None elsewhere; the process group is left afterwards (rank 0 scores alone)."""
+    from drivetrain.cli.predict import frame_transform
+    from drivetrain.engine.distributed import teardown
+    from drivetrain.engine.evaluation import submission_of
+    from drivetrain.engine.sharded_evaluation import EvaluationFailed, predict_shared
+
+    try:
+        detections = predict_shared(
+            model, dataset, ctx, stop_signal=lambda: None, progress=ctx.is_main,
+            transform=frame_transform(cfg, blank=args.blank_inputs), batch_size=args.batch_size,
+        )  # fmt: skip
+    except EvaluationFailed as err:  # on every rank alike; rank 0 says why
+        raise SystemExit(f"eval: {err}" if ctx.is_main else 1) from None
+    finally:
+        teardown(ctx)
+    return submission_of(detections, model, dataset.index.format) if detections is not None else None
 
 
 def _checkpoint_frames(args: argparse.Namespace, cfg: Any) -> tuple[Any, str]:

@@ -295,8 +295,11 @@ class DistributedConfig:
     deepspeed_zero_stage: int = 2  # DeepSpeed ZeRO: 1 shards optimizer state, 2 + gradients, 3 + parameters
     deepspeed_offload_optimizer: bool = False  # DeepSpeed ZeRO-Offload: optimizer state and step on the CPU
     deepspeed_offload_params: bool = False  # DeepSpeed ZeRO-3 only: parameters live on the CPU between uses
+    timeout_s: float = 1800.0  # seconds a collective waits for the other ranks before the run fails with an error
 
     def __post_init__(self) -> None:
+        _check_finite("distributed.timeout_s", self.timeout_s)  # timedelta takes no inf
+        _check(self.timeout_s > 0, "distributed.timeout_s", f"must be > 0 seconds, got {self.timeout_s}")
         _check(
             self.deepspeed_zero_stage in (1, 2, 3),
             "distributed.deepspeed_zero_stage",
@@ -372,7 +375,7 @@ class TrainConfig:
         _check(
             (self.eval.every == 0 and not self.eval.at_start) or self.distributed.strategy in ("none", "ddp"),
             "eval.every",
-            "evaluation during training needs distributed.strategy none or ddp (whole weights on rank 0); "
+            "evaluation during training needs distributed.strategy none or ddp (whole weights on every rank); "
             "evaluate checkpoints with drivetrain eval --checkpoint",
         )
         if self.distributed.strategy == "deepspeed" and self.precision.mode == "fp16":

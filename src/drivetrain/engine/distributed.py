@@ -115,7 +115,7 @@ def setup(cfg: TrainConfig) -> DistContext:
         if backend == "auto":
             backend = "nccl" if use_cuda else "gloo"
         if not dist.is_initialized():
-            kwargs: dict[str, Any] = {"backend": backend, "timeout": _dt.timedelta(minutes=30)}
+            kwargs: dict[str, Any] = {"backend": backend, "timeout": _dt.timedelta(seconds=cfg.distributed.timeout_s)}
             if use_cuda:
                 kwargs["device_id"] = device
             if uses_agent_store():  # torchrun's agent store outlives a restart: start in this attempt's own keys

@@ -45,12 +45,16 @@ __all__ = [
     "BLANK_GREY",
     "EvalFrames",
     "EvalResult",
+    "FrameDetections",
     "blank_inputs",
+    "detect_frames",
     "detections_on_host",
     "evaluate_model",
     "has_streaming_state",
     "predict",
+    "score_submission",
     "streaming_state_aside",
+    "submission_of",
 ]
 
 # The RGB value of a blanked image: the mean colour of the statistics the camera models normalise with (ImageNet's
@@ -164,7 +168,130 @@ def detections_on_host(values: Any) -> list[np.ndarray]:
     return [t.cpu().numpy() for t in values]
 
 
+@dataclass(frozen=True)
+class FrameDetections:
+    """One frame's detections on the host, before they become submission records (what the ranks of a run send
+    to rank 0: :mod:`drivetrain.engine.sharded_evaluation`).
+
+    Attributes:
+        frame: the frame's place in the dataset.
+        token: its sample token.
+        boxes: ``(K, D)`` float32 decoded boxes in the lidar frame; None for an unreadable frame (no detections).
+        scores: ``(K,)`` float32.
+        labels: ``(K,)`` int64 class indices.
+        pose: ``(4, 4)`` float64 lidar → global of the frame.
+    """
+
+    frame: int
+    token: str
+    boxes: np.ndarray | None
+    scores: np.ndarray | None = None
+    labels: np.ndarray | None = None
+    pose: np.ndarray | None = None
+
+
 @torch.no_grad()
+def detect_frames(
+    model: nn.Module,
+    dataset: Any,
+    device: torch.device | str,
+    *,
+    frames: range | None = None,
+    progress: bool = True,
+    transform: Callable[[Batch], Batch] | None = None,
+    on_frame: Callable[[int, Batch, np.ndarray, np.ndarray, np.ndarray], None] | None = None,
+    batch_size: int = 1,
+    label: str = "eval",
+    after_batch: Callable[[], None] | None = None,
+    score_threshold: float | None = None,
+) -> list[FrameDetections]:
+    """The detections of ``model`` on ``frames`` of ``dataset``, in that (scene) order (see :func:`predict`).
+
+    Args:
+        model: a :class:`~drivetrain.engine.protocol.Detector` (eval mode for the call, its mode back after it).
+        dataset: the frames (as :func:`predict`'s).
+        device: where the model runs.
+        frames: consecutive frames of ``dataset`` to detect (default: all); a streaming model's share starts at a
+            scene start, where its memory is cleared, so it sees what it sees in a pass over every frame.
+        progress: show a progress bar.
+        transform: the per-frame batch transform (see :func:`predict`).
+        on_frame: the per-frame callback, with the frame's place in ``dataset`` (see :func:`predict`).
+        batch_size: frames per ``detect`` call (see :func:`predict`).
+        label: the progress bar's label.
+        after_batch: called after each ``detect`` call's frames (it may raise to abandon the pass).
+        score_threshold: drop detections scoring below it (None: keep all, as a metric needs).
+
+    Returns:
+        One :class:`FrameDetections` per frame, in frame order.
+    """
+    if not isinstance(model, Detector):
+        raise TypeError(f"{type(model).__name__} has no detect(batch) method; it cannot be evaluated")
+    if batch_size < 1:
+        raise ValueError(f"batch_size: must be ≥ 1, got {batch_size}")
+    if batch_size > 1 and has_streaming_state(model):
+        raise ValueError(
+            f"batch_size: {type(model).__name__} keeps streaming state (a temporal memory) and detects one frame at "
+            f"a time in scene order; got {batch_size}"
+        )
+    if batch_size > 1 and on_frame is not None:
+        raise ValueError("on_frame: called per frame of a one-frame batch; use batch_size=1")
+    from tqdm import tqdm
+
+    frames = range(len(dataset)) if frames is None else frames
+    detections: list[FrameDetections] = []
+    was_training = model.training
+    model.eval()
+    try:
+        with (
+            streaming_state_aside(model),
+            torch.random.fork_rng(devices=[]),
+            tqdm(total=len(frames), desc=label, unit="frame", disable=not progress) as bar,
+        ):
+            for start in range(frames.start, frames.stop, batch_size):
+                chunk = range(start, min(start + batch_size, frames.stop))
+                samples = [dataset[frame] for frame in chunk]
+                readable = [(f, s) for f, s in zip(chunk, samples, strict=True) if not isinstance(s, Skipped)]
+                found: dict[int, FrameDetections] = {}
+                if readable:
+                    loaded = dataset.collate([s for _, s in readable]).to(device)
+                    batch = transform(loaded) if transform is not None else loaded
+                    boxes, scores, labels = model.detect(batch)
+                    # sync: the batch's detections and poses go to the host once, for the submission file
+                    boxes, scores, labels = (detections_on_host(v) for v in (boxes, scores, labels))
+                    if score_threshold is not None:
+                        kept = [s >= score_threshold for s in scores]
+                        boxes, scores, labels = ([v[k] for v, k in zip(vs, kept, strict=True)]
+                                                 for vs in (boxes, scores, labels))  # fmt: skip
+                    poses = batch.ego_pose.cpu().numpy().astype(np.float64)  # (B, 4, 4)
+                    for b, (frame, _) in enumerate(readable):
+                        if on_frame is not None:
+                            on_frame(frame, loaded, boxes[b], scores[b], labels[b])
+                        token = batch.sample_tokens[b]
+                        found[frame] = FrameDetections(frame, token, boxes[b], scores[b], labels[b], poses[b])
+                for frame, sample in zip(chunk, samples, strict=True):  # unreadable ones (on_error=skip): no boxes
+                    detections.append(found.get(frame) or FrameDetections(frame, sample.token, None))
+                bar.update(len(chunk))
+                if after_batch is not None:
+                    after_batch()
+    finally:
+        model.train(was_training)
+    return detections
+
+
+def submission_of(
+    detections: list[FrameDetections], model: nn.Module, dataset_format: DatasetFormat = DEFAULT
+) -> tuple[dict[str, Any], int]:
+    """The submission dict of ``detections`` (records by ``dataset_format.write_boxes``, in their order) and the
+    number of unreadable frames among them (listed without detections)."""
+    results: dict[str, list[dict[str, Any]]] = {}
+    for d in detections:
+        has = d.boxes is not None
+        results[d.token] = dataset_format.write_boxes(d.token, d.boxes, d.labels, d.scores, d.pose) if has else []
+    modalities = input_modalities(model)  # what the model reads: the meta block says so
+    meta = submission_meta(camera="camera" in modalities, lidar="lidar" in modalities)
+    return {"meta": meta, "results": results}, sum(d.boxes is None for d in detections)
+
+
 def predict(
     model: nn.Module,
     dataset: Any,
@@ -206,61 +333,14 @@ def predict(
         The submission dict (``meta``, ``results`` keyed by sample token, in frame order) and the number of
         unreadable frames (listed with no detections).
     """
-    if not isinstance(model, Detector):
-        raise TypeError(f"{type(model).__name__} has no detect(batch) method; it cannot be evaluated")
-    if batch_size < 1:
-        raise ValueError(f"batch_size: must be ≥ 1, got {batch_size}")
     if limit is not None and limit < 1:
         raise ValueError(f"limit: must be ≥ 1, got {limit}")
-    total = len(dataset) if limit is None else min(limit, len(dataset))
-    if batch_size > 1 and has_streaming_state(model):
-        raise ValueError(
-            f"batch_size: {type(model).__name__} keeps streaming state (a temporal memory) and detects one frame at "
-            f"a time in scene order; got {batch_size}"
-        )
-    if batch_size > 1 and on_frame is not None:
-        raise ValueError("on_frame: called per frame of a one-frame batch; use batch_size=1")
-    from tqdm import tqdm
-
-    results: dict[str, list[dict[str, Any]]] = {}
-    skipped = 0
-    was_training = model.training
-    model.eval()
-    try:
-        with (
-            streaming_state_aside(model),
-            torch.random.fork_rng(devices=[]),
-            tqdm(total=total, desc=label, unit="frame", disable=not progress) as bar,
-        ):
-            for start in range(0, total, batch_size):
-                frames = range(start, min(start + batch_size, total))
-                samples = [dataset[frame] for frame in frames]
-                for sample in samples:  # listed here, so that the results keep the frame order
-                    results[sample.token] = []  # unreadable ones (on_error=skip) stay without detections
-                    skipped += int(isinstance(sample, Skipped))
-                readable = [(f, s) for f, s in zip(frames, samples, strict=True) if not isinstance(s, Skipped)]
-                if readable:
-                    loaded = dataset.collate([s for _, s in readable]).to(device)
-                    batch = transform(loaded) if transform is not None else loaded
-                    boxes, scores, labels = model.detect(batch)
-                    # sync: the batch's detections and poses go to the host once, for the submission file
-                    boxes, scores, labels = (detections_on_host(v) for v in (boxes, scores, labels))
-                    if score_threshold is not None:
-                        kept = [s >= score_threshold for s in scores]
-                        boxes, scores, labels = ([v[k] for v, k in zip(vs, kept, strict=True)]
-                                                 for vs in (boxes, scores, labels))  # fmt: skip
-                    poses = batch.ego_pose.cpu().numpy().astype(np.float64)  # (B, 4, 4)
-                    for b, (frame, _) in enumerate(readable):
-                        if on_frame is not None:
-                            on_frame(frame, loaded, boxes[b], scores[b], labels[b])
-                        token = batch.sample_tokens[b]
-                        results[token] = dataset_format.write_boxes(token, boxes[b], labels[b], scores[b], poses[b])
-                bar.update(len(frames))
-    finally:
-        model.train(was_training)
-    modalities = input_modalities(model)  # what the model reads: the meta block says so
-    meta = submission_meta(camera="camera" in modalities, lidar="lidar" in modalities)
-    return {"meta": meta, "results": results}, skipped
+    frames = range(len(dataset) if limit is None else min(limit, len(dataset)))
+    detections = detect_frames(
+        model, dataset, device, frames=frames, progress=progress, transform=transform, on_frame=on_frame,
+        batch_size=batch_size, label=label, score_threshold=score_threshold,
+    )  # fmt: skip
+    return submission_of(detections, model, dataset_format)
 
 
 def evaluate_model(
@@ -300,6 +380,39 @@ def evaluate_model(
     submission, skipped = predict(
         model, dataset, device, progress=progress, dataset_format=fmt, transform=transform, on_frame=on_frame
     )
+    return score_submission(
+        submission, skipped, dataset, out_dir, split=split, root=root, options=options, quiet=quiet, started=start
+    )
+
+
+def score_submission(
+    submission: dict[str, Any],
+    skipped: int,
+    dataset: EvalFrames,
+    out_dir: str | Path,
+    *,
+    split: str,
+    root: str | Path | None = None,
+    options: MetricOptions | None = None,
+    quiet: bool = False,
+    started: float | None = None,
+) -> EvalResult:
+    """Write ``submission`` (of every frame of ``dataset``) to ``out_dir/results.json`` and score it with the metric
+    of the frames' format: the second half of :func:`evaluate_model`.
+
+    Args:
+        submission: :func:`predict`'s submission dict.
+        skipped: its unreadable frames.
+        dataset: the split's frames (their index's format, root and version).
+        out_dir: folder of ``results.json`` and the metric's files.
+        split: the split the frames are.
+        root: dataset root holding the index's table folder (default: the dataset's).
+        options: the metric's options.
+        quiet: send the devkit's printed tables to ``out_dir/devkit.log`` instead of stdout.
+        started: the ``time.perf_counter()`` the evaluation started at (default: now), for ``EvalResult.seconds``.
+    """
+    start = time.perf_counter() if started is None else started
+    fmt = dataset.index.format
     out = Path(out_dir)
     path = write_submission(submission, out / "results.json")
     # The devkit opens its files itself: it writes into a folder made just now, renamed into out (a link planted

@@ -2,7 +2,8 @@
 
 While :meth:`StopSignals.handling` is active (in the main thread; elsewhere signals cannot be handled and it does
 nothing), either signal records its name in :attr:`StopSignals.received`; the trainer agrees on it across ranks in
-the step's one host read, finishes the step, checkpoints and returns. The previous handlers come back afterwards.
+the step's one host read, finishes the step, checkpoints and returns — during an evaluation, after the current frame
+(:mod:`~drivetrain.engine.sharded_evaluation`), abandoning the evaluation. The previous handlers come back afterwards.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from drivetrain.engine.config import ConfigError, TrainConfig, config_to_dict
 from drivetrain.engine.data_failure import TrainingDataError, data_error_line, dead_worker
 from drivetrain.engine.distributed import DistContext, setup, teardown
 from drivetrain.engine.metrics import MetricsLogger
-from drivetrain.engine.periodic_evaluation import eval_frames, evaluate_step
+from drivetrain.engine.periodic_evaluation import eval_frames, evaluate_step, evaluation_logged
 from drivetrain.engine.precision import autocast, fp32_outputs
 from drivetrain.engine.protocol import LossCounts
 from drivetrain.engine.resume import Found, find_resume, restore_found, set_aside_unusable
@@ -136,7 +136,7 @@ class Trainer:
         self.optimizer, self.scaler = self.strategy.optimizer, self.strategy.scaler
         dataset = build_dataset(cfg.data, generate=self.generate_data)
         evaluates = cfg.eval.every or cfg.eval.at_start
-        self.eval_data = eval_frames(cfg, self.model, self.generate_data) if evaluates and self.ctx.is_main else None
+        self.eval_data = eval_frames(cfg, self.model, self.generate_data, warn=self.ctx.is_main) if evaluates else None
         self.data, self.augment = build_train_batches(cfg, self.model, dataset, self.ctx)
         self.state = TrainState()
         self.components = self._components()
@@ -196,11 +196,12 @@ class Trainer:
         saved_at = self.state.iteration if self.resumed_from is not None else -1
         try:
             with self.signals.handling():
-                if cfg.eval.at_start and self.state.iteration == 0:
-                    self.evaluate(log)  # the initial weights' score, the baseline of the curve
+                path = self.resumed_from
+                # the initial weights' score (the baseline of the curve), or the one a stop signal abandoned
+                stop = self.evaluate(log) if self._evaluation_due() else None
                 started, data_state = self.state.iteration, None
                 try:
-                    while self.state.iteration < cfg.train.steps:
+                    while stop is None and self.state.iteration < cfg.train.steps:
                         started, data_state = self.state.iteration, self.data.state_dict()  # where it starts reading
                         try:
                             stop = self._iteration(log)
@@ -212,25 +213,28 @@ class Trainer:
                         done = self.state.iteration
                         if done % cfg.log.every == 0:
                             log.flush()
-                        if cfg.eval.every and (done % cfg.eval.every == 0 or done == cfg.train.steps):
-                            self.evaluate(log)  # before the checkpoint: a run killed during it evaluates again
+                        if stop is None and cfg.eval.every and (done % cfg.eval.every == 0 or done == cfg.train.steps):
+                            # before the checkpoint: a run killed during it evaluates again; a stop signal abandons it
+                            stop = self.evaluate(log)
                         if stop or done % cfg.checkpoint.every == 0 or done == cfg.train.steps:
                             log.flush()
                             path = self.save()
                             saved_at = done
-                        if stop:
-                            self.stopped_by = stop
-                            log.message(
-                                f"drivetrain train: received {stop}; stopped after step {done} with checkpoint {path}; "
-                                "continue with --resume auto"
-                            )
-                            break
                 except RuntimeError as err:  # torch reports a dead loader worker wherever the main process is
                     died = dead_worker(err)
                     if died is None:
                         raise
                     position = data_state if self.state.iteration == started else None  # mid-step: its start
                     raise self._data_failure(died, position) from None
+                if stop:
+                    if saved_at != self.state.iteration:  # stopped in the evaluation before the first step
+                        log.flush()
+                        path, saved_at = self.save(), self.state.iteration
+                    self.stopped_by = stop
+                    log.message(
+                        f"drivetrain train: received {stop}; stopped after step {self.state.iteration} with checkpoint "
+                        f"{path}; continue with --resume auto"
+                    )
             if saved_at != self.state.iteration:  # e.g. resumed a finished run with the same steps
                 log.flush()
                 self.save()
@@ -282,15 +286,27 @@ class Trainer:
             group["lr"] = base * group["lr_mult"]
         return base
 
-    def evaluate(self, log: MetricsLogger) -> None:
-        """Evaluate the current weights on ``eval.split`` (rank 0; the others wait) and log the metrics
-        (:mod:`drivetrain.engine.periodic_evaluation`)."""
-        if self.ctx.is_main:
-            evaluate_step(
-                self.state.iteration, self.model, self.eval_data, self.cfg, self.device, self.out_dir, log,
-                self.augment,
-            )  # fmt: skip
-        self.ctx.barrier()
+    def evaluate(self, log: MetricsLogger) -> str | None:
+        """Evaluate the current weights on ``eval.split`` (every rank predicts its share, rank 0 scores) and log the
+        metrics (:mod:`drivetrain.engine.periodic_evaluation`); returns the stop signal that arrived meanwhile on any
+        rank (the evaluation is then abandoned), or None."""
+        return evaluate_step(
+            self.state.iteration, self.model, self.eval_data, self.cfg, self.ctx, self.out_dir, log, self.augment,
+            lambda: self.signals.received,
+        )  # fmt: skip
+
+    def _evaluation_due(self) -> bool:
+        """Whether to evaluate before the first step: ``eval.at_start`` at step 0, or a run resumed at an evaluation
+        step whose evaluation its metric log lacks (a stop signal abandoned it, or came during the step). Rank 0
+        reads the log; every rank gets its answer."""
+        cfg, step = self.cfg, self.state.iteration
+        if step == 0:
+            return cfg.eval.at_start
+        if self.resumed_from is None or not cfg.eval.every or (step % cfg.eval.every and step != cfg.train.steps):
+            return False
+        missing = self.ctx.is_main and not evaluation_logged(self.out_dir, step)
+        flag = torch.tensor([missing], dtype=torch.int64, device=self.device)  # (1,)
+        return bool(self.ctx.all_reduce_max(flag).item())  # sync: once, before the first step
 
     # ------------------------------------------------------------------ checkpoints
     def _data_failure(self, err: DataError, data_state: dict[str, Any] | None) -> TrainingDataError:
