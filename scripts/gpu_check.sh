@@ -59,7 +59,7 @@ export PYTHONUNBUFFERED=1 DRIVETRAIN_BENCHMARKS="$PWD/benchmarks"
   echo "host: $(uname -srm), $(nproc) CPUs"
   nvidia-smi -L 2>/dev/null || echo "nvidia-smi: not available"
   # versions (torch, CUDA, cuDNN, driver), the GPU, whether the GPU solver is usable, the TF32/cudnn.benchmark flags
-  "$py" -m drivetrain.profile.gpu_environment || echo "drivetrain.profile.gpu_environment: failed (see above)"
+  "$py" -m drivetrain.cli.gpu_environment || echo "drivetrain.cli.gpu_environment: failed (see above)"
   "$py" -c 'import nuscenes.eval.detection.evaluate' 2>/dev/null && echo "nuScenes devkit: imports" \
     || echo "nuScenes devkit: does not import here (the data tests and bench data need it)"
   "$py" -c 'import nvidia.dali' 2>/dev/null && echo "DALI: imports" \

@@ -114,8 +114,8 @@ class ConfigSource:
                 break
         if origin is None:  # a section only an override names (nosuch.key=1 → "nosuch: unknown key")
             origin = next((item for item in overrides if item.partition("=")[0].startswith(f"{key}.")), None)
-        if isinstance(origin, str):
-            return ConfigError(f"{_OVERRIDE} {origin}: {err}")
+        if isinstance(origin, str):  # as typed; quoted when it holds a line break or another control character
+            return ConfigError(f"{_OVERRIDE} {origin if origin.isprintable() else repr(origin)}: {err}")
         if origin is None or origin == self.path:
             return ConfigError(f"{self.path}: {err}")
         hint = ""

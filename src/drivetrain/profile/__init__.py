@@ -7,8 +7,8 @@
 - :func:`compare`, :func:`add_bench_arguments`, :func:`emit`: the plumbing shared by ``drivetrain bench``.
 - :mod:`~drivetrain.profile.costmodel`: the ATen kernels and host syncs of each path, counted on any device, and
   the launch-bound GPU estimate every row reports beside its times.
-- :mod:`~drivetrain.profile.runbook` and :mod:`~drivetrain.profile.gpu_environment`: the GPU check's steps within a
-  borrowed machine's minutes, and the versions and settings its numbers depend on.
+- :mod:`~drivetrain.profile.runbook`: the GPU check's steps within a borrowed machine's minutes (the versions and
+  settings its numbers depend on: :mod:`drivetrain.cli.gpu_environment`, which asks the solver whether it is usable).
 """
 
 from drivetrain.profile.bench import (

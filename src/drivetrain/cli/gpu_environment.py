@@ -1,6 +1,6 @@
 """What a GPU run's numbers depend on, one line each, for the run book's ``environment.txt``.
 
-``python -m drivetrain.profile.gpu_environment`` prints: Python, NumPy, torch, its CUDA and cuDNN and the NVIDIA
+``python -m drivetrain.cli.gpu_environment`` prints: Python, NumPy, torch, its CUDA and cuDNN and the NVIDIA
 driver (from ``nvidia-smi``); the GPU torch sees and its compute capability; whether the GPU assignment solver is
 usable, with the versions of torch-linear-assignment and Triton (:func:`drivetrain.match.gpu_solver_status`); and the
 TF32 and ``cudnn.benchmark`` settings a new process starts with, beside those every benchmark sets

@@ -1,12 +1,12 @@
-"""drivetrain.profile.gpu_environment: environment.txt says whether the GPU solver is usable, the TF32 and
+"""drivetrain.cli.gpu_environment: environment.txt says whether the GPU solver is usable, the TF32 and
 cudnn.benchmark settings, and the torch, CUDA and driver versions — on a machine without a GPU too."""
 
 from __future__ import annotations
 
 import torch
 
+from drivetrain.cli import gpu_environment
 from drivetrain.match import gpu_solver_status
-from drivetrain.profile import gpu_environment
 
 
 def test_the_lines_name_versions_gpu_solver_and_math_settings():
