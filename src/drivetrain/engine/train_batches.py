@@ -72,7 +72,7 @@ def build_train_batches(
         batches: Any = _dali_stream(cfg, dataset, shard, augment, device)
         on_device = _device_transform(cfg, model, None, device)
     else:
-        batches = BatchStream(dataset, data, **shard, transform=in_worker)
+        batches = BatchStream(dataset, data, **shard, accumulation=cfg.train.accumulation, transform=in_worker)
         on_device = _device_transform(cfg, model, augment if in_worker is None else None, device)
     if on_device is not None:  # augment / encode ahead on the device (on a side stream with data.prefetch)
         batches = DevicePrefetcher(batches, device, transform=on_device, overlap=data.prefetch)
