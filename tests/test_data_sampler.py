@@ -164,5 +164,5 @@ def test_an_older_per_rank_dealing_continues_on_the_same_split():
         mine = [STARTS[s] + f for s in order[r::2] for f in range(LENGTHS[s])]  # one slot: the rank's scenes in turn
         assert [b[0].index for b in epoch(sampler)] == mine[1 : sampler.steps_in_epoch(0)]
         assert sampler.state_dict()["dealing"] == "per_rank"
-    with pytest.raises(ValueError, match="same data.batch_size and number of ranks"):
+    with pytest.raises(ValueError, match=r"same data\.batch_size and number of ranks"):
         SequenceSampler(LENGTHS, 2, seed=3).load_state_dict(old)

@@ -58,7 +58,7 @@ def test_shuffled_batches_walk_one_epoch_per_pass_and_refuse_other_shapes() -> N
     assert len(first) == 2 and all(len(b) == 3 for b in first)  # the 7th sample is dropped this epoch
     assert sampler.state_dict()["epoch"] == 1 and sampler.state_dict()["step"] == 0
     assert list(sampler) == sampler.epoch_indices(1).tolist()
-    with pytest.raises(ValueError, match="global batch of 3, this run has 2; keep data.batch_size × ranks"):
+    with pytest.raises(ValueError, match=r"global batch of 3, this run has 2; keep data\.batch_size × ranks"):
         ShuffledBatches(7, 2).load_state_dict(ShuffledBatches(7, 3).state_dict())
     with pytest.raises(ValueError, match="global batch of 2, this run has 4"):
         ShuffledBatches(8, 2, world_size=2).load_state_dict(ShuffledBatches(8, 2).state_dict())
@@ -76,7 +76,7 @@ def test_shuffled_batches_cut_epochs_in_global_steps_whatever_the_split() -> Non
             for r in range(world_size)
         ]
         micro = [[row for shard in shards for row in shard[m]] for m in range(len(shards[0]))]
-        return [sorted(sum(micro[s : s + accumulation], [])) for s in range(0, len(micro), accumulation)]
+        return [sorted(r for m in micro[s : s + accumulation] for r in m) for s in range(0, len(micro), accumulation)]
 
     reference = steps(8, 1, 1)
     assert len(reference) == 2 and len({row for step in reference for row in step}) == 16
