@@ -118,13 +118,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(*args: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
-    """``python -m torch.distributed.run --nproc_per_node 2 ARGS`` on a free port; ``env`` extends cli_env.
+def torchrun(*args: str, timeout: float = 600, nproc: int = 2, **env: str) -> subprocess.CompletedProcess:
+    """``python -m torch.distributed.run --nproc_per_node NPROC ARGS`` on a free port; ``env`` extends cli_env.
 
     On a timeout the launcher and its ranks (one process group) are killed and the error shows their output.
     """
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           *args]  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+           "--master_port", str(free_port()), *args]  # fmt: skip
     proc = subprocess.Popen(
         cmd, env=cli_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )

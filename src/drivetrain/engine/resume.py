@@ -4,9 +4,31 @@
 why when corrupt ones were skipped); ``--resume DIR`` takes that checkpoint directory (or its ``state.pt``). Before a
 component is restored, each of these is one :class:`ConfigError` line: another format version, a missing or an extra
 component, an older run's state that cannot continue exactly (:mod:`drivetrain.engine.compat`), a config that
-differs from the saved one (read in today's spelling; the keys a resume may change excepted), another world size.
-Then every component is restored in the mapping's order (the RNG states last). A resume with another ``train.steps``
-that reshapes the learning-rate schedule warns.
+differs from the saved one (read in today's spelling; the keys a resume may change excepted), another global batch.
+Then every component is restored in the mapping's order (the RNG states last); a component's state this run cannot
+continue (a ValueError of its ``load_state_dict``, e.g. another number of scene streams) is one ConfigError line too.
+A resume with another ``train.steps`` that reshapes the learning-rate schedule warns.
+
+**Elastic resume.** A run continues on any number of ranks, with any ``data.batch_size`` and
+``train.accumulation``, under any of the strategies ``none``, ``ddp`` and ``fsdp`` (and their options), when it keeps
+the *global batch* ``data.batch_size × ranks × train.accumulation`` (:func:`check_elastic`; otherwise one line names
+the ``train.accumulation`` that keeps it). What makes that exact:
+
+- the data position is global (:class:`~drivetrain.engine.batches.ShuffledBatches` counts the rows all ranks
+  consumed, and its epochs are cut in global batches; :class:`~drivetrain.data.sampler.SequenceSampler` deals
+  scenes to the run's ``data.batch_size × ranks`` streams, which a resume must keep), so every optimizer step reads
+  the rows (frames) the uninterrupted run's step read;
+- the model, optimizer and loss-scaler states are full (unsharded) ones, loaded through the strategy
+  (:class:`~drivetrain.engine.state.StrategyState`), and the step and schedule are counters;
+- the RNG states are restored per rank on the same number of ranks; on another number each rank's are re-derived
+  from ``(run.seed, rank, iteration)`` (:class:`~drivetrain.engine.state.RngState`). Draws that depend on the rank
+  rather than on the sample (dropout masks) then differ from the uninterrupted run's; the augmentation is drawn
+  per batch position, not from these states.
+
+Only rounding differs: a gradient that two ranks averaged is a sum over one rank's micro-batches now, in another
+order (float64 runs agree to a few ulps per summed term, tests/test_engine_elastic.py). A DeepSpeed run resumes
+only under DeepSpeed; a checkpoint of a drivetrain before elastic resume continues on its own split only
+(:mod:`drivetrain.engine.compat`, rule 4).
 
 After a resume, :func:`set_aside_unusable` moves corrupt checkpoints and those of an abandoned continuation aside, so
 that a later ``--resume auto`` cannot pick them over this run's progress.
@@ -34,7 +56,13 @@ from drivetrain.engine.config import ConfigError, TrainConfig, config_diff, conf
 from drivetrain.engine.schedule import lr_factor
 from drivetrain.engine.state import Stateful, TrainState
 
-__all__ = ["resume_run", "set_aside_unusable"]
+__all__ = ["ELASTIC_KEYS", "check_elastic", "resume_run", "set_aside_unusable"]
+
+# Config keys a resume may change when the global batch is kept (check_elastic), beside the distributed.* keys of
+# the torch-native strategies: how the global batch is split does not change what is learned (up to rounding).
+ELASTIC_KEYS = ("data.batch_size", "train.accumulation")
+_DEEPSPEED_KEYS = ("distributed.deepspeed_zero_stage", "distributed.deepspeed_offload_optimizer",
+                   "distributed.deepspeed_offload_params")  # fmt: skip
 
 
 def resume_run(
@@ -82,19 +110,64 @@ def resume_run(
     except CheckpointError as err:
         raise ConfigError(f"--resume: {err}") from None
     refuse_own_augmentation_generator(model, ckpt, path)
-    diff = config_diff(upgrade_saved_config(ckpt["config"]), config_to_dict(cfg))
+    saved = upgrade_saved_config(ckpt["config"])
+    diff = [line for line in config_diff(saved, config_to_dict(cfg)) if not _elastic(line.partition(":")[0])]
     if diff:
         raise ConfigError(
             f"--resume: the config differs from the one checkpoint {path} was written with:\n  " + "\n  ".join(diff)
         )
-    if ckpt["world_size"] != world_size:
-        raise ConfigError(
-            f"--resume: checkpoint {path} was written by {ckpt['world_size']} ranks, this run has "
-            f"{world_size}; per-rank RNG and data positions need the same number"
-        )
-    checkpointer.restore(ckpt, components, path)  # in the mapping's order: the RNG states last
+    check_elastic(saved, int(ckpt["world_size"]), cfg, world_size, path)
+    try:
+        checkpointer.restore(ckpt, components, path)  # in the mapping's order: the RNG states last
+    except ValueError as err:  # a component's state this run cannot continue (e.g. another number of scene streams)
+        raise ConfigError(f"--resume: checkpoint {path}: {str(err).splitlines()[0]}") from None
     _warn_schedule_change(cfg, ckpt["config"]["train"]["steps"], state.step)
     return path, None
+
+
+def _elastic(key: str) -> bool:
+    """Whether config key ``key`` may differ on a resume that keeps the global batch (:func:`check_elastic`)."""
+    return key in ELASTIC_KEYS or (key.startswith("distributed.") and key not in _DEEPSPEED_KEYS)
+
+
+def check_elastic(saved: dict[str, Any], saved_world_size: int, cfg: TrainConfig, world_size: int, path: Path) -> None:
+    """Refuse, in one line, a resume that changes the global batch or moves to or from DeepSpeed.
+
+    The global batch is ``data.batch_size × ranks × train.accumulation``; when this run's differs from the
+    checkpoint's, the line names the ``train.accumulation`` (else the ``data.batch_size``) that would keep it on
+    this many ranks. Everything else about the split (ranks, batch size, accumulation, the strategy among
+    ``none``, ``ddp`` and ``fsdp`` and its options) may change.
+
+    Args:
+        saved: the checkpoint's config in today's spelling.
+        saved_world_size: the ranks that wrote the checkpoint.
+        cfg: this run's configuration.
+        world_size: this run's number of ranks.
+        path: the checkpoint, for the message.
+
+    Raises:
+        ConfigError: the global batch is not kept, or the strategy moves to or from ``deepspeed``.
+    """
+    batch, accumulation = int(saved["data"]["batch_size"]), int(saved["train"]["accumulation"])
+    before, now = batch * saved_world_size * accumulation, cfg.data.batch_size * world_size * cfg.train.accumulation
+    if before != now:
+        if before % (cfg.data.batch_size * world_size) == 0:
+            keep = f"set train.accumulation={before // (cfg.data.batch_size * world_size)} to keep it"
+        elif before % (world_size * cfg.train.accumulation) == 0:
+            keep = f"set data.batch_size={before // (world_size * cfg.train.accumulation)} to keep it"
+        else:
+            keep = f"no data.batch_size × train.accumulation on {world_size} rank(s) keeps it"
+        raise ConfigError(
+            f"--resume: checkpoint {path} was written with a global batch of {before} ({batch} × "
+            f"{saved_world_size} rank(s) × {accumulation}); this run has {now} ({cfg.data.batch_size} × {world_size} "
+            f"× {cfg.train.accumulation}): {keep}"
+        )
+    strategies = (saved["distributed"]["strategy"], cfg.distributed.strategy)
+    if strategies[0] != strategies[1] and "deepspeed" in strategies:
+        raise ConfigError(
+            f"--resume: checkpoint {path} was written under distributed.strategy {strategies[0]!r}, this run has "
+            f"{strategies[1]!r}; a run resumes under none, ddp and fsdp alike, but DeepSpeed only under DeepSpeed"
+        )
 
 
 def _load_named(resume: str, checkpointer: Checkpointer) -> tuple[Path, dict[str, Any]]:

@@ -7,7 +7,8 @@ state under its name, beside the :data:`METADATA` the trainer checks before rest
 ``world_size``, ``config``, ``versions``). :class:`~drivetrain.engine.checkpoint.Checkpointer` iterates the mapping
 on save and restore; a checkpoint missing a component of the mapping, or holding one the mapping lacks, is refused
 in one line naming it.
-This module imports only :mod:`drivetrain.engine.rng` of drivetrain's, so the checkpointer can import it.
+This module imports only :mod:`drivetrain.engine.rng` and :mod:`drivetrain.seeding` of drivetrain's, so the
+checkpointer can import it.
 
 Format versions (:data:`FORMAT_VERSION` is the one this drivetrain writes and reads):
 
@@ -30,7 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from drivetrain.engine.rng import capture_rng, restore_rng
+from drivetrain.engine.rng import capture_rng, restore_rng, seed_all
+from drivetrain.seeding import mix_seed
 
 __all__ = [
     "FORMAT_VERSION",
@@ -52,6 +54,7 @@ VERSION_KEY = "format_version"
 OLD_VERSION_KEY = "format"  # the version field until version 2 was named format_version (see above)
 # What a checkpoint says about itself beside the components: written by the trainer, read before restoring.
 META_KEYS = ("world_size", "config", "versions")
+_RESEED = 0x5EED  # salt of the RNG streams re-derived on an elastic resume (RngState)
 METADATA = (VERSION_KEY, OLD_VERSION_KEY, *META_KEYS)
 
 
@@ -196,24 +199,35 @@ class ScheduleState:
 class RngState:
     """Every rank's RNG states (Python, NumPy, torch CPU and CUDA): a list in rank order, the same on every rank.
 
-    ``state_dict()`` gathers them (collective under torchrun); ``load_state_dict`` restores this rank's. It must
-    come last in the mapping: nothing restored after it may draw from the global RNGs.
+    ``state_dict()`` gathers them (collective under torchrun); ``load_state_dict`` restores this rank's when the
+    list has one state per rank of this run. A checkpoint of another number of ranks (an elastic resume,
+    :mod:`drivetrain.engine.resume`) has no state for some ranks and others' would be shared out arbitrarily, so then
+    every rank re-seeds its RNGs from ``(seed, rank, iteration)``: deterministic, different per rank, but not the
+    uninterrupted run's draws — what draws from them (dropout masks) continues differently; the data order and the
+    augmentation do not draw from them. It must come last in the mapping: nothing restored after it may draw from
+    the global RNGs.
 
     Args:
         ctx: this process's place in the process group (:class:`~drivetrain.engine.distributed.DistContext`):
-            ``rank`` and ``gather_to_main(obj)``.
+            ``rank``, ``world_size`` and ``gather_to_main(obj)``.
+        seed: the run seed (``run.seed``).
+        train: the loop counters (:class:`TrainState`, restored before this): the iteration a re-seed starts at.
     """
 
-    def __init__(self, ctx: Any) -> None:
-        self.ctx = ctx
+    def __init__(self, ctx: Any, seed: int = 0, train: Any = None) -> None:
+        self.ctx, self.seed, self.train = ctx, seed, train
 
     def state_dict(self) -> list[dict[str, Any]]:
         """Every rank's :func:`~drivetrain.engine.rng.capture_rng`, in rank order."""
         return self.ctx.gather_to_main(capture_rng())
 
     def load_state_dict(self, state_dict: list[dict[str, Any]]) -> None:
-        """Restore this rank's RNG states."""
-        restore_rng(state_dict[self.ctx.rank])
+        """Restore this rank's RNG states, or re-seed them when the list is of another number of ranks."""
+        if len(state_dict) == self.ctx.world_size:
+            restore_rng(state_dict[self.ctx.rank])
+            return
+        iteration = self.train.iteration if self.train is not None else 0
+        seed_all(mix_seed(_RESEED, self.seed, self.ctx.rank, iteration))
 
 
 class FixedState:

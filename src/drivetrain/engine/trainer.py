@@ -160,7 +160,7 @@ class Trainer:
             "train": self.state,
             "schedule": ScheduleState(self.cfg.schedule.kind, self.state),
             "data": self.data,
-            "rng": RngState(self.ctx),
+            "rng": RngState(self.ctx, self.cfg.run.seed, self.state),  # re-seeded on another number of ranks
         }
 
     # ------------------------------------------------------------------ the loop

@@ -1,0 +1,39 @@
+"""Run under ``torchrun``: the multi-rank legs of tests/test_engine_elastic.py (helpers.elastic trains them).
+
+Usage: ``torchrun --nproc_per_node 2 tests/engine_elastic_worker.py ROOT`` trains, in one process group:
+
+- ``ROOT/two_to_one``: steps 1–3 on 2 ranks × 8 (DDP); the test continues them on one process × 8 × accumulation 2;
+- ``ROOT/one_to_two``: continues the test's steps 1–3 (one process × 8 × 2) on 2 ranks × 8 (DDP) to step 6;
+- ``ROOT/ddp_to_fsdp``: steps 1–5 on 2 ranks × 4 × 2 under DDP, then 6 under FSDP2 with 2 ranks × 8.
+
+``... ROOT two_to_four`` (2 ranks) trains ``ROOT/two_to_four`` to step 4 (2 × 4 × 2, DDP), and ``... ROOT
+four`` (4 ranks) continues it on 4 ranks × 4 (DDP) to step 6.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from helpers.elastic import STEPS, split, train_leg
+
+
+def main(root: Path, scenario: str) -> None:
+    if scenario == "two":
+        train_leg(root / "two_to_one", "a", 3, *split(8, 1, "ddp"))
+        train_leg(root / "one_to_two", "b", STEPS, *split(8, 1, "ddp"), resume=True)
+        train_leg(root / "ddp_to_fsdp", "a", 5, *split(4, 2, "ddp"))
+        trainer = train_leg(root / "ddp_to_fsdp", "b", STEPS, *split(8, 1, "fsdp"), resume=True)
+    elif scenario == "two_to_four":
+        trainer = train_leg(root / "two_to_four", "a", 4, *split(4, 2, "ddp"))
+    elif scenario == "four":
+        trainer = train_leg(root / "two_to_four", "b", STEPS, *split(4, 1, "ddp"), resume=True)
+    else:
+        raise SystemExit(f"engine_elastic_worker.py: unknown scenario {scenario!r}")
+    trainer.close()  # the legs share the process group: it ends with the last
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "two")
