@@ -16,10 +16,19 @@ Rules (old form → what it maps to):
    :func:`refuse_own_augmentation_generator`); evaluation drops it and scores the weights
    (:func:`drop_own_augmentation_generator`).
 
+4. **Per-rank data positions.** A ``data`` state of a drivetrain before elastic resume (:mod:`drivetrain.engine.resume`)
+   counts each rank's batches: ``ShuffledBatches``' ``(epoch, step)`` without the global ``sample``, a
+   ``SequenceSampler``'s position without ``streams`` (scenes dealt round-robin to ranks, then to slots). It continues
+   on the same ``data.batch_size`` and number of ranks (anything else is one line naming the two), the first at
+   ``step × batch_size × ranks`` rows (with accumulation 1 the rows each rank reads are the ones it would have read;
+   with more, epochs now end after whole optimizer steps), the second keeping its per-rank dealing
+   (``dealing="per_rank"``) for the rest of the run. Read by the samplers' ``load_state_dict``, beside the current
+   form (:class:`drivetrain.engine.batches.ShuffledBatches`, :class:`drivetrain.data.sampler.SequenceSampler`).
+
 The saved config is upgraded wherever a checkpoint's config is read: the resume check against the run's config
 (:mod:`drivetrain.engine.resume`) and ``drivetrain eval --checkpoint`` (:mod:`drivetrain.engine.evaluation`).
 
-Four older forms are read beside the code that reads the current form, not here:
+Four older forms are read beside the code that reads the current form, not here (besides rule 4's):
 
 - a checkpoint's ``format: 1`` field → format version 1 or 2, told by its data position
   (:func:`drivetrain.engine.state.format_version`: the checkpointer reads it, and importing this module there
