@@ -22,8 +22,9 @@ the ``train.accumulation`` that keeps it). What makes that exact:
   (:class:`~drivetrain.engine.state.StrategyState`), and the step and schedule are counters;
 - the RNG states are restored per rank on the same number of ranks; on another number each rank's are re-derived
   from ``(run.seed, rank, iteration)`` (:class:`~drivetrain.engine.state.RngState`). Draws that depend on the rank
-  rather than on the sample (dropout masks) then differ from the uninterrupted run's; the augmentation is drawn
-  per batch position, not from these states.
+  rather than on the sample (dropout masks) then differ from the uninterrupted run's; the augmentation draws each
+  sample's parameters from its place in the epoch's global order, not from these states
+  (:func:`~drivetrain.pipeline.augment.camera.augment_seeds`), so it is the same on any split.
 
 Only rounding differs: a gradient that two ranks averaged is a sum over one rank's micro-batches now, in another
 order (float64 runs agree to a few ulps per summed term, tests/test_engine_elastic.py). A DeepSpeed run resumes
