@@ -163,7 +163,7 @@ class SequenceSampler:
                     else f"{state['streams']} streams (data.batch_size × ranks)"
                 )
                 raise ValueError(
-                    f"state_dict: the checkpoint walked {state['streams']} scene streams (data.batch_size × ranks), "
+                    f"sampler: the checkpoint walked {state['streams']} scene streams (data.batch_size × ranks), "
                     f"this run {self.batch_size} × {self.world_size} = {self.streams}; set {keep} to keep them"
                 )
         else:  # an older checkpoint (drivetrain.engine.compat, rule 4): scenes were dealt per rank
@@ -177,7 +177,7 @@ class SequenceSampler:
         dealing = state.get("dealing", "global" if "streams" in state else "per_rank")
         if dealing == "per_rank" and "streams" in state and state.get("world_size") != self.world_size:
             raise ValueError(
-                f"state_dict: the checkpoint dealt scenes per rank to {state.get('world_size')} ranks (a run begun "
+                f"sampler: the checkpoint dealt scenes per rank to {state.get('world_size')} ranks (a run begun "
                 f"before elastic resume), this run has {self.world_size}; resume it on {state.get('world_size')}"
             )
         if dealing not in ("global", "per_rank"):

@@ -149,7 +149,14 @@ def check_elastic(saved: dict[str, Any], saved_world_size: int, cfg: TrainConfig
     Raises:
         ConfigError: the global batch is not kept, or the strategy moves to or from ``deepspeed``.
     """
-    batch, accumulation = int(saved["data"]["batch_size"]), int(saved["train"]["accumulation"])
+    try:
+        batch, accumulation = int(saved["data"]["batch_size"]), int(saved["train"]["accumulation"])
+        saved_strategy = str(saved["distributed"]["strategy"])
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(
+            f"--resume: checkpoint {path}: its config names no data.batch_size, train.accumulation or "
+            "distributed.strategy, which the global batch check reads"
+        ) from None
     before, now = batch * saved_world_size * accumulation, cfg.data.batch_size * world_size * cfg.train.accumulation
     if before != now:
         if before % (cfg.data.batch_size * world_size) == 0:
@@ -163,7 +170,7 @@ def check_elastic(saved: dict[str, Any], saved_world_size: int, cfg: TrainConfig
             f"{saved_world_size} rank(s) × {accumulation}); this run has {now} ({cfg.data.batch_size} × {world_size} "
             f"× {cfg.train.accumulation}): {keep}"
         )
-    strategies = (saved["distributed"]["strategy"], cfg.distributed.strategy)
+    strategies = (saved_strategy, cfg.distributed.strategy)
     if strategies[0] != strategies[1] and "deepspeed" in strategies:
         raise ConfigError(
             f"--resume: checkpoint {path} was written under distributed.strategy {strategies[0]!r}, this run has "
