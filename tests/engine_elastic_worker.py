@@ -2,7 +2,8 @@
 
 Usage: ``torchrun --nproc_per_node 2 tests/engine_elastic_worker.py ROOT`` trains, in one process group:
 
-- ``ROOT/two_to_one``: steps 1–3 on 2 ranks × 8 (DDP); the test continues them on one process × 8 × accumulation 2;
+- ``ROOT/two_to_one``: steps 1–3 on 2 ranks × 8 (FSDP2); the test continues them on one process × 8 ×
+  accumulation 2 (strategy none);
 - ``ROOT/one_to_two``: continues the test's steps 1–3 (one process × 8 × 2) on 2 ranks × 8 (DDP) to step 6;
 - ``ROOT/ddp_to_fsdp``: steps 1–5 on 2 ranks × 4 × 2 under DDP, then 6 under FSDP2 with 2 ranks × 8.
 
@@ -22,7 +23,7 @@ from helpers.elastic import STEPS, split, train_leg
 
 def main(root: Path, scenario: str) -> None:
     if scenario == "two":
-        train_leg(root / "two_to_one", "a", 3, *split(8, 1, "ddp"))
+        train_leg(root / "two_to_one", "a", 3, *split(8, 1, "fsdp"))
         train_leg(root / "one_to_two", "b", STEPS, *split(8, 1, "ddp"), resume=True)
         train_leg(root / "ddp_to_fsdp", "a", 5, *split(4, 2, "ddp"))
         trainer = train_leg(root / "ddp_to_fsdp", "b", STEPS, *split(8, 1, "fsdp"), resume=True)

@@ -62,7 +62,10 @@ def test_shuffled_batches_walk_one_epoch_per_pass_and_refuse_other_shapes() -> N
         ShuffledBatches(7, 2).load_state_dict(ShuffledBatches(7, 3).state_dict())
     with pytest.raises(ValueError, match="global batch of 2, this run has 4"):
         ShuffledBatches(8, 2, world_size=2).load_state_dict(ShuffledBatches(8, 2).state_dict())
-    with pytest.raises(ValueError, match=r"data\.batch_size: 7 samples cannot fill one optimizer step of 4 × 2"):
+    with pytest.raises(
+        ValueError,
+        match=r"^one optimizer step takes 4 × 2 rank\(s\) × 1 micro-batch\(es\) = 8 samples, more than its 7$",
+    ):
         ShuffledBatches(7, 4, world_size=2)
 
 

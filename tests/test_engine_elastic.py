@@ -42,7 +42,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     train_leg(root / "one_to_two", "a", 3, *split(8, 2))  # continued on 2 ranks × 8 by the worker
     proc = torchrun(WORKER, str(root), timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    train_leg(root / "two_to_one", "b", STEPS, *split(8, 2), resume=True)  # 2 ranks × 8 → one process × 8 × 2
+    train_leg(root / "two_to_one", "b", STEPS, *split(8, 2), resume=True)  # 2 FSDP ranks × 8 → one process × 8 × 2
     return root
 
 
@@ -57,9 +57,10 @@ def assert_continues_exactly(run: Path, reference: Path) -> None:
 
 @pytest.mark.parametrize("name", ["two_to_one", "one_to_two", "ddp_to_fsdp"])
 def test_a_resume_on_another_split_continues_the_uninterrupted_run(runs: Path, reference: Path, name: str) -> None:
-    """2 ranks × 8 → 1 × 8 × accumulation 2 and back (resumed mid-epoch at step 3), 2 ranks × 4 × 2 under DDP →
-    2 × 8 under FSDP2 (resumed mid-epoch 1 at step 5): every step reads the uninterrupted run's 16 rows and the
-    losses, grad norms and weights agree."""
+    """2 ranks × 8 under FSDP2 → 1 × 8 × accumulation 2 (strategy none), and 1 × 8 × 2 → 2 ranks × 8 under DDP
+    (resumed mid-epoch at step 3); 2 ranks × 4 × 2 under DDP → 2 × 8 under FSDP2 (resumed mid-epoch 1 at step 5):
+    every step reads the uninterrupted run's 16 rows, and the losses, grad norms and weights agree — the optimizer
+    state numbered (none, ddp) and named (fsdp) loads both ways."""
     assert_continues_exactly(runs / name, reference)
     assert final_state(runs / name)["world_size"] == (1 if name == "two_to_one" else 2)
 

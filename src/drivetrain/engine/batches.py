@@ -139,8 +139,8 @@ class ShuffledBatches:
             raise ValueError(f"accumulation: must be ≥ 1, got {accumulation}")
         if size < batch_size * world_size * accumulation:
             raise ValueError(
-                f"data.batch_size: {size} samples cannot fill one optimizer step of {batch_size} × {world_size} "
-                f"rank(s) × {accumulation} micro-batch(es)"
+                f"one optimizer step takes {batch_size} × {world_size} rank(s) × {accumulation} micro-batch(es) = "
+                f"{batch_size * world_size * accumulation} samples, more than its {size}"
             )
         self.size, self.batch_size, self.seed, self.shuffle = size, batch_size, seed, shuffle
         self.rank, self.world_size, self.accumulation = rank, world_size, accumulation
@@ -315,7 +315,7 @@ class BatchStream:
         except ValueError as err:  # the data cannot fill a batch of this size: a config mistake, said in one line
             raise ConfigError(
                 f"data.batch_size: {cfg.batch_size} per rank × {world_size} rank(s) does not fit "
-                f"{type(dataset).__name__} ({err}); lower data.batch_size or use more data"
+                f"{type(dataset).__name__} ({err}); lower data.batch_size (or train.accumulation) or use more data"
             ) from None
         self._recorded = _Recorded(self.sampler, positioned=transform is not None)
         if transform is not None:
