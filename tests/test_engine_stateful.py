@@ -5,18 +5,23 @@ batch positions) still resume bit-exactly; the sample-counted sampler position o
 
 from __future__ import annotations
 
+import random
 import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 import drivetrain
 from drivetrain.engine import Checkpointer, CheckpointError, ConfigError, Trainer, load_config
+from drivetrain.engine.distributed import DistContext
+from drivetrain.engine.rng import capture_rng, restore_rng
 from drivetrain.engine.state import (
     FORMAT_VERSION,
     FixedState,
+    RngState,
     ScheduleState,
     Stateful,
     StrategyState,
@@ -287,3 +292,24 @@ def test_a_checkpoint_missing_a_component_is_refused_on_resume_naming_it(referen
     rewrite(run, 3, lambda state: {k: v for k, v in state.items() if k != "schedule"})
     with pytest.raises(ConfigError, match=r"^--resume: checkpoint .*step-00000003: no 'schedule' state, which this"):
         Trainer(smoke(run, 6), resume="auto")
+
+
+def test_rng_states_of_another_number_of_ranks_are_re_derived_per_rank_and_iteration() -> None:
+    """One process restores its own state from a list of one; from a list of two (an elastic resume) it re-seeds
+    Python, NumPy and torch from (run seed, rank, iteration): the same draws on every such resume, other draws at
+    another iteration, seed or rank, and not the draws of the saved state."""
+
+    def draws_after(states: list, seed: int = 3, iteration: int = 8, rank: int = 0, ranks: int = 1) -> list:
+        ctx = DistContext(rank, ranks, rank, torch.device("cpu"), "none", False)  # no process group: nothing gathered
+        RngState(ctx, seed, TrainState(iteration=iteration)).load_state_dict(states)
+        return [random.random(), float(np.random.rand()), *torch.rand(2).tolist()]
+
+    saved = capture_rng()
+    own = draws_after([saved])
+    assert own == draws_after([saved])  # restored
+    first = draws_after([saved, saved])  # a 2-rank checkpoint resumed by one process
+    assert first == draws_after([saved, saved]) and first != own
+    assert draws_after([saved, saved], iteration=9) != first and draws_after([saved, saved], seed=4) != first
+    three = [saved] * 3  # ranks 0 and 1 of 2 resuming a 3-rank run
+    assert draws_after(three, ranks=2) == first and draws_after(three, rank=1, ranks=2) != first
+    restore_rng(saved)  # leave the global RNGs as the test found them
