@@ -313,3 +313,24 @@ def test_rng_states_of_another_number_of_ranks_are_re_derived_per_rank_and_itera
     three = [saved] * 3  # ranks 0 and 1 of 2 resuming a 3-rank run
     assert draws_after(three, ranks=2) == first and draws_after(three, rank=1, ranks=2) != first
     restore_rng(saved)  # leave the global RNGs as the test found them
+
+
+def test_an_optimizer_state_keyed_by_number_or_name_loads_under_every_strategy() -> None:
+    """none/ddp number the optimizer's parameters, fsdp names them: a state in either form is rekeyed onto this
+    optimizer's (by place for numbers, by name for names); a name the model lacks is one ValueError line."""
+    from drivetrain.engine.strategy import _param_names, _rekeyed
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    numbered = optimizer.state_dict()
+    names = _param_names(model, optimizer)
+    named = _rekeyed(numbered, names, names)
+    assert list(named["state"]) == ["0.weight", "0.bias", "1.weight", "1.bias"] == named["param_groups"][0]["params"]
+    back = _rekeyed(named, names, list(range(len(names))))
+    assert back["param_groups"] == numbered["param_groups"]
+    for key, state in numbered["state"].items():
+        assert all(torch.equal(value, back["state"][key][k]) for k, value in state.items())
+    with pytest.raises(ValueError, match=r"^optimizer: the checkpoint holds parameter '2\.weight', which this model"):
+        _rekeyed({**named, "param_groups": [{**named["param_groups"][0], "params": ["2.weight"]}]}, names, names)
