@@ -5,8 +5,9 @@ Every dataset is batched by a *batch sampler* and a collate function:
 - a dataset that brings its own batching provides ``batch_sampler(batch_size, *, seed, shuffle, rank,
   world_size)`` and ``collate(samples)`` — e.g. :class:`drivetrain.data.sources.StreamingFrames`, whose scene
   sequences keep each batch slot on consecutive frames of one scene for streaming models;
-- any other map-style dataset gets :class:`ShuffledBatches` (a per-epoch permutation of the rows, sharded
-  by rank) and torch's default collate.
+- any other map-style dataset gets :class:`ShuffledBatches` (a per-epoch permutation of the rows, cut into global
+  batches of ``data.batch_size × ranks × train.accumulation`` and sharded by rank, with a global position, so a run
+  resumes on any split of the global batch) and torch's default collate.
 
 A batch sampler yields lists of dataset keys (a row number, or an object whose ``index`` is one) for the
 rest of the current epoch and then moves itself to the next epoch; ``state_dict()`` read right after it
