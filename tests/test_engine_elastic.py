@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from drivetrain.engine import ConfigError, Trainer, load_config
+from drivetrain.engine.config import config_to_dict
 from drivetrain.engine.resume import check_elastic
 from helpers.elastic import ELASTIC, GLOBAL_BATCH, STEPS, rows_per_step, split, train_leg
 from helpers.engine import ROOT, SMOKE, assert_same_training, final_state, overrides, torchrun
@@ -92,3 +93,27 @@ def test_another_global_batch_is_refused_naming_the_accumulation_that_keeps_it(r
     cfg = load_config(SMOKE, overrides(run, *ELASTIC, *split(8, 1, "ddp")))
     with pytest.raises(ConfigError, match=r"written under distributed\.strategy 'deepspeed', this run has 'ddp'"):
         check_elastic(saved, 2, cfg, 2, run)
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "accumulation", "ranks", "keep"),
+    [
+        (8, 1, 1, "set train.accumulation=2 to keep it"),
+        (5, 2, 1, "set data.batch_size=8 to keep it"),
+        (5, 3, 1, r"set data.batch_size × train.accumulation to 16 \(e.g. .*=1\) to keep it"),
+        (2, 1, 3, "it does not divide among 3 ranks: resume on a number of ranks that divides 16"),
+    ],
+)
+def test_the_refusal_names_what_keeps_the_global_batch(
+    tmp_path: Path, batch_size: int, accumulation: int, ranks: int, keep: str
+) -> None:
+    """A checkpoint of 8 × 2 ranks × 1 = 16: the line names the accumulation, else the batch size, else their
+    product, else that the ranks cannot share it."""
+    saved = config_to_dict(load_config(SMOKE, overrides(tmp_path, *split(8, 1, "ddp"))))
+    cfg = load_config(SMOKE, overrides(tmp_path, *split(batch_size, accumulation, "ddp")))
+    now = batch_size * ranks * accumulation
+    with pytest.raises(
+        ConfigError, match=rf"global batch of 16 \(8 × 2 rank\(s\) × 1\); this run has {now} .*: {keep}$"
+    ):
+        check_elastic(saved, 2, cfg, ranks, tmp_path)
+    check_elastic(saved, 2, load_config(SMOKE, overrides(tmp_path, *split(4, 2, "fsdp"))), 2, tmp_path)  # kept

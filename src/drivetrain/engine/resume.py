@@ -163,8 +163,11 @@ def check_elastic(saved: dict[str, Any], saved_world_size: int, cfg: TrainConfig
             keep = f"set train.accumulation={before // (cfg.data.batch_size * world_size)} to keep it"
         elif before % (world_size * cfg.train.accumulation) == 0:
             keep = f"set data.batch_size={before // (world_size * cfg.train.accumulation)} to keep it"
+        elif before % world_size == 0:
+            keep = f"set data.batch_size × train.accumulation to {before // world_size} (e.g. data.batch_size="
+            keep += f"{before // world_size} and train.accumulation=1) to keep it"
         else:
-            keep = f"no data.batch_size × train.accumulation on {world_size} rank(s) keeps it"
+            keep = f"it does not divide among {world_size} ranks: resume on a number of ranks that divides {before}"
         raise ConfigError(
             f"--resume: checkpoint {path} was written with a global batch of {before} ({batch} × "
             f"{saved_world_size} rank(s) × {accumulation}); this run has {now} ({cfg.data.batch_size} × {world_size} "
