@@ -17,6 +17,7 @@ import torch
 import drivetrain
 from drivetrain.engine import Checkpointer, CheckpointError, ConfigError, Trainer, load_config
 from drivetrain.engine.distributed import DistContext
+from drivetrain.engine.protocol import StreamMemory
 from drivetrain.engine.rng import capture_rng, restore_rng
 from drivetrain.engine.state import (
     FORMAT_VERSION,
@@ -25,9 +26,12 @@ from drivetrain.engine.state import (
     ScheduleState,
     Stateful,
     StrategyState,
+    StreamState,
     TrainState,
     format_version,
 )
+from drivetrain.models.streampetr.detector import StreamPETR
+from drivetrain.models.streampetr.memory import MemoryBank
 from helpers.engine import SMOKE, assert_same_weights, final_state, losses, overrides
 
 META = {"world_size": 1, "config": {"a": 1}, "versions": {"drivetrain": "0.1.0"}}
@@ -334,3 +338,48 @@ def test_an_optimizer_state_keyed_by_number_or_name_loads_under_every_strategy()
         assert all(torch.equal(value, back["state"][key][k]) for k, value in state.items())
     with pytest.raises(ValueError, match=r"^optimizer: the checkpoint holds parameter '2\.weight', which this model"):
         _rekeyed({**named, "param_groups": [{**named["param_groups"][0], "params": ["2.weight"]}]}, names, names)
+
+
+class _Streams(torch.nn.Module):
+    """A streaming model's state alone: StreamPETR's memory bank behind the StreamMemory protocol."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.memory = MemoryBank(embed_dims=4, memory_len=6, topk=2, num_propagated=2)
+
+    def stream_state(self) -> dict[str, torch.Tensor]:
+        return self.memory.get_extra_state()
+
+    def load_stream_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.memory.set_extra_state(state)
+
+    def walk(self, streams: list[int]) -> None:
+        """One frame of each of these streams (stream ``s``'s memory is filled with ``s``)."""
+        b = len(streams)
+        self.memory.pre_update(torch.zeros(b), torch.zeros(b, dtype=torch.float64), torch.eye(4).expand(b, 4, 4))
+        self.memory.embedding = torch.tensor(streams, dtype=torch.float32).view(b, 1, 1).expand(b, 6, 4).clone()
+
+
+def test_every_ranks_streams_are_checkpointed_and_dealt_to_any_split_of_them() -> None:
+    """Two ranks × 2 streams saved; resumed as 1 rank × 4 and as 4 ranks × 1, each rank holds its streams' memory
+    (not rank 0's, which the model state alone would give every rank); another number of streams is one line."""
+    assert isinstance(StreamPETR, type) and issubclass(StreamPETR, StreamMemory)
+    saved = []
+    for rank in range(2):
+        model = _Streams()
+        model.walk([2 * rank, 2 * rank + 1])
+        ctx = DistContext(rank, 2, rank, torch.device("cpu"), "ddp", False)  # no group: what each rank gathers
+        saved += StreamState(ctx, model, 2).state_dict()
+    for batch_size, ranks in ((4, 1), (1, 4), (2, 2)):
+        for rank in range(ranks):
+            model = _Streams()
+            ctx = DistContext(rank, ranks, rank, torch.device("cpu"), "ddp", False)
+            StreamState(ctx, model, batch_size).load_state_dict(saved)
+            expected = torch.arange(rank * batch_size, (rank + 1) * batch_size, dtype=torch.float32)
+            assert torch.equal(model.memory.embedding[:, 0, 0], expected)
+    model = _Streams()
+    model.walk([9])
+    StreamState(DistContext(0, 1, 0, torch.device("cpu"), "none", False), model, 1).load_state_dict(None)
+    assert model.memory.embedding[0, 0, 0] == 9  # an older checkpoint: the model state's memory stays
+    with pytest.raises(ValueError, match=r"^streams: .* 4 scene streams, this run walks 2 × 1; set data\.batch_size=4"):
+        StreamState(DistContext(0, 1, 0, torch.device("cpu"), "none", False), _Streams(), 2).load_state_dict(saved)

@@ -25,6 +25,11 @@ Rules (old form → what it maps to):
    (``dealing="per_rank"``) for the rest of the run. Read by the samplers' ``load_state_dict``, beside the current
    form (:class:`drivetrain.engine.batches.ShuffledBatches`, :class:`drivetrain.data.sampler.SequenceSampler`).
 
+5. **A streaming model's checkpoint without ``streams``.** Before every rank's stream state was checkpointed
+   (:class:`drivetrain.engine.state.StreamState`), only the model state held it, as rank 0's rows: such a checkpoint
+   resumes with those (every rank starts from rank 0's memory, as it did then); read in
+   :func:`drivetrain.engine.resume.resume_run`, which lets the component load ``None``.
+
 The saved config is upgraded wherever a checkpoint's config is read: the resume check against the run's config
 (:mod:`drivetrain.engine.resume`) and ``drivetrain eval --checkpoint`` (:mod:`drivetrain.engine.evaluation`).
 

@@ -19,7 +19,9 @@ the ``train.accumulation`` that keeps it). What makes that exact:
   scenes to the run's ``data.batch_size × ranks`` streams, which a resume must keep), so every optimizer step reads
   the rows (frames) the uninterrupted run's step read;
 - the model, optimizer and loss-scaler states are full (unsharded) ones, loaded through the strategy
-  (:class:`~drivetrain.engine.state.StrategyState`), and the step and schedule are counters;
+  (:class:`~drivetrain.engine.state.StrategyState`), and the step and schedule are counters; a streaming model's
+  per-stream state (StreamPETR's memory) is every rank's, and each rank takes its streams' rows
+  (:class:`~drivetrain.engine.state.StreamState`);
 - the RNG states are restored per rank on the same number of ranks; on another number each rank's are re-derived
   from ``(run.seed, rank, iteration)`` (:class:`~drivetrain.engine.state.RngState`). Draws that depend on the rank
   rather than on the sample (dropout masks) then differ from the uninterrupted run's; the augmentation draws each
@@ -105,6 +107,8 @@ def resume_run(
         path, ckpt = found
     else:
         path, ckpt = _load_named(resume, checkpointer)
+    if "streams" in components and "streams" not in ckpt:  # older: the model state holds rank 0's (compat rule 5)
+        ckpt = {**ckpt, "streams": None}
     try:  # before anything is read from it: another format version, a missing or an extra component
         check_format(ckpt, path)
         check_components(ckpt, components, path)

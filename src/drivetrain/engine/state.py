@@ -31,6 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+import torch
+
 from drivetrain.engine.rng import capture_rng, restore_rng, seed_all
 from drivetrain.seeding import mix_seed
 
@@ -45,6 +47,7 @@ __all__ = [
     "ScheduleState",
     "Stateful",
     "StrategyState",
+    "StreamState",
     "TrainState",
     "format_version",
 ]
@@ -228,6 +231,49 @@ class RngState:
             return
         iteration = self.train.iteration if self.train is not None else 0
         seed_all(mix_seed(_RESEED, self.seed, self.ctx.rank, iteration))
+
+
+class StreamState:
+    """A streaming model's per-stream state (:class:`~drivetrain.engine.protocol.StreamMemory`, e.g. StreamPETR's
+    memory bank) of every rank: a list in rank order, like :class:`RngState`'s.
+
+    The model's own state dict holds rank 0's rows only (module extra state), which every rank would load; this
+    component holds all of them. Rank ``r`` walks streams ``[r·B, (r+1)·B)`` of the run's ``B × ranks``
+    (:class:`~drivetrain.data.sampler.SequenceSampler`), so the ranks' rows, concatenated, are the streams in global
+    order, and a resume hands rank ``r`` of this run its ``B`` rows — on the same or another split of the same
+    streams. It comes after ``data`` in the mapping (whose sampler refuses another number of streams in one line).
+
+    Args:
+        ctx: this process's place in the process group (``rank``, ``world_size``, ``gather_to_main``).
+        model: the model (:class:`~drivetrain.engine.protocol.StreamMemory`).
+        batch_size: this run's streams per rank, ``data.batch_size``.
+    """
+
+    def __init__(self, ctx: Any, model: Any, batch_size: int) -> None:
+        self.ctx, self.model, self.batch_size = ctx, model, batch_size
+
+    def state_dict(self) -> list[dict[str, Any]]:
+        """Every rank's ``stream_state()`` on the CPU, in rank order (collective under torchrun)."""
+        mine = {name: value.detach().cpu() for name, value in self.model.stream_state().items()}
+        return self.ctx.gather_to_main(mine)
+
+    def load_state_dict(self, state_dict: list[dict[str, Any]] | None) -> None:
+        """Give this rank its streams' rows (``None``: a checkpoint from before this component, whose model state
+        holds rank 0's rows: kept as the model loaded them); a ValueError line when the rows are not ``B × ranks``."""
+        if state_dict is None:
+            return
+        if any(not part for part in state_dict):  # before the first frame: nothing to continue
+            self.model.load_stream_state({})
+            return
+        rows = {name: torch.cat([part[name] for part in state_dict]) for name in state_dict[0]}
+        streams = next(iter(rows.values())).shape[0]
+        b, rank = self.batch_size, self.ctx.rank
+        if streams != b * self.ctx.world_size:
+            raise ValueError(
+                f"streams: the checkpoint holds the state of {streams} scene streams, this run walks {b} × "
+                f"{self.ctx.world_size}; set data.batch_size={streams // self.ctx.world_size} to keep them"
+            )
+        self.model.load_stream_state({name: value[rank * b : (rank + 1) * b] for name, value in rows.items()})
 
 
 class FixedState:
