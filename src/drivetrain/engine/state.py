@@ -1,7 +1,8 @@
 """What a checkpoint holds: a dict of stateful components, and the format version that says how to read it.
 
 The trainer names everything it checkpoints once, as a mapping ``{name: component}`` (model, optimizer, loss
-scaler, loop counters (:class:`TrainState`), schedule, data position, RNG states); every component has
+scaler, loop counters (:class:`TrainState`), schedule, data position, a streaming model's per-stream state
+(:class:`StreamState`), RNG states); every component has
 ``state_dict()`` and ``load_state_dict(state)`` (:class:`Stateful`). A checkpoint is one dict: each component's
 state under its name, beside the :data:`METADATA` the trainer checks before restoring (``format_version``,
 ``world_size``, ``config``, ``versions``). :class:`~drivetrain.engine.checkpoint.Checkpointer` iterates the mapping
