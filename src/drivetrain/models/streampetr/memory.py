@@ -22,8 +22,7 @@ Deviations, each for a stated reason: the memory is module state saved with chec
 (``get_extra_state``; every rank's through the detector's ``stream_state``,
 :class:`drivetrain.engine.state.StreamState`), so a run resumed mid-scene continues with the same memory (the
 original starts empty); the memory tensors are created on the first ``pre_update`` as in the original, but ages are
-kept in
-float64 from the start (the original's first zeros are float32 and become float64 on the first
+kept in float64 from the start (the original's first zeros are float32 and become float64 on the first
 concatenation; the values are the same).
 """
 
