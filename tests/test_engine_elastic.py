@@ -21,7 +21,7 @@ import torch
 from drivetrain.engine import ConfigError, Trainer, load_config
 from drivetrain.engine.config import config_to_dict
 from drivetrain.engine.resume import check_elastic
-from helpers.elastic import ELASTIC, GLOBAL_BATCH, STEPS, rows_per_step, split, train_leg
+from helpers.elastic import ELASTIC, GLOBAL_BATCH, STEPS, rows_per_step, split, streampetr_overrides, train_leg
 from helpers.engine import ROOT, SMOKE, assert_same_training, final_state, overrides, torchrun
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
@@ -117,3 +117,22 @@ def test_the_refusal_names_what_keeps_the_global_batch(
     ):
         check_elastic(saved, 2, cfg, ranks, tmp_path)
     check_elastic(saved, 2, load_config(SMOKE, overrides(tmp_path, *split(4, 2, "fsdp"))), 2, tmp_path)  # kept
+
+
+def test_a_streampetr_run_continues_every_stream_on_another_split(tmp_path: Path, synth_index, synth_root) -> None:
+    """StreamPETR tiny on 2 ranks × 1 scene stream (DDP) for 2 steps, resumed in one process × 2 streams: each
+    stream's memory continues in its slot (rank 1's in row 1, not rank 0's copy the model state holds), and the
+    resumed run trains on."""
+    index = str(synth_root / "drivetrain_index.npz")
+    proc = torchrun(WORKER, str(tmp_path), "streampetr", index, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    saved = final_state(tmp_path)["streams"]
+    assert len(saved) == 2 and not torch.equal(saved[0]["embedding"], saved[1]["embedding"])
+    resumed = streampetr_overrides(tmp_path, index, "train.steps=3", "data.batch_size=2")  # one process × 2
+    cfg = load_config(ROOT / "configs" / "streampetr_tiny.yaml", resumed)
+    trainer = Trainer(cfg, resume="auto")
+    memory = trainer.model.memory.get_extra_state()
+    for name, value in memory.items():
+        assert torch.equal(value, torch.cat([saved[0][name], saved[1][name]])), name
+    trainer.fit()
+    assert trainer.state.iteration == 3

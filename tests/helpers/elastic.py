@@ -61,3 +61,12 @@ def rows_per_step(run: Path) -> dict[int, list[int]]:
             step = record["start"] + i // accumulation + 1
             steps.setdefault(step, []).extend(int(r) for micro in rows[i : i + accumulation] for r in micro)
     return {step: sorted(rows) for step, rows in sorted(steps.items())}
+
+
+def streampetr_overrides(out: Path, index: str, *extra: str) -> list[str]:
+    """StreamPETR tiny on the test set's frames (its synthetic scenes), on the CPU, without evaluation."""
+    return [
+        f"run.out_dir={out}", "run.threads=1", "run.deterministic=true", "log.progress=false", "log.tensorboard=false",
+        "eval.every=0", "eval.at_start=false", "data.name=frames", f"data.args={{index: {index}, split: mini_train}}",
+        "checkpoint.every=100", *ON_CPU, *extra,
+    ]  # fmt: skip
