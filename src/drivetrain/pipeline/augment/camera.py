@@ -178,6 +178,16 @@ class CameraAugParams:
     photometric: PhotometricParams | None
     training: bool = True
 
+    def select(self, b: int) -> CameraAugParams:
+        """Sample ``b``'s draws as the parameters of a batch of one."""
+
+        def one(params: Any) -> Any:
+            if params is None:
+                return None
+            return type(params)(*(getattr(params, f.name)[b : b + 1] for f in fields(params)))
+
+        return CameraAugParams(one(self.image), one(self.bev), one(self.photometric), self.training)
+
 
 def augment_seeds(seed: int, rank: int, position: dict[str, Any], batch_size: int) -> list[int]:
     """The seeds of a batch's samples' augmentation: the run seed, the epoch and each sample's place in the epoch's
