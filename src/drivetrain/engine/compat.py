@@ -24,6 +24,9 @@ Rules (old form → what it maps to):
    with more, epochs now end after whole optimizer steps), the second keeping its per-rank dealing
    (``dealing="per_rank"``) for the rest of the run. Read by the samplers' ``load_state_dict``, beside the current
    form (:class:`drivetrain.engine.batches.ShuffledBatches`, :class:`drivetrain.data.sampler.SequenceSampler`).
+   Not carried over: such a run's augmentation was drawn per batch from (run seed, rank, batch position); it
+   continues with today's per-sample draws (:func:`drivetrain.pipeline.augment.camera.augment_seeds`), so an
+   augmented run resumes, but its later draws are not the ones the older drivetrain would have made.
 
 5. **A streaming model's checkpoint without ``streams``.** Before every rank's stream state was checkpointed
    (:class:`drivetrain.engine.state.StreamState`), only the model state held it, as rank 0's rows: such a checkpoint
