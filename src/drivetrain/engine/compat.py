@@ -5,7 +5,7 @@ Rules (old form → what it maps to):
 
 1. **Flat camera augmentation in a saved config.** ``data.augment: {image: ..., bev: ...}`` (before
    ``data.augment`` had ``camera`` and ``lidar`` sections) → ``data.augment: {camera: {image: ..., bev: ...},
-   lidar: null}``. The draws are the same (the camera draws first from the same per-batch seed), so such a run
+   lidar: null}``. The draws are the same (the camera draws first from the same seeds), so such a run
    resumes exactly (:func:`upgrade_saved_config`).
 2. **Model arguments that moved out of a model.** Each model's spec lists them (``ModelSpec.moved_args``: old key
    → new dotted key, or dropped): e.g. the lidar models' ``model.args.augment`` → ``data.augment.lidar`` and
