@@ -108,7 +108,11 @@ def test_resume_names_a_missing_path_and_a_run_directory(tmp_path: Path) -> None
 @pytest.mark.parametrize(
     ("extra", "message", "subprocess_"),
     [
-        (["data.args.num_samples=4", "data.batch_size=16"], "16 is larger than the 4 samples per rank", True),
+        (
+            ["data.args.num_samples=4", "data.batch_size=16"],
+            "16 × 1 rank(s) × 1 micro-batch(es) = 16 samples, more than its 4",
+            True,
+        ),
         (["data.batch_size=100000"], "data.batch_size: 100000 per rank × 1 rank(s) does not fit SmokeDataset", False),
     ],
 )

@@ -2,6 +2,7 @@
 
 import itertools
 
+import numpy as np
 import pytest
 
 from drivetrain.data import SequenceSampler
@@ -115,3 +116,53 @@ def test_bad_arguments_are_rejected():
         SequenceSampler(LENGTHS, 2, rank=2, world_size=2)
     with pytest.raises(ValueError, match="at least one frame"):
         SequenceSampler([3, 0, 2], 1)
+
+
+def global_steps(batch_size: int, world_size: int, epochs: int = 2, stop: int | None = None) -> list[list]:
+    """Every rank's batches side by side, step after step (streams in global order), over ``epochs`` epochs; with
+    ``stop``, 4 streams walked that far by 2 ranks × 2 first and the rest by this split, resumed from rank 0's state."""
+    samplers = [SequenceSampler(LENGTHS, batch_size, seed=4, rank=r, world_size=world_size) for r in range(world_size)]
+    if stop is not None:
+        first = SequenceSampler(LENGTHS, 2, seed=4, rank=0, world_size=2)
+        for _ in zip(range(stop), first, strict=False):
+            pass
+        for sampler in samplers:
+            sampler.load_state_dict(first.state_dict())
+    steps = []
+    for _ in range(epochs):
+        per_rank = [epoch(s) for s in samplers]
+        steps += [[key for rank in step for key in rank] for step in zip(*per_rank, strict=True)]
+    return steps
+
+
+@pytest.mark.parametrize("split", [(4, 1), (2, 2), (1, 4)])
+def test_any_split_of_the_same_streams_walks_the_same_frames_without_repeats(split):
+    """4 streams as 1 rank × 4, 2 × 2 or 4 × 1: the same frames in the same streams at every step, no frame twice in
+    an epoch; a position of 2 ranks × 2 resumes on each split mid-epoch and continues the straight walk."""
+    reference = global_steps(4, 1)
+    assert global_steps(*split) == reference
+    first_epoch = [key.index for step in reference[: len(epoch(SequenceSampler(LENGTHS, 4, seed=4)))] for key in step]
+    assert len(first_epoch) == len(set(first_epoch))
+    for stop in (2, 5):
+        resumed = global_steps(*split, epochs=1, stop=stop)
+        assert resumed == reference[stop : stop + len(resumed)]
+
+
+def test_another_number_of_streams_is_refused_naming_the_batch_size_that_keeps_them():
+    state = SequenceSampler(LENGTHS, 2, rank=0, world_size=2).state_dict()  # 4 streams
+    with pytest.raises(ValueError, match=r"walked 4 scene streams .*this run 2 × 1 = 2; set data.batch_size=4"):
+        SequenceSampler(LENGTHS, 2).load_state_dict(state)
+
+
+def test_an_older_per_rank_dealing_continues_on_the_same_split():
+    """A state without ``streams`` (scenes dealt round-robin to ranks, then to slots) keeps that dealing."""
+    old = {"epoch": 0, "step": 1, "seed": 3, "batch_size": 1, "rank": 0, "world_size": 2, "num_frames": 40}
+    samplers = [SequenceSampler(LENGTHS, 1, seed=3, rank=r, world_size=2) for r in range(2)]
+    for r, sampler in enumerate(samplers):
+        sampler.load_state_dict({**old, "rank": r})
+        order = [int(s) for s in np.random.default_rng([3, 0]).permutation(len(LENGTHS))]
+        mine = [STARTS[s] + f for s in order[r::2] for f in range(LENGTHS[s])]  # one slot: the rank's scenes in turn
+        assert [b[0].index for b in epoch(sampler)] == mine[1 : sampler.steps_in_epoch(0)]
+        assert sampler.state_dict()["dealing"] == "per_rank"
+    with pytest.raises(ValueError, match=r"same data\.batch_size and number of ranks"):
+        SequenceSampler(LENGTHS, 2, seed=3).load_state_dict(old)

@@ -13,6 +13,7 @@ from drivetrain.engine import BatchStream, ShuffledBatches, brings_own_batching
 from drivetrain.engine.batches import HEADROOM, WAIT_TARGET, loader_wait_ms, suggest_num_workers
 from drivetrain.engine.config import DataConfig
 from drivetrain.engine.smoke import SmokeDataset
+from drivetrain.seeding import mix_seed
 
 SCENES = [3, 4, 2, 5, 3, 3]  # frames per scene: 20 frames
 
@@ -57,12 +58,68 @@ def test_shuffled_batches_walk_one_epoch_per_pass_and_refuse_other_shapes() -> N
     assert len(first) == 2 and all(len(b) == 3 for b in first)  # the 7th sample is dropped this epoch
     assert sampler.state_dict()["epoch"] == 1 and sampler.state_dict()["step"] == 0
     assert list(sampler) == sampler.epoch_indices(1).tolist()
-    with pytest.raises(ValueError, match="batch_size 3, this run has 2"):
+    with pytest.raises(ValueError, match=r"global batch of 3, this run has 2; keep data\.batch_size × ranks"):
         ShuffledBatches(7, 2).load_state_dict(ShuffledBatches(7, 3).state_dict())
-    with pytest.raises(ValueError, match="world_size 1, this run has 2"):
+    with pytest.raises(ValueError, match="global batch of 2, this run has 4"):
         ShuffledBatches(8, 2, world_size=2).load_state_dict(ShuffledBatches(8, 2).state_dict())
-    with pytest.raises(ValueError, match=r"data\.batch_size: 4 is larger than the 3 samples per rank"):
+    with pytest.raises(
+        ValueError,
+        match=r"^one optimizer step takes 4 × 2 rank\(s\) × 1 micro-batch\(es\) = 8 samples, more than its 7$",
+    ):
         ShuffledBatches(7, 4, world_size=2)
+
+
+def test_shuffled_batches_cut_epochs_in_global_steps_whatever_the_split() -> None:
+    """For one global batch (8), 2 ranks × 4, 1 rank × 4 × accumulation 2, 1 rank × 8 and 4 ranks × 1 × 2 read the
+    same rows in each optimizer step, and the epoch of 21 rows ends after 2 steps on every split."""
+
+    def steps(batch_size: int, world_size: int, accumulation: int) -> list[list[int]]:
+        shards = [
+            list(ShuffledBatches(21, batch_size, seed=3, rank=r, world_size=world_size, accumulation=accumulation))
+            for r in range(world_size)
+        ]
+        micro = [[row for shard in shards for row in shard[m]] for m in range(len(shards[0]))]
+        return [sorted(r for m in micro[s : s + accumulation] for r in m) for s in range(0, len(micro), accumulation)]
+
+    reference = steps(8, 1, 1)
+    assert len(reference) == 2 and len({row for step in reference for row in step}) == 16
+    for split in [(4, 2, 1), (4, 1, 2), (1, 4, 2), (2, 2, 2)]:
+        assert steps(*split) == reference, split
+
+
+def test_shuffled_batches_continue_a_global_position_on_another_split() -> None:
+    """A position after 3 optimizer steps of 2 ranks × 2 continues on 1 rank × 2 × accumulation 2 (and 4 ranks × 1)
+    at the same rows; a position inside a micro-batch of the new split is refused in one line."""
+    ran = ShuffledBatches(40, 2, seed=1, rank=0, world_size=2)
+    for _ in zip(range(3), ran, strict=False):
+        pass
+    state = ran.state_dict()
+    assert (state["epoch"], state["sample"], state["global_batch"]) == (0, 12, 4)
+    one = ShuffledBatches(40, 2, seed=1, accumulation=2)
+    one.load_state_dict(state)
+    rest = [row for batch in one for row in batch]
+    order = torch.randperm(40, generator=torch.Generator().manual_seed(mix_seed(1, 0))).tolist()
+    assert rest == order[12:40]  # one rank reads the permutation in order from row 12
+    four = [ShuffledBatches(40, 1, seed=1, rank=r, world_size=4) for r in range(4)]
+    for sampler in four:
+        sampler.load_state_dict(state)
+    assert sorted(row for sampler in four for batch in sampler for row in batch) == sorted(order[12:40])
+    odd = ShuffledBatches(40, 8, seed=1, accumulation=1, world_size=1)
+    with pytest.raises(ValueError, match="global batch of 4, this run has 8"):
+        odd.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"^sampler: position 6 falls inside a micro-batch of 4 × 1 rank\(s\)"):
+        ShuffledBatches(40, 4, seed=1).load_state_dict({**state, "sample": 6})
+
+
+def test_shuffled_batches_read_an_older_per_rank_position_on_the_same_split() -> None:
+    """A checkpoint of a drivetrain before elastic resume holds ``(epoch, step)`` per rank: it continues with the
+    same batch size and world size (at ``step × B × R`` rows) and names both otherwise."""
+    old = {"epoch": 2, "step": 3, "batch_size": 2, "world_size": 2}
+    sampler = ShuffledBatches(40, 2, rank=1, world_size=2)
+    sampler.load_state_dict(old)
+    assert (sampler.epoch, sampler.step, sampler.state_dict()["sample"]) == (2, 3, 12)
+    with pytest.raises(ValueError, match="world_size 2, this run has 1; a checkpoint of a drivetrain before elastic"):
+        ShuffledBatches(40, 2, accumulation=2).load_state_dict(old)
 
 
 def test_shuffled_batches_refuse_a_state_without_a_batch_position_in_one_line() -> None:

@@ -1,11 +1,13 @@
 """Two processes on the gloo backend (torchrun): DDP, DDP static graph, FSDP2 and FSDP2 with CPU offload each
 match one process with the double batch (in float64: see helpers.engine.FLOAT64); a DDP run stopped and
 resumed matches an uninterrupted one exactly — the smoke model, and PointPillars with its lidar augmentation,
-whose ranks draw different parameters; torchrun's own restart after a killed worker resumes exactly."""
+whose ranks draw different parameters — and continues in one process when the global batch is kept; torchrun's own
+restart after a killed worker resumes exactly."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -88,10 +90,18 @@ def test_lidar_ranks_draw_their_own_augmentation_and_resume_bit_exactly(lidar_ru
     assert_same_weights(final_state(lidar_runs / "resumed")["model"], final_state(lidar_runs / "full")["model"])
 
 
-def test_resume_under_another_strategy_is_refused(runs: Path) -> None:
-    cfg = load_config(SMOKE, overrides(runs / "ddp_full", "train.steps=12", "checkpoint.every=3"))
-    with pytest.raises(ConfigError, match=r"distributed\.strategy: 'ddp' → 'none'"):
-        Trainer(cfg, resume="auto")  # the checkpoint's config says ddp; this one says none
+def test_a_ddp_run_continues_in_one_process_when_the_global_batch_is_kept(runs: Path, tmp_path: Path) -> None:
+    """ddp_full (2 ranks × 8, DDP) continues under strategy none in one process × 8 × accumulation 2 (the exact
+    continuation of such a change is tests/test_engine_elastic.py's); × 8 × 1 is refused naming the accumulation."""
+    run = tmp_path / "ddp_full"
+    shutil.copytree(runs / "ddp_full", run)  # the other tests read the original
+    with pytest.raises(ConfigError, match=r"global batch of 16 .* set train\.accumulation=2 to keep it$"):
+        Trainer(load_config(SMOKE, overrides(run, "train.steps=14", "checkpoint.every=3", *ON_CPU)), resume="auto")
+    cfg = load_config(SMOKE, overrides(run, "train.steps=14", "checkpoint.every=3", "train.accumulation=2", *ON_CPU))
+    trainer = Trainer(cfg, resume="auto")  # the checkpoint's config says ddp on 2 ranks; this one none on 1
+    assert trainer.state.iteration == 12
+    trainer.fit()
+    assert len(losses(run)) == 14 and final_state(run)["world_size"] == 1
 
 
 def test_data_parallel_strategy_without_torchrun_is_an_error(tmp_path: Path) -> None:

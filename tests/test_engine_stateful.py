@@ -5,24 +5,33 @@ batch positions) still resume bit-exactly; the sample-counted sampler position o
 
 from __future__ import annotations
 
+import random
 import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 import drivetrain
 from drivetrain.engine import Checkpointer, CheckpointError, ConfigError, Trainer, load_config
+from drivetrain.engine.distributed import DistContext
+from drivetrain.engine.protocol import StreamMemory
+from drivetrain.engine.rng import capture_rng, restore_rng
 from drivetrain.engine.state import (
     FORMAT_VERSION,
     FixedState,
+    RngState,
     ScheduleState,
     Stateful,
     StrategyState,
+    StreamState,
     TrainState,
     format_version,
 )
+from drivetrain.models.streampetr.detector import StreamPETR
+from drivetrain.models.streampetr.memory import MemoryBank
 from helpers.engine import SMOKE, assert_same_weights, final_state, losses, overrides
 
 META = {"world_size": 1, "config": {"a": 1}, "versions": {"drivetrain": "0.1.0"}}
@@ -287,3 +296,90 @@ def test_a_checkpoint_missing_a_component_is_refused_on_resume_naming_it(referen
     rewrite(run, 3, lambda state: {k: v for k, v in state.items() if k != "schedule"})
     with pytest.raises(ConfigError, match=r"^--resume: checkpoint .*step-00000003: no 'schedule' state, which this"):
         Trainer(smoke(run, 6), resume="auto")
+
+
+def test_rng_states_of_another_number_of_ranks_are_re_derived_per_rank_and_iteration() -> None:
+    """One process restores its own state from a list of one; from a list of two (an elastic resume) it re-seeds
+    Python, NumPy and torch from (run seed, rank, iteration): the same draws on every such resume, other draws at
+    another iteration, seed or rank, and not the draws of the saved state."""
+
+    def draws_after(states: list, seed: int = 3, iteration: int = 8, rank: int = 0, ranks: int = 1) -> list:
+        ctx = DistContext(rank, ranks, rank, torch.device("cpu"), "none", False)  # no process group: nothing gathered
+        RngState(ctx, seed, TrainState(iteration=iteration)).load_state_dict(states)
+        return [random.random(), float(np.random.rand()), *torch.rand(2).tolist()]
+
+    saved = capture_rng()
+    own = draws_after([saved])
+    assert own == draws_after([saved])  # restored
+    first = draws_after([saved, saved])  # a 2-rank checkpoint resumed by one process
+    assert first == draws_after([saved, saved]) and first != own
+    assert draws_after([saved, saved], iteration=9) != first and draws_after([saved, saved], seed=4) != first
+    three = [saved] * 3  # ranks 0 and 1 of 2 resuming a 3-rank run
+    assert draws_after(three, ranks=2) == first and draws_after(three, rank=1, ranks=2) != first
+    restore_rng(saved)  # leave the global RNGs as the test found them
+
+
+def test_an_optimizer_state_keyed_by_number_or_name_loads_under_every_strategy() -> None:
+    """none/ddp number the optimizer's parameters, fsdp names them: a state in either form is rekeyed onto this
+    optimizer's (by place for numbers, by name for names); a name the model lacks is one ValueError line."""
+    from drivetrain.engine.strategy import _param_names, _rekeyed
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    numbered = optimizer.state_dict()
+    names = _param_names(model, optimizer)
+    named = _rekeyed(numbered, names, names)
+    assert list(named["state"]) == ["0.weight", "0.bias", "1.weight", "1.bias"] == named["param_groups"][0]["params"]
+    back = _rekeyed(named, names, list(range(len(names))))
+    assert back["param_groups"] == numbered["param_groups"]
+    for key, state in numbered["state"].items():
+        assert all(torch.equal(value, back["state"][key][k]) for k, value in state.items())
+    with pytest.raises(ValueError, match=r"^optimizer: the checkpoint holds parameter '2\.weight', which this model"):
+        _rekeyed({**named, "param_groups": [{**named["param_groups"][0], "params": ["2.weight"]}]}, names, names)
+
+
+class _Streams(torch.nn.Module):
+    """A streaming model's state alone: StreamPETR's memory bank behind the StreamMemory protocol."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.memory = MemoryBank(embed_dims=4, memory_len=6, topk=2, num_propagated=2)
+
+    def stream_state(self) -> dict[str, torch.Tensor]:
+        return self.memory.get_extra_state()
+
+    def load_stream_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.memory.set_extra_state(state)
+
+    def walk(self, streams: list[int]) -> None:
+        """One frame of each of these streams (stream ``s``'s memory is filled with ``s``)."""
+        b = len(streams)
+        self.memory.pre_update(torch.zeros(b), torch.zeros(b, dtype=torch.float64), torch.eye(4).expand(b, 4, 4))
+        self.memory.embedding = torch.tensor(streams, dtype=torch.float32).view(b, 1, 1).expand(b, 6, 4).clone()
+
+
+def test_every_ranks_streams_are_checkpointed_and_dealt_to_any_split_of_them() -> None:
+    """Two ranks × 2 streams saved; resumed as 1 rank × 4 and as 4 ranks × 1, each rank holds its streams' memory
+    (not rank 0's, which the model state alone would give every rank); another number of streams is one line."""
+    assert isinstance(StreamPETR, type) and issubclass(StreamPETR, StreamMemory)
+    saved = []
+    for rank in range(2):
+        model = _Streams()
+        model.walk([2 * rank, 2 * rank + 1])
+        ctx = DistContext(rank, 2, rank, torch.device("cpu"), "ddp", False)  # no group: what each rank gathers
+        saved += StreamState(ctx, model, 2).state_dict()
+    for batch_size, ranks in ((4, 1), (1, 4), (2, 2)):
+        for rank in range(ranks):
+            model = _Streams()
+            ctx = DistContext(rank, ranks, rank, torch.device("cpu"), "ddp", False)
+            StreamState(ctx, model, batch_size).load_state_dict(saved)
+            expected = torch.arange(rank * batch_size, (rank + 1) * batch_size, dtype=torch.float32)
+            assert torch.equal(model.memory.embedding[:, 0, 0], expected)
+    model = _Streams()
+    model.walk([9])
+    StreamState(DistContext(0, 1, 0, torch.device("cpu"), "none", False), model, 1).load_state_dict(None)
+    assert model.memory.embedding[0, 0, 0] == 9  # an older checkpoint: the model state's memory stays
+    with pytest.raises(ValueError, match=r"^streams: .* 4 scene streams, this run walks 2 × 1; set data\.batch_size=4"):
+        StreamState(DistContext(0, 1, 0, torch.device("cpu"), "none", False), _Streams(), 2).load_state_dict(saved)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from drivetrain.data.sources import StreamingFrames, frames
-from drivetrain.engine import Trainer, brings_own_batching, load_config
+from drivetrain.engine import ConfigError, Trainer, brings_own_batching, load_config
 from drivetrain.models.focal2d import FocalDetector2D
 from helpers.engine import assert_same_weights, final_state, losses, metrics
 
@@ -85,6 +85,21 @@ def test_trainer_runs_on_synthetic_frames_and_resumes_exactly(synth_index, synth
     # The data position is the sequence sampler's: 8 batches of the 6 per epoch (4 scenes × 3 frames, 2 slots).
     data = final_state(tmp_path / "resumed")["data"]
     assert (data["epoch"], data["step"]) == (1, 2)
+
+
+def test_a_resume_that_keeps_the_global_batch_but_not_the_scene_streams_is_refused_in_one_line(
+    synth_index, synth_root, tmp_path
+):
+    """2 streams × 1 micro-batch and 1 stream × 2 micro-batches are the same global batch, but a stream's frames
+    follow one another: the resume names the data.batch_size that keeps the streams."""
+    index = synth_root / "drivetrain_index.npz"
+    run(tmp_path, index, "train.steps=1")
+    with pytest.raises(
+        ConfigError,
+        match=r"^--resume: checkpoint \S+: sampler: the checkpoint walked 2 scene streams "
+        r"\(data\.batch_size × ranks\), this run 1 × 1 = 1; set data\.batch_size=2 to keep them$",
+    ):
+        run(tmp_path, index, "train.steps=2", "data.batch_size=1", "train.accumulation=2", resume="auto")
 
 
 def test_synthetic_builder_reuses_a_finished_dataset_with_the_same_settings(tmp_path, monkeypatch):

@@ -23,7 +23,7 @@ from drivetrain.pipeline.augment.bev import BevAugConfig, draw_bev_params
 from drivetrain.pipeline.augment.camera import CameraAugConfig
 from drivetrain.pipeline.augment.camera import sample_params as camera_sample_params
 from drivetrain.pipeline.augment.image_ops import ImageAugConfig
-from drivetrain.pipeline.augment.stage import Augmentation, AugmentConfig, apply, sample_params
+from drivetrain.pipeline.augment.stage import Augmentation, AugmentConfig, apply, sample_params, sample_params_each
 from helpers.nosync import no_host_sync
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,6 +118,27 @@ def test_draws_follow_seed_rank_and_position(synth_index, synth_root):
     assert torch.equal(base, angles(0, 0, dict(POSITION)))  # a resumed run draws what the first one drew
     for other in (angles(0, 1, POSITION), angles(1, 0, POSITION), angles(0, 0, {"epoch": 1, "step": 4})):
         assert not torch.equal(base, other)
+
+
+def test_a_sample_is_augmented_the_same_in_any_batch(synth_index, synth_root):
+    """Each sample's draws come from its own generator (sample_params_each): a frame alone and beside two others
+    (another padded point count, so other shuffle-key lengths) gets the same points, boxes, images and matrices."""
+    lidar = dataclasses.replace(LIDAR, shuffle=True, object_range=None)
+    stage = AugmentConfig(camera=dataclasses.replace(CAMERA, bev=None), lidar=lidar)
+
+    def augmented(frames_):
+        batch = _batch(synth_root, images=True, frames_=frames_)
+        params = sample_params_each(batch, stage, [torch.Generator().manual_seed(50 + i) for i in frames_])
+        return batch, apply(batch, params, stage)
+
+    before, whole = augmented((0, 1, 2))
+    small = int(before.points.sizes.argmin())  # padded beside the others: its shuffle keys are longer there
+    _, alone = augmented((small,))
+    assert before.points.max_size > alone.points.max_size
+    for name in ("points", "gt_boxes", "gt_labels"):
+        assert torch.equal(getattr(whole, name).to_list()[small], getattr(alone, name).to_list()[0]), name
+    assert torch.equal(whole.lidar2img[small], alone.lidar2img[0])
+    assert torch.equal(whole.images[small], alone.images[0])
 
 
 def test_the_camera_draws_first_then_the_lidar(synth_index, synth_root):

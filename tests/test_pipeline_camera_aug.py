@@ -19,7 +19,7 @@ from drivetrain.engine import ConfigError, Trainer, load_config
 from drivetrain.pipeline.augment.camera import (
     CameraAugConfig,
     apply,
-    augment_seed,
+    augment_seeds,
     reference_apply,
     sample_params,
 )
@@ -295,7 +295,50 @@ def test_both_paths_draw_the_same_parameters_for_a_batch(synth_index, synth_root
     in_worker = Augmentation(STAGE, seed=7, rank=1, on="worker").params(batch, position).camera
     assert torch.equal(on_device.image.scale, in_worker.image.scale)
     assert torch.equal(on_device.bev.matrix, in_worker.bev.matrix)
-    assert augment_seed(7, 1, position) != augment_seed(7, 0, position) != augment_seed(7, 1, {"epoch": 2, "step": 6})
+    seeds = augment_seeds(7, 1, position, 3)
+    assert len(set(seeds)) == 3 and seeds != augment_seeds(7, 0, position, 3)
+    assert seeds != augment_seeds(7, 1, {"epoch": 2, "step": 6}, 3)
+
+
+def _seeds_by_row(batch_size: int, world_size: int, accumulation: int) -> dict[int, int]:
+    """Every row's augmentation seed over two epochs of 40 rows, each rank reading its ShuffledBatches."""
+    from drivetrain.engine.batches import ShuffledBatches
+
+    out = {}
+    for rank in range(world_size):
+        sampler = ShuffledBatches(40, batch_size, seed=1, rank=rank, world_size=world_size, accumulation=accumulation)
+        for epoch in range(2):
+            for keys in sampler:  # the state read right after a batch is the position after it
+                seeds = augment_seeds(7, rank, sampler.state_dict(), len(keys))
+                out.update({(epoch, row): seed for row, seed in zip(keys, seeds, strict=True)})
+    return out
+
+
+def test_a_row_draws_the_same_seed_on_any_split_of_the_global_batch():
+    """Global batch 16: one rank × 16, 1 × 8 × accumulation 2, 2 ranks × 4 × 2 and 4 ranks × 4 give every row of
+    an epoch the same seed, and different rows (and epochs) different ones."""
+    reference = _seeds_by_row(16, 1, 1)
+    assert len(reference) == 64 and len(set(reference.values())) == 64
+    for split in [(8, 1, 2), (4, 2, 2), (4, 4, 1)]:
+        assert _seeds_by_row(*split) == reference, split
+
+
+def test_a_frame_draws_the_same_seed_on_any_split_of_the_same_streams():
+    """Four scene streams as 1 rank × 4, 2 × 2 or 4 × 1: every frame of an epoch gets the same seed."""
+    from drivetrain.data.sampler import SequenceSampler
+
+    def seeds(batch_size: int, world_size: int) -> dict[int, int]:
+        out = {}
+        for rank in range(world_size):
+            sampler = SequenceSampler([5, 3, 7, 4, 6, 2], batch_size, seed=2, rank=rank, world_size=world_size)
+            for keys in sampler:
+                drawn = augment_seeds(7, rank, sampler.state_dict(), len(keys))
+                out.update({key.index: seed for key, seed in zip(keys, drawn, strict=True)})
+        return out
+
+    reference = seeds(4, 1)
+    assert len(set(reference.values())) == len(reference) > 0
+    assert seeds(2, 2) == reference and seeds(1, 4) == reference
 
 
 def _aug_overrides(out: Path, synth_root: Path, *extra: str) -> list[str]:

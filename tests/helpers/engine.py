@@ -135,13 +135,13 @@ def kill_launch(tag: str) -> None:
                 proc.kill()
 
 
-def torchrun(*args: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
-    """``python -m torch.distributed.run --nproc_per_node 2 ARGS`` on a free port; ``env`` extends cli_env.
+def torchrun(*args: str, timeout: float = 600, nproc: int = 2, **env: str) -> subprocess.CompletedProcess:
+    """``python -m torch.distributed.run --nproc_per_node NPROC ARGS`` on a free port; ``env`` extends cli_env.
 
     On a timeout the launcher and its ranks are killed (:func:`kill_launch`) and the error shows their output.
     """
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           *args]  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+           "--master_port", str(free_port()), *args]  # fmt: skip
     tag = uuid.uuid4().hex
     proc = subprocess.Popen(
         cmd, env=cli_env(**env, **{LAUNCH_ENV: tag}), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -5,8 +5,9 @@ Every dataset is batched by a *batch sampler* and a collate function:
 - a dataset that brings its own batching provides ``batch_sampler(batch_size, *, seed, shuffle, rank,
   world_size)`` and ``collate(samples)`` — e.g. :class:`drivetrain.data.sources.StreamingFrames`, whose scene
   sequences keep each batch slot on consecutive frames of one scene for streaming models;
-- any other map-style dataset gets :class:`ShuffledBatches` (a per-epoch permutation of the rows, sharded
-  by rank) and torch's default collate.
+- any other map-style dataset gets :class:`ShuffledBatches` (a per-epoch permutation of the rows, cut into global
+  batches of ``data.batch_size × ranks × train.accumulation`` and sharded by rank, with a global position, so a run
+  resumes on any split of the global batch) and torch's default collate.
 
 A batch sampler yields lists of dataset keys (a row number, or an object whose ``index`` is one) for the
 rest of the current epoch and then moves itself to the next epoch; ``state_dict()`` read right after it
@@ -93,51 +94,75 @@ def brings_own_batching(dataset: Dataset) -> bool:
 
 
 class ShuffledBatches:
-    """Batches of dataset rows: a per-epoch permutation, sharded across ranks, resumable mid-epoch.
+    """Batches of dataset rows: a per-epoch permutation in global steps, sharded across ranks, resumable mid-epoch
+    and on another number of ranks.
 
     The permutation is drawn from ``(seed, epoch)`` alone (a private ``torch.Generator``, the same on every
-    rank); rank ``r`` of ``R`` takes every ``R``-th row of it, and its share is cut into batches of
-    ``batch_size``. The tails that do not divide evenly (across ranks, then into batches) are dropped, so
-    ranks stay in step and every batch is full.
+    rank). The epoch is cut into *global steps* of ``GB = batch_size × world_size × accumulation`` rows (one
+    optimizer step of the whole run): global step ``s`` covers permutation rows ``[s·GB, (s+1)·GB)``, and its
+    micro-batch ``i`` the rows ``[s·GB + i·B·R, s·GB + (i+1)·B·R)``, of which rank ``r`` takes every ``R``-th
+    (from the ``r``-th on). The tail of fewer than ``GB`` rows is dropped, so every optimizer step sees ``GB``
+    rows. Which rows an optimizer step sees, and where an epoch ends, depend on ``GB`` only: two ranks × batch
+    ``B``, one rank × ``B`` × accumulation 2 and one rank × ``2B`` read the same rows in the same steps (another
+    rank holds them, in another micro-batch). With accumulation 1 this is the split of every ``R``-th row to
+    rank ``r`` that earlier drivetrain made; with accumulation ``A > 1`` the epoch now ends after whole optimizer
+    steps (it used to end after ``⌊size / R / B⌋`` micro-batches, possibly mid-step).
+
+    The position is global: ``sample``, the rows of the epoch consumed by all ranks together (after a micro-batch
+    ``s·GB + (i+1)·B·R``), beside ``epoch``; ``step`` (this run's micro-batches into the epoch) is kept beside it
+    for the seeds that read it. A state loads into a sampler of the same ``GB`` on any number of ranks, batch size
+    and accumulation, when its ``sample`` falls on a micro-batch boundary of this one (a checkpoint's always falls
+    on an optimizer step's).
 
     Args:
         size: dataset length.
-        batch_size: rows per batch.
+        batch_size: rows per micro-batch per rank, ``B``.
         seed: permutation seed.
         shuffle: permute (True) or keep dataset order (False).
         rank, world_size: this process's shard.
+        accumulation: micro-batches per optimizer step, ``A``.
     """
 
     def __init__(
-        self, size: int, batch_size: int, *, seed: int = 0, shuffle: bool = True, rank: int = 0, world_size: int = 1
+        self,
+        size: int,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        rank: int = 0,
+        world_size: int = 1,
+        accumulation: int = 1,
     ) -> None:
-        if size < world_size:
-            raise ValueError(f"dataset: {size} samples cannot be split across {world_size} ranks")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank: must be in [0, {world_size}), got {rank}")
-        if size // world_size < batch_size:
+        if accumulation < 1:
+            raise ValueError(f"accumulation: must be ≥ 1, got {accumulation}")
+        if size < batch_size * world_size * accumulation:
             raise ValueError(
-                f"data.batch_size: {batch_size} is larger than the {size // world_size} samples per rank per epoch"
+                f"one optimizer step takes {batch_size} × {world_size} rank(s) × {accumulation} micro-batch(es) = "
+                f"{batch_size * world_size * accumulation} samples, more than its {size}"
             )
         self.size, self.batch_size, self.seed, self.shuffle = size, batch_size, seed, shuffle
-        self.rank, self.world_size = rank, world_size
-        self.epoch, self.step = 0, 0  # the next batch to yield
+        self.rank, self.world_size, self.accumulation = rank, world_size, accumulation
+        self.global_batch = batch_size * world_size * accumulation
+        self.epoch, self.step = 0, 0  # the next micro-batch to yield
         self._cached: tuple[int, torch.Tensor] | None = None
 
     def __len__(self) -> int:
-        """Batches per rank per epoch."""
-        return self.size // self.world_size // self.batch_size
+        """Micro-batches per rank per epoch: ``A`` per global step."""
+        return self.size // self.global_batch * self.accumulation
 
     def epoch_indices(self, epoch: int) -> torch.Tensor:
-        """This rank's rows for ``epoch``, batch after batch: int64 ``(len(self), batch_size)``."""
+        """This rank's rows for ``epoch``, micro-batch after micro-batch: int64 ``(len(self), batch_size)``."""
         if self._cached is not None and self._cached[0] == epoch:
             return self._cached[1]
         if self.shuffle:
             order = torch.randperm(self.size, generator=torch.Generator().manual_seed(mix_seed(self.seed, epoch)))
         else:
             order = torch.arange(self.size)
-        share = order[: self.size // self.world_size * self.world_size][self.rank :: self.world_size]
-        rows = share[: len(self) * self.batch_size].view(len(self), self.batch_size)
+        used = order[: len(self) * self.batch_size * self.world_size]  # whole global steps
+        rows = used.view(len(self), self.batch_size, self.world_size)[:, :, self.rank]  # every R-th row is rank r's
         self._cached = (epoch, rows)
         return rows
 
@@ -151,25 +176,65 @@ class ShuffledBatches:
         self.epoch, self.step = epoch + 1, 0
 
     def state_dict(self) -> dict[str, int]:
-        """The position of the next batch (epoch, step) and the batch and world sizes it depends on."""
-        return {"epoch": self.epoch, "step": self.step, "batch_size": self.batch_size, "world_size": self.world_size}
+        """The global position of the next micro-batch (``epoch``, ``sample``: rows of the epoch all ranks consumed)
+        and the global batch it is counted in; ``step``, ``batch_size``, ``world_size`` and ``accumulation`` say
+        how this run split it."""
+        return {
+            "epoch": self.epoch,
+            "sample": self.step * self.batch_size * self.world_size,
+            "global_batch": self.global_batch,
+            "step": self.step,
+            "batch_size": self.batch_size,
+            "world_size": self.world_size,
+            "accumulation": self.accumulation,
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Continue at ``state["epoch"]``, ``state["step"]``; the batch size and world size must match."""
-        missing = [key for key in ("epoch", "step", "batch_size", "world_size") if key not in state]
+        """Continue at the global position ``state["epoch"]``, ``state["sample"]`` (a ValueError line when it holds
+        another global batch, or falls inside one of this run's micro-batches).
+
+        A state without ``sample`` (drivetrain before elastic resume: ``epoch``, ``step`` per rank) continues with
+        the same batch size and world size only, at ``step × batch_size × world_size`` rows."""
+        if "sample" not in state:  # an older checkpoint's per-rank position (drivetrain.engine.compat, rule 4)
+            state = _global_position(state, self)
+        missing = [key for key in ("epoch", "sample", "global_batch") if key not in state]
         if missing:
             raise ValueError(f"sampler: the state has no {missing[0]!r} (it holds {', '.join(state)})")
-        for key in ("batch_size", "world_size"):
-            if state[key] != getattr(self, key):
-                raise ValueError(
-                    f"sampler: the checkpoint was written with {key} {state[key]}, this run has "
-                    f"{getattr(self, key)}; resume with the same data.batch_size and number of ranks"
-                )
-        if not 0 <= state["step"] <= len(self):
-            raise ValueError(f"sampler: step {state['step']} is outside [0, {len(self)}]")
-        self.epoch, self.step = int(state["epoch"]), int(state["step"])
+        if state["global_batch"] != self.global_batch:
+            raise ValueError(
+                f"sampler: the checkpoint was written with a global batch of {state['global_batch']}, this run has "
+                f"{self.global_batch}; keep data.batch_size × ranks × train.accumulation"
+            )
+        per_micro = self.batch_size * self.world_size
+        sample, end = int(state["sample"]), len(self) * per_micro
+        if not 0 <= sample <= end:
+            raise ValueError(f"sampler: sample {sample} is outside [0, {end}]")
+        if sample % per_micro:
+            raise ValueError(
+                f"sampler: position {sample} falls inside a micro-batch of {self.batch_size} × {self.world_size} "
+                "rank(s); resume from a checkpoint (taken after an optimizer step)"
+            )
+        self.epoch, self.step = int(state["epoch"]), sample // per_micro
         if self.step == len(self):  # the state is the end of an epoch
             self.epoch, self.step = self.epoch + 1, 0
+
+
+def _global_position(state: dict[str, int], sampler: ShuffledBatches) -> dict[str, int]:
+    """An older checkpoint's per-rank position ``(epoch, step)`` as a global one; its batch and world sizes must be
+    this run's (one ValueError line otherwise)."""
+    missing = [key for key in ("epoch", "step", "batch_size", "world_size") if key not in state]
+    if missing:
+        raise ValueError(f"sampler: the state has no {missing[0]!r} (it holds {', '.join(state)})")
+    for key in ("batch_size", "world_size"):
+        if state[key] != getattr(sampler, key):
+            raise ValueError(
+                f"sampler: the checkpoint was written with {key} {state[key]}, this run has "
+                f"{getattr(sampler, key)}; a checkpoint of a drivetrain before elastic resume continues with the "
+                "same data.batch_size and number of ranks"
+            )
+    per_micro = sampler.batch_size * sampler.world_size
+    sample = min(int(state["step"]) * per_micro, len(sampler) * per_micro)  # past the new epoch end: the next epoch
+    return {"epoch": int(state["epoch"]), "sample": sample, "global_batch": sampler.global_batch}
 
 
 class _Recorded:
@@ -221,6 +286,8 @@ class BatchStream:
         cfg: loader settings (batch size, shuffle, workers, pinning, prefetch).
         seed: shuffle seed, the same on every rank; also seeds the loader's worker seeds with the rank.
         rank, world_size: this process's shard.
+        accumulation: micro-batches per optimizer step (``train.accumulation``): with the batch size and world size,
+            the global batch that cuts a :class:`ShuffledBatches` epoch (a dataset's own batching does not take it).
         transform: ``transform(batch, position)`` run in the loader (in its workers when it has any) after
             collating, with the sampler position after the batch (e.g. ``Augmentation(on="worker")``); needs a
             dataset that brings its own batching.
@@ -234,6 +301,7 @@ class BatchStream:
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
+        accumulation: int = 1,
         transform: Callable[[ModelBatch, dict[str, Any]], ModelBatch] | None = None,
     ) -> None:
         self.dataset, self.cfg, self.seed, self.rank = dataset, cfg, seed, rank
@@ -243,12 +311,12 @@ class BatchStream:
                 self.sampler: BatchSampler = dataset.batch_sampler(cfg.batch_size, **shard)
                 collate = dataset.collate
             else:
-                self.sampler = ShuffledBatches(len(dataset), cfg.batch_size, **shard)
+                self.sampler = ShuffledBatches(len(dataset), cfg.batch_size, **shard, accumulation=accumulation)
                 collate = None  # torch's default collate
         except ValueError as err:  # the data cannot fill a batch of this size: a config mistake, said in one line
             raise ConfigError(
                 f"data.batch_size: {cfg.batch_size} per rank × {world_size} rank(s) does not fit "
-                f"{type(dataset).__name__} ({err}); lower data.batch_size or use more data"
+                f"{type(dataset).__name__} ({err}); lower data.batch_size (or train.accumulation) or use more data"
             ) from None
         self._recorded = _Recorded(self.sampler, positioned=transform is not None)
         if transform is not None:

@@ -5,7 +5,7 @@ Rules (old form → what it maps to):
 
 1. **Flat camera augmentation in a saved config.** ``data.augment: {image: ..., bev: ...}`` (before
    ``data.augment`` had ``camera`` and ``lidar`` sections) → ``data.augment: {camera: {image: ..., bev: ...},
-   lidar: null}``. The draws are the same (the camera draws first from the same per-batch seed), so such a run
+   lidar: null}``. The draws are the same (the camera draws first from the same seeds), so such a run
    resumes exactly (:func:`upgrade_saved_config`).
 2. **Model arguments that moved out of a model.** Each model's spec lists them (``ModelSpec.moved_args``: old key
    → new dotted key, or dropped): e.g. the lidar models' ``model.args.augment`` → ``data.augment.lidar`` and
@@ -16,10 +16,27 @@ Rules (old form → what it maps to):
    :func:`refuse_own_augmentation_generator`); evaluation drops it and scores the weights
    (:func:`drop_own_augmentation_generator`).
 
+4. **Per-rank data positions.** A ``data`` state of a drivetrain before elastic resume (:mod:`drivetrain.engine.resume`)
+   counts each rank's batches: ``ShuffledBatches``' ``(epoch, step)`` without the global ``sample``, a
+   ``SequenceSampler``'s position without ``streams`` (scenes dealt round-robin to ranks, then to slots). It continues
+   on the same ``data.batch_size`` and number of ranks (anything else is one line naming the two), the first at
+   ``step × batch_size × ranks`` rows (with accumulation 1 the rows each rank reads are the ones it would have read;
+   with more, epochs now end after whole optimizer steps), the second keeping its per-rank dealing
+   (``dealing="per_rank"``) for the rest of the run. Read by the samplers' ``load_state_dict``, beside the current
+   form (:class:`drivetrain.engine.batches.ShuffledBatches`, :class:`drivetrain.data.sampler.SequenceSampler`).
+   Not carried over: such a run's augmentation was drawn per batch from (run seed, rank, batch position); it
+   continues with today's per-sample draws (:func:`drivetrain.pipeline.augment.camera.augment_seeds`), so an
+   augmented run resumes, but its later draws are not the ones the older drivetrain would have made.
+
+5. **A streaming model's checkpoint without ``streams``.** Before every rank's stream state was checkpointed
+   (:class:`drivetrain.engine.state.StreamState`), only the model state held it, as rank 0's rows: such a checkpoint
+   resumes with those (every rank starts from rank 0's memory, as it did then); read in
+   :func:`drivetrain.engine.resume.resume_run`, which lets the component load ``None``.
+
 The saved config is upgraded wherever a checkpoint's config is read: the resume check against the run's config
 (:mod:`drivetrain.engine.resume`) and ``drivetrain eval --checkpoint`` (:mod:`drivetrain.engine.evaluation`).
 
-Four older forms are read beside the code that reads the current form, not here:
+Four older forms are read beside the code that reads the current form, not here (besides rule 4's):
 
 - a checkpoint's ``format: 1`` field → format version 1 or 2, told by its data position
   (:func:`drivetrain.engine.state.format_version`: the checkpointer reads it, and importing this module there

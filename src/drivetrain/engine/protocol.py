@@ -14,6 +14,7 @@ it — and call the member through the protocol, never probing the model for a n
 - :class:`FrozenEncoder` — ``frozen_encoder``, ``encode``: ``speed.encoder_overlap``;
 - :class:`TTADetector` — ``enable_tta``: ``drivetrain eval --tta``;
 - :class:`MatchedQueries` — ``matched_queries``: the trainer (the GPU solver's kernels compiled before step 1);
+- :class:`StreamMemory` — ``stream_state``, ``load_stream_state``: the trainer (checkpoints every rank's streams);
 - :class:`VoxelModel` — ``grid_test``: ``drivetrain viz frame`` (the extent it draws).
 
 Members must be methods, properties, class attributes or plain instance attributes: Python 3.12+ checks protocol
@@ -51,6 +52,7 @@ __all__ = [
     "MatchedQueries",
     "Model",
     "Sensors",
+    "StreamMemory",
     "TTADetector",
     "VoxelModel",
     "WeightedLoss",
@@ -135,6 +137,22 @@ class MatchedQueries(Protocol):
         head's queries plus its propagated memory queries): the trainer compiles the GPU solver's kernels for them
         before the first step (:func:`drivetrain.match.warm_gpu_solver`); a matching not listed is compiled after the
         step that first meets it."""
+
+
+@runtime_checkable
+class StreamMemory(Protocol):
+    """A model that carries state from one frame of a batch slot (a scene stream) to the next, per sample (StreamPETR's
+    memory bank): the trainer checkpoints every rank's rows and hands each rank its streams' rows back on a resume,
+    also on another number of ranks (:class:`~drivetrain.engine.state.StreamState`)."""
+
+    def stream_state(self) -> dict[str, torch.Tensor]:
+        """The state of this rank's streams: tensors whose first dim is its ``B`` streams, in batch-slot order
+        (``{}`` before the first frame)."""
+        ...
+
+    def load_stream_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Continue from ``state`` (:meth:`stream_state`'s form, on any device; ``{}`` empties it)."""
+        ...
 
 
 @runtime_checkable

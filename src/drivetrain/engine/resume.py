@@ -5,11 +5,36 @@ Two steps, so that the ranks of a process group can agree on the checkpoint in b
 auto`` takes the run's newest committed checkpoint that loads (none: the run starts from step 0, saying why when
 corrupt ones were skipped); ``--resume DIR`` takes that checkpoint directory (or its ``state.pt``); each of these is
 one :class:`ConfigError` line: another format version, a config that differs from the saved one (read in today's
-spelling; the keys a resume may change excepted), another world size. :func:`restore_found`, once the components are
-built: a missing or an extra component and an older run's state that cannot continue exactly
+spelling; the keys a resume may change excepted), another global batch. :func:`restore_found`, once the components
+are built: a missing or an extra component and an older run's state that cannot continue exactly
 (:mod:`drivetrain.engine.compat`) are one ConfigError line each before anything is restored; then every component is
-restored in the mapping's order (the RNG states last). A resume with another ``train.steps`` that reshapes the
-learning-rate schedule warns.
+restored in the mapping's order (the RNG states last); a component's state this run cannot continue (a ValueError of
+its ``load_state_dict``, e.g. another number of scene streams) is one ConfigError line too. A resume with another
+``train.steps`` that reshapes the learning-rate schedule warns.
+
+**Elastic resume.** A run continues on any number of ranks, with any ``data.batch_size`` and
+``train.accumulation``, under any of the strategies ``none``, ``ddp`` and ``fsdp`` (and their options), when it keeps
+the *global batch* ``data.batch_size × ranks × train.accumulation`` (:func:`check_elastic`; otherwise one line names
+the ``train.accumulation`` that keeps it). What makes that exact:
+
+- the data position is global (:class:`~drivetrain.engine.batches.ShuffledBatches` counts the rows all ranks
+  consumed, and its epochs are cut in global batches; :class:`~drivetrain.data.sampler.SequenceSampler` deals
+  scenes to the run's ``data.batch_size × ranks`` streams, which a resume must keep), so every optimizer step reads
+  the rows (frames) the uninterrupted run's step read;
+- the model, optimizer and loss-scaler states are full (unsharded) ones, loaded through the strategy
+  (:class:`~drivetrain.engine.state.StrategyState`), and the step and schedule are counters; a streaming model's
+  per-stream state (StreamPETR's memory) is every rank's, and each rank takes its streams' rows
+  (:class:`~drivetrain.engine.state.StreamState`);
+- the RNG states are restored per rank on the same number of ranks; on another number each rank's are re-derived
+  from ``(run.seed, rank, iteration)`` (:class:`~drivetrain.engine.state.RngState`). Draws that depend on the rank
+  rather than on the sample (dropout masks) then differ from the uninterrupted run's; the augmentation draws each
+  sample's parameters from its place in the epoch's global order, not from these states
+  (:func:`~drivetrain.pipeline.augment.camera.augment_seeds`), so it is the same on any split.
+
+Only rounding differs: a gradient that two ranks averaged is a sum over one rank's micro-batches now, in another
+order (float64 runs agree to a few ulps per summed term, tests/test_engine_elastic.py). A DeepSpeed run resumes
+only under DeepSpeed; a checkpoint of a drivetrain before elastic resume continues on its own split only
+(:mod:`drivetrain.engine.compat`, rule 4).
 
 After a resume, :func:`set_aside_unusable` moves corrupt checkpoints and those of an abandoned continuation aside, so
 that a later ``--resume auto`` cannot pick them over this run's progress.
@@ -38,7 +63,13 @@ from drivetrain.engine.config import ConfigError, TrainConfig, config_diff, conf
 from drivetrain.engine.schedule import lr_factor
 from drivetrain.engine.state import Stateful, TrainState
 
-__all__ = ["Found", "find_resume", "restore_found", "set_aside_unusable"]
+__all__ = ["ELASTIC_KEYS", "Found", "check_elastic", "find_resume", "restore_found", "set_aside_unusable"]
+
+# Config keys a resume may change when the global batch is kept (check_elastic), beside the distributed.* keys of
+# the torch-native strategies: how the global batch is split does not change what is learned (up to rounding).
+ELASTIC_KEYS = ("data.batch_size", "train.accumulation")
+_DEEPSPEED_KEYS = ("distributed.deepspeed_zero_stage", "distributed.deepspeed_offload_optimizer",
+                   "distributed.deepspeed_offload_params")  # fmt: skip
 
 
 @dataclass
@@ -71,7 +102,7 @@ def find_resume(resume: str, checkpointer: Checkpointer, cfg: TrainConfig, world
 
     Raises:
         ConfigError: the checkpoint cannot be found or read, is of another format version, was written with another
-            config (the keys a resume may change excepted) or by another number of ranks (one line naming it).
+            config (the keys a resume may change excepted) or with another global batch (one line naming it).
     """
     if resume == "auto":
         found = checkpointer.load_latest()
@@ -90,7 +121,7 @@ def find_resume(resume: str, checkpointer: Checkpointer, cfg: TrainConfig, world
     except CheckpointError as err:
         raise ConfigError(f"--resume: {err}") from None
     saved = upgrade_saved_config(ckpt["config"])
-    diff = config_diff(saved, config_to_dict(cfg))
+    diff = [line for line in config_diff(saved, config_to_dict(cfg)) if not _elastic(line.partition(":")[0])]
     if diff:
         raise ConfigError(
             f"--resume: the config differs from the one checkpoint {path} was written with:\n  "
@@ -98,11 +129,7 @@ def find_resume(resume: str, checkpointer: Checkpointer, cfg: TrainConfig, world
             + "\n"
             + _ways_forward(saved, [line.split(": ", 1)[0] for line in diff], path)
         )
-    if ckpt["world_size"] != world_size:
-        raise ConfigError(
-            f"--resume: checkpoint {path} was written by {ckpt['world_size']} ranks, this run has "
-            f"{world_size}; per-rank RNG and data positions need the same number"
-        )
+    check_elastic(saved, int(ckpt["world_size"]), cfg, world_size, path)
     return Found(path, ckpt)
 
 
@@ -129,12 +156,17 @@ def restore_found(
     ckpt, path, found.checkpoint = found.checkpoint, found.path, None
     if ckpt is None:
         return
+    if "streams" in components and "streams" not in ckpt:  # older: the model state holds rank 0's (compat rule 5)
+        ckpt = {**ckpt, "streams": None}
     try:  # before anything is read from it: a missing or an extra component
         check_components(ckpt, components, path)
     except CheckpointError as err:
         raise ConfigError(f"--resume: {err}") from None
     refuse_own_augmentation_generator(model, ckpt, path)
-    checkpointer.restore(ckpt, components, path)  # in the mapping's order: the RNG states last
+    try:
+        checkpointer.restore(ckpt, components, path)  # in the mapping's order: the RNG states last
+    except ValueError as err:  # a component's state this run cannot continue (e.g. another number of scene streams)
+        raise ConfigError(f"--resume: checkpoint {path}: {str(err).splitlines()[0]}") from None
     _warn_schedule_change(cfg, ckpt["config"]["train"]["steps"], state.step)
 
 
@@ -178,6 +210,61 @@ def _reads_back(text: str) -> bool:
         return load_yaml(text) == text  # bounded, as an override's value is read
     except yaml.YAMLError:
         return False
+
+
+def _elastic(key: str) -> bool:
+    """Whether config key ``key`` may differ on a resume that keeps the global batch (:func:`check_elastic`)."""
+    return key in ELASTIC_KEYS or (key.startswith("distributed.") and key not in _DEEPSPEED_KEYS)
+
+
+def check_elastic(saved: dict[str, Any], saved_world_size: int, cfg: TrainConfig, world_size: int, path: Path) -> None:
+    """Refuse, in one line, a resume that changes the global batch or moves to or from DeepSpeed.
+
+    The global batch is ``data.batch_size × ranks × train.accumulation``; when this run's differs from the
+    checkpoint's, the line names the ``train.accumulation`` (else the ``data.batch_size``) that would keep it on
+    this many ranks. Everything else about the split (ranks, batch size, accumulation, the strategy among
+    ``none``, ``ddp`` and ``fsdp`` and its options) may change.
+
+    Args:
+        saved: the checkpoint's config in today's spelling.
+        saved_world_size: the ranks that wrote the checkpoint.
+        cfg: this run's configuration.
+        world_size: this run's number of ranks.
+        path: the checkpoint, for the message.
+
+    Raises:
+        ConfigError: the global batch is not kept, or the strategy moves to or from ``deepspeed``.
+    """
+    try:
+        batch, accumulation = int(saved["data"]["batch_size"]), int(saved["train"]["accumulation"])
+        saved_strategy = str(saved["distributed"]["strategy"])
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(
+            f"--resume: checkpoint {path}: its config names no data.batch_size, train.accumulation or "
+            "distributed.strategy, which the global batch check reads"
+        ) from None
+    before, now = batch * saved_world_size * accumulation, cfg.data.batch_size * world_size * cfg.train.accumulation
+    if before != now:
+        if before % (cfg.data.batch_size * world_size) == 0:
+            keep = f"set train.accumulation={before // (cfg.data.batch_size * world_size)} to keep it"
+        elif before % (world_size * cfg.train.accumulation) == 0:
+            keep = f"set data.batch_size={before // (world_size * cfg.train.accumulation)} to keep it"
+        elif before % world_size == 0:
+            keep = f"set data.batch_size × train.accumulation to {before // world_size} (e.g. data.batch_size="
+            keep += f"{before // world_size} and train.accumulation=1) to keep it"
+        else:
+            keep = f"it does not divide among {world_size} ranks: resume on a number of ranks that divides {before}"
+        raise ConfigError(
+            f"--resume: checkpoint {path} was written with a global batch of {before} ({batch} × "
+            f"{saved_world_size} rank(s) × {accumulation}); this run has {now} ({cfg.data.batch_size} × {world_size} "
+            f"× {cfg.train.accumulation}): {keep}"
+        )
+    strategies = (saved_strategy, cfg.distributed.strategy)
+    if strategies[0] != strategies[1] and "deepspeed" in strategies:
+        raise ConfigError(
+            f"--resume: checkpoint {path} was written under distributed.strategy {strategies[0]!r}, this run has "
+            f"{strategies[1]!r}; a run resumes under none, ddp and fsdp alike, but DeepSpeed only under DeepSpeed"
+        )
 
 
 def _load_named(resume: str, checkpointer: Checkpointer) -> tuple[Path, dict[str, Any]]:

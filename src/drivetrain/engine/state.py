@@ -1,13 +1,15 @@
 """What a checkpoint holds: a dict of stateful components, and the format version that says how to read it.
 
 The trainer names everything it checkpoints once, as a mapping ``{name: component}`` (model, optimizer, loss
-scaler, loop counters (:class:`TrainState`), schedule, data position, RNG states); every component has
+scaler, loop counters (:class:`TrainState`), schedule, data position, a streaming model's per-stream state
+(:class:`StreamState`), RNG states); every component has
 ``state_dict()`` and ``load_state_dict(state)`` (:class:`Stateful`). A checkpoint is one dict: each component's
 state under its name, beside the :data:`METADATA` the trainer checks before restoring (``format_version``,
 ``world_size``, ``config``, ``versions``). :class:`~drivetrain.engine.checkpoint.Checkpointer` iterates the mapping
 on save and restore; a checkpoint missing a component of the mapping, or holding one the mapping lacks, is refused
 in one line naming it.
-This module imports only :mod:`drivetrain.engine.rng` of drivetrain's, so the checkpointer can import it.
+This module imports only :mod:`drivetrain.engine.rng` and :mod:`drivetrain.seeding` of drivetrain's, so the
+checkpointer can import it.
 
 Format versions (:data:`FORMAT_VERSION` is the one this drivetrain writes and reads):
 
@@ -30,7 +32,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from drivetrain.engine.rng import capture_rng, restore_rng
+import torch
+
+from drivetrain.engine.rng import capture_rng, restore_rng, seed_all
+from drivetrain.seeding import mix_seed
 
 __all__ = [
     "FORMAT_VERSION",
@@ -43,6 +48,7 @@ __all__ = [
     "ScheduleState",
     "Stateful",
     "StrategyState",
+    "StreamState",
     "TrainState",
     "format_version",
 ]
@@ -52,6 +58,7 @@ VERSION_KEY = "format_version"
 OLD_VERSION_KEY = "format"  # the version field until version 2 was named format_version (see above)
 # What a checkpoint says about itself beside the components: written by the trainer, read before restoring.
 META_KEYS = ("world_size", "config", "versions")
+_RESEED = 0x5EED  # salt of the RNG streams re-derived on an elastic resume (RngState)
 METADATA = (VERSION_KEY, OLD_VERSION_KEY, *META_KEYS)
 
 
@@ -196,24 +203,78 @@ class ScheduleState:
 class RngState:
     """Every rank's RNG states (Python, NumPy, torch CPU and CUDA): a list in rank order, the same on every rank.
 
-    ``state_dict()`` gathers them (collective under torchrun); ``load_state_dict`` restores this rank's. It must
-    come last in the mapping: nothing restored after it may draw from the global RNGs.
+    ``state_dict()`` gathers them (collective under torchrun); ``load_state_dict`` restores this rank's when the
+    list has one state per rank of this run. A checkpoint of another number of ranks (an elastic resume,
+    :mod:`drivetrain.engine.resume`) has no state for some ranks and others' would be shared out arbitrarily, so then
+    every rank re-seeds its RNGs from ``(seed, rank, iteration)``: deterministic, different per rank, but not the
+    uninterrupted run's draws — what draws from them (dropout masks) continues differently; the data order and the
+    augmentation do not draw from them. It must come last in the mapping: nothing restored after it may draw from
+    the global RNGs.
 
     Args:
         ctx: this process's place in the process group (:class:`~drivetrain.engine.distributed.DistContext`):
-            ``rank`` and ``gather_to_main(obj)``.
+            ``rank``, ``world_size`` and ``gather_to_main(obj)``.
+        seed: the run seed (``run.seed``).
+        train: the loop counters (:class:`TrainState`, restored before this): the iteration a re-seed starts at.
     """
 
-    def __init__(self, ctx: Any) -> None:
-        self.ctx = ctx
+    def __init__(self, ctx: Any, seed: int = 0, train: Any = None) -> None:
+        self.ctx, self.seed, self.train = ctx, seed, train
 
     def state_dict(self) -> list[dict[str, Any]]:
         """Every rank's :func:`~drivetrain.engine.rng.capture_rng`, in rank order."""
         return self.ctx.gather_to_main(capture_rng())
 
     def load_state_dict(self, state_dict: list[dict[str, Any]]) -> None:
-        """Restore this rank's RNG states."""
-        restore_rng(state_dict[self.ctx.rank])
+        """Restore this rank's RNG states, or re-seed them when the list is of another number of ranks."""
+        if len(state_dict) == self.ctx.world_size:
+            restore_rng(state_dict[self.ctx.rank])
+            return
+        iteration = self.train.iteration if self.train is not None else 0
+        seed_all(mix_seed(_RESEED, self.seed, self.ctx.rank, iteration))
+
+
+class StreamState:
+    """A streaming model's per-stream state (:class:`~drivetrain.engine.protocol.StreamMemory`, e.g. StreamPETR's
+    memory bank) of every rank: a list in rank order, like :class:`RngState`'s.
+
+    The model's own state dict holds rank 0's rows only (module extra state), which every rank would load; this
+    component holds all of them. Rank ``r`` walks streams ``[r·B, (r+1)·B)`` of the run's ``B × ranks``
+    (:class:`~drivetrain.data.sampler.SequenceSampler`), so the ranks' rows, concatenated, are the streams in global
+    order, and a resume hands rank ``r`` of this run its ``B`` rows — on the same or another split of the same
+    streams. It comes after ``data`` in the mapping (whose sampler refuses another number of streams in one line).
+
+    Args:
+        ctx: this process's place in the process group (``rank``, ``world_size``, ``gather_to_main``).
+        model: the model (:class:`~drivetrain.engine.protocol.StreamMemory`).
+        batch_size: this run's streams per rank, ``data.batch_size``.
+    """
+
+    def __init__(self, ctx: Any, model: Any, batch_size: int) -> None:
+        self.ctx, self.model, self.batch_size = ctx, model, batch_size
+
+    def state_dict(self) -> list[dict[str, Any]]:
+        """Every rank's ``stream_state()`` on the CPU, in rank order (collective under torchrun)."""
+        mine = {name: value.detach().cpu() for name, value in self.model.stream_state().items()}
+        return self.ctx.gather_to_main(mine)
+
+    def load_state_dict(self, state_dict: list[dict[str, Any]] | None) -> None:
+        """Give this rank its streams' rows (``None``: a checkpoint from before this component, whose model state
+        holds rank 0's rows: kept as the model loaded them); a ValueError line when the rows are not ``B × ranks``."""
+        if state_dict is None:
+            return
+        if any(not part for part in state_dict):  # before the first frame: nothing to continue
+            self.model.load_stream_state({})
+            return
+        rows = {name: torch.cat([part[name] for part in state_dict]) for name in state_dict[0]}
+        streams = next(iter(rows.values())).shape[0]
+        b, rank = self.batch_size, self.ctx.rank
+        if streams != b * self.ctx.world_size:
+            raise ValueError(
+                f"streams: the checkpoint holds the state of {streams} scene streams, this run walks {b} × "
+                f"{self.ctx.world_size}; set data.batch_size={streams // self.ctx.world_size} to keep them"
+            )
+        self.model.load_stream_state({name: value[rank * b : (rank + 1) * b] for name, value in rows.items()})
 
 
 class FixedState:

@@ -10,7 +10,8 @@ answers the step's five questions:
 - ``step(apply, overflow)`` → ``(grad_norm, loss_scale, applied)``: apply the update (or skip it), move the
   loss scaler, zero the gradients;
 - ``full_state()`` / ``load_full_state()``: full (unsharded) model and optimizer state dicts, so a run
-  resumes under any strategy with the same number of ranks.
+  resumes under any of ``none``, ``ddp`` and ``fsdp`` on any number of ranks (the optimizer's parameters are
+  numbered by ``none`` and ``ddp``, named by ``fsdp``; loading maps one onto the other by the parameters' names).
 
 Strategies: ``none`` (one process), ``ddp`` (``DistributedDataParallel``, optionally ``static_graph``;
 non-final micro-batches under ``no_sync()``), ``fsdp`` (FSDP2 ``fully_shard`` on each unit,
@@ -90,9 +91,11 @@ class Strategy:
         return model_sd, self.optimizer.state_dict()
 
     def load_full_state(self, model_sd: dict, optim_sd: dict) -> None:
-        """Load full state dicts (every rank passes the complete dicts read from the checkpoint)."""
+        """Load full state dicts (every rank passes the complete dicts read from the checkpoint; the optimizer's
+        parameters keyed by number or by name, whichever strategy wrote it)."""
         self.model.load_state_dict(model_sd)
-        self.optimizer.load_state_dict(optim_sd)
+        names = _param_names(self.model, self.optimizer)
+        self.optimizer.load_state_dict(_rekeyed(optim_sd, names, list(range(len(names)))))
 
 
 class DDPStrategy(Strategy):
@@ -162,7 +165,36 @@ class FSDPStrategy(Strategy):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
         opts = StateDictOptions(full_state_dict=True)
+        names = _param_names(self.model, self.optimizer)
+        optim_sd = _rekeyed(optim_sd, names, names)  # keyed by name, as get_state_dict writes it
         set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=opts)
+
+
+def _param_names(model: nn.Module, optimizer: Any) -> list[str]:
+    """The names of the optimizer's parameters, in its order (the order ``optimizer.state_dict()`` numbers them)."""
+    names = {param: name for name, param in model.named_parameters()}
+    return [names[param] for group in optimizer.param_groups for param in group["params"]]
+
+
+def _rekeyed(optim_sd: dict, names: list[str], keys: list[Any]) -> dict:
+    """A full optimizer state dict with its parameters keyed by ``keys`` (this optimizer's, in its order).
+
+    ``optimizer.state_dict()`` (strategies none and ddp) numbers the parameters in the optimizer's order;
+    ``get_state_dict`` (fsdp) names them. A checkpoint of one loads under the other: a number is the parameter at
+    that place of ``names``, a name the parameter of that name (one ValueError line for a name this model lacks).
+    """
+    saved = [key for group in optim_sd["param_groups"] for key in group["params"]]
+    place = {name: i for i, name in enumerate(names)}
+    unknown = [key for key in saved if not (key in place if isinstance(key, str) else 0 <= key < len(names))]
+    if unknown:
+        raise ValueError(f"optimizer: the checkpoint holds parameter {unknown[0]!r}, which this model has not")
+    new = {key: keys[place[key] if isinstance(key, str) else key] for key in saved}
+    return {
+        "state": {new[key]: value for key, value in optim_sd["state"].items()},
+        "param_groups": [
+            {**group, "params": [new[key] for key in group["params"]]} for group in optim_sd["param_groups"]
+        ],
+    }
 
 
 def _fsdp_units(model: nn.Module, names: list[str]) -> list[nn.Module]:

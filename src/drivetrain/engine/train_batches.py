@@ -12,7 +12,8 @@ indices)``, with ``state_dict``/``load_state_dict`` for its position, a checkpoi
   autocast; with ``data.prefetch`` the next batch is copied (and transformed) on a side stream while one trains.
 
 The augmentation (camera and lidar, :class:`~drivetrain.pipeline.augment.stage.Augmentation`) draws each batch's
-parameters from (run seed, rank, batch position), so a resumed run draws the same.
+parameters per sample from (run seed, epoch, the sample's place in the epoch's global order), so a resumed run draws
+the same, also on another number of ranks.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def build_train_batches(
     data, device = cfg.data, ctx.device
     augment = None
     aug_cfg = data.augment
-    if aug_cfg is not None and aug_cfg.active:  # camera and lidar, drawn per batch from (seed, rank, position)
+    if aug_cfg is not None and aug_cfg.active:  # camera and lidar, drawn per sample (its global place)
         augment = Augmentation(aug_cfg, seed=cfg.run.seed, rank=ctx.rank, on=data.augment_on)
     in_worker = augment if data.augment_on == "worker" else None
     shard = {"seed": cfg.run.seed, "rank": ctx.rank, "world_size": ctx.world_size}
@@ -72,7 +73,7 @@ def build_train_batches(
         batches: Any = _dali_stream(cfg, dataset, shard, augment, device)
         on_device = _device_transform(cfg, model, None, device)
     else:
-        batches = BatchStream(dataset, data, **shard, transform=in_worker)
+        batches = BatchStream(dataset, data, **shard, accumulation=cfg.train.accumulation, transform=in_worker)
         on_device = _device_transform(cfg, model, augment if in_worker is None else None, device)
     if on_device is not None:  # augment / encode ahead on the device (on a side stream with data.prefetch)
         batches = DevicePrefetcher(batches, device, transform=on_device, overlap=data.prefetch)

@@ -42,13 +42,21 @@ from drivetrain.engine.distributed import DistContext, setup, teardown
 from drivetrain.engine.metrics import MetricsLogger
 from drivetrain.engine.periodic_evaluation import eval_frames, evaluate_step, evaluation_logged
 from drivetrain.engine.precision import autocast, fp32_outputs
-from drivetrain.engine.protocol import LossCounts
+from drivetrain.engine.protocol import LossCounts, StreamMemory
 from drivetrain.engine.resume import Found, find_resume, restore_found, set_aside_unusable
 from drivetrain.engine.rng import seed_all
 from drivetrain.engine.rundir import RunDirLock, check_run_dir, write_run_marker
 from drivetrain.engine.schedule import lr_factor
 from drivetrain.engine.solver_warmup import warm_known_shapes, warm_met_shapes
-from drivetrain.engine.state import FixedState, RngState, ScheduleState, Stateful, StrategyState, TrainState
+from drivetrain.engine.state import (
+    FixedState,
+    RngState,
+    ScheduleState,
+    Stateful,
+    StrategyState,
+    StreamState,
+    TrainState,
+)
 from drivetrain.engine.step_outcome import MicroBatches, decide, step_record
 from drivetrain.engine.stop_signals import StopSignals
 from drivetrain.engine.strategy import build_strategy
@@ -132,6 +140,7 @@ class Trainer:
         self.model = apply_speed(model, cfg.speed)
         self.term_weights = TermWeights(self.model, cfg.model.loss_weights)  # ConfigError for an unknown term
         self.counts_losses = isinstance(self.model, LossCounts)  # device counters logged beside the loss terms
+        self.streams = isinstance(self.model, StreamMemory)  # every rank's stream state is checkpointed
         self.strategy = build_strategy(self.model, cfg, self.ctx, lambda model: build_optimizer(model, cfg.optim))
         self.optimizer, self.scaler = self.strategy.optimizer, self.strategy.scaler
         dataset = build_dataset(cfg.data, generate=self.generate_data)
@@ -170,7 +179,8 @@ class Trainer:
             "train": self.state,
             "schedule": ScheduleState(self.cfg.schedule.kind, self.state),
             "data": self.data,
-            "rng": RngState(self.ctx),
+            **({"streams": StreamState(self.ctx, self.model, self.cfg.data.batch_size)} if self.streams else {}),
+            "rng": RngState(self.ctx, self.cfg.run.seed, self.state),  # re-seeded on another number of ranks
         }
 
     # ------------------------------------------------------------------ the loop

@@ -20,10 +20,11 @@ count to the sampler position, starting at the resume position; :meth:`DaliStrea
 state after the last batch handed out (the PyTorch loader's format, so a checkpoint resumes with either
 loader) and :meth:`DaliStream.load_state_dict` rebuilds the pipeline there.
 
-**Randomness.** The augmentation parameters are not drawn by DALI's RNG operators: each batch's come from a
-generator seeded by the run seed, rank and batch position (:func:`~.augment.camera.augment_seed`), as with
-``augment_on=worker|device``. So DALI's checkpointing is not needed for an exact resume — the position alone
-decides every draw — and the three paths draw the same parameters for the same batch.
+**Randomness.** The augmentation parameters are not drawn by DALI's RNG operators: each sample's come from a
+generator seeded by the run seed, epoch and the sample's place in the epoch's walk
+(:func:`~.augment.camera.augment_seeds`), as with ``augment_on=worker|device``. So DALI's checkpointing is not
+needed for an exact resume — the position alone decides every draw — and the three paths draw the same parameters
+for the same batch.
 
 **Bad data.** A missing or unreadable image, a file that is not a JPEG and an image of another size than the
 index records are found where the source reads the file, from its JPEG header, before DALI decodes it; a bad
@@ -58,7 +59,7 @@ from drivetrain.data.dataset import FrameDataset, FrameKey
 from drivetrain.data.errors import DataError
 from drivetrain.data.io import read_image, read_jpeg_bytes
 from drivetrain.data.sampler import SequenceSampler
-from drivetrain.pipeline.augment.camera import CameraAugConfig, augment_seed, draw_params, reference_geometry
+from drivetrain.pipeline.augment.camera import CameraAugConfig, augment_seeds, draw_params, reference_geometry
 from drivetrain.ragged import RaggedBatch
 
 __all__ = ["DaliStream", "dali_available"]
@@ -149,9 +150,10 @@ class DaliSource:
         encoded = [_read_jpeg(self.frames.root / f, (width, height)) for f in files]
         resize, crop, flip = [height, width], [0, 0], False
         if self.augment is not None:
-            generator = torch.Generator().manual_seed(augment_seed(self.seed, self.positions.sampler.rank, position))
-            params = draw_params(self.positions.sampler.batch_size, self.cameras, self.augment, generator)
-            params = params.select(info.idx_in_batch)
+            sampler = self.positions.sampler  # the sample's own generator, as the trainer's stage seeds it
+            seeds = augment_seeds(self.seed, sampler.rank, {**sampler.state_dict(), **position}, sampler.batch_size)
+            generator = torch.Generator().manual_seed(seeds[info.idx_in_batch])
+            params = draw_params(1, self.cameras, self.augment, generator)
             batch = reference_geometry(batch, params, self.augment)
             s = float(params.image.scale[0])
             resize = [int(height * s), int(width * s)]

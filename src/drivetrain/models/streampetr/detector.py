@@ -364,6 +364,14 @@ class StreamPETR(nn.Module):
             terms.update(self.focal_criterion(outputs["focal"], padded, impl=self.impl))
         return terms
 
+    def stream_state(self) -> dict[str, torch.Tensor]:
+        """The temporal memory of this rank's batch slots (``(B, M, ·)`` tensors; ``{}`` before the first frame)."""
+        return self.memory.get_extra_state()
+
+    def load_stream_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Continue with the memory ``state`` (:meth:`stream_state`'s; ``{}`` empties it)."""
+        self.memory.set_extra_state(state)
+
     # -------------------------------------------------------------------------------------------- inference
     @torch.no_grad()
     def detect(

@@ -19,9 +19,10 @@ Mirrors ``StreamPETRHead.reset_memory``, ``pre_update_memory`` and ``post_update
 (``projects/mmdet3d_plugin/models/dense_heads/streampetr_head.py``) with ``memory_refresh``,
 ``topk_gather`` and ``transform_reference_points`` of ``projects/mmdet3d_plugin/models/utils/misc.py``.
 Deviations, each for a stated reason: the memory is module state saved with checkpoints
-(``get_extra_state``), so a run resumed mid-scene continues with the same memory (the original starts
-empty); the memory tensors are created on the first ``pre_update`` as in the original, but ages are kept in
-float64 from the start (the original's first zeros are float32 and become float64 on the first
+(``get_extra_state``; every rank's through the detector's ``stream_state``,
+:class:`drivetrain.engine.state.StreamState`), so a run resumed mid-scene continues with the same memory (the
+original starts empty); the memory tensors are created on the first ``pre_update`` as in the original, but ages are
+kept in float64 from the start (the original's first zeros are float32 and become float64 on the first
 concatenation; the values are the same).
 """
 

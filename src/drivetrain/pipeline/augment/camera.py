@@ -14,11 +14,12 @@ their parameters together and applies them to a batch:
   numbers per sample and camera); :func:`apply` is deterministic, so the same parameters replay exactly;
 - :func:`reference_apply` does the same per sample and camera with the originals' code (PIL, NumPy, OpenCV,
   mmdet3d's box ops), on a CPU batch;
-- :func:`augment_seed` seeds each batch's generator from the run seed, the rank and the batch's sampler position,
-  which the checkpoint holds; the trainer's stage (:class:`~.stage.Augmentation`, camera and lidar alike)
-  draws from it — so a resumed run draws what the uninterrupted one drew, and the worker, device and DALI paths
-  draw the *same* parameters for the same batch (switching ``augment_on`` changes where the work runs, not what
-  the model sees).
+- :func:`augment_seeds` seeds each sample's generator from the run seed, the epoch and the sample's place in the
+  epoch's global order, read off the batch's sampler position, which the checkpoint holds; the trainer's stage
+  (:class:`~.stage.Augmentation`, camera and lidar alike) draws each sample's parameters from its own generator —
+  so a resumed run draws what the uninterrupted one drew, also on another number of ranks, and the worker, device
+  and DALI paths draw the *same* parameters for the same batch (switching ``augment_on`` changes where the work
+  runs, not what the model sees).
 
 The BEV step moves what the lidar frame carries: boxes (centres, sizes, yaw, velocities) and points through
 :func:`~.bev.apply_bev_aug`, and ``lidar2img``, ``ego_pose``, ``ego_pose_inv`` and ``lidar2ego`` through
@@ -78,11 +79,13 @@ __all__ = [
     "CameraAugConfig",
     "CameraAugParams",
     "apply",
-    "augment_seed",
+    "augment_seeds",
+    "cat_params",
     "draw_params",
     "reference_apply",
     "reference_geometry",
     "sample_params",
+    "sample_params_each",
 ]
 
 # GlobalRotScaleTransImage in StreamPETR's configs: rotation ±0.3925 rad, scale 0.95–1.05, no translation or flip;
@@ -92,6 +95,7 @@ STREAMPETR_BEV = BevAugConfig(
     flip_horizontal=0.0, flip_vertical=0.0, point_range=None, object_range=None, shuffle=False,
 )  # fmt: skip
 _SALT = 0xCA3  # keeps the augmentation seeds apart from the loader's (seed, rank, epoch, step) seeds
+_GLOBAL_SALT = 0xCA4  # seeds by a sample's place in the epoch's global order (augment_seeds)
 
 
 @dataclass(frozen=True)
@@ -185,9 +189,48 @@ class CameraAugParams:
         return CameraAugParams(one(self.image), one(self.bev), one(self.photometric), self.training)
 
 
-def augment_seed(seed: int, rank: int, position: dict[str, Any]) -> int:
-    """The seed of a batch's augmentation: run seed, rank and the sampler position after the batch."""
-    return mix_seed(_SALT, seed, rank, int(position["epoch"]), int(position["step"]))
+def augment_seeds(seed: int, rank: int, position: dict[str, Any], batch_size: int) -> list[int]:
+    """The seeds of a batch's samples' augmentation: the run seed, the epoch and each sample's place in the epoch's
+    global order, read off the sampler position after the batch — so a sample draws the same on any number of ranks
+    and with any split of the global batch (elastic resume, :mod:`drivetrain.engine.resume`).
+
+    The place of sample ``j`` of rank ``r``'s batch: for the engine's ``ShuffledBatches`` (a position with
+    ``sample``, the rows all ranks consumed, ``batch_size`` and ``world_size``) its row of the epoch's permutation,
+    ``sample − B·R + j·R + r``; for a ``SequenceSampler`` (a position with ``streams``) its frame of the epoch's walk,
+    ``(step − 1)·streams + r·B + j``. A sampler whose position says neither gets seeds from the rank, the epoch, the
+    batch's ``step`` and ``j`` (per rank: the same on a resume on the same ranks only).
+
+    Args:
+        seed: the run seed.
+        rank: this process's rank.
+        position: the sampler state after the batch (ints ``epoch``, ``step`` and the keys above).
+        batch_size: the batch's samples (the first ``batch_size`` places, when a batch dropped unreadable ones).
+
+    Returns:
+        One seed per sample, in batch order.
+    """
+    epoch = int(position["epoch"])
+    if "sample" in position:
+        per_rank, ranks = int(position["batch_size"]), int(position["world_size"])
+        first = int(position["sample"]) - per_rank * ranks + rank
+        places = [first + j * ranks for j in range(batch_size)]
+    elif "streams" in position:
+        first = (int(position["step"]) - 1) * int(position["streams"]) + rank * int(position["batch_size"])
+        places = [first + j for j in range(batch_size)]
+    else:
+        return [mix_seed(_SALT, seed, rank, epoch, int(position["step"]), j) for j in range(batch_size)]
+    return [mix_seed(_GLOBAL_SALT, seed, epoch, place) for place in places]
+
+
+def cat_params(parts: list[Any]) -> Any:
+    """Parameters of batches (a dataclass of per-sample tensors, nested dataclasses, None and flags) joined into one
+    batch's: tensors concatenated along their first (sample) dim, the rest taken from the first part."""
+    first = parts[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(parts)
+    if dataclasses.is_dataclass(first):
+        return type(first)(*(cat_params([getattr(p, f.name) for p in parts]) for f in fields(first)))
+    return first
 
 
 def sample_params(
@@ -199,6 +242,18 @@ def sample_params(
     num, cameras = batch.images.shape[:2]
     length = batch.points.max_size if batch.points is not None else 0
     return draw_params(num, cameras, config, generator, training=training, points=length)
+
+
+def sample_params_each(batch: Batch, config: CameraAugConfig, generators: list[torch.Generator]) -> CameraAugParams:
+    """:func:`sample_params` with sample ``b``'s training draws from ``generators[b]`` alone (each drawn as a batch
+    of one), so a sample's parameters do not depend on its batch-mates — its BEV shuffle keys' first ``n`` values
+    neither (a CPU generator's ``rand`` of ``P ≥ n`` values starts with those of ``n``)."""
+    _check_batch(batch, config)
+    if len(generators) != batch.images.shape[0]:
+        raise ValueError(f"generators: {len(generators)} for a batch of {batch.images.shape[0]}")
+    cameras = batch.images.shape[1]
+    length = batch.points.max_size if batch.points is not None else 0
+    return cat_params([draw_params(1, cameras, config, g, points=length) for g in generators])
 
 
 def draw_params(

@@ -17,10 +17,12 @@ Random draws are separate from the deterministic apply (kornia's scheme; docs/de
   mmdet3d's box and point ops) — what ``data.augment_on=worker`` runs in the loader workers;
 - :func:`apply_test_time` is the evaluation transform: the camera's test-time resize/crop/normalisation; the lidar has
   none (points outside the voxel grid are dropped by the voxelization, as mmdetection3d's test pipeline does);
-- :class:`Augmentation` is what the trainer holds: each batch's generator is seeded from the run seed, the rank
-  and the batch's sampler position after it (:func:`.camera.augment_seed`), which the checkpoint holds. So the
-  ranks draw different parameters, a resumed run draws what the uninterrupted one drew, and the worker, device
-  and DALI paths draw the same parameters for the same batch.
+- :class:`Augmentation` is what the trainer holds: each sample's generator is seeded from the run seed, the epoch
+  and the sample's place in the epoch's global order, read off the batch's sampler position after it
+  (:func:`.camera.augment_seeds`), which the checkpoint holds (:func:`sample_params_each`). So the samples (and
+  ranks) draw different parameters, a resumed run draws what the uninterrupted one drew — also on another number
+  of ranks or split of the global batch — and the worker, device and DALI paths draw the same parameters for the
+  same batch.
 
 What the lidar step does to a batch: points, ``gt_boxes`` and ``gt_labels`` through
 :func:`~.bev.apply_bev_aug` (rotation, scale, translation, flips, range filters, shuffle); on a batch that
@@ -48,10 +50,11 @@ from drivetrain.pipeline.augment.bev import (
     draw_bev_params,
     reference_bev_aug,
 )
-from drivetrain.pipeline.augment.camera import CameraAugConfig, CameraAugParams, augment_seed
+from drivetrain.pipeline.augment.camera import CameraAugConfig, CameraAugParams, augment_seeds, cat_params
 from drivetrain.pipeline.augment.camera import apply as camera_apply
 from drivetrain.pipeline.augment.camera import reference_apply as camera_reference_apply
 from drivetrain.pipeline.augment.camera import sample_params as camera_sample_params
+from drivetrain.pipeline.augment.camera import sample_params_each as camera_sample_params_each
 from drivetrain.pipeline.augment.image_ops import bev_aug_cameras
 from drivetrain.ragged import RaggedBatch
 
@@ -61,9 +64,10 @@ __all__ = [
     "Augmentation",
     "apply",
     "apply_test_time",
-    "augment_seed",
+    "augment_seeds",
     "reference_apply",
     "sample_params",
+    "sample_params_each",
 ]
 
 _SECTIONS = ("camera", "lidar")
@@ -171,6 +175,29 @@ def sample_params(
     return AugmentParams(camera, lidar)
 
 
+def sample_params_each(batch: Batch, config: AugmentConfig, generators: list[torch.Generator]) -> AugmentParams:
+    """:func:`sample_params`' training draws with sample ``b``'s from ``generators[b]`` alone (the camera's, then the
+    lidar's, each as a batch of one; :func:`.camera.sample_params_each`), concatenated: a sample's parameters do not
+    depend on its batch-mates, so it is augmented the same in any batch of any split of the global batch.
+
+    Args:
+        batch: a collated Batch (as :func:`sample_params`').
+        config: the recipe.
+        generators: one CPU ``torch.Generator`` per sample, in batch order.
+
+    Returns:
+        AugmentParams on the CPU (``lidar.shuffle_keys`` ``(B, P)`` for the batch's padded ``P``).
+    """
+    camera = camera_sample_params_each(batch, config.camera, generators) if config.camera is not None else None
+    lidar = None
+    if config.lidar is not None:
+        points = _points(batch)
+        if len(generators) != points.batch_shape[0]:
+            raise ValueError(f"generators: {len(generators)} for a batch of {points.batch_shape[0]}")
+        lidar = cat_params([draw_bev_params(1, points.max_size, config.lidar, g) for g in generators])
+    return AugmentParams(camera, lidar)
+
+
 def apply(batch: Batch, params: AugmentParams, config: AugmentConfig) -> Batch:
     """``batch`` augmented on its device, every sample at once (no host sync): the camera step, then the lidar one.
 
@@ -241,7 +268,8 @@ def apply_test_time(batch: Batch, config: AugmentConfig) -> Batch:
 class Augmentation:
     """The trainer's augmentation stage: ``augment(batch, position)`` on the batch's device (``on="device"``, in
     the prefetcher) or per sample on the CPU (``on="worker"``, in the loader workers), each batch's generator
-    seeded by :func:`~.camera.augment_seed` (run seed, rank, sampler position after the batch);
+    each sample's generator seeded by :func:`~.camera.augment_seeds` (run seed, epoch, the sample's place in the
+    epoch's global order, from the sampler position after the batch);
     :meth:`test_time` for evaluation.
 
     Args:
@@ -256,9 +284,10 @@ class Augmentation:
         self.config, self.seed, self.rank, self.on = config, seed, rank, on
 
     def params(self, batch: Batch, position: dict[str, Any]) -> AugmentParams:
-        """The draws of the batch taken at sampler ``position`` (the position after it)."""
-        generator = torch.Generator().manual_seed(augment_seed(self.seed, self.rank, position))
-        return sample_params(batch, self.config, generator)
+        """The draws of the batch taken at sampler ``position`` (the position after it): each sample's from its own
+        generator, seeded by :func:`~.camera.augment_seeds` (its place in the epoch's global order)."""
+        seeds = augment_seeds(self.seed, self.rank, position, batch.batch_size)
+        return sample_params_each(batch, self.config, [torch.Generator().manual_seed(s) for s in seeds])
 
     def __call__(self, batch: Batch, position: dict[str, Any]) -> Batch:
         """The augmented batch (see the class docstring)."""
