@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from drivetrain.engine import ConfigError, Trainer, load_config
-from drivetrain.engine.config import config_to_dict
+from drivetrain.engine.config import config_to_dict, with_global_batch
 from drivetrain.engine.resume import check_elastic
-from helpers.elastic import ELASTIC, GLOBAL_BATCH, STEPS, rows_per_step, split, streampetr_overrides, train_leg
+from helpers.elastic import ELASTIC, GLOBAL, GLOBAL_BATCH, STEPS, rows_per_step, split, streampetr_overrides, train_leg
 from helpers.engine import ROOT, SMOKE, assert_same_training, final_state, overrides, torchrun
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
@@ -41,6 +41,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The resumed runs: first legs in this process, the 2-rank legs in one torchrun, second legs here."""
     root = tmp_path_factory.mktemp("elastic-runs")
     train_leg(root / "one_to_two", "a", 3, *split(8, 2))  # continued on 2 ranks × 8 by the worker
+    train_leg(root / "same_command", "a", 3, *GLOBAL)  # train.global_batch: one process × 8 × 2, then 2 ranks × 8
     proc = torchrun(WORKER, str(root), timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     train_leg(root / "two_to_one", "b", STEPS, *split(8, 2), resume=True)  # 2 FSDP ranks × 8 → one process × 8 × 2
@@ -64,6 +65,23 @@ def test_a_resume_on_another_split_continues_the_uninterrupted_run(runs: Path, r
     state numbered (none, ddp) and named (fsdp) loads both ways."""
     assert_continues_exactly(runs / name, reference)
     assert final_state(runs / name)["world_size"] == (1 if name == "two_to_one" else 2)
+
+
+def test_one_command_continues_on_another_number_of_ranks_with_train_global_batch(runs: Path, reference: Path) -> None:
+    """``train.global_batch=16 data.batch_size=8`` in one process (accumulation 2), then the same overrides on 2
+    ranks (accumulation 1; DDP, since a process outside torchrun runs strategy none): what a torchrun
+    ``--nnodes MIN:MAX`` restart with another number of nodes does with one command."""
+    assert_continues_exactly(runs / "same_command", reference)
+    assert final_state(runs / "same_command")["config"]["train"]["accumulation"] == 1  # derived on 2 ranks
+
+
+def test_a_global_batch_that_does_not_split_into_the_ranks_micro_batches_is_one_line(tmp_path: Path) -> None:
+    cfg = load_config(SMOKE, overrides(tmp_path / "run", "train.global_batch=12", "data.batch_size=8"))
+    with pytest.raises(ConfigError, match=r"^train\.global_batch: 12 samples do not split .* 8 × 1;"):
+        Trainer(cfg)
+    assert not (tmp_path / "run").exists()  # refused before anything is written
+    derived = with_global_batch(load_config(SMOKE, ["train.global_batch=32", "data.batch_size=4"]), 4)
+    assert derived.train.accumulation == 2
 
 
 @pytest.mark.slow

@@ -21,6 +21,10 @@ STEPS = 6
 ELASTIC = [*NO_BATCH_COUPLING, *FLOAT64, *ON_CPU, "checkpoint.every=100"]
 
 
+# The same batch overrides for every leg: the accumulation follows from the global batch on each leg's ranks.
+GLOBAL = ["train.global_batch=16", "data.batch_size=8"]
+
+
 def split(batch_size: int, accumulation: int, strategy: str = "none") -> list[str]:
     """The overrides of one split of the global batch."""
     return [f"data.batch_size={batch_size}", f"train.accumulation={accumulation}", f"distributed.strategy={strategy}"]
@@ -44,8 +48,9 @@ def train_leg(run: Path, leg: str, steps: int, *extra: str, resume: bool = False
 
     trainer.data.next = recording
     trainer.fit()
+    accumulation = trainer.cfg.train.accumulation  # derived on this many ranks with train.global_batch
     torch.save(
-        {"rows": rows, "accumulation": cfg.train.accumulation, "start": steps - len(rows) // cfg.train.accumulation},
+        {"rows": rows, "accumulation": accumulation, "start": steps - len(rows) // accumulation},
         run / f"rows-{leg}-rank{trainer.ctx.rank}.pt",
     )
     return trainer

@@ -33,7 +33,8 @@ examples:
   drivetrain launch --nproc_per_node 8 --max-restarts 3 --no-python \\
       drivetrain train --config CFG distributed.strategy=ddp --resume auto
   drivetrain launch --nnodes 1:4 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint HOST:29500 \\
-      --rdzv_id RUN_ID --max-restarts 3 --no-python drivetrain train --config CFG distributed.strategy=ddp --resume auto
+      --rdzv_id RUN_ID --max-restarts 3 --no-python drivetrain train --config CFG distributed.strategy=ddp \\
+      train.global_batch=256 --resume auto
 
 exit status (the scheduler contract, as for one `drivetrain train` process):
   0        the run finished

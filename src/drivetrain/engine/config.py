@@ -170,12 +170,20 @@ class TrainStepsConfig:
     """Section ``train``: how many optimizer iterations, micro-batches per step, device."""
 
     steps: int = 100  # optimizer iterations (a skipped fp16 step counts as an iteration, not as an update)
-    accumulation: int = 1  # micro-batches per optimizer step
+    accumulation: int = 1  # micro-batches per optimizer step (derived from global_batch when that is set)
+    # Samples per optimizer step over all ranks; when set, accumulation = global_batch / (data.batch_size × ranks) on
+    # each start (with_global_batch), so one command continues exactly on whatever number of ranks a start gets.
+    global_batch: int | None = None
     device: str = "auto"  # auto (cuda:LOCAL_RANK if available, else cpu), cpu or cuda
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, "train.steps", f"must be ≥ 1, got {self.steps}")
         _check(self.accumulation >= 1, "train.accumulation", f"must be ≥ 1, got {self.accumulation}")
+        _check(
+            self.global_batch is None or self.global_batch >= 1,
+            "train.global_batch",
+            f"must be ≥ 1 or null, got {self.global_batch}",
+        )
         _check(self.device in ("auto", "cpu", "cuda"), "train.device", f"auto, cpu or cuda, got {self.device!r}")
 
 
@@ -470,6 +478,29 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
     return value
+
+
+def with_global_batch(cfg: TrainConfig, world_size: int) -> TrainConfig:
+    """``cfg`` on ``world_size`` ranks: with ``train.global_batch`` set, ``train.accumulation`` becomes
+    ``global_batch / (data.batch_size × world_size)`` (a value given for it is replaced); else ``cfg`` itself.
+
+    This is what lets one command continue exactly on the number of ranks each start gets (torchrun
+    ``--nnodes MIN:MAX``): the global batch is kept, which an elastic resume needs (``engine/resume.py``).
+
+    Raises:
+        ConfigError: the global batch is not a multiple of ``data.batch_size × world_size`` (one line naming it).
+    """
+    total = cfg.train.global_batch
+    if total is None:
+        return cfg
+    per_micro_batch = cfg.data.batch_size * world_size
+    if total % per_micro_batch:
+        raise ConfigError(
+            f"train.global_batch: {total} samples do not split into micro-batches of data.batch_size × ranks = "
+            f"{cfg.data.batch_size} × {world_size}; choose a global batch that data.batch_size × every number of "
+            "ranks the run may get divides (or another data.batch_size)"
+        )
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, accumulation=total // per_micro_batch))
 
 
 def config_diff(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:

@@ -67,7 +67,7 @@ __all__ = ["ELASTIC_KEYS", "Found", "check_elastic", "find_resume", "restore_fou
 
 # Config keys a resume may change when the global batch is kept (check_elastic), beside the distributed.* keys of
 # the torch-native strategies: how the global batch is split does not change what is learned (up to rounding).
-ELASTIC_KEYS = ("data.batch_size", "train.accumulation")
+ELASTIC_KEYS = ("data.batch_size", "train.accumulation", "train.global_batch")
 _DEEPSPEED_KEYS = ("distributed.deepspeed_zero_stage", "distributed.deepspeed_offload_optimizer",
                    "distributed.deepspeed_offload_params")  # fmt: skip
 

@@ -36,7 +36,7 @@ from drivetrain.data.errors import DataError
 from drivetrain.engine.agreement import RanksDisagree, agree_on_start
 from drivetrain.engine.build import apply_speed, build_dataset, build_model, build_optimizer
 from drivetrain.engine.checkpoint import MARKER, Checkpointer, CheckpointError
-from drivetrain.engine.config import ConfigError, TrainConfig, config_to_dict
+from drivetrain.engine.config import ConfigError, TrainConfig, config_to_dict, with_global_batch
 from drivetrain.engine.data_failure import TrainingDataError, data_error_line, dead_worker
 from drivetrain.engine.distributed import DistContext, setup, teardown
 from drivetrain.engine.metrics import MetricsLogger
@@ -116,6 +116,7 @@ class Trainer:
         self.checkpointer = Checkpointer(self.out_dir / "checkpoints", keep=cfg.checkpoint.keep)
         found, error = Found(), None
         try:  # what this rank starts from, decided alone: no collective, nothing written
+            self.cfg = cfg = with_global_batch(cfg, self.ctx.world_size)  # train.accumulation on this many ranks
             if self.ctx.is_main:  # only into a new, empty or drivetrain run dir
                 check_run_dir(self.out_dir)
             if resume is None and self.checkpointer.committed():
@@ -198,6 +199,11 @@ class Trainer:
             progress=cfg.log.progress,
             reduce_mean=self.ctx.all_reduce_mean,
         )
+        if cfg.train.global_batch is not None:
+            log.message(
+                f"train.global_batch {cfg.train.global_batch} = data.batch_size {cfg.data.batch_size} × "
+                f"{self.ctx.world_size} rank(s) × train.accumulation {cfg.train.accumulation}"
+            )
         if self.resumed_from is not None:
             log.message(f"resumed from {self.resumed_from} at step {self.state.iteration}")
         elif self._resume_note is not None:
