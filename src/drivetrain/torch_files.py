@@ -44,7 +44,7 @@ import torch
 
 from drivetrain.safe_reads import human_bytes, open_regular
 
-__all__ = ["MAX_NESTING", "MAX_OBJECTS", "TorchFileError", "load_torch_file"]
+__all__ = ["MAX_NESTING", "MAX_OBJECTS", "TorchFileError", "check_file", "load_torch_file"]
 
 # Besides torch's own, the globals a file of tensors names (torch's weights-only unpickler allows them).
 _TENSOR_GLOBALS = (
@@ -112,6 +112,19 @@ def load_torch_file(
             raise TorchFileError(f"not a loadable torch file ({type(err).__name__}: {first[:200]})") from None
     _check_structure(loaded)
     return loaded
+
+
+def check_file(path: str | Path, *, size: int, sha256: str) -> None:
+    """Refuse ``path`` unless it is a regular file of ``size`` bytes and SHA-256 ``sha256`` (a sharded
+    checkpoint's files, against its ``COMMITTED`` marker).
+
+    Raises:
+        TorchFileError: the size or checksum differs.
+        OSError: the file is missing, unreadable, or no regular file (a FIFO would block).
+    """
+    with open_regular(path) as f:
+        if os.fstat(f.fileno()).st_size != size or _sha256(f) != sha256:
+            raise TorchFileError("size or SHA-256 differs from the COMMITTED marker (corrupt)")
 
 
 def _check_structure(obj: Any) -> None:

@@ -9,8 +9,11 @@ answers the step's five questions:
 - ``unscale_and_clip()`` → ``(grad_norm, grads_bad)`` on the device, no sync;
 - ``step(apply, overflow)`` → ``(grad_norm, loss_scale, applied)``: apply the update (or skip it), move the
   loss scaler, zero the gradients;
-- ``full_state()`` / ``load_full_state()``: full (unsharded) model and optimizer state dicts, so a run
-  resumes under any strategy with the same number of ranks.
+- ``sharded_state()`` / ``load_sharded_state()``: this rank's model and optimizer state (parameters by name,
+  FSDP's DTensor shards) for checkpoints written through ``torch.distributed.checkpoint``, which reshards on
+  load, so a run resumes under another strategy or number of ranks;
+- ``full_state()`` / ``load_full_state()``: full (unsharded) model and optimizer state dicts (single-file
+  checkpoints of earlier versions; DeepSpeed).
 
 Strategies: ``none`` (one process), ``ddp`` (``DistributedDataParallel``, optionally ``static_graph``;
 non-final micro-batches under ``no_sync()``), ``fsdp`` (FSDP2 ``fully_shard`` on each unit,
@@ -93,6 +96,22 @@ class Strategy:
         """Load full state dicts (every rank passes the complete dicts read from the checkpoint)."""
         self.model.load_state_dict(model_sd)
         self.optimizer.load_state_dict(optim_sd)
+
+    def sharded_state(self) -> tuple[dict, dict]:
+        """Model and optimizer state dicts of this rank's tensors, parameters named by their path
+        (``get_state_dict``: DTensor shards under FSDP, no gather; the live tensors, not copies)."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        return get_state_dict(self.model, self.optimizer)
+
+    def load_sharded_state(self, model_sd: dict, optim_sd: dict, *, full: bool) -> None:
+        """Load :meth:`sharded_state`'s dicts (``full``: whole tensors on every rank, sharded here as needed)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        set_state_dict(
+            self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
+            options=StateDictOptions(full_state_dict=full),
+        )  # fmt: skip
 
 
 class DDPStrategy(Strategy):

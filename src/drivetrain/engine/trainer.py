@@ -101,7 +101,7 @@ class Trainer:
         cfg = self.cfg
         if self.ctx.is_main:  # before anything is built or written: only into a new, empty or drivetrain run dir
             check_run_dir(self.out_dir)
-        self.checkpointer = Checkpointer(self.out_dir / "checkpoints", keep=cfg.checkpoint.keep)
+        self.checkpointer = Checkpointer(self.out_dir / "checkpoints", keep=cfg.checkpoint.keep, shards="lazy")
         if resume is None and self.checkpointer.committed():
             raise ConfigError(
                 f"run.out_dir: {self.out_dir} already holds checkpoints; pass --resume auto to continue "
@@ -146,6 +146,8 @@ class Trainer:
             set_aside_unusable(self.checkpointer, self.state.iteration, continued)
         self.ctx.barrier()
         self.signals = StopSignals()
+        self._save_due = False  # checkpoint.every_minutes passed on some rank's clock (agreed in the step's decision)
+        self._saved_clock = time.monotonic()
         self.stopped_by: str | None = None  # after fit(): the signal that stopped it ("SIGINT", "SIGTERM", ...)
         self._step_delay = float(os.environ.get(STEP_DELAY_ENV, "0") or 0)
 
@@ -184,6 +186,7 @@ class Trainer:
             log.message(self._resume_note)
         warm_known_shapes(self.model, self.device, log)  # the GPU solver's kernels for the model's known Q
         saved_at = self.state.iteration if self.resumed_from is not None else -1
+        self._saved_clock = time.monotonic()  # checkpoint.every_minutes counts from here and from each save
         try:
             with self.signals.handling():
                 if cfg.eval.at_start and self.state.iteration == 0:
@@ -204,11 +207,13 @@ class Trainer:
                             log.flush()
                         if cfg.eval.every and (done % cfg.eval.every == 0 or done == cfg.train.steps):
                             self.evaluate(log)  # before the checkpoint: a run killed during it evaluates again
-                        if stop or done % cfg.checkpoint.every == 0 or done == cfg.train.steps:
+                        if stop or done % cfg.checkpoint.every == 0 or done == cfg.train.steps or self._save_due:
                             log.flush()
                             path = self.save()
+                            log.checkpoint(done, self.checkpointer.last_stall_s)
                             saved_at = done
                         if stop:
+                            self.checkpointer.wait()  # the checkpoint the message names is committed
                             self.stopped_by = stop
                             log.message(
                                 f"drivetrain train: received {stop}; stopped after step {done} with checkpoint {path}; "
@@ -224,6 +229,8 @@ class Trainer:
             if saved_at != self.state.iteration:  # e.g. resumed a finished run with the same steps
                 log.flush()
                 self.save()
+                log.checkpoint(self.state.iteration, self.checkpointer.last_stall_s)
+            self.checkpointer.wait()  # an asynchronous save in flight commits before the run ends
         finally:
             log.close()
             self._release()
@@ -255,7 +262,9 @@ class Trainer:
                 decision = decide(  # the step's one host read: skip (non-finite), stop (a signal on any rank)
                     grads_bad, micro, self.signals.received, self.ctx,
                     stop_on_nonfinite=cfg.precision.nonfinite == "stop", iteration=self.state.iteration, data=self.data,
+                    save_due=self._clock_due(),
                 )  # fmt: skip
+                self._save_due = decision.save_due  # agreed across ranks: every rank saves after this step
                 lr = self._set_lr(self.state.step)  # the schedule: a function of the updates applied
                 overflow = grads_bad & ~micro.loss_bad.any()  # a bad loss is not an fp16 overflow
                 grad_norm, scale, applied = self.strategy.step(decision.apply, overflow, grad_norm)  # + zero_grad
@@ -264,6 +273,11 @@ class Trainer:
         samples, elapsed = accum * cfg.data.batch_size * self.ctx.world_size, time.perf_counter() - t_start
         log.record(*step_record(micro, grad_norm, scale, lr, elapsed, self.state, samples, self.device))  # log
         return decision.stop
+
+    def _clock_due(self) -> bool:
+        """Whether ``checkpoint.every_minutes`` passed on this rank's clock since the last save (or the start)."""
+        minutes = self.cfg.checkpoint.every_minutes
+        return minutes is not None and time.monotonic() - self._saved_clock >= 60 * minutes
 
     def _set_lr(self, step: int) -> float:
         """Set every group's lr for update ``step``; returns the base lr (lr_mult 1)."""
@@ -292,12 +306,16 @@ class Trainer:
         """
         path = None
         if not self.ctx.initialized:
+            self.checkpointer.wait()  # a save of this step in flight commits first
             done = self.checkpointer.root / Checkpointer.name(self.state.iteration)
             path = done if (done / MARKER).is_file() else self.save(data_state=data_state)
+            self.checkpointer.wait()
         return TrainingDataError(data_error_line(err), path, can_skip=self.cfg.data.loader != "dali")
 
     def save(self, data_state: dict[str, Any] | None = None) -> Path:
-        """Checkpoint the run now (collective: every rank calls it; rank 0 writes); returns its path.
+        """Checkpoint the run now (collective: every rank calls it and writes its shards; rank 0 the small state);
+        returns its path. With ``checkpoint.async_save`` the write goes on in the background (committed at the
+        next save or :meth:`Checkpointer.wait`); ``checkpointer.last_stall_s`` is how long training was blocked.
 
         Args:
             data_state: the data position to record (default: after the last batch read).
@@ -317,8 +335,11 @@ class Trainer:
                 "python": platform.python_version(),
             },
         }
-        path = self.checkpointer.save_state(self.state.iteration, components, meta, write=self.ctx.is_main)
+        path = self.checkpointer.save_state(
+            self.state.iteration, components, meta, write=self.ctx.is_main, asynchronous=self.cfg.checkpoint.async_save
+        )
         self.ctx.barrier()
+        self._saved_clock = time.monotonic()
         return path
 
     def _release(self) -> None:
