@@ -94,6 +94,9 @@ _TMP = re.compile(r"^\.step-\d+\.tmp-\d+$")  # a save's temporary directory (see
 # Test hook: seconds to sleep inside a save (after the state file is written, and again after the rename),
 # so that a test can kill the process while a checkpoint is half written.
 DELAY_ENV = "DRIVETRAIN_TEST_CHECKPOINT_DELAY_S"
+# Test hook: seconds every rank sleeps inside a sharded save after writing its shards, before the ranks compare
+# outcomes, so that a test can kill one rank while the others wait to commit.
+SHARD_DELAY_ENV = "DRIVETRAIN_TEST_SHARD_DELAY_S"
 # The write errors that mean "no room to write here", with the words a message gives them.
 NO_ROOM = {
     errno.ENOSPC: "the disk is full",
@@ -276,6 +279,7 @@ class Checkpointer:
         self.keep = keep
         self.shards = shards
         self._delay = float(os.environ.get(DELAY_ENV, "0") or 0)
+        self._shard_delay = float(os.environ.get(SHARD_DELAY_ENV, "0") or 0)
         # Committed checkpoints the last load_latest() skipped: (path, reason).
         self.skipped: list[tuple[Path, str]] = []
         self.last_stall_s = 0.0  # how long the last save_state() blocked its caller
@@ -426,6 +430,8 @@ class Checkpointer:
                 raise
             first = next(iter(failures.values()))
             error = self._write_failure(first[0] if isinstance(first, tuple) else err)
+        if self._shard_delay > 0:
+            time.sleep(self._shard_delay)
         replies = _all_gather((error, files), group)
         if small is not None and any(e for e, _ in replies):
             remove_path(tmp, ignore_errors=True)
