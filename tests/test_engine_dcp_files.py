@@ -184,17 +184,22 @@ def test_an_async_save_writes_a_staged_copy_in_the_background_and_commits_at_wai
     monkeypatch.setenv(DELAY_ENV, "0.5")  # the background write sleeps twice: after state.pt, after the rename
     run = strategy(0)
     expected = {k: v.clone() for k, v in run.model.state_dict().items()}
+    moments = {k: v["exp_avg"].clone() for k, v in run.optimizer.state_dict()["state"].items()}
     ck = Checkpointer(tmp_path)
     path = ck.save_state(3, components(run), META, asynchronous=True)
     assert ck.in_flight and not (path / MARKER).exists()  # training goes on while it is written
-    assert ck.last_stall_s < 0.5
-    with torch.no_grad():  # the optimizer updates the live tensors in place meanwhile
-        for p in run.model.parameters():
-            p.add_(1.0)
+    assert ck.last_stall_s < 0.5 and ck.pop_stall() is None  # its stall is known once the next step ran
+    run.model(torch.randn(4, 5)).square().sum().backward()  # the next step: the forward writes the buffers,
+    run.optimizer.step()  # the step (held until the parameters and moments are copied) the rest, in place
+    assert not torch.equal(run.model[0].weight, expected["0.weight"])
+    step, stall = ck.pop_stall()
+    assert step == 3 and ck.last_stall_s <= stall < 0.5  # the step did not wait for the write, only the copy
     ck.wait()
     assert not ck.in_flight and (path / MARKER).is_file()
-    saved = ck.load(path)["model"]
-    assert all(torch.equal(saved[k], v) for k, v in expected.items())  # the values at the save, not after
+    saved = ck.load(path)
+    assert all(torch.equal(saved["model"][k], v) for k, v in expected.items())  # the values at the save
+    numbered = dict(enumerate(n for n, _ in run.model.named_parameters()))
+    assert all(torch.equal(saved["optimizer"]["state"][numbered[i]]["exp_avg"], m) for i, m in moments.items())
 
 
 def test_the_next_save_waits_for_the_one_in_flight_and_counts_the_wait_as_its_stall(tmp_path, monkeypatch) -> None:

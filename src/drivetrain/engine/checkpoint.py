@@ -262,6 +262,49 @@ def check_components(state: Mapping[str, Any], components: Mapping[str, Stateful
         )
 
 
+class _StepGate:
+    """Holds the next ``optimizer.step()`` until an asynchronous save has copied the tensors that step changes in
+    place (parameters and optimizer state: nothing else writes them between two steps), so that the copy runs
+    beside the next forward and backward instead of blocking training. ``waited`` is how long the step waited."""
+
+    def __init__(self, optimizer: Any, save_step: int) -> None:
+        self.save_step, self.stall, self.waited, self.passed = save_step, 0.0, 0.0, False
+        self._copied = threading.Event()
+        self._handle = optimizer.register_step_pre_hook(self._hold)
+
+    def _hold(self, *_: Any) -> None:
+        if not self.passed:
+            started = time.perf_counter()
+            self._copied.wait()
+            self.waited, self.passed = time.perf_counter() - started, True
+
+    def open(self) -> None:
+        """The copy is made: the step may go on."""
+        self._copied.set()
+
+    def remove(self) -> None:
+        """Unregister the hook (outside the optimizer's step: a hook may not remove itself while it runs)."""
+        self._handle.remove()
+
+
+def _stepped_only(components: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> tuple[set[str], Any]:
+    """The keys of ``tensors`` only an optimizer step changes in place, and that optimizer: of the components that
+    declare ``stepped_only()`` → ``(names or None for all, optimizer)`` (:class:`~.state.StrategyState`'s model
+    parameters and optimizer state); none without such a component."""
+    keys: set[str] = set()
+    optimizer = None
+    for name, component in components.items():
+        declared = getattr(component, "stepped_only", None)
+        if declared is None:
+            continue
+        names, optimizer = declared()
+        prefix = f"{name}/"
+        for key in tensors:
+            if key.startswith(prefix) and (names is None or key[len(prefix) :] in names):
+                keys.add(key)
+    return (keys, optimizer) if optimizer is not None else (set(), None)
+
+
 class Checkpointer:
     """Saves and finds checkpoints in ``root``; only one process (rank 0) may call :meth:`save`.
 
@@ -282,8 +325,11 @@ class Checkpointer:
         self._shard_delay = float(os.environ.get(SHARD_DELAY_ENV, "0") or 0)
         # Committed checkpoints the last load_latest() skipped: (path, reason).
         self.skipped: list[tuple[Path, str]] = []
-        self.last_stall_s = 0.0  # how long the last save_state() blocked its caller
+        self.last_stall_s = 0.0  # how long the last save_state() call blocked its caller
+        self._stall: tuple[int, float] | None = None  # (step, stall) of the last save, once final (pop_stall)
         self._inflight: threading.Thread | None = None  # the asynchronous save being written
+        self._gate: _StepGate | None = None  # the in-flight save's hold on the next optimizer step
+        self._staging: dict[str, torch.Tensor] = {}  # asynchronous saves' copies, reused by the next one
         self._failure: BaseException | None = None  # what it raised
         self._group: Any = None  # the process group of asynchronous saves (gloo, made at the first one)
 
@@ -353,16 +399,36 @@ class Checkpointer:
             small = _serialize(state) if write else None  # a snapshot: bytes, before training changes anything
             if asynchronous:
                 group = self._async_group()
-                staged = dcp_files.stage(tensors)  # what the background writes; the optimizer updates the originals
+                later, optimizer = _stepped_only(components, tensors)
+                now = dcp_files.stage({k: t for k, t in tensors.items() if k not in later}, self._staging)
+                gate = _StepGate(optimizer, step) if later else None
                 self._inflight = threading.Thread(
-                    target=self._write_in_background, args=(step, small, staged, group), name=f"checkpoint-{step}"
+                    target=self._write_in_background,
+                    args=(step, small, now, {k: tensors[k] for k in later}, gate, group),
+                    name=f"checkpoint-{step}",
                 )
+                self._gate = gate
                 self._inflight.start()
             else:
                 self._write_sharded(step, small, tensors, None)
             path = final
         self.last_stall_s = time.perf_counter() - started
+        if self._gate is not None and self._inflight is not None:
+            self._gate.stall = self.last_stall_s  # final once the next optimizer step passed it (pop_stall)
+        else:
+            self._stall = (step, self.last_stall_s)
         return path
+
+    def pop_stall(self) -> tuple[int, float] | None:
+        """``(step, seconds)``: how long the last save blocked training, once that is known (then None until the
+        next save). A synchronous save's stall is its call; an asynchronous one's is its call plus the time the
+        first optimizer step after it waited for the staged copy of the tensors that step changes."""
+        gate = self._gate
+        if gate is not None and gate.passed:
+            self._stall, self._gate = (gate.save_step, gate.stall + gate.waited), None
+            gate.remove()
+        stall, self._stall = self._stall, None
+        return stall
 
     @property
     def in_flight(self) -> bool:
@@ -376,6 +442,11 @@ class Checkpointer:
             return
         self._inflight.join()
         self._inflight, failure, self._failure = None, self._failure, None
+        gate, self._gate = self._gate, None
+        if gate is not None:  # the run ended (or saves again) before an optimizer step met the gate
+            gate.remove()
+            if self._stall is None or gate.passed:
+                self._stall = (gate.save_step, gate.stall + gate.waited)
         if failure is not None:
             raise failure
 
@@ -391,10 +462,21 @@ class Checkpointer:
         return self._group
 
     def _write_in_background(
-        self, step: int, small: bytes | None, tensors: dict[str, torch.Tensor], group: Any
+        self,
+        step: int,
+        small: bytes | None,
+        staged: dict[str, torch.Tensor],
+        later: dict[str, torch.Tensor],
+        gate: _StepGate | None,
+        group: Any,
     ) -> None:
         try:
-            self._write_sharded(step, small, tensors, group)
+            try:  # the tensors only an optimizer step changes: copied here while the next step's forward runs
+                staged = {**staged, **dcp_files.stage(later, self._staging)}
+            finally:
+                if gate is not None:
+                    gate.open()
+            self._write_sharded(step, small, staged, group)
         except BaseException as err:  # handed to wait(), which raises it on the training thread
             self._failure = err
 

@@ -147,20 +147,37 @@ def join_tensors(skeleton: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
     return walk(skeleton)
 
 
-def stage(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def stage(tensors: Mapping[str, torch.Tensor], into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Copies of ``tensors`` on the CPU that training no longer touches (a DTensor stays a DTensor of its copied
-    local shard): what an asynchronous save writes while the optimizer updates the originals in place."""
+    local shard): what an asynchronous save writes while the optimizer updates the originals in place.
+
+    Args:
+        tensors: the live tensors, by key.
+        into: earlier copies, by key, reused where shape and dtype match (a fresh allocation of hundreds of MB costs
+            more than the copy: page faults); updated with the copies made.
+
+    Returns:
+        The copies, by key.
+    """
     from torch.distributed.tensor import DTensor
 
+    into = {} if into is None else into
     staged: dict[str, torch.Tensor] = {}
     for key, t in tensors.items():
+        local = t.to_local() if isinstance(t, DTensor) else t
+        old = into.get(key)
+        old_local = old.to_local() if isinstance(old, DTensor) else old
+        if old_local is not None and old_local.shape == local.shape and old_local.dtype == local.dtype:
+            copy = old_local.copy_(local.detach())
+        else:
+            copy = local.detach().to("cpu", copy=True)
         if isinstance(t, DTensor):
-            local = t.to_local().detach().to("cpu", copy=True)
             staged[key] = DTensor.from_local(
-                local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride()
+                copy, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride()
             )
         else:
-            staged[key] = t.detach().to("cpu", copy=True)
+            staged[key] = copy
+        into[key] = staged[key]
     return staged
 
 

@@ -148,6 +148,13 @@ class StrategyState:
         self.optimizer: Stateful = _Part(
             self._optimizer_state, self._load_optimizer, self._optimizer_state if sharded else None
         )
+        if sharded:  # what only optimizer.step() changes in place: an asynchronous save copies it beside the next step
+            self.model.stepped_only = self._parameters  # type: ignore[attr-defined]
+            self.optimizer.stepped_only = lambda: (None, strategy.optimizer)  # type: ignore[attr-defined]
+
+    def _parameters(self) -> tuple[set[str], Any]:
+        """The model's parameter names (its buffers change in the forward) and the optimizer that steps them."""
+        return {name for name, _ in self._strategy.model.named_parameters()}, self._strategy.optimizer
 
     def _model_state(self) -> dict[str, Any]:
         model_sd, self._optimizer_sd = self._strategy.full_state()

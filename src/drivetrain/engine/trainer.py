@@ -210,8 +210,8 @@ class Trainer:
                         if stop or done % cfg.checkpoint.every == 0 or done == cfg.train.steps or self._save_due:
                             log.flush()
                             path = self.save()
-                            log.checkpoint(done, self.checkpointer.last_stall_s)
                             saved_at = done
+                        self._log_stall(log)  # a save's stall, once known (an asynchronous one's: after a step)
                         if stop:
                             self.checkpointer.wait()  # the checkpoint the message names is committed
                             self.stopped_by = stop
@@ -229,8 +229,8 @@ class Trainer:
             if saved_at != self.state.iteration:  # e.g. resumed a finished run with the same steps
                 log.flush()
                 self.save()
-                log.checkpoint(self.state.iteration, self.checkpointer.last_stall_s)
             self.checkpointer.wait()  # an asynchronous save in flight commits before the run ends
+            self._log_stall(log)
         finally:
             log.close()
             self._release()
@@ -274,6 +274,12 @@ class Trainer:
         log.record(*step_record(micro, grad_norm, scale, lr, elapsed, self.state, samples, self.device))  # log
         return decision.stop
 
+    def _log_stall(self, log: MetricsLogger) -> None:
+        """Write the last save's ``checkpoint/stall_s`` once it is known (:meth:`Checkpointer.pop_stall`)."""
+        stall = self.checkpointer.pop_stall()
+        if stall is not None:
+            log.checkpoint(*stall)
+
     def _clock_due(self) -> bool:
         """Whether ``checkpoint.every_minutes`` passed on this rank's clock since the last save (or the start)."""
         minutes = self.cfg.checkpoint.every_minutes
@@ -315,7 +321,7 @@ class Trainer:
     def save(self, data_state: dict[str, Any] | None = None) -> Path:
         """Checkpoint the run now (collective: every rank calls it and writes its shards; rank 0 the small state);
         returns its path. With ``checkpoint.async_save`` the write goes on in the background (committed at the
-        next save or :meth:`Checkpointer.wait`); ``checkpointer.last_stall_s`` is how long training was blocked.
+        next save or :meth:`Checkpointer.wait`); ``checkpointer.pop_stall()`` says how long training was blocked.
 
         Args:
             data_state: the data position to record (default: after the last batch read).
