@@ -396,7 +396,12 @@ class Checkpointer:
             path = final  # one process that only reads
         else:
             state[SHARDS_KEY] = SHARDS
-            small = _serialize(state) if write else None  # a snapshot: bytes, before training changes anything
+            small, failed = None, None
+            if write:
+                try:
+                    small = _serialize(state)  # a snapshot: bytes, before training changes anything
+                except (OSError, RuntimeError) as err:
+                    small, failed = b"", self._write_failure(err)  # said by every rank, at the first agreement
             if asynchronous:
                 group = self._async_group()
                 later, optimizer = _stepped_only(components, tensors)
@@ -404,13 +409,13 @@ class Checkpointer:
                 gate = _StepGate(optimizer, step) if later else None
                 self._inflight = threading.Thread(
                     target=self._write_in_background,
-                    args=(step, small, now, {k: tensors[k] for k in later}, gate, group),
+                    args=(step, small, now, {k: tensors[k] for k in later}, gate, group, failed),
                     name=f"checkpoint-{step}",
                 )
                 self._gate = gate
                 self._inflight.start()
             else:
-                self._write_sharded(step, small, tensors, None)
+                self._write_sharded(step, small, tensors, None, failed)
             path = final
         self.last_stall_s = time.perf_counter() - started
         if self._gate is not None and self._inflight is not None:
@@ -469,6 +474,7 @@ class Checkpointer:
         later: dict[str, torch.Tensor],
         gate: _StepGate | None,
         group: Any,
+        failed: str | None,
     ) -> None:
         try:
             try:  # the tensors only an optimizer step changes: copied here while the next step's forward runs
@@ -476,18 +482,20 @@ class Checkpointer:
             finally:
                 if gate is not None:
                     gate.open()
-            self._write_sharded(step, small, staged, group)
+            self._write_sharded(step, small, staged, group, failed)
         except BaseException as err:  # handed to wait(), which raises it on the training thread
             self._failure = err
 
-    def _write_sharded(self, step: int, small: bytes | None, tensors: dict[str, torch.Tensor], group: Any) -> None:
+    def _write_sharded(
+        self, step: int, small: bytes | None, tensors: dict[str, torch.Tensor], group: Any, failed: str | None = None
+    ) -> None:
         """Write a sharded checkpoint (collective over ``group``): rank 0 (``small`` given) makes the temp folder,
         every rank writes its shards and hashes them, rank 0 writes ``state.pt``, renames and commits with every
         file's size and SHA-256 in the marker, then prunes. A failure anywhere is one CheckpointError on every rank,
         with nothing of this save left (:meth:`save`'s rules)."""
         final = self.root / self.name(step)
-        error = None
-        if small is not None:
+        error = failed
+        if small is not None and error is None:
             try:
                 self._check_root(create=True)
                 remove_path(self.root / f".{final.name}.tmp-{os.getpid()}")  # a leftover of this pid's killed save
