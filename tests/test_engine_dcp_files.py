@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import json
 import os
 import pickle
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +179,24 @@ def test_every_shard_file_is_checked_against_the_marker(tmp_path: Path) -> None:
     (path / MARKER).write_text(json.dumps(marker))
     with pytest.raises(CheckpointError, match=r"__0_0\.distcp: a shard the COMMITTED marker does not cover"):
         ck.load(path)
+
+
+def test_a_tensor_slice_that_would_inflate_is_refused_before_loading(tmp_path: Path) -> None:
+    _, path = save(tmp_path, strategy(0))
+    bomb = io.BytesIO()
+    with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("archive/data/0", bytes(64 << 20))  # 64 MiB of zeros, deflated to ~64 KiB
+    (path / "weights/__0_1.distcp").write_bytes(bomb.getvalue())
+    index_path = path / "weights/.metadata.json"
+    index = json.loads(index_path.read_text())
+    index["storage"][0][3:6] = ["__0_1.distcp", 0, len(bomb.getvalue())]
+    index_path.write_text(json.dumps(index))
+    marker = json.loads((path / MARKER).read_text())
+    marker["files"].append({"file": "weights/__0_1.distcp", "size": 0, "sha256": ""})
+    (path / MARKER).write_text(json.dumps(marker))
+    remark(path)
+    with pytest.raises(CheckpointError, match=r"__0_1\.distcp: the tensor at byte 0: its members declare 64\.0 MiB"):
+        Checkpointer(tmp_path).load(path)
 
 
 # ---------------------------------------------------------------------------------------------- asynchronous saves

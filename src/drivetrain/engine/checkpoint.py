@@ -2,26 +2,38 @@
 
 Layout under ``<run>/checkpoints/``::
 
-    step-00000100/state.pt      torch.save of a dict of plain tensors, lists, ints and strings
-    step-00000100/COMMITTED     JSON {step, file, size, sha256}; written last, so its presence means complete
+    step-00000100/state.pt                torch.save of a dict of plain tensors, lists, ints and strings
+    step-00000100/weights/__R_0.distcp    rank R's model and optimizer tensors (a sharded checkpoint)
+    step-00000100/weights/.metadata.json  their index, JSON (:mod:`drivetrain.engine.dcp_files`)
+    step-00000100/COMMITTED               JSON {step, file, size, sha256[, files: [{file, size, sha256}]]};
+                                          written last, so its presence means complete
 
 A save writes ``.step-N.tmp-<pid>/state.pt``, fsyncs the file and the temp dir, renames the temp dir to
 ``step-N`` (fsyncing the parent), writes ``COMMITTED`` through its own temp file + rename + fsync, and only
 then deletes older checkpoints beyond ``keep`` and any leftovers of interrupted saves. A crash at any point
-leaves either the previous committed checkpoints untouched or a new one that is complete.
+leaves either the previous committed checkpoints untouched or a new one that is complete. A sharded save
+(:meth:`Checkpointer.save_state` with the model and optimizer of :class:`~drivetrain.engine.state.StrategyState`)
+is collective: rank 0 makes the temp dir (``<pid>`` is its pid), every rank writes and fsyncs its shards through
+``torch.distributed.checkpoint`` and hashes them, the ranks agree, and rank 0 writes ``state.pt`` and commits with
+every file in the marker; a rank that fails or dies before the agreement leaves nothing committed. With
+``asynchronous`` the write runs in a background thread on a copy of the tensors (at most one in flight; see
+:meth:`Checkpointer.save_state`).
 
 A write that fails — a full disk (``ENOSPC``), an exceeded quota (``EDQUOT``), a read-only file system (``EROFS``)
-or any other error, of the state file or of the marker — raises one :class:`CheckpointError` line naming the
-folder and the reason, after removing what the save wrote: nothing of it is marked committed, and the committed
-checkpoints are those of before (one of the same step, which the trainer never writes twice, is renamed aside to
-``.step-N.old-<pid>`` while the new one is written and put back if it fails).
+or any other error, of the state file, a shard or the marker — raises one :class:`CheckpointError` line naming the
+folder and the reason (on every rank of a sharded save), after removing what the save wrote: nothing of it is
+marked committed, and the committed checkpoints are those of before (one of the same step, which the trainer never
+writes twice, is renamed aside to ``.step-N.old-<pid>`` while the new one is written and put back if it fails).
 
 Loading uses ``torch.load(weights_only=True)`` after checking the marker's size and SHA-256, through
 :func:`~drivetrain.torch_files.load_torch_file`: ``state.pt`` must be a regular file (a FIFO there would
 block the load forever) and a zip archive whose members declare no more bytes than the file holds (what
-``torch.save`` writes; a deflated member that would inflate to gigabytes is refused before a byte is inflated). A
-directory without a marker, with a wrong checksum, a special or expanding state file, or that fails to load is
-skipped with a :class:`CheckpointWarning`.
+``torch.save`` writes; a deflated member that would inflate to gigabytes is refused before a byte is inflated).
+A sharded checkpoint's files are checked the same way: each a regular file of the marker's size and SHA-256, the
+index parsed as JSON (never unpickled), every shard it names covered by the marker, every tensor's slice a
+``torch.save`` archive that does not expand; then its tensors are read whole (``shards="full"``) or left for the
+live tensors to load, resharded (``"lazy"``, a resume). A directory without a marker, with a wrong checksum, a
+special or expanding file, or that fails to load is skipped with a :class:`CheckpointWarning`.
 Committed checkpoints that fail to load are never deleted: :meth:`Checkpointer.set_aside` moves them to
 ``checkpoints/corrupt/`` (and checkpoints of an abandoned continuation to ``checkpoints/superseded/``), where
 pruning does not see them. Pruning after a save counts only checkpoints up to the one just written, so a
@@ -31,9 +43,11 @@ link: writing or deleting there would reach another run's checkpoints (a linked 
 the link, its target kept).
 
 What the state is: a dict of stateful components (:mod:`drivetrain.engine.state`). :meth:`Checkpointer.save_state`
-writes every component's ``state_dict()`` under its name beside the metadata and the format version;
-:meth:`Checkpointer.restore` refuses another format version (:func:`check_format`) and a missing or extra component
-(:func:`check_components`), each in one line, then calls every component's ``load_state_dict`` once, in order.
+writes every component's ``state_dict()`` under its name beside the metadata and the format version (a component
+with a ``sharded_state_dict()`` its tensors as shards, the rest in ``state.pt``); :meth:`Checkpointer.restore`
+refuses another format version (:func:`check_format`) and a missing or extra component (:func:`check_components`),
+each in one line, then calls every component's ``load_state_dict`` once, in order. Single-file checkpoints (every
+drivetrain before sharded saves, and DeepSpeed's) load as before.
 """
 
 from __future__ import annotations
@@ -69,7 +83,7 @@ from drivetrain.engine.state import (
 )
 from drivetrain.safe_files import LinkedFolderError, real_dir, remove_path
 from drivetrain.safe_reads import read_text
-from drivetrain.torch_files import TorchFileError, check_file, load_torch_file
+from drivetrain.torch_files import TorchFileError, check_archives, check_file, load_torch_file
 
 __all__ = [
     "DENIED",
@@ -91,8 +105,9 @@ STATE_FILE = "state.pt"
 MAX_MARKER_BYTES = 1 << 16  # a marker is ~150 bytes of JSON; a larger one is not ours (and is not read)
 _NAME = re.compile(r"^step-(\d+)$")
 _TMP = re.compile(r"^\.step-\d+\.tmp-\d+$")  # a save's temporary directory (see save)
-# Test hook: seconds to sleep inside a save (after the state file is written, and again after the rename),
-# so that a test can kill the process while a checkpoint is half written.
+# Test hook: seconds to sleep inside a save (after the state file is written, and again after the rename; in an
+# asynchronous save, in its background thread), so that a test can kill the process while a checkpoint is half
+# written.
 DELAY_ENV = "DRIVETRAIN_TEST_CHECKPOINT_DELAY_S"
 # Test hook: seconds every rank sleeps inside a sharded save after writing its shards, before the ranks compare
 # outcomes, so that a test can kill one rank while the others wait to commit.
@@ -768,9 +783,17 @@ class Checkpointer:
         try:
             if dcp_files.INDEX not in names:
                 raise ShardError(f"{folder}: the {MARKER} marker does not cover the shard index")
-            unlisted = sorted({info.relative_path for info in dcp_files.index_of(folder).storage_data.values()} - names)
+            slices: dict[str, list[tuple[int, int]]] = {}
+            for info in dcp_files.index_of(folder).storage_data.values():
+                slices.setdefault(info.relative_path, []).append((info.offset, info.length))
+            unlisted = sorted(set(slices) - names)
             if unlisted:
                 raise ShardError(f"{folder / unlisted[0]}: a shard the {MARKER} marker does not cover")
+            for name, where in slices.items():  # each tensor a torch.save archive that does not expand
+                try:
+                    check_archives(folder / name, where)
+                except TorchFileError as err:
+                    raise ShardError(f"{folder / name}: {err}") from None
             sharded = [name for name, value in state.items() if dcp_files.shard_keys(value)]
             if self.shards == "lazy":
                 return {**state, **{name: Shards(folder, state[name]) for name in sharded}}
