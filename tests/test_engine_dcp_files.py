@@ -105,6 +105,22 @@ def test_a_sharded_checkpoint_restores_model_and_optimizer_exactly_into_a_fresh_
     assert torch.equal(full["optimizer"]["state"]["2.bias"]["exp_avg"], numbered[5]["exp_avg"])
 
 
+def test_an_optimizer_that_has_not_stepped_is_saved_and_restored_without_state(tmp_path: Path) -> None:
+    """``get_state_dict`` would give it a state with a step at lr 0 (AdamW's ``step`` 1): a save must not change the
+    run, and a resume must leave the optimizer as it was (its first step then counts from 0)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 7), nn.BatchNorm1d(7), nn.Linear(7, 3))
+    ctx = DistContext(0, 1, 0, torch.device("cpu"), "none", False)
+    run = Strategy(model, TrainConfig(), ctx, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2))
+    _, path = save(tmp_path, run)
+    assert not run.optimizer.state  # the save took no step
+    fresh = strategy(1)  # one that has stepped: its state must go
+    Checkpointer.restore({"format_version": 2, **Checkpointer(tmp_path, shards="lazy").load(path)},
+                         components(fresh, 0), path)  # fmt: skip
+    assert not fresh.optimizer.state
+    assert torch.equal(fresh.model[0].weight, run.model[0].weight)
+
+
 # ---------------------------------------------------------------------------------------------- data, never code
 class Payload:
     """Unpickling it creates a file: proof that a reader ran someone's code."""

@@ -180,14 +180,17 @@ class StrategyState:
         if hasattr(model_sd, "skeleton"):  # Shards: into the live tensors, resharded by DCP
             from drivetrain.engine import dcp_files
 
-            live_model, live_optimizer = self._strategy.sharded_state()
-            templates = {
+            folder = model_sd.folder
+            model_sd, state = model_sd.skeleton, getattr(state, "skeleton", state)  # no tensors: no Shards
+            live_model, live_optimizer = self._strategy.sharded_state(create=True)
+            wanted = {*dcp_files.shard_keys(model_sd), *dcp_files.shard_keys(state)}
+            live = {
                 **dcp_files.split_tensors(live_model, "model")[1],
                 **dcp_files.split_tensors(live_optimizer, "optimizer")[1],
             }
-            dcp_files.read_into(model_sd.folder, templates)
-            model_sd = dcp_files.join_tensors(model_sd.skeleton, templates)
-            state = dcp_files.join_tensors(state.skeleton, templates)
+            templates = {key: t for key, t in live.items() if key in wanted or key.startswith("model/")}
+            dcp_files.read_into(folder, templates)  # a key this run or the checkpoint lacks: one line
+            model_sd, state = dcp_files.join_tensors(model_sd, templates), dcp_files.join_tensors(state, templates)
             self._strategy.load_sharded_state(model_sd, state, full=False)
         elif _keyed_by_name(state):  # a sharded checkpoint read whole
             self._strategy.load_sharded_state(model_sd, state, full=True)

@@ -97,12 +97,25 @@ class Strategy:
         self.model.load_state_dict(model_sd)
         self.optimizer.load_state_dict(optim_sd)
 
-    def sharded_state(self) -> tuple[dict, dict]:
+    def sharded_state(self, *, create: bool = False) -> tuple[dict, dict]:
         """Model and optimizer state dicts of this rank's tensors, parameters named by their path
-        (``get_state_dict``: DTensor shards under FSDP, no gather; the live tensors, not copies)."""
-        from torch.distributed.checkpoint.state_dict import get_state_dict
+        (``get_state_dict``: DTensor shards under FSDP, no gather; the live tensors, not copies).
 
-        return get_state_dict(self.model, self.optimizer)
+        Args:
+            create: give an optimizer that has not stepped yet its state first (``get_state_dict`` does that with a
+                step at lr 0, which counts in AdamW's ``step``: only for templates that a load overwrites). Without
+                it such an optimizer's dict has no state, as ``optimizer.state_dict()`` has.
+        """
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+        if create or self.optimizer.state:
+            return get_state_dict(self.model, self.optimizer)
+        names = {id(p): name for name, p in self.model.named_parameters()}
+        groups = [
+            {**{k: v for k, v in group.items() if k != "params"}, "params": [names[id(p)] for p in group["params"]]}
+            for group in self.optimizer.param_groups
+        ]
+        return get_model_state_dict(self.model), {"state": {}, "param_groups": groups}
 
     def load_sharded_state(self, model_sd: dict, optim_sd: dict, *, full: bool) -> None:
         """Load :meth:`sharded_state`'s dicts (``full``: whole tensors on every rank, sharded here as needed)."""
@@ -112,6 +125,8 @@ class Strategy:
             self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
             options=StateDictOptions(full_state_dict=full),
         )  # fmt: skip
+        if not optim_sd["state"]:  # saved before the first step: set_state_dict made a state; the run had none
+            self.optimizer.state.clear()
 
 
 class DDPStrategy(Strategy):
