@@ -333,7 +333,10 @@ def json_reader(folder: Path) -> Any:
 def _planners() -> tuple[Any, Any]:
     from torch.distributed.checkpoint import DefaultLoadPlanner, DefaultSavePlanner
 
-    return DefaultSavePlanner(flatten_state_dict=False), DefaultLoadPlanner(flatten_state_dict=False)
+    # A tensor every rank holds (DDP's parameters and buffers, FSDP's buffers) is written by rank 0: the copy DDP
+    # broadcasts at the next forward, where the ranks' buffers differ after the last one (BatchNorm statistics).
+    save = DefaultSavePlanner(flatten_state_dict=False, dedup_save_to_lowest_rank=True)
+    return save, DefaultLoadPlanner(flatten_state_dict=False)
 
 
 @contextlib.contextmanager
