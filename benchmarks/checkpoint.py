@@ -17,8 +17,8 @@ repeat saves it three ways, interleaved, each into its own ``checkpoints`` folde
   ~56 s CPU iteration) and ``optimizer.step()``. Its stall is the save call plus that step's wait for the copy
   (:meth:`Checkpointer.pop_stall`, what ``checkpoint/stall_s`` records): the **batched** column. The write is then
   waited for outside the timed region (``write_ms``: save start to commit), as a next save ``checkpoint.every``
-  steps later would find it done; ``compute_slowdown`` is how much longer the step's compute took beside the
-  background save than after the synchronous one (the cores it shares).
+  steps later would find it done. (The background write shares the cores with that compute; on this shared
+  2-core machine other processes' load varied more than that, so no slowdown is reported.)
 
 Target (issue 45): the asynchronous stall at most 10 % of the synchronous save (``async_over_sync`` in the JSON).
 
@@ -120,7 +120,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     }
     samples: dict[str, list[float]] = {SINGLE: [], SYNC: [], ASYNC: []}
     write_ms: list[float] = []
-    slowdown: list[float] = []
     products = calibrate(args.compute_ms)
     try:
         for step in range(1, args.warmup + args.repeat + 1):
@@ -132,13 +131,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             del state
             single = time.perf_counter() - t0
             checkpointers[SYNC].save_state(step, components, meta)
-            alone = compute(products)  # the next step's compute after a synchronous save: nothing beside it
-            run.optimizer.step()  # no gradients: the step changes nothing (its hooks run)
             ck = checkpointers[ASYNC]
             t0 = time.perf_counter()
             ck.save_state(step, components, meta, asynchronous=True)
-            beside = compute(products)  # the next step's compute, the background copy and write beside it
-            run.optimizer.step()  # waits for the copy of what it would change, if that is not done yet
+            compute(products)  # the next step's compute, the background copy and write beside it
+            run.optimizer.step()  # no gradients (it changes nothing); held until the copy of what it changes is made
             stall = ck.pop_stall()
             ck.wait()
             written = time.perf_counter() - t0
@@ -149,7 +146,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                 samples[SYNC].append(1e3 * checkpointers[SYNC].last_stall_s)
                 samples[ASYNC].append(1e3 * stall[1])
                 write_ms.append(1e3 * written)
-                slowdown.append(beside / alone)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     stats = {name: Stats.of(ms) for name, ms in samples.items()}
@@ -166,8 +162,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     result.extra["async_over_sync"] = round(ratio, 4)
     result.extra["async_max_over_sync_median"] = round(stats[ASYNC].max / medians[SYNC], 4)
     result.extra["target"] = {"async_over_sync_at_most": TARGET, "met": ratio <= TARGET}
-    result.extra["compute_slowdown"] = {"median": round(Stats.of(slowdown).median, 4),
-                                        "max": round(Stats.of(slowdown).max, 4)}  # fmt: skip
     result.extra["write_ms"] = {"median": round(Stats.of(write_ms).median, 3), "max": round(Stats.of(write_ms).max, 3)}
     result.extra["min_max_ms"] = {k: [round(s.min, 3), round(s.max, 3)] for k, s in stats.items()}
     result.notes.append(
@@ -175,7 +169,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         f"state.pt, rename, marker), batched = {ASYNC} (the save call: state read, buffers copied; plus the next "
         f"optimizer step's wait for the copy of parameters and moments made beside {args.compute_ms:.0f} ms of "
         "calibrated compute; the write goes on in a background thread, waited for outside the timed region: "
-        f"write_ms; compute_slowdown: that compute beside the save over alone). {SINGLE}: earlier "
+        f"write_ms). {SINGLE}: earlier "
         "versions' save (full state dicts, one torch.save, the SHA-256 read back). Interleaved repeat by repeat, "
         f"keep=1, fsync on; medians, max beside them. Target: async stall ≤ {TARGET:.0%} of the synchronous save "
         f"(async_over_sync = {ratio:.3f}: {'met' if ratio <= TARGET else 'NOT met'})."
