@@ -20,7 +20,7 @@ from drivetrain.engine import Checkpointer, CheckpointError
 from drivetrain.engine.checkpoint import MARKER, NO_ROOM, no_room
 from drivetrain.engine.metrics import write_failure
 from drivetrain.engine.rundir import RUN_MARKER
-from helpers.engine import SMOKE, losses, metrics, overrides
+from helpers.engine import SMOKE, checkpoint_stalls, losses, metrics, overrides
 
 ERRNOS = [errno.ENOSPC, errno.EDQUOT, errno.EROFS]
 
@@ -123,8 +123,8 @@ def test_no_room_for_metrics_stops_with_one_line_and_the_run_resumes(code, tmp_p
     line = one_line(capsys)
     assert line.startswith(f"drivetrain train: cannot write {tmp_path / 'metrics.jsonl'} ({NO_ROOM[code]}); ")
     assert "the committed checkpoints are kept" in line
-    assert len(losses(tmp_path)) == 5
-    assert_committed_and_loadable(tmp_path / "checkpoints", [2, 4])  # the step-6 save was never reached
+    assert len(losses(tmp_path)) == 4 and list(checkpoint_stalls(tmp_path)) == [2]  # 5 records: the 6th, step 4's
+    assert_committed_and_loadable(tmp_path / "checkpoints", [2, 4])  # stall, failed after its save committed
 
     monkeypatch.undo()
     assert train(tmp_path, "train.steps=8", "checkpoint.every=2", resume=True) == 0

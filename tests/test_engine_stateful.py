@@ -16,6 +16,7 @@ import torch
 
 import drivetrain
 from drivetrain.engine import Checkpointer, CheckpointError, ConfigError, Trainer, load_config
+from drivetrain.engine.config import config_to_dict
 from drivetrain.engine.distributed import DistContext
 from drivetrain.engine.protocol import StreamMemory
 from drivetrain.engine.rng import capture_rng, restore_rng
@@ -268,6 +269,28 @@ def test_a_checkpoint_in_heads_layout_still_resumes_bit_exactly(reference: Path,
     assert a["train"] == b["train"] and a["data"] == b["data"]
     assert_same_weights(a["model"], b["model"])
     assert a["model"]["_extra_state"] == b["model"]["_extra_state"]
+
+
+def test_a_single_file_checkpoint_of_earlier_versions_resumes_bit_exactly(reference: Path, tmp_path: Path) -> None:
+    """Before sharded saves a checkpoint was one ``state.pt``: the full ``model.state_dict()`` and the optimizer's
+    ``state_dict()`` (parameters numbered) beside the other components. Written here as that code wrote it."""
+    run = at_step_3(reference, tmp_path / "single")
+    trainer = Trainer(smoke(run, 6), resume="auto")  # restored from the sharded step 3
+    state = {"format_version": FORMAT_VERSION, "world_size": 1, "config": config_to_dict(trainer.cfg),
+             "versions": {"drivetrain": drivetrain.__version__}}  # fmt: skip
+    state.update({name: component.state_dict() for name, component in trainer.components.items()})
+    trainer.close()
+    assert isinstance(next(iter(state["optimizer"]["state"])), int)  # numbered parameters, as before
+    step_3 = run / "checkpoints" / "step-00000003"
+    shutil.rmtree(step_3)
+    Checkpointer(run / "checkpoints").save(3, state)
+    assert sorted(p.name for p in step_3.iterdir()) == ["COMMITTED", "state.pt"]
+    trainer = Trainer(smoke(run, 6), resume="auto")
+    assert trainer.resumed_from == step_3 and trainer.state.iteration == 3
+    trainer.fit()
+    assert losses(run) == losses(reference) and len(losses(run)) == 6
+    assert_same_weights(final_state(run)["model"], final_state(reference)["model"])
+    assert (run / "checkpoints" / "step-00000006" / "weights").is_dir()  # the run goes on with sharded saves
 
 
 def test_a_version_1_checkpoint_is_refused_in_one_line_naming_its_version(reference: Path, tmp_path: Path) -> None:

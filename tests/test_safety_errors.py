@@ -269,7 +269,8 @@ def test_a_resume_drops_a_hostile_metrics_line_with_a_one_line_warning(tmp_path:
                       "--resume", "auto")  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     warnings = [ln for ln in proc.stderr.splitlines() if "Warning" in ln or "Traceback" in ln]
-    assert warnings == [f"drivetrain: RuntimeWarning: {path}: line 3: JSON nested deeper than 64 levels at column 65; "
+    # lines 1-3: steps 1 and 2 and the step-2 save's checkpoint/stall_s; line 4 the hostile one
+    assert warnings == [f"drivetrain: RuntimeWarning: {path}: line 4: JSON nested deeper than 64 levels at column 65; "
                         "dropping that line"]  # fmt: skip
     assert [m["step"] for m in metrics(tmp_path)] == [1, 2, 3, 4]
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import _compat_pickle
 import hashlib
+import io
 import os
 import pickle
 import pickletools
@@ -44,7 +45,7 @@ import torch
 
 from drivetrain.safe_reads import human_bytes, open_regular
 
-__all__ = ["MAX_NESTING", "MAX_OBJECTS", "TorchFileError", "load_torch_file"]
+__all__ = ["MAX_NESTING", "MAX_OBJECTS", "TorchFileError", "check_archives", "check_file", "load_torch_file"]
 
 # Besides torch's own, the globals a file of tensors names (torch's weights-only unpickler allows them).
 _TENSOR_GLOBALS = (
@@ -112,6 +113,71 @@ def load_torch_file(
             raise TorchFileError(f"not a loadable torch file ({type(err).__name__}: {first[:200]})") from None
     _check_structure(loaded)
     return loaded
+
+
+def check_file(path: str | Path, *, size: int, sha256: str) -> None:
+    """Refuse ``path`` unless it is a regular file of ``size`` bytes and SHA-256 ``sha256`` (a sharded
+    checkpoint's files, against its ``COMMITTED`` marker).
+
+    Raises:
+        TorchFileError: the size or checksum differs.
+        OSError: the file is missing, unreadable, or no regular file (a FIFO would block).
+    """
+    with open_regular(path) as f:
+        if os.fstat(f.fileno()).st_size != size or _sha256(f) != sha256:
+            raise TorchFileError("size or SHA-256 differs from the COMMITTED marker (corrupt)")
+
+
+class _Slice(io.RawIOBase):
+    """The bytes ``[offset, offset + length)`` of an open file as a seekable file of their own."""
+
+    def __init__(self, f: IO[bytes], offset: int, length: int) -> None:
+        self._f, self._offset, self._length, self._pos = f, offset, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
+        self._pos = min(max(base + pos, 0), self._length)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        n = min(len(buffer), self._length - self._pos)
+        if n <= 0:
+            return 0
+        self._f.seek(self._offset + self._pos)
+        data = self._f.read(n)
+        buffer[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+
+def check_archives(path: str | Path, slices: list[tuple[int, int]]) -> None:
+    """Refuse ``path`` unless each ``(offset, length)`` slice lies in the file and is a ``torch.save`` zip archive
+    whose members declare no more bytes than the slice holds (a sharded checkpoint's tensors: DCP loads each slice
+    with ``torch.load(weights_only=True)``; a deflated member that would inflate to gigabytes is refused first).
+
+    Raises:
+        TorchFileError: a slice outside the file, not a zip archive, damaged, or expanding (naming its offset).
+        OSError: the file is missing, unreadable, or no regular file.
+    """
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        for offset, length in slices:
+            if offset + length > size:
+                raise TorchFileError(f"a tensor at byte {offset} (+{length}) lies past the file's end ({size})")
+            try:
+                if not _check_archive(_Slice(f, offset, length), length):
+                    raise TorchFileError(f"the tensor at byte {offset} is not a torch.save archive (a zip file)")
+            except TorchFileError as err:
+                raise TorchFileError(f"the tensor at byte {offset}: {err}") from None
 
 
 def _check_structure(obj: Any) -> None:

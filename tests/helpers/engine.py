@@ -57,7 +57,15 @@ def overrides(out_dir: Path, *extra: str) -> list[str]:
 
 
 def metrics(out_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
+    """metrics.jsonl's records but the checkpoint stalls (``{"step", "checkpoint/stall_s"}`` after each save)."""
+    records = [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if "checkpoint/stall_s" not in r]
+
+
+def checkpoint_stalls(out_dir: Path) -> dict[int, float]:
+    """metrics.jsonl's ``checkpoint/stall_s`` by step."""
+    records = [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["checkpoint/stall_s"] for r in records if "checkpoint/stall_s" in r}
 
 
 def losses(out_dir: Path) -> list[float]:
@@ -78,11 +86,11 @@ def assert_same_training(run: Path, reference: Path) -> None:
 
 
 def final_state(out_dir: Path) -> dict:
-    """The newest committed checkpoint's full state (loaded with weights_only=True)."""
+    """The newest committed checkpoint's full state (marker verified, its shards read whole, weights_only)."""
     from drivetrain.engine import Checkpointer
 
-    _, path = Checkpointer(Path(out_dir) / "checkpoints").committed()[-1]
-    return torch.load(path / "state.pt", weights_only=True)
+    checkpointer = Checkpointer(Path(out_dir) / "checkpoints")
+    return checkpointer.load(checkpointer.committed()[-1][1])
 
 
 def assert_same_weights(a: dict, b: dict, atol: float = 0.0) -> None:

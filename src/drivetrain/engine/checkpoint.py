@@ -2,26 +2,38 @@
 
 Layout under ``<run>/checkpoints/``::
 
-    step-00000100/state.pt      torch.save of a dict of plain tensors, lists, ints and strings
-    step-00000100/COMMITTED     JSON {step, file, size, sha256}; written last, so its presence means complete
+    step-00000100/state.pt                torch.save of a dict of plain tensors, lists, ints and strings
+    step-00000100/weights/__R_0.distcp    rank R's model and optimizer tensors (a sharded checkpoint)
+    step-00000100/weights/.metadata.json  their index, JSON (:mod:`drivetrain.engine.dcp_files`)
+    step-00000100/COMMITTED               JSON {step, file, size, sha256[, files: [{file, size, sha256}]]};
+                                          written last, so its presence means complete
 
 A save writes ``.step-N.tmp-<pid>/state.pt``, fsyncs the file and the temp dir, renames the temp dir to
 ``step-N`` (fsyncing the parent), writes ``COMMITTED`` through its own temp file + rename + fsync, and only
 then deletes older checkpoints beyond ``keep`` and any leftovers of interrupted saves. A crash at any point
-leaves either the previous committed checkpoints untouched or a new one that is complete.
+leaves either the previous committed checkpoints untouched or a new one that is complete. A sharded save
+(:meth:`Checkpointer.save_state` with the model and optimizer of :class:`~drivetrain.engine.state.StrategyState`)
+is collective: rank 0 makes the temp dir (``<pid>`` is its pid), every rank writes and fsyncs its shards through
+``torch.distributed.checkpoint`` and hashes them, the ranks agree, and rank 0 writes ``state.pt`` and commits with
+every file in the marker; a rank that fails or dies before the agreement leaves nothing committed. With
+``asynchronous`` the write runs in a background thread on a copy of the tensors (at most one in flight; see
+:meth:`Checkpointer.save_state`).
 
 A write that fails — a full disk (``ENOSPC``), an exceeded quota (``EDQUOT``), a read-only file system (``EROFS``)
-or any other error, of the state file or of the marker — raises one :class:`CheckpointError` line naming the
-folder and the reason, after removing what the save wrote: nothing of it is marked committed, and the committed
-checkpoints are those of before (one of the same step, which the trainer never writes twice, is renamed aside to
-``.step-N.old-<pid>`` while the new one is written and put back if it fails).
+or any other error, of the state file, a shard or the marker — raises one :class:`CheckpointError` line naming the
+folder and the reason (on every rank of a sharded save), after removing what the save wrote: nothing of it is
+marked committed, and the committed checkpoints are those of before (one of the same step, which the trainer never
+writes twice, is renamed aside to ``.step-N.old-<pid>`` while the new one is written and put back if it fails).
 
 Loading uses ``torch.load(weights_only=True)`` after checking the marker's size and SHA-256, through
 :func:`~drivetrain.torch_files.load_torch_file`: ``state.pt`` must be a regular file (a FIFO there would
 block the load forever) and a zip archive whose members declare no more bytes than the file holds (what
-``torch.save`` writes; a deflated member that would inflate to gigabytes is refused before a byte is inflated). A
-directory without a marker, with a wrong checksum, a special or expanding state file, or that fails to load is
-skipped with a :class:`CheckpointWarning`.
+``torch.save`` writes; a deflated member that would inflate to gigabytes is refused before a byte is inflated).
+A sharded checkpoint's files are checked the same way: each a regular file of the marker's size and SHA-256, the
+index parsed as JSON (never unpickled), every shard it names covered by the marker, every tensor's slice a
+``torch.save`` archive that does not expand; then its tensors are read whole (``shards="full"``) or left for the
+live tensors to load, resharded (``"lazy"``, a resume). A directory without a marker, with a wrong checksum, a
+special or expanding file, or that fails to load is skipped with a :class:`CheckpointWarning`.
 Committed checkpoints that fail to load are never deleted: :meth:`Checkpointer.set_aside` moves them to
 ``checkpoints/corrupt/`` (and checkpoints of an abandoned continuation to ``checkpoints/superseded/``), where
 pruning does not see them. Pruning after a save counts only checkpoints up to the one just written, so a
@@ -31,19 +43,23 @@ link: writing or deleting there would reach another run's checkpoints (a linked 
 the link, its target kept).
 
 What the state is: a dict of stateful components (:mod:`drivetrain.engine.state`). :meth:`Checkpointer.save_state`
-writes every component's ``state_dict()`` under its name beside the metadata and the format version;
-:meth:`Checkpointer.restore` refuses another format version (:func:`check_format`) and a missing or extra component
-(:func:`check_components`), each in one line, then calls every component's ``load_state_dict`` once, in order.
+writes every component's ``state_dict()`` under its name beside the metadata and the format version (a component
+with a ``sharded_state_dict()`` its tensors as shards, the rest in ``state.pt``); :meth:`Checkpointer.restore`
+refuses another format version (:func:`check_format`) and a missing or extra component (:func:`check_components`),
+each in one line, then calls every component's ``load_state_dict`` once, in order. Single-file checkpoints (every
+drivetrain before sharded saves, and DeepSpeed's) load as before.
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import json
 import os
 import re
 import shutil
+import threading
 import time
 import warnings
 from collections.abc import Mapping
@@ -53,18 +69,21 @@ from typing import Any
 import torch
 
 from drivetrain import safe_json
+from drivetrain.engine import dcp_files
+from drivetrain.engine.dcp_files import SHARDS, ShardError, Shards
 from drivetrain.engine.state import (
     FORMAT_VERSION,
     META_KEYS,
     METADATA,
     OLD_VERSION_KEY,
+    SHARDS_KEY,
     VERSION_KEY,
     Stateful,
     format_version,
 )
 from drivetrain.safe_files import LinkedFolderError, real_dir, remove_path
 from drivetrain.safe_reads import open_regular, read_text
-from drivetrain.torch_files import TorchFileError, load_torch_file
+from drivetrain.torch_files import TorchFileError, check_archives, check_file, load_torch_file
 
 __all__ = [
     "DENIED",
@@ -86,9 +105,13 @@ STATE_FILE = "state.pt"
 MAX_MARKER_BYTES = 1 << 16  # a marker is ~150 bytes of JSON; a larger one is not ours (and is not read)
 _NAME = re.compile(r"^step-(\d+)$")
 _TMP = re.compile(r"^\.step-\d+\.tmp-\d+$")  # a save's temporary directory (see save)
-# Test hook: seconds to sleep inside a save (after the state file is written, and again after the rename),
-# so that a test can kill the process while a checkpoint is half written.
+# Test hook: seconds to sleep inside a save (after the state file is written, and again after the rename; in an
+# asynchronous save, in its background thread), so that a test can kill the process while a checkpoint is half
+# written.
 DELAY_ENV = "DRIVETRAIN_TEST_CHECKPOINT_DELAY_S"
+# Test hook: seconds every rank sleeps inside a sharded save after writing its shards, before the ranks compare
+# outcomes, so that a test can kill one rank while the others wait to commit.
+SHARD_DELAY_ENV = "DRIVETRAIN_TEST_SHARD_DELAY_S"
 # The write errors that mean "no room to write here", with the words a message gives them.
 NO_ROOM = {
     errno.ENOSPC: "the disk is full",
@@ -158,6 +181,41 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _size_and_sha256(path: Path) -> tuple[int, str]:
+    return path.stat().st_size, _sha256(path)
+
+
+def _serialize(state: Mapping[str, Any]) -> bytes:
+    """``torch.save`` of ``state`` into bytes (a copy of everything in it, tensors included)."""
+    buffer = io.BytesIO()
+    torch.save(dict(state), buffer)
+    return buffer.getvalue()
+
+
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _all_gather(obj: Any, group: Any) -> list[Any]:
+    """Every rank's ``obj`` (small) in rank order over ``group``; ``[obj]`` without a process group."""
+    if not _distributed():
+        return [obj]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def _raise_first(errors: list[str | None]) -> None:
+    """Raise the first of the ranks' error lines as a CheckpointError (every rank raises the same one)."""
+    for error in errors:
+        if error:
+            raise CheckpointError(error)
+
+
 def checkpoint_dir(path: str | Path) -> Path:
     """The checkpoint directory a user means: ``path`` itself, or the folder of its ``state.pt`` / ``COMMITTED``
     file (passing the weights file is the mmdetection habit). Raises CheckpointError for any other file (a FIFO or
@@ -219,6 +277,49 @@ def check_components(state: Mapping[str, Any], components: Mapping[str, Stateful
         )
 
 
+class _StepGate:
+    """Holds the next ``optimizer.step()`` until an asynchronous save has copied the tensors that step changes in
+    place (parameters and optimizer state: nothing else writes them between two steps), so that the copy runs
+    beside the next forward and backward instead of blocking training. ``waited`` is how long the step waited."""
+
+    def __init__(self, optimizer: Any, save_step: int) -> None:
+        self.save_step, self.stall, self.waited, self.passed = save_step, 0.0, 0.0, False
+        self._copied = threading.Event()
+        self._handle = optimizer.register_step_pre_hook(self._hold)
+
+    def _hold(self, *_: Any) -> None:
+        if not self.passed:
+            started = time.perf_counter()
+            self._copied.wait()
+            self.waited, self.passed = time.perf_counter() - started, True
+
+    def open(self) -> None:
+        """The copy is made: the step may go on."""
+        self._copied.set()
+
+    def remove(self) -> None:
+        """Unregister the hook (outside the optimizer's step: a hook may not remove itself while it runs)."""
+        self._handle.remove()
+
+
+def _stepped_only(components: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> tuple[set[str], Any]:
+    """The keys of ``tensors`` only an optimizer step changes in place, and that optimizer: of the components that
+    declare ``stepped_only()`` → ``(names or None for all, optimizer)`` (:class:`~.state.StrategyState`'s model
+    parameters and optimizer state); none without such a component."""
+    keys: set[str] = set()
+    optimizer = None
+    for name, component in components.items():
+        declared = getattr(component, "stepped_only", None)
+        if declared is None:
+            continue
+        names, optimizer = declared()
+        prefix = f"{name}/"
+        for key in tensors:
+            if key.startswith(prefix) and (names is None or key[len(prefix) :] in names):
+                keys.add(key)
+    return (keys, optimizer) if optimizer is not None else (set(), None)
+
+
 class Checkpointer:
     """Saves and finds checkpoints in ``root``; only one process (rank 0) may call :meth:`save`.
 
@@ -227,14 +328,25 @@ class Checkpointer:
         keep: committed checkpoints to keep.
     """
 
-    def __init__(self, root: str | Path, keep: int = 5) -> None:
+    def __init__(self, root: str | Path, keep: int = 5, *, shards: str = "full") -> None:
         if keep < 1:
             raise ValueError(f"keep: must be ≥ 1, got {keep}")
+        if shards not in ("full", "lazy"):
+            raise ValueError(f"shards: 'full' or 'lazy', got {shards!r}")
         self.root = Path(root)
         self.keep = keep
+        self.shards = shards
         self._delay = float(os.environ.get(DELAY_ENV, "0") or 0)
+        self._shard_delay = float(os.environ.get(SHARD_DELAY_ENV, "0") or 0)
         # Committed checkpoints the last load_latest() skipped: (path, reason).
         self.skipped: list[tuple[Path, str]] = []
+        self.last_stall_s = 0.0  # how long the last save_state() call blocked its caller
+        self._stall: tuple[int, float] | None = None  # (step, stall) of the last save, once final (pop_stall)
+        self._inflight: threading.Thread | None = None  # the asynchronous save being written
+        self._gate: _StepGate | None = None  # the in-flight save's hold on the next optimizer step
+        self._staging: dict[str, torch.Tensor] = {}  # asynchronous saves' copies, reused by the next one
+        self._failure: BaseException | None = None  # what it raised
+        self._group: Any = None  # the process group of asynchronous saves (gloo, made at the first one)
 
     @staticmethod
     def name(step: int) -> str:
@@ -242,36 +354,202 @@ class Checkpointer:
         return f"step-{step:08d}"
 
     def save_state(
-        self, step: int, components: Mapping[str, Stateful], meta: Mapping[str, Any], *, write: bool = True
+        self,
+        step: int,
+        components: Mapping[str, Stateful],
+        meta: Mapping[str, Any],
+        *,
+        write: bool = True,
+        asynchronous: bool = False,
     ) -> Path:
         """Checkpoint ``components`` as step ``step``: ``{format_version, **meta, name: state_dict() ...}``.
 
-        Every rank of a run calls it, with ``write`` true on the one that writes (rank 0): a component's
-        ``state_dict()`` may be collective (the model under FSDP), so each is read on every rank, in order.
+        Every rank of a run calls it, with ``write`` true on the one that writes the small state (rank 0): a
+        component's state may be collective (the model under FSDP, the RNG states), so each is read on every rank,
+        in order. A component with a ``sharded_state_dict()`` (the model and the optimizer,
+        :class:`~drivetrain.engine.state.StrategyState`) has its tensors written as DCP shards by every rank
+        (:mod:`~drivetrain.engine.dcp_files`), the rest of its state in ``state.pt``; with none, rank 0 writes one
+        ``state.pt`` (:meth:`save`). A save in flight is waited for first (:meth:`wait`); :attr:`last_stall_s`
+        is the time this call blocked.
 
         Args:
             step: the step the checkpoint is named after.
             components: what the run checkpoints, by name (restored in this order).
             meta: what the checkpoint says about itself; keys from :data:`~drivetrain.engine.state.META_KEYS`.
-            write: write the checkpoint (else only read the components).
+            write: write the small state (else only read the components; without a process group, write nothing).
+            asynchronous: copy the tensors off the live ones and write them in a background thread; the checkpoint
+                is committed when that finishes (:meth:`wait`).
 
         Returns:
-            The checkpoint's directory (written only when ``write``).
+            The checkpoint's directory (committed once the save, or with ``asynchronous`` its :meth:`wait`, returns).
 
         Raises:
             ValueError: a ``meta`` key that is no metadata, or a component named like metadata.
-            CheckpointError: the checkpoint could not be written (see :meth:`save`).
+            CheckpointError: the checkpoint, or the one in flight before it, could not be written (see :meth:`save`).
         """
+        started = time.perf_counter()
         unknown = [key for key in meta if key not in META_KEYS]
         if unknown:
             raise ValueError(f"checkpoint meta: {unknown[0]!r} is none of {', '.join(META_KEYS)}")
         clash = [name for name in components if name in METADATA]
         if clash:
             raise ValueError(f"checkpoint components: {clash[0]!r} is the name of a metadata field")
+        self.wait()  # at most one save in flight: the previous one commits (or raises) before this one starts
         state: dict[str, Any] = {VERSION_KEY: FORMAT_VERSION, **meta}
+        tensors: dict[str, torch.Tensor] = {}
         for name, component in components.items():
-            state[name] = component.state_dict()
-        return self.save(step, state) if write else self.root / self.name(step)
+            sharded = getattr(component, "sharded_state_dict", None)
+            if sharded is None:
+                state[name] = component.state_dict()
+            else:
+                state[name], found = dcp_files.split_tensors(sharded(), name)
+                tensors.update(found)
+        final = self.root / self.name(step)
+        if not tensors:  # no sharded component (DeepSpeed's full state dicts): rank 0 writes one file
+            path = self.save(step, state) if write else final
+        elif not write and not _distributed():
+            path = final  # one process that only reads
+        else:
+            state[SHARDS_KEY] = SHARDS
+            small, failed = None, None
+            if write:
+                try:
+                    small = _serialize(state)  # a snapshot: bytes, before training changes anything
+                except (OSError, RuntimeError) as err:
+                    small, failed = b"", self._write_failure(err)  # said by every rank, at the first agreement
+            if asynchronous:
+                group = self._async_group()
+                later, optimizer = _stepped_only(components, tensors)
+                now = dcp_files.stage({k: t for k, t in tensors.items() if k not in later}, self._staging)
+                gate = _StepGate(optimizer, step) if later else None
+                self._inflight = threading.Thread(
+                    target=self._write_in_background,
+                    args=(step, small, now, {k: tensors[k] for k in later}, gate, group, failed),
+                    name=f"checkpoint-{step}",
+                )
+                self._gate = gate
+                self._inflight.start()
+            else:
+                self._write_sharded(step, small, tensors, None, failed)
+            path = final
+        self.last_stall_s = time.perf_counter() - started
+        if self._gate is not None and self._inflight is not None:
+            self._gate.stall = self.last_stall_s  # final once the next optimizer step passed it (pop_stall)
+        else:
+            self._stall = (step, self.last_stall_s)
+        return path
+
+    def pop_stall(self) -> tuple[int, float] | None:
+        """``(step, seconds)``: how long the last save blocked training, once that is known (then None until the
+        next save). A synchronous save's stall is its call; an asynchronous one's is its call plus the time the
+        first optimizer step after it waited for the staged copy of the tensors that step changes."""
+        gate = self._gate
+        if gate is not None and gate.passed:
+            self._stall, self._gate = (gate.save_step, gate.stall + gate.waited), None
+            gate.remove()
+        stall, self._stall = self._stall, None
+        return stall
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether an asynchronous save is being written."""
+        return self._inflight is not None
+
+    def wait(self) -> None:
+        """Wait for the asynchronous save in flight (if any) to commit; raise what it raised (on every rank the
+        same :class:`CheckpointError` line: its outcome is agreed across ranks)."""
+        if self._inflight is None:
+            return
+        self._inflight.join()
+        self._inflight, failure, self._failure = None, self._failure, None
+        gate, self._gate = self._gate, None
+        if gate is not None:  # the run ended (or saves again) before an optimizer step met the gate
+            gate.remove()
+            if self._stall is None or gate.passed:
+                self._stall = (gate.save_step, gate.stall + gate.waited)
+        if failure is not None:
+            raise failure
+
+    def _async_group(self) -> Any:
+        """The process group asynchronous saves use (a gloo group of every rank, so their collectives run beside
+        training's on another thread); None without a process group. Made at the first one (collective)."""
+        if not _distributed():
+            return None
+        if self._group is None:
+            import torch.distributed as dist
+
+            self._group = dist.new_group(backend="gloo")
+        return self._group
+
+    def _write_in_background(
+        self,
+        step: int,
+        small: bytes | None,
+        staged: dict[str, torch.Tensor],
+        later: dict[str, torch.Tensor],
+        gate: _StepGate | None,
+        group: Any,
+        failed: str | None,
+    ) -> None:
+        try:
+            try:  # the tensors only an optimizer step changes: copied here while the next step's forward runs
+                staged = {**staged, **dcp_files.stage(later, self._staging)}
+            finally:
+                if gate is not None:
+                    gate.open()
+            self._write_sharded(step, small, staged, group, failed)
+        except BaseException as err:  # handed to wait(), which raises it on the training thread
+            self._failure = err
+
+    def _write_sharded(
+        self, step: int, small: bytes | None, tensors: dict[str, torch.Tensor], group: Any, failed: str | None = None
+    ) -> None:
+        """Write a sharded checkpoint (collective over ``group``): rank 0 (``small`` given) makes the temp folder,
+        every rank writes its shards and hashes them, rank 0 writes ``state.pt``, renames and commits with every
+        file's size and SHA-256 in the marker, then prunes. A failure anywhere is one CheckpointError on every rank,
+        with nothing of this save left (:meth:`save`'s rules)."""
+        final = self.root / self.name(step)
+        error = failed
+        if small is not None and error is None:
+            try:
+                self._check_root(create=True)
+                remove_path(self.root / f".{final.name}.tmp-{os.getpid()}")  # a leftover of this pid's killed save
+                (self.root / f".{final.name}.tmp-{os.getpid()}" / SHARDS).mkdir(parents=True)
+            except CheckpointError as err:
+                error = str(err)
+            except OSError as err:
+                error = self._write_failure(err)
+        replies = _all_gather((error, os.getpid(), small is not None), group)
+        writer = next(rank for rank, (_, _, writes) in enumerate(replies) if writes)
+        tmp = self.root / f".{final.name}.tmp-{replies[writer][1]}"
+        _raise_first([e for e, _, _ in replies])
+        files: dict[str, tuple[int, str]] = {}
+        try:
+            for name in dcp_files.write_shards(tmp / SHARDS, tensors, group):
+                files[f"{SHARDS}/{name}"] = _size_and_sha256(tmp / SHARDS / name)
+        except (OSError, RuntimeError, ShardError) as err:  # torch reports a full disk as "unexpected pos N vs M"
+            error = self._write_failure(err)
+        except BaseException as err:  # DCP's CheckpointException (a BaseException): the first rank's error
+            failures = getattr(err, "failures", None)
+            if not isinstance(failures, dict) or not failures:
+                raise
+            first = next(iter(failures.values()))
+            error = self._write_failure(first[0] if isinstance(first, tuple) else err)
+        if self._shard_delay > 0:
+            time.sleep(self._shard_delay)
+        replies = _all_gather((error, files), group)
+        if small is not None and any(e for e, _ in replies):
+            remove_path(tmp, ignore_errors=True)
+        _raise_first([e for e, _ in replies])
+        outcome = None
+        if small is not None:
+            for _, written in replies:
+                files.update(written)
+            try:
+                self._publish(step, tmp, final, small, files)
+            except CheckpointError as err:
+                outcome = str(err)
+        _raise_first([_all_gather(outcome, group)[writer]])
 
     @staticmethod
     def restore(state: Mapping[str, Any], components: Mapping[str, Stateful], where: object) -> None:
@@ -307,6 +585,29 @@ class Checkpointer:
             remove_path(tmp, ignore_errors=True)
             raise CheckpointError(self._write_failure(err)) from None
         self._sleep()
+        self._rename_and_commit(step, tmp, final, {})
+        return final
+
+    def _publish(self, step: int, tmp: Path, final: Path, small: bytes, files: dict[str, tuple[int, str]]) -> None:
+        """Rank 0's end of a sharded save: ``state.pt`` beside the shards every rank wrote into ``tmp``, then the
+        rename, the marker naming every file (``files`` and the shard index) and pruning."""
+        try:
+            with open(tmp / STATE_FILE, "wb") as f:
+                f.write(small)
+                f.flush()
+                os.fsync(f.fileno())
+            files[f"{SHARDS}/{dcp_files.INDEX}"] = _size_and_sha256(tmp / SHARDS / dcp_files.INDEX)
+            _fsync_dir(tmp / SHARDS)
+            _fsync_dir(tmp)
+        except OSError as err:
+            remove_path(tmp, ignore_errors=True)
+            raise CheckpointError(self._write_failure(err)) from None
+        self._sleep()
+        self._rename_and_commit(step, tmp, final, files)
+
+    def _rename_and_commit(self, step: int, tmp: Path, final: Path, files: dict[str, tuple[int, str]]) -> None:
+        """Rename the written ``tmp`` to ``final`` (a committed one of the same step aside until this one is),
+        write the marker, prune. Raises one CheckpointError line, with nothing of this save left."""
         old = self.root / f".{final.name}.old-{os.getpid()}"
         kept = (final / MARKER).is_file()  # a committed checkpoint of this step: replaced only once this one is
         aside = False
@@ -320,7 +621,7 @@ class Checkpointer:
             os.replace(tmp, final)
             _fsync_dir(self.root)
             self._sleep()
-            self._commit(final, step)
+            self._commit(final, step, files)
         except OSError as err:
             remove_path(tmp, ignore_errors=True)
             if aside or not kept:  # final is this save's (renamed, not committed or its marker not durable)
@@ -330,13 +631,15 @@ class Checkpointer:
             raise CheckpointError(self._write_failure(err)) from None
         remove_path(old, ignore_errors=True)
         self.prune(newest=step)
-        return final
 
     @staticmethod
-    def _commit(final: Path, step: int) -> None:
-        """Write the ``COMMITTED`` marker of ``final`` (temp file, fsync, rename, fsync of the folder)."""
-        marker = {"step": step, "file": STATE_FILE, "size": (final / STATE_FILE).stat().st_size}
+    def _commit(final: Path, step: int, files: Mapping[str, tuple[int, str]]) -> None:
+        """Write the ``COMMITTED`` marker of ``final`` (temp file, fsync, rename, fsync of the folder): the state
+        file's size and SHA-256, and under ``files`` those of every shard file (sizes and digests given)."""
+        marker: dict[str, Any] = {"step": step, "file": STATE_FILE, "size": (final / STATE_FILE).stat().st_size}
         marker["sha256"] = _sha256(final / STATE_FILE)
+        if files:
+            marker["files"] = [{"file": f, "size": size, "sha256": sha} for f, (size, sha) in sorted(files.items())]
         marker_tmp = final / f"{MARKER}.tmp"
         with open(marker_tmp, "w") as f:
             json.dump(marker, f)
@@ -441,12 +744,65 @@ class Checkpointer:
             raise CheckpointError(f"{path}: the {MARKER} marker names a file outside the checkpoint")
         state_path = path / marker["file"]
         try:  # a regular file (a FIFO would block), of the marker's size and SHA-256, whose members do not expand
-            return load_torch_file(state_path, size=marker["size"], sha256=marker["sha256"])
+            state = load_torch_file(state_path, size=marker["size"], sha256=marker["sha256"])
         except OSError as err:
             reason = err.strerror or type(err).__name__
             raise CheckpointError(f"{state_path}: unreadable state file ({reason})") from None
         except TorchFileError as err:
             raise CheckpointError(f"{state_path}: {err}") from None
+        if not isinstance(state, dict) or SHARDS_KEY not in state:
+            return state  # a single-file checkpoint (every drivetrain before sharded saves)
+        return self._with_shards(path, marker, state)
+
+    def _with_shards(self, path: Path, marker: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
+        """A sharded checkpoint's state: every shard file checked against the marker (a regular file of its size
+        and SHA-256, named in the shard index), then its components' tensors read whole (``shards="full"``) or
+        left in the shards for the live tensors to load (``"lazy"``: :class:`~.dcp_files.Shards`)."""
+        if state.pop(SHARDS_KEY) != SHARDS:
+            raise CheckpointError(f"{path / STATE_FILE}: names a shard folder other than {SHARDS}/")
+        listed = marker.get("files")
+        if not isinstance(listed, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("file"), str) and isinstance(e.get("size"), int)
+            and isinstance(e.get("sha256"), str) for e in listed
+        ):  # fmt: skip
+            raise CheckpointError(f"{path}: malformed {MARKER} marker (a sharded checkpoint lists its files)")
+        names = set()
+        for entry in listed:
+            folder, _, name = entry["file"].partition("/")
+            if folder != SHARDS or Path(name).name != name or name in ("", ".", ".."):
+                raise CheckpointError(f"{path}: the {MARKER} marker names a file outside the checkpoint's shards")
+            try:
+                check_file(path / entry["file"], size=entry["size"], sha256=entry["sha256"])
+            except OSError as err:
+                reason = err.strerror or type(err).__name__
+                raise CheckpointError(f"{path / entry['file']}: unreadable shard ({reason})") from None
+            except TorchFileError as err:
+                raise CheckpointError(f"{path / entry['file']}: {err}") from None
+            names.add(name)
+        folder = path / SHARDS
+        try:
+            if dcp_files.INDEX not in names:
+                raise ShardError(f"{folder}: the {MARKER} marker does not cover the shard index")
+            slices: dict[str, list[tuple[int, int]]] = {}
+            for info in dcp_files.index_of(folder).storage_data.values():
+                slices.setdefault(info.relative_path, []).append((info.offset, info.length))
+            unlisted = sorted(set(slices) - names)
+            if unlisted:
+                raise ShardError(f"{folder / unlisted[0]}: a shard the {MARKER} marker does not cover")
+            for name, where in slices.items():  # each tensor a torch.save archive that does not expand
+                try:
+                    check_archives(folder / name, where)
+                except TorchFileError as err:
+                    raise ShardError(f"{folder / name}: {err}") from None
+            sharded = [name for name, value in state.items() if dcp_files.shard_keys(value)]
+            if self.shards == "lazy":
+                return {**state, **{name: Shards(folder, state[name]) for name in sharded}}
+            tensors = dcp_files.read_full(folder)
+            return {**state, **{name: dcp_files.join_tensors(state[name], tensors) for name in sharded}}
+        except ShardError as err:
+            raise CheckpointError(str(err)) from None
+        except (OSError, RuntimeError) as err:
+            raise CheckpointError(f"{folder}: unreadable shards ({str(err).strip().splitlines()[-1]})") from None
 
     @staticmethod
     def identity(path: str | Path) -> str:

@@ -331,10 +331,17 @@ class CheckpointConfig:
 
     every: int = 100  # optimizer iterations between checkpoints (one is always written at the end)
     keep: int = 5  # committed checkpoints kept; older ones are deleted after a new one commits
+    every_minutes: float | None = None  # also save when this many minutes passed since the last save (all ranks agree)
+    async_save: bool = False  # write in a background thread while training goes on (at most one save in flight)
 
     def __post_init__(self) -> None:
         _check(self.every >= 1, "checkpoint.every", f"must be ≥ 1, got {self.every}")
         _check(self.keep >= 1, "checkpoint.keep", f"must be ≥ 1, got {self.keep}")
+        _check(
+            self.every_minutes is None or self.every_minutes > 0,
+            "checkpoint.every_minutes",
+            f"must be > 0 (or null), got {self.every_minutes}",
+        )
 
 
 @dataclass(frozen=True)

@@ -248,6 +248,20 @@ class MetricsLogger:
                         self._tb.add_scalar(key, value, step)
                 self._tb.flush()
 
+    def checkpoint(self, step: int, stall_s: float) -> None:
+        """Write how long the save of ``step`` blocked training as a metrics.jsonl record ``{"step",
+        "checkpoint/stall_s"}`` (rank 0; ``step_time_s`` leaves it out) and the TensorBoard scalar of that name."""
+        if not self.enabled or self._failed:
+            return
+        record = {"step": int(step), "checkpoint/stall_s": float(stall_s)}
+        with self._writing(self._path):
+            self._ensure_file()
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+        if self._tb is not None:
+            with self._writing(self._tb_dir):
+                self._tb.add_scalar("checkpoint/stall_s", float(stall_s), step)
+
     def image(self, tag: str, picture: Any, step: int) -> None:
         """A uint8 ``(H, W, 3)`` picture in TensorBoard under ``tag`` (rank 0; nothing without TensorBoard)."""
         if self.enabled and self._tb is not None:

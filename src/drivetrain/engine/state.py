@@ -42,6 +42,7 @@ __all__ = [
     "METADATA",
     "META_KEYS",
     "OLD_VERSION_KEY",
+    "SHARDS_KEY",
     "VERSION_KEY",
     "FixedState",
     "RngState",
@@ -56,10 +57,11 @@ __all__ = [
 FORMAT_VERSION = 2
 VERSION_KEY = "format_version"
 OLD_VERSION_KEY = "format"  # the version field until version 2 was named format_version (see above)
+SHARDS_KEY = "shards"  # a sharded checkpoint's folder of model and optimizer tensors (absent in a single-file one)
 # What a checkpoint says about itself beside the components: written by the trainer, read before restoring.
 META_KEYS = ("world_size", "config", "versions")
 _RESEED = 0x5EED  # salt of the RNG streams re-derived on an elastic resume (RngState)
-METADATA = (VERSION_KEY, OLD_VERSION_KEY, *META_KEYS)
+METADATA = (VERSION_KEY, OLD_VERSION_KEY, SHARDS_KEY, *META_KEYS)
 
 
 @runtime_checkable
@@ -128,25 +130,45 @@ class StrategyState:
     """The model and the optimizer through the run's strategy, as the two components :attr:`model` and
     :attr:`optimizer` (in that order in the mapping).
 
-    Their full state dicts come from one ``strategy.full_state()`` (collective under FSDP and DeepSpeed, which
-    gather both at once) and go back through one ``strategy.load_full_state(model, optimizer)`` (DeepSpeed sets
-    the fp32 master weights from the model's dict): ``model.state_dict()`` reads both and ``optimizer.state_dict()``
-    hands over the second; ``model.load_state_dict`` keeps its dict until ``optimizer.load_state_dict`` loads both.
+    A checkpoint writes them as shards (:mod:`~drivetrain.engine.dcp_files`): their ``sharded_state_dict()`` is one
+    ``strategy.sharded_state()`` (``torch.distributed.checkpoint.state_dict.get_state_dict``: under FSDP each rank's
+    own shards, no gather), read by ``model`` and handed over by ``optimizer``. A strategy without
+    ``sharded_state`` (DeepSpeed) has no ``sharded_state_dict``: its full state dicts come from one
+    ``strategy.full_state()`` (``state_dict()``) and go into the checkpoint's one file, as before.
+
+    Restoring takes what the checkpoint holds: :class:`~drivetrain.engine.dcp_files.Shards` (loaded into this
+    run's live tensors, each rank reading the slices its own shards need: another strategy or number of ranks
+    reshards), full state dicts keyed by parameter name (a sharded checkpoint read whole), or a single-file
+    checkpoint's ``model.state_dict()``/``optimizer.state_dict()`` (``strategy.load_full_state``). ``model``'s
+    ``load_state_dict`` keeps its state until ``optimizer``'s loads both.
 
     Args:
-        strategy: a :class:`~drivetrain.engine.strategy.Strategy` (or the DeepSpeed one): ``full_state()`` and
-            ``load_full_state(model_sd, optim_sd)``.
+        strategy: a :class:`~drivetrain.engine.strategy.Strategy` (or the DeepSpeed one).
     """
 
     def __init__(self, strategy: Any) -> None:
         self._strategy = strategy
-        self._optimizer_sd: dict[str, Any] | None = None  # read with the model's, not yet handed over
-        self._model_sd: dict[str, Any] | None = None  # restored, waiting for the optimizer's
-        self.model: Stateful = _Part(self._model_state, self._load_model)
-        self.optimizer: Stateful = _Part(self._optimizer_state, self._load_optimizer)
+        self._optimizer_sd: Any = None  # read with the model's, not yet handed over
+        self._model_sd: Any = None  # restored, waiting for the optimizer's
+        sharded = hasattr(strategy, "sharded_state")
+        self.model: Stateful = _Part(self._model_state, self._load_model, self._model_shards if sharded else None)
+        self.optimizer: Stateful = _Part(
+            self._optimizer_state, self._load_optimizer, self._optimizer_state if sharded else None
+        )
+        if sharded:  # what only optimizer.step() changes in place: an asynchronous save copies it beside the next step
+            self.model.stepped_only = self._parameters  # type: ignore[attr-defined]
+            self.optimizer.stepped_only = lambda: (None, strategy.optimizer)  # type: ignore[attr-defined]
+
+    def _parameters(self) -> tuple[set[str], Any]:
+        """The model's parameter names (its buffers change in the forward) and the optimizer that steps them."""
+        return {name for name, _ in self._strategy.model.named_parameters()}, self._strategy.optimizer
 
     def _model_state(self) -> dict[str, Any]:
         model_sd, self._optimizer_sd = self._strategy.full_state()
+        return model_sd
+
+    def _model_shards(self) -> dict[str, Any]:
+        model_sd, self._optimizer_sd = self._strategy.sharded_state()
         return model_sd
 
     def _optimizer_state(self) -> dict[str, Any]:
@@ -155,21 +177,49 @@ class StrategyState:
         optimizer_sd, self._optimizer_sd = self._optimizer_sd, None
         return optimizer_sd
 
-    def _load_model(self, state: dict[str, Any]) -> None:
+    def _load_model(self, state: Any) -> None:
         self._model_sd = state
 
-    def _load_optimizer(self, state: dict[str, Any]) -> None:
+    def _load_optimizer(self, state: Any) -> None:
         if self._model_sd is None:
             raise RuntimeError("StrategyState: the model's state loads with the optimizer's; restore 'model' first")
         model_sd, self._model_sd = self._model_sd, None
-        self._strategy.load_full_state(model_sd, state)
+        if hasattr(model_sd, "skeleton"):  # Shards: into the live tensors, resharded by DCP
+            from drivetrain.engine import dcp_files
+
+            folder = model_sd.folder
+            model_sd, state = model_sd.skeleton, getattr(state, "skeleton", state)  # no tensors: no Shards
+            live_model, live_optimizer = self._strategy.sharded_state(create=True)
+            wanted = {*dcp_files.shard_keys(model_sd), *dcp_files.shard_keys(state)}
+            live = {
+                **dcp_files.split_tensors(live_model, "model")[1],
+                **dcp_files.split_tensors(live_optimizer, "optimizer")[1],
+            }
+            templates = {key: t for key, t in live.items() if key in wanted or key.startswith("model/")}
+            templates.update(dcp_files.allocate(folder, sorted(wanted - set(templates))))  # not live before a step
+            dcp_files.read_into(folder, templates)  # a key this run or the checkpoint lacks: one line
+            model_sd, state = dcp_files.join_tensors(model_sd, templates), dcp_files.join_tensors(state, templates)
+            self._strategy.load_sharded_state(model_sd, state, full=False)
+        elif _keyed_by_name(state):  # a sharded checkpoint read whole
+            self._strategy.load_sharded_state(model_sd, state, full=True)
+        else:  # a single-file checkpoint's state dicts
+            self._strategy.load_full_state(model_sd, state)
+
+
+def _keyed_by_name(optimizer_sd: Any) -> bool:
+    """Whether an optimizer state dict names its parameters (``get_state_dict``'s) rather than numbering them."""
+    groups = optimizer_sd.get("param_groups") if isinstance(optimizer_sd, dict) else None
+    return bool(groups) and any(isinstance(p, str) for g in groups for p in g.get("params", []))
 
 
 class _Part:
-    """A :class:`Stateful` made of two functions (the halves of :class:`StrategyState`)."""
+    """A :class:`Stateful` made of two functions (the halves of :class:`StrategyState`), with a third for its
+    sharded state (absent when the strategy has none)."""
 
-    def __init__(self, read: Any, load: Any) -> None:
+    def __init__(self, read: Any, load: Any, sharded: Any = None) -> None:
         self.state_dict, self.load_state_dict = read, load
+        if sharded is not None:
+            self.sharded_state_dict = sharded
 
 
 class ScheduleState:

@@ -70,6 +70,7 @@ class StepDecision:
     apply: bool  # gradients and losses are finite: apply the update
     loss_bad: bool  # some rank had a non-finite loss
     stop: str | None  # the stop signal received (here or on another rank)
+    save_due: bool = False  # some rank's clock says a checkpoint is due (checkpoint.every_minutes)
 
 
 def decide(
@@ -81,6 +82,7 @@ def decide(
     stop_on_nonfinite: bool,
     iteration: int,
     data: Any,
+    save_due: bool = False,
 ) -> StepDecision:
     """Skip, non-finite loss and stop, agreed across ranks in one device read (the step's one sync).
 
@@ -92,6 +94,8 @@ def decide(
         stop_on_nonfinite: ``precision.nonfinite == "stop"``: a non-finite loss raises.
         iteration: optimizer iterations done before this one (for the message).
         data: the batch stream (its epoch, for the message).
+        save_due: this rank's clock says a checkpoint is due; agreed like a stop signal (any rank's), so every
+            rank saves after the same step.
 
     Returns:
         The decision.
@@ -102,11 +106,12 @@ def decide(
     """
     any_bad = micro.loss_bad.any().to(torch.int64)
     stop_flag = any_bad.new_full((), int(stop_signal is not None))  # a fill, not a host copy
+    due_flag = any_bad.new_full((), int(save_due))
     if ctx.initialized:  # every rank takes the same decisions
-        any_bad, stop_flag = ctx.all_reduce_max(torch.stack([any_bad, stop_flag]))
+        any_bad, stop_flag, due_flag = ctx.all_reduce_max(torch.stack([any_bad, stop_flag, due_flag]))
     first_bad = micro.loss_bad.to(torch.int64).argmax()
-    skip, loss_bad, stop, bad_micro = torch.stack(  # sync: skipping the step is a host decision
-        [grads_bad.to(torch.int64), any_bad, stop_flag, first_bad]
+    skip, loss_bad, stop, bad_micro, due = torch.stack(  # sync: skipping the step is a host decision
+        [grads_bad.to(torch.int64), any_bad, stop_flag, first_bad, due_flag]
     ).tolist()
     if loss_bad and stop_on_nonfinite:
         local_bad = bool(micro.loss_bad[bad_micro])  # sync: error path only, the run stops here
@@ -121,7 +126,7 @@ def decide(
             "(precision.nonfinite=stop; set it to skip to skip and count such steps)"
         )
     stop_name = stop_signal or ("a stop signal (on another rank)" if stop else None)
-    return StepDecision(apply=not (skip or loss_bad), loss_bad=bool(loss_bad), stop=stop_name)
+    return StepDecision(apply=not (skip or loss_bad), loss_bad=bool(loss_bad), stop=stop_name, save_due=bool(due))
 
 
 def step_record(

@@ -9,9 +9,13 @@ answers the step's five questions:
 - ``unscale_and_clip()`` → ``(grad_norm, grads_bad)`` on the device, no sync;
 - ``step(apply, overflow)`` → ``(grad_norm, loss_scale, applied)``: apply the update (or skip it), move the
   loss scaler, zero the gradients;
-- ``full_state()`` / ``load_full_state()``: full (unsharded) model and optimizer state dicts, so a run
-  resumes under any of ``none``, ``ddp`` and ``fsdp`` on any number of ranks (the optimizer's parameters are
-  numbered by ``none`` and ``ddp``, named by ``fsdp``; loading maps one onto the other by the parameters' names).
+- ``sharded_state()`` / ``load_sharded_state()``: this rank's model and optimizer state (parameters by name,
+  FSDP's DTensor shards) for checkpoints written through ``torch.distributed.checkpoint``, which reshards on
+  load, so a run resumes under another strategy or number of ranks;
+- ``full_state()`` / ``load_full_state()``: full (unsharded) model and optimizer state dicts (single-file
+  checkpoints of earlier versions; DeepSpeed); a run resumes them under any of ``none``, ``ddp`` and ``fsdp`` on
+  any number of ranks (the optimizer's parameters are numbered by ``none`` and ``ddp``, named by ``fsdp``; loading
+  maps one onto the other by the parameters' names).
 
 Strategies: ``none`` (one process), ``ddp`` (``DistributedDataParallel``, optionally ``static_graph``;
 non-final micro-batches under ``no_sync()``), ``fsdp`` (FSDP2 ``fully_shard`` on each unit,
@@ -96,6 +100,37 @@ class Strategy:
         self.model.load_state_dict(model_sd)
         names = _param_names(self.model, self.optimizer)
         self.optimizer.load_state_dict(_rekeyed(optim_sd, names, list(range(len(names)))))
+
+    def sharded_state(self, *, create: bool = False) -> tuple[dict, dict]:
+        """Model and optimizer state dicts of this rank's tensors, parameters named by their path
+        (``get_state_dict``: DTensor shards under FSDP, no gather; the live tensors, not copies).
+
+        Args:
+            create: give an optimizer that has not stepped yet its state first (``get_state_dict`` does that with a
+                step at lr 0, which counts in AdamW's ``step``: only for templates that a load overwrites). Without
+                it such an optimizer's dict has no state, as ``optimizer.state_dict()`` has.
+        """
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+        if create or self.optimizer.state:
+            return get_state_dict(self.model, self.optimizer)
+        names = {id(p): name for name, p in self.model.named_parameters()}
+        groups = [
+            {**{k: v for k, v in group.items() if k != "params"}, "params": [names[id(p)] for p in group["params"]]}
+            for group in self.optimizer.param_groups
+        ]
+        return get_model_state_dict(self.model), {"state": {}, "param_groups": groups}
+
+    def load_sharded_state(self, model_sd: dict, optim_sd: dict, *, full: bool) -> None:
+        """Load :meth:`sharded_state`'s dicts (``full``: whole tensors on every rank, sharded here as needed)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        set_state_dict(
+            self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
+            options=StateDictOptions(full_state_dict=full),
+        )  # fmt: skip
+        if not optim_sd["state"]:  # saved before the first step: set_state_dict made a state; the run had none
+            self.optimizer.state.clear()
 
 
 class DDPStrategy(Strategy):

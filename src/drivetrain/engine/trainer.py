@@ -113,7 +113,7 @@ class Trainer:
 
     def _build(self, resume: str | None) -> None:
         cfg = self.cfg
-        self.checkpointer = Checkpointer(self.out_dir / "checkpoints", keep=cfg.checkpoint.keep)
+        self.checkpointer = Checkpointer(self.out_dir / "checkpoints", keep=cfg.checkpoint.keep, shards="lazy")
         found, error = Found(), None
         try:  # what this rank starts from, decided alone: no collective, nothing written
             self.cfg = cfg = with_global_batch(cfg, self.ctx.world_size)  # train.accumulation on this many ranks
@@ -166,6 +166,8 @@ class Trainer:
             set_aside_unusable(self.checkpointer, self.state.iteration, continued)
         self.ctx.barrier()
         self.signals = StopSignals()
+        self._save_due = False  # checkpoint.every_minutes passed on some rank's clock (agreed in the step's decision)
+        self._saved_clock = time.monotonic()
         self.stopped_by: str | None = None  # after fit(): the signal that stopped it ("SIGINT", "SIGTERM", ...)
         self._step_delay = float(os.environ.get(STEP_DELAY_ENV, "0") or 0)
 
@@ -210,6 +212,7 @@ class Trainer:
             log.message(self._resume_note)
         warm_known_shapes(self.model, self.device, log)  # the GPU solver's kernels for the model's known Q
         saved_at = self.state.iteration if self.resumed_from is not None else -1
+        self._saved_clock = time.monotonic()  # checkpoint.every_minutes counts from here and from each save
         try:
             with self.signals.handling():
                 path = self.resumed_from
@@ -232,10 +235,11 @@ class Trainer:
                         if stop is None and cfg.eval.every and (done % cfg.eval.every == 0 or done == cfg.train.steps):
                             # before the checkpoint: a run killed during it evaluates again; a stop signal abandons it
                             stop = self.evaluate(log)
-                        if stop or done % cfg.checkpoint.every == 0 or done == cfg.train.steps:
+                        if stop or done % cfg.checkpoint.every == 0 or done == cfg.train.steps or self._save_due:
                             log.flush()
                             path = self.save()
                             saved_at = done
+                        self._log_stall(log)  # a save's stall, once known (an asynchronous one's: after a step)
                 except RuntimeError as err:  # torch reports a dead loader worker wherever the main process is
                     died = dead_worker(err)
                     if died is None:
@@ -246,6 +250,7 @@ class Trainer:
                     if saved_at != self.state.iteration:  # stopped in the evaluation before the first step
                         log.flush()
                         path, saved_at = self.save(), self.state.iteration
+                    self.checkpointer.wait()  # the checkpoint the message names is committed
                     self.stopped_by = stop
                     log.message(
                         f"drivetrain train: received {stop}; stopped after step {self.state.iteration} with checkpoint "
@@ -254,6 +259,8 @@ class Trainer:
             if saved_at != self.state.iteration:  # e.g. resumed a finished run with the same steps
                 log.flush()
                 self.save()
+            self.checkpointer.wait()  # an asynchronous save in flight commits before the run ends
+            self._log_stall(log)
         finally:
             log.close()
             self._release()
@@ -285,7 +292,9 @@ class Trainer:
                 decision = decide(  # the step's one host read: skip (non-finite), stop (a signal on any rank)
                     grads_bad, micro, self.signals.received, self.ctx,
                     stop_on_nonfinite=cfg.precision.nonfinite == "stop", iteration=self.state.iteration, data=self.data,
+                    save_due=self._clock_due(),
                 )  # fmt: skip
+                self._save_due = decision.save_due  # agreed across ranks: every rank saves after this step
                 lr = self._set_lr(self.state.step)  # the schedule: a function of the updates applied
                 overflow = grads_bad & ~micro.loss_bad.any()  # a bad loss is not an fp16 overflow
                 grad_norm, scale, applied = self.strategy.step(decision.apply, overflow, grad_norm)  # + zero_grad
@@ -294,6 +303,17 @@ class Trainer:
         samples, elapsed = accum * cfg.data.batch_size * self.ctx.world_size, time.perf_counter() - t_start
         log.record(*step_record(micro, grad_norm, scale, lr, elapsed, self.state, samples, self.device))  # log
         return decision.stop
+
+    def _log_stall(self, log: MetricsLogger) -> None:
+        """Write the last save's ``checkpoint/stall_s`` once it is known (:meth:`Checkpointer.pop_stall`)."""
+        stall = self.checkpointer.pop_stall()
+        if stall is not None:
+            log.checkpoint(*stall)
+
+    def _clock_due(self) -> bool:
+        """Whether ``checkpoint.every_minutes`` passed on this rank's clock since the last save (or the start)."""
+        minutes = self.cfg.checkpoint.every_minutes
+        return minutes is not None and time.monotonic() - self._saved_clock >= 60 * minutes
 
     def _set_lr(self, step: int) -> float:
         """Set every group's lr for update ``step``; returns the base lr (lr_mult 1)."""
@@ -334,12 +354,16 @@ class Trainer:
         """
         path = None
         if not self.ctx.initialized:
+            self.checkpointer.wait()  # a save of this step in flight commits first
             done = self.checkpointer.root / Checkpointer.name(self.state.iteration)
             path = done if (done / MARKER).is_file() else self.save(data_state=data_state)
+            self.checkpointer.wait()
         return TrainingDataError(data_error_line(err), path, can_skip=self.cfg.data.loader != "dali")
 
     def save(self, data_state: dict[str, Any] | None = None) -> Path:
-        """Checkpoint the run now (collective: every rank calls it; rank 0 writes); returns its path.
+        """Checkpoint the run now (collective: every rank calls it and writes its shards; rank 0 the small state);
+        returns its path. With ``checkpoint.async_save`` the write goes on in the background (committed at the
+        next save or :meth:`Checkpointer.wait`); ``checkpointer.pop_stall()`` says how long training was blocked.
 
         Args:
             data_state: the data position to record (default: after the last batch read).
@@ -359,8 +383,11 @@ class Trainer:
                 "python": platform.python_version(),
             },
         }
-        path = self.checkpointer.save_state(self.state.iteration, components, meta, write=self.ctx.is_main)
+        path = self.checkpointer.save_state(
+            self.state.iteration, components, meta, write=self.ctx.is_main, asynchronous=self.cfg.checkpoint.async_save
+        )
         self.ctx.barrier()
+        self._saved_clock = time.monotonic()
         return path
 
     def _release(self) -> None:
