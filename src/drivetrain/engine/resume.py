@@ -23,7 +23,7 @@ the ``train.accumulation`` that keeps it). What makes that exact:
   the rows (frames) the uninterrupted run's step read;
 - the model, optimizer and loss-scaler states are full (unsharded) ones, loaded through the strategy
   (:class:`~drivetrain.engine.state.StrategyState`), and the step and schedule are counters; a streaming model's
-  per-stream state (StreamPETR's memory) is every rank's, and each rank takes its streams' rows
+  per-stream state (a temporal detector's memory) is every rank's, and each rank takes its streams' rows
   (:class:`~drivetrain.engine.state.StreamState`);
 - the RNG states are restored per rank on the same number of ranks; on another number each rank's are re-derived
   from ``(run.seed, rank, iteration)`` (:class:`~drivetrain.engine.state.RngState`). Draws that depend on the rank

@@ -285,7 +285,7 @@ class RngState:
 
 
 class StreamState:
-    """A streaming model's per-stream state (:class:`~drivetrain.engine.protocol.StreamMemory`, e.g. StreamPETR's
+    """A streaming model's per-stream state (:class:`~drivetrain.engine.protocol.StreamMemory`, e.g. a temporal detector's
     memory bank) of every rank: a list in rank order, like :class:`RngState`'s.
 
     The model's own state dict holds rank 0's rows only (module extra state), which every rank would load; this
