@@ -141,9 +141,9 @@ class MatchedQueries(Protocol):
 
 @runtime_checkable
 class StreamMemory(Protocol):
-    """A model that carries state from one frame of a batch slot (a scene stream) to the next, per sample (a temporal detector's
-    memory bank): the trainer checkpoints every rank's rows and hands each rank its streams' rows back on a resume,
-    also on another number of ranks (:class:`~drivetrain.engine.state.StreamState`)."""
+    """A model that carries state from one frame of a batch slot (a scene stream) to the next, per sample (a temporal
+    detector's memory bank): the trainer checkpoints every rank's rows and hands each rank its streams' rows back on a
+    resume, also on another number of ranks (:class:`~drivetrain.engine.state.StreamState`)."""
 
     def stream_state(self) -> dict[str, torch.Tensor]:
         """The state of this rank's streams: tensors whose first dim is its ``B`` streams, in batch-slot order

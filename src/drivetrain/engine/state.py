@@ -285,8 +285,8 @@ class RngState:
 
 
 class StreamState:
-    """A streaming model's per-stream state (:class:`~drivetrain.engine.protocol.StreamMemory`, e.g. a temporal detector's
-    memory bank) of every rank: a list in rank order, like :class:`RngState`'s.
+    """A streaming model's per-stream state (:class:`~drivetrain.engine.protocol.StreamMemory`, e.g. a temporal
+    detector's memory bank) of every rank: a list in rank order, like :class:`RngState`'s.
 
     The model's own state dict holds rank 0's rows only (module extra state), which every rank would load; this
     component holds all of them. Rank ``r`` walks streams ``[r·B, (r+1)·B)`` of the run's ``B × ranks``
