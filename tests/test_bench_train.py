@@ -13,6 +13,7 @@ import torch
 
 from drivetrain.cli.main import main
 from drivetrain.engine.stepsplit import PARTS
+from drivetrain.match import solve as solve_module
 from helpers.engine import FAST, SMOKE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,6 +30,9 @@ def _bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple
     scratch = tmp_path / "scratch"  # the system's temporary folder, for this run
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    # The solver's counts are this process's: a fresh book, as the command's own process starts with (a test before
+    # this one in the same worker may have compiled a stand-in kernel).
+    monkeypatch.setattr(solve_module, "_SHAPES", solve_module._ShapeBook())
     out = tmp_path / "r.json"
     argv = ["bench", "train", "--config", str(SMOKE), "--json", str(out), "--md", str(tmp_path / "r.md"), *args]
     assert main([*argv, *SMALL]) == 0
