@@ -13,8 +13,9 @@ import torch
 
 from drivetrain.cli.main import main
 from drivetrain.engine.stepsplit import PARTS
-from drivetrain.match import solve as solve_module
 from helpers.engine import FAST, SMOKE
+
+solve_module = importlib.import_module("drivetrain.match.solve")  # the package's `solve` is the function
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = [*FAST, "data.batch_size=4"]  # the smoke model on generated tensors: milliseconds a step
