@@ -236,7 +236,18 @@ class MetricsLogger:
         TensorBoard scalars ``eval/<name>`` (rank 0)."""
         if not self.enabled or self._failed:
             return
-        record = {"step": int(step), **{f"eval/{k}": float(v) for k, v in values.items()}}
+        self._write_record({"step": int(step), **{f"eval/{k}": float(v) for k, v in values.items()}})
+
+    def checkpoint(self, step: int, stall_s: float) -> None:
+        """Write how long the save of ``step`` blocked training as a metrics.jsonl record ``{"step",
+        "checkpoint/stall_s"}`` (rank 0; ``step_time_s`` leaves it out) and the TensorBoard scalar of that name."""
+        if not self.enabled or self._failed:
+            return
+        self._write_record({"step": int(step), "checkpoint/stall_s": float(stall_s)})
+
+    def _write_record(self, record: dict[str, Any]) -> None:
+        """Append ``record`` (``{"step": N, name: value, ...}``) to metrics.jsonl now, and each value as the
+        TensorBoard scalar of its name."""
         with self._writing(self._path):
             self._ensure_file()
             self._file.write(json.dumps(record) + "\n")
@@ -245,22 +256,8 @@ class MetricsLogger:
             with self._writing(self._tb_dir):
                 for key, value in record.items():
                     if key != "step":
-                        self._tb.add_scalar(key, value, step)
+                        self._tb.add_scalar(key, value, record["step"])
                 self._tb.flush()
-
-    def checkpoint(self, step: int, stall_s: float) -> None:
-        """Write how long the save of ``step`` blocked training as a metrics.jsonl record ``{"step",
-        "checkpoint/stall_s"}`` (rank 0; ``step_time_s`` leaves it out) and the TensorBoard scalar of that name."""
-        if not self.enabled or self._failed:
-            return
-        record = {"step": int(step), "checkpoint/stall_s": float(stall_s)}
-        with self._writing(self._path):
-            self._ensure_file()
-            self._file.write(json.dumps(record) + "\n")
-            self._file.flush()
-        if self._tb is not None:
-            with self._writing(self._tb_dir):
-                self._tb.add_scalar("checkpoint/stall_s", float(stall_s), step)
 
     def image(self, tag: str, picture: Any, step: int) -> None:
         """A uint8 ``(H, W, 3)`` picture in TensorBoard under ``tag`` (rank 0; nothing without TensorBoard)."""
