@@ -158,7 +158,14 @@ def test_detect_paths_agree_and_labels_come_back_in_dataset_order(batch, name):
     assert boxes.tensor.shape[-1] == 9
 
 
-@pytest.mark.parametrize(("name", "where"), [("pointpillars", "device"), ("ssn", "device"), ("pointpillars", "worker")])
+@pytest.mark.parametrize(  # one resume in the default set; the other two (~2 s each) in the slow set
+    ("name", "where"),
+    [
+        ("pointpillars", "device"),
+        pytest.param("ssn", "device", marks=pytest.mark.slow),
+        pytest.param("pointpillars", "worker", marks=pytest.mark.slow),
+    ],
+)
 def test_a_resumed_run_ends_bit_exactly_where_the_uninterrupted_run_does(
     name, where, synth_index, synth_root, tmp_path
 ):
