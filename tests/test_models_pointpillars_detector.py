@@ -87,7 +87,9 @@ def test_both_paths_give_the_same_assignment_and_terms(batch, name):
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=0)
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize(  # ssn: ~2 s, slow set (its loss paths and shapes: the tests above)
+    "name", [pytest.param(name, marks=pytest.mark.slow) if name == "ssn" else name for name in sorted(MODELS)]
+)
 def test_twenty_steps_on_two_frames_reduce_the_loss(batch, name):
     cls, args = MODELS[name]
     torch.manual_seed(0)
