@@ -14,8 +14,8 @@ and 6; docs/safety.md).
 
 The CLI cases run ``drivetrain`` in its own interpreter under an address-space limit and a hard timeout, and
 compare snapshots of the folders involved (kinds, sizes, digests, link targets, mtimes) before and after. The
-default set runs one kind of hostile value per command (the other kinds, the FIFOs, the infinite rate through the
-CLI and the torchrun form are in the slow set).
+default set runs one kind of hostile value per command (the other kinds, the FIFOs, the infinite rate and the
+too-large model through the CLI, and the torchrun form are in the slow set).
 """
 
 from __future__ import annotations
@@ -301,6 +301,7 @@ def test_truncate_metrics_keeps_only_records_up_to_the_step(tmp_path: Path) -> N
 
 
 # ---------------------------------------------------------------------------------------------- model sizes
+@pytest.mark.slow  # ~4 s; an allocation failure as a config line: the test below, in-process
 def test_a_model_too_large_to_allocate_is_one_config_line(tmp_path: Path) -> None:
     out = tmp_path / "run"
     before = tree(tmp_path)
