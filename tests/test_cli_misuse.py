@@ -60,6 +60,9 @@ def test_changing_train_steps_on_resume_warns_about_the_lr_jump(tmp_path: Path) 
         Trainer(load_config(SMOKE, overrides(tmp_path, "train.steps=60", *run)), resume="auto")
 
 
+# ~3 s; a CLI warning printed as one "drivetrain: ...Warning: " line: tests/test_safety_reads.py (the deflated state
+# file) and tests/test_safety_errors.py (the hostile metrics line); no echoed source line: here only
+@pytest.mark.slow
 def test_warnings_print_one_line_without_source(tmp_path: Path) -> None:
     Trainer(load_config(SMOKE, overrides(tmp_path, "train.steps=4", "checkpoint.every=2"))).fit()
     newest = tmp_path / "checkpoints" / "step-00000004" / "state.pt"

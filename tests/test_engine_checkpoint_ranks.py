@@ -1,7 +1,7 @@
-"""Sharded checkpoints on two ranks (torchrun, gloo): FSDP writes each rank's own shards (no full-state gather on
-rank 0), a checkpoint is committed only once every rank wrote and hashed its files (a rank SIGKILLed while the others
-wait leaves the previous checkpoint the newest), asynchronous saves resume bit-exactly on the same ranks, a save that
-only one rank's clock calls for is taken by both, and a 2-rank FSDP checkpoint reads whole in one process."""
+"""Sharded checkpoints on two ranks (torchrun, gloo): FSDP writes each rank's own shards (no full-state gather on rank
+0), a checkpoint is committed only once every rank wrote and hashed its files (a rank SIGKILLed while the others wait
+leaves the previous checkpoint the newest: the slow set), asynchronous saves resume bit-exactly on the same ranks, a
+save that only one rank's clock calls for is taken by both, and a 2-rank FSDP checkpoint reads whole in one process."""
 
 from __future__ import annotations
 
@@ -79,6 +79,9 @@ def test_a_two_rank_fsdp_checkpoint_reads_whole_in_one_process(runs: Path) -> No
     model.load_state_dict(weights)  # every tensor whole, of the model's shapes
 
 
+# ~11 s; a SIGKILL during a save: tests/test_engine_checkpoint_async.py; a killed rank resumed:
+# tests/test_engine_distributed.py
+@pytest.mark.slow
 def test_a_rank_killed_before_all_ranks_wrote_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            WORKER, str(tmp_path), "kill"]  # fmt: skip

@@ -68,7 +68,7 @@ def test_a_full_disk_during_a_checkpoint_is_named_and_keeps_the_older_ones(tmp_p
         Checkpointer(ckpt).save(6, {"x": torch.zeros(1)})
 
 
-@pytest.mark.parametrize("fault", ["missing", "wrong size"])
+@pytest.mark.parametrize("fault", ["missing", pytest.param("wrong size", marks=pytest.mark.slow)])  # ~6 s each
 def test_dali_loader_stops_on_a_bad_image_like_the_pytorch_loader(fault, synth_root, synth_index, tmp_path, capsys):
     """``data.loader=dali``: a removed image, or one of another size than the index records (found before DALI
     decodes it), stops the run at the step the PyTorch loader stops at, with its one line naming the file and its

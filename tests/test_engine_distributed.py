@@ -1,8 +1,8 @@
-"""Two processes on the gloo backend (torchrun): DDP, DDP static graph, FSDP2 and FSDP2 with CPU offload each
-match one process with the double batch (in float64: see helpers.engine.FLOAT64); a DDP run stopped and
-resumed matches an uninterrupted one exactly — the smoke model, and PointPillars with its lidar augmentation,
-whose ranks draw different parameters — and continues in one process when the global batch is kept; torchrun's own
-restart after a killed worker resumes exactly."""
+"""Two processes on the gloo backend (torchrun): DDP, DDP static graph, FSDP2 and FSDP2 with CPU offload each match one
+process with the double batch (in float64: see helpers.engine.FLOAT64); a DDP run stopped and resumed matches an
+uninterrupted one exactly — the smoke model, and (slow set) PointPillars with its lidar augmentation, whose ranks draw
+different parameters — and continues in one process when the global batch is kept; torchrun's own restart after a killed
+worker resumes exactly."""
 
 from __future__ import annotations
 
@@ -72,6 +72,7 @@ def lidar_runs(tmp_path_factory: pytest.TempPathFactory, synth_index, synth_root
     return root
 
 
+@pytest.mark.slow  # ~8 s (its own torchrun run); a DDP resume: test_ddp_resume_is_exact
 def test_lidar_ranks_draw_their_own_augmentation_and_resume_bit_exactly(lidar_runs: Path) -> None:
     """PointPillars tiny under DDP (2 gloo ranks, 4 steps): each rank draws its own lidar augmentation for each
     batch; stopped after 2 steps and resumed, the draws of steps 3–4 and the final weights are the straight run's."""
@@ -109,6 +110,7 @@ def test_data_parallel_strategy_without_torchrun_is_an_error(tmp_path: Path) -> 
         Trainer(load_config(SMOKE, overrides(tmp_path, "distributed.strategy=ddp")))
 
 
+@pytest.mark.slow  # ~5 s; the CLI under torchrun: the restart test below
 def test_cli_runs_under_torchrun(tmp_path: Path) -> None:
     args = overrides(tmp_path, "train.steps=3", "distributed.strategy=ddp", *ON_CPU)
     proc = torchrun("-m", "drivetrain.cli.main", "train", "--config", str(SMOKE), *args, timeout=120)

@@ -137,6 +137,7 @@ def test_the_refusal_names_what_keeps_the_global_batch(
     check_elastic(saved, 2, load_config(SMOKE, overrides(tmp_path, *split(4, 2, "fsdp"))), 2, tmp_path)  # kept
 
 
+@pytest.mark.slow  # ~7 s; another split: the smoke model's tests above
 def test_a_streampetr_run_continues_every_stream_on_another_split(tmp_path: Path, synth_index, synth_root) -> None:
     """StreamPETR tiny on 2 ranks × 1 scene stream (DDP) for 2 steps, resumed in one process × 2 streams: each
     stream's memory continues in its slot (rank 1's in row 1, not rank 0's copy the model state holds), and the

@@ -1,4 +1,4 @@
-"""Exact resume: a run stopped by SIGTERM, or killed with SIGKILL at random points (also mid-checkpoint),
+"""Exact resume: a run stopped by SIGTERM, or (slow set) killed with SIGKILL at random points (also mid-checkpoint),
 and resumed with ``--resume auto`` gives the same per-step losses and the same final weights, bit for bit,
 as an uninterrupted run. The runs keep dropout and the streaming memory on, so RNG and non-parameter
 state must round-trip."""
@@ -87,6 +87,7 @@ def test_sigterm_checkpoints_exits_143_and_resumes_exactly(tmp_path: Path, refer
     assert_same_run(tmp_path, reference)
 
 
+@pytest.mark.slow  # ~3 s; a signal's checkpoint and exit status: the SIGTERM test above
 def test_sigint_checkpoints_and_exits_130(tmp_path: Path) -> None:
     """Ctrl-C: the step finishes, a checkpoint is written, and the status says the run was interrupted, so
     `drivetrain train ... && drivetrain eval ...` stops there."""
@@ -100,6 +101,7 @@ def test_sigint_checkpoints_and_exits_130(tmp_path: Path) -> None:
     assert Checkpointer(tmp_path / "checkpoints").committed()[-1][0] == stopped_at
 
 
+@pytest.mark.slow  # ~7 s; a SIGKILL inside a checkpoint write: tests/test_engine_kill_anywhere.py
 def test_sigkill_at_random_points_and_mid_checkpoint_resumes_exactly(tmp_path: Path, reference: Path) -> None:
     seed = 7  # fixed: the random moment is the same on every run (test_engine_kill_anywhere.py's slow sweeps vary it)
     rng = random.Random(seed)

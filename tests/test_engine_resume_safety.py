@@ -123,6 +123,7 @@ def test_the_same_process_may_build_a_second_trainer_for_its_run(tmp_path: Path)
     first.close()
 
 
+@pytest.mark.slow  # ~6 s; the lock: the second process's test above
 def test_deleting_the_lock_file_mid_run_does_not_let_a_second_trainer_write_along(tmp_path: Path) -> None:
     """Whichever process checks first holds the run directory; the other one stops with the holder named. Either
     way one trainer writes on, never both."""

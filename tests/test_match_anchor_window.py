@@ -137,6 +137,7 @@ def test_ties_follow_the_loop_order_in_windows():
         assert torch.equal(got[0], expected)
 
 
+@pytest.mark.slow  # ~4 s; windows equal the dense assignment: the tests above, at a small grid
 def test_nuscenes_scale_windows_equal_the_dense_assignment(gen):
     """The published anchor sets (560k and 500k anchors) with nuScenes-like scenes of 30 GTs."""
     anchors = grid_anchors(NUS_PP_ANCHORS, (200, 200))

@@ -87,7 +87,9 @@ def test_both_paths_give_the_same_assignment_and_terms(batch, name):
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=0)
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize(  # ssn: ~2 s, slow set (its loss paths and shapes: the tests above)
+    "name", [pytest.param(name, marks=pytest.mark.slow) if name == "ssn" else name for name in sorted(MODELS)]
+)
 def test_twenty_steps_on_two_frames_reduce_the_loss(batch, name):
     cls, args = MODELS[name]
     torch.manual_seed(0)
@@ -158,7 +160,14 @@ def test_detect_paths_agree_and_labels_come_back_in_dataset_order(batch, name):
     assert boxes.tensor.shape[-1] == 9
 
 
-@pytest.mark.parametrize(("name", "where"), [("pointpillars", "device"), ("ssn", "device"), ("pointpillars", "worker")])
+@pytest.mark.parametrize(  # one resume in the default set; the other two (~2 s each) in the slow set
+    ("name", "where"),
+    [
+        ("pointpillars", "device"),
+        pytest.param("ssn", "device", marks=pytest.mark.slow),
+        pytest.param("pointpillars", "worker", marks=pytest.mark.slow),
+    ],
+)
 def test_a_resumed_run_ends_bit_exactly_where_the_uninterrupted_run_does(
     name, where, synth_index, synth_root, tmp_path
 ):

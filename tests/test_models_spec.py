@@ -101,7 +101,11 @@ def test_a_key_the_builder_does_not_take_is_one_line():
 IMPORTS_OF = {"streampetr": set(), "pointpillars": set(), "ssn": set(), "focal2d": {"streampetr"}}
 
 
-@pytest.mark.parametrize("name", sorted(IMPORTS_OF))
+# One interpreter each (~2.7 s): the default set looks up focal2d, whose folder brings exactly one other (the slow
+# set the other three).
+@pytest.mark.parametrize(
+    "name", [name if name == "focal2d" else pytest.param(name, marks=pytest.mark.slow) for name in sorted(IMPORTS_OF)]
+)
 def test_looking_up_a_model_imports_no_other_detectors_folder(name):
     code = (
         "import sys\nfrom drivetrain.engine.registry import model_spec\n"

@@ -1,7 +1,7 @@
-"""The StreamPETR detector end to end on synthetic frames: output shapes of both configs, the batched and the
-reference loss paths agree on the model's real outputs (terms and parameter gradients), the batched training
-step reads nothing on the host outside the two solver calls, it learns two frames, the temporal memory resets at
-a scene start and survives a checkpoint mid-scene bit-exactly, and ``detect`` decodes at most 300 boxes."""
+"""The StreamPETR detector end to end on synthetic frames: output shapes of both configs (the full one in the slow set),
+the batched and the reference loss paths agree on the model's real outputs (terms and parameter gradients), the batched
+training step reads nothing on the host outside the two solver calls, it learns two frames, the temporal memory resets
+at a scene start and survives a checkpoint mid-scene bit-exactly, and ``detect`` decodes at most 300 boxes."""
 
 from __future__ import annotations
 
@@ -76,6 +76,9 @@ def test_tiny_config_forward_shapes_in_training_and_eval(train_frames):
     check_shapes(model, batch_of(train_frames, 0, 3), args["num_layers"], args["num_query"] + args["num_propagated"])
 
 
+# ~4 s; the shapes: the tiny config's test above; the published model builds (ResNet-50 trunk) and loads:
+# tests/test_models_init_from.py
+@pytest.mark.slow
 def test_full_config_forward_shapes_at_batch_one(train_frames):
     args = config_args("full")
     model = model_of(args)

@@ -351,7 +351,8 @@ def _aug_overrides(out: Path, synth_root: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("where", ["device", "worker"])
+# worker: ~2 s, slow set; both paths draw the same parameters: test_both_paths_draw_the_same_parameters_for_a_batch
+@pytest.mark.parametrize("where", ["device", pytest.param("worker", marks=pytest.mark.slow)])
 def test_training_with_augmentation_resumes_bit_exactly(synth_index, synth_root, tmp_path, where):
     config = ROOT / "configs" / "streampetr_tiny_aug.yaml"
 

@@ -1,7 +1,8 @@
 """The detector of docs/design.md ("A new detector"), taken from the page as written — its file ``slots.py``, its
 config ``slots.yaml`` (built on a shipped config with ``unset``) and its commands — goes through the whole loop on
 the command line with no file of drivetrain changed: it trains, resumes exactly, is scored by ``eval``, predicted,
-drawn by ``viz frame`` (its ``detect`` returns plain tensors) and measured by ``bench train``. The two files are
+drawn by ``viz frame`` (its ``detect`` returns plain tensors) and measured by ``bench train`` (predict and bench
+train in the slow set). The two files are
 written alone into an empty project folder, named with ``--plugin`` and found through ``PYTHONPATH``, as the page
 says; the commands get fewer steps and a smaller synthetic set (overrides), nothing else. Beside them, the mistake a
 plugin author makes first: a misspelt batch field (a plugin folder left off the import path: tests/test_registry.py).
@@ -133,6 +134,7 @@ def test_eval_scores_it_and_only_with_the_plugin(project):
     assert refused.returncode != 0 and "unknown model 'slots'" in refused.stderr and "Traceback" not in refused.stderr
 
 
+@pytest.mark.slow  # ~4 s; the plugin's detect: the viz test; predict itself: tests/test_cli_predict.py
 def test_predict_writes_a_few_frames_above_a_score_threshold(project):
     argv = _commands()["predict"]
     assert argv[argv.index("--frames") + 1] == "3" and argv[argv.index("--score-threshold") + 1] == "0.3"
@@ -156,6 +158,7 @@ def test_viz_frame_draws_its_plain_tensor_detections(project):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # ~4 s; the plugin through the commands: train, eval and viz; bench train: tests/test_bench_train.py
 def test_bench_train_measures_its_step(project):
     argv = [*_commands()["bench"], *FAST, "--json", "bench.json"]
     assert argv[:3] == ["bench", "train", "--plugin"]  # among the benchmark's own options

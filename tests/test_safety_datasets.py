@@ -5,7 +5,9 @@ generates at all (issue 39 class 1, docs/safety.md).
 Each refusal is checked for its exit status, its one line naming the folder (no traceback) and the absence of side
 effects: the trees around it (kinds, contents, link targets, mtimes) are the same before and after. Beside each
 refusal, the legitimate use of the same door still works: a killed generation is recovered by the rerun and by
-``--overwrite``, and the ``data synth`` command a refusal names makes the data the run reads.
+``--overwrite``, and the ``data synth`` command a refusal names makes the data the run reads. The default set checks
+the refusals and recoveries in-process (``main``) and one hostile manifest in a process of its own; the refusal and a
+real kill of a generation in processes of their own, and the other hostile manifests, are in the slow set.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ def _train_argv(data_root: Path, out: Path) -> list[str]:
             f"data.args={args}", "model.args.width=8", "train.steps=1", "train.device=cpu"]  # fmt: skip
 
 
+@pytest.mark.slow  # ~3.5 s; the same refusal in-process: the manifests' and the foreign folders' tests
 def test_train_refuses_to_generate_into_a_nuscenes_root_it_did_not_make(tmp_path):
     """The process as a user runs it: exit status 2, one line on stderr naming the folder, the folder untouched."""
     data = tmp_path / "nuscenes"
@@ -229,6 +232,7 @@ def test_after_a_killed_data_synth_the_rerun_and_overwrite_recover(tmp_path, cap
     assert main(["data", "index", "--root", str(root), "--quiet"]) == 0
 
 
+@pytest.mark.slow  # ~3.5 s; the killed set's recovery in-process: the test above
 def test_a_data_synth_killed_while_writing_is_recovered_by_the_rerun(tmp_path):
     """A real kill: SIGKILL a `data synth` once it has written images; the folder is ours, unfinished, and the rerun
     finishes it (the same files as an uninterrupted run)."""
@@ -355,10 +359,10 @@ def _limited() -> None:
 @pytest.mark.parametrize(
     ("kind", "why"),
     [
-        ("fifo", "not a regular file"),
-        ("deep", "nested too deeply"),
-        ("huge", f"{(2 << 20) + 2} bytes, more than 1048576"),
-        ("dangling", "a link to nothing"),
+        ("fifo", "not a regular file"),  # the default set's; the others ~1.5 s each
+        pytest.param("deep", "nested too deeply", marks=pytest.mark.slow),
+        pytest.param("huge", f"{(2 << 20) + 2} bytes, more than 1048576", marks=pytest.mark.slow),
+        pytest.param("dangling", "a link to nothing", marks=pytest.mark.slow),
     ],
 )
 def test_a_hostile_manifest_is_one_line_in_bounded_time_and_memory(tmp_path, capsys, kind, why):

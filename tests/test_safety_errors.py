@@ -13,7 +13,9 @@ and 6; docs/safety.md).
   console script and ``torchrun --no-python drivetrain`` (the README's form) do not.
 
 The CLI cases run ``drivetrain`` in its own interpreter under an address-space limit and a hard timeout, and
-compare snapshots of the folders involved (kinds, sizes, digests, link targets, mtimes) before and after.
+compare snapshots of the folders involved (kinds, sizes, digests, link targets, mtimes) before and after. The
+default set runs one kind of hostile value per command (the other kinds, the FIFOs, the infinite rate and the
+too-large model through the CLI, and the torchrun form are in the slow set).
 """
 
 from __future__ import annotations
@@ -180,8 +182,16 @@ def test_jsonl_records_skip_a_torn_line_and_refuse_a_hostile_one() -> None:
 @pytest.mark.parametrize(
     ("table", "content", "place"),
     [
-        ("scene", deep_json(), "JSON nested deeper than 64 levels at line 1 column 65"),
-        ("sample_annotation", deep_json("[", "]"), "JSON nested deeper than 64 levels at line 1 column 65"),
+        # deep nesting through the CLI: the predictions' and the metrics' tests below (~1.5 s each)
+        pytest.param(
+            "scene", deep_json(), "JSON nested deeper than 64 levels at line 1 column 65", marks=pytest.mark.slow
+        ),
+        pytest.param(
+            "sample_annotation",
+            deep_json("[", "]"),
+            "JSON nested deeper than 64 levels at line 1 column 65",
+            marks=pytest.mark.slow,
+        ),
         ("ego_pose", None, "[0].translation[0]: the integer 1000000000…000000 (4001 digits) does not fit in 64 bits"),
     ],
 )
@@ -200,7 +210,7 @@ def test_data_index_refuses_a_hostile_table_in_one_line(
     assert tree(tmp_path) == before  # no index written, nothing else touched
 
 
-@pytest.mark.parametrize("hostile", ["deep", "int"])
+@pytest.mark.parametrize("hostile", ["deep", pytest.param("int", marks=pytest.mark.slow)])  # int: the tables' test
 def test_eval_refuses_hostile_predictions_in_one_line(synth_root: Path, tmp_path: Path, hostile: str) -> None:
     predictions = tmp_path / "results.json"
     if hostile == "deep":
@@ -218,8 +228,15 @@ def test_eval_refuses_hostile_predictions_in_one_line(synth_root: Path, tmp_path
     assert {**after, ".": None} == {**before, ".": None} and tree(synth_root) == data
 
 
-@pytest.mark.parametrize("command", ["report", "doctor"])
-@pytest.mark.parametrize("hostile", ["deep", "int"])
+@pytest.mark.parametrize(  # one command, one kind in the default set; doctor's refusals: the count's test below
+    ("hostile", "command"),
+    [
+        pytest.param("deep", "report", marks=pytest.mark.slow),
+        ("int", "report"),
+        pytest.param("deep", "doctor", marks=pytest.mark.slow),
+        pytest.param("int", "doctor", marks=pytest.mark.slow),
+    ],
+)
 def test_report_and_doctor_refuse_a_hostile_metrics_line_naming_it(
     run: Path, tmp_path: Path, command: str, hostile: str
 ) -> None:
@@ -284,6 +301,7 @@ def test_truncate_metrics_keeps_only_records_up_to_the_step(tmp_path: Path) -> N
 
 
 # ---------------------------------------------------------------------------------------------- model sizes
+@pytest.mark.slow  # ~4 s; an allocation failure as a config line: the test below, in-process
 def test_a_model_too_large_to_allocate_is_one_config_line(tmp_path: Path) -> None:
     out = tmp_path / "run"
     before = tree(tmp_path)
@@ -330,6 +348,7 @@ def test_non_finite_optimizer_and_schedule_numbers_are_refused_naming_the_key(tm
         load_config(SMOKE, overrides(tmp_path, override))
 
 
+@pytest.mark.slow  # ~3 s; the same refusal in-process: the non-finite numbers' test above
 def test_an_infinite_learning_rate_is_one_line_and_trains_nothing(tmp_path: Path) -> None:
     before = tree(tmp_path)
     line = refusal(drivetrain("train", "--config", str(SMOKE), *overrides(tmp_path / "run", "optim.lr=.inf")), 2)
@@ -448,6 +467,7 @@ def test_python_m_imports_from_the_current_folder_and_the_safe_forms_do_not(host
         pytest.skip("neither Python 3.11's -P nor the drivetrain console script is available")
 
 
+@pytest.mark.slow  # ~5 s; the safe forms without torchrun: the test above
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 def test_the_readme_torchrun_form_trains_without_importing_from_the_current_folder(
     hostile_cwd: Path, tmp_path: Path
@@ -472,6 +492,7 @@ def test_the_readme_torchrun_form_trains_without_importing_from_the_current_fold
 
 
 # ------------------------------------------------------------------------------ special files, huge literals
+@pytest.mark.slow  # ~4 s; a FIFO refused: tests/test_safety_reads.py
 def test_a_fifo_as_predictions_or_a_table_is_one_line_not_missing_and_not_a_hang(synth_root: Path, tmp_path: Path):
     """A FIFO where a predictions file or a nuScenes table belongs is refused as what it is (not "does not exist",
     which is what an ``is_file()`` pre-check said), in seconds: the read never opens it for reading."""

@@ -9,6 +9,11 @@ subprocess with a hard ``timeout`` (a hang fails the test instead of hanging the
 files, under an address-space limit (``RLIMIT_AS``) far below what the expansion would take, and asserts the
 exit status, the one line that names the file, no traceback, and that nothing outside the named paths changed
 (a snapshot of kinds, sizes, mtimes, link targets and small files' digests, taken without reading a FIFO).
+
+The default set runs one command of each kind through a subprocess (a FIFO as the run marker, a pickled state file
+in ``eval``, a deflated state file under ``--resume auto``, a JPEG header and an inflating index under the memory
+limit) beside the in-process tests of the readers and the bounded YAML loader; the other doors (FIFOs in a run, a
+config, ``init_from`` and the data, the alias bomb, the shared references, the sparse lidar file) are in the slow set.
 """
 
 from __future__ import annotations
@@ -253,6 +258,7 @@ def test_pickled_objects_are_named_in_our_words_whatever_torch_says(tmp_path: Pa
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
+@pytest.mark.slow  # ~3 s; a FIFO refused: the run marker's test
 def test_resume_auto_moves_a_fifo_state_file_aside_and_resumes_from_the_previous_checkpoint(
     run: Path, tmp_path: Path
 ) -> None:
@@ -281,6 +287,7 @@ def test_resume_auto_refuses_a_deflated_state_file_before_inflating_it_and_falls
         Checkpointer(state.parent.parent).load(run / "checkpoints" / "corrupt" / "step-00000004")
 
 
+@pytest.mark.slow  # ~4 s; a resume falling back: the deflated state file's test
 def test_resume_auto_refuses_a_state_file_whose_shared_references_expand_and_falls_back(
     run: Path, tmp_path: Path
 ) -> None:
@@ -313,7 +320,7 @@ def test_a_fifo_as_the_run_marker_is_one_line(run: Path, tmp_path: Path) -> None
     assert tree(tmp_path) == before
 
 
-@pytest.mark.parametrize("command", ["eval", "viz"])
+@pytest.mark.parametrize("command", ["eval", pytest.param("viz", marks=pytest.mark.slow)])  # viz: ~3 s, the same load
 def test_a_pickled_state_file_is_one_line_of_ours_in_eval_and_viz(run: Path, tmp_path: Path, command: str) -> None:
     class Payload:
         def __reduce__(self):
@@ -334,6 +341,7 @@ def test_a_pickled_state_file_is_one_line_of_ours_in_eval_and_viz(run: Path, tmp
     assert tree(tmp_path) == before and not (tmp_path / "ran").exists()
 
 
+@pytest.mark.slow  # ~9 s; a FIFO refused: the run marker's test
 def test_report_and_doctor_do_not_block_on_fifos_in_a_run(run: Path, tmp_path: Path) -> None:
     plant_fifo(run / "checkpoints" / "step-00000004" / STATE_FILE)
     plant_fifo(run / "checkpoints" / "step-00000002" / STATE_FILE)
@@ -358,6 +366,7 @@ def test_report_and_doctor_do_not_block_on_fifos_in_a_run(run: Path, tmp_path: P
     assert tree(tmp_path) == before
 
 
+@pytest.mark.slow  # ~3 s; a FIFO refused: the run marker's test
 def test_a_fifo_as_init_from_is_one_line_before_the_run_directory_is_made(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "weights.pt")
     before = tree(tmp_path)
@@ -373,6 +382,7 @@ def test_a_fifo_as_init_from_is_one_line_before_the_run_directory_is_made(tmp_pa
 
 
 # ---------------------------------------------------------------------------------------------- configs
+@pytest.mark.slow  # ~6 s; a FIFO refused: the run marker's test
 def test_a_fifo_as_a_config_or_its_base_is_one_line(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "fifo.yaml")
     (tmp_path / "child.yaml").write_text("base: fifo.yaml\n")
@@ -393,6 +403,7 @@ def _alias_bomb(levels: int = 9, width: int = 9) -> str:
     return "\n".join(lines) + "\n"
 
 
+@pytest.mark.slow  # ~8 s; the alias count: the bounded loader's tests below; a memory limit: the deflated files' tests
 def test_a_yaml_alias_bomb_is_refused_while_parsed_under_a_memory_limit(run: Path, tmp_path: Path) -> None:
     bomb = _alias_bomb()
     assert len(bomb) < 600  # the issue's was 595 bytes
@@ -488,6 +499,7 @@ def _first(data: Path, channel: str) -> Path:
     return sorted((data / "samples" / channel).iterdir())[0]
 
 
+@pytest.mark.slow  # ~4 s; a FIFO refused: the run marker's test
 def test_a_fifo_as_a_camera_image_or_lidar_file_is_one_line_naming_it(data: Path, tmp_path: Path) -> None:
     image, lidar = _first(data, "CAM_FRONT"), _first(data, "LIDAR_TOP")
     plant_fifo(image)
@@ -534,6 +546,7 @@ def test_a_jpeg_declaring_30000x30000_is_refused_from_its_header_before_decoding
         read_image(image, (160, 90))
 
 
+@pytest.mark.slow  # ~3 s; a file refused from its size under a memory limit: the JPEG header's and the index's tests
 def test_a_sparse_2gb_lidar_file_is_refused_from_its_size_before_reading(data: Path, tmp_path: Path) -> None:
     lidar = _first(data, "LIDAR_TOP")
     os.truncate(lidar, (2 << 30) - 8)  # sparse, whole 20-byte points: read, 2 GiB, then 10.7 GB merged and copied
