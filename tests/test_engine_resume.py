@@ -9,7 +9,6 @@ import random
 import signal
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from helpers.engine import (
     overrides,
     run_cli,
     train_cmd,
+    wait_for,
 )
 
 STEPS = 30
@@ -39,16 +39,6 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("reference")
     Trainer(load_config(SMOKE, overrides(out, *RUN))).fit()
     return out
-
-
-def wait_for(predicate: Callable[[], bool], proc: subprocess.Popen, timeout: float = 60) -> None:
-    end = time.monotonic() + timeout
-    while not predicate():
-        if proc.poll() is not None:
-            raise AssertionError(f"run exited early (rc {proc.returncode}): {proc.stderr.read()}")
-        if time.monotonic() > end:
-            raise AssertionError("timed out waiting for the run")
-        time.sleep(0.005)
 
 
 def start(out: Path, *extra: str, **env: str) -> subprocess.Popen:

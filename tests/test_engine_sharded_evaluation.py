@@ -12,7 +12,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,7 +24,7 @@ from drivetrain.engine import Checkpointer, ConfigError, load_config
 from drivetrain.engine.evaluation import detect_frames
 from drivetrain.engine.sharded_evaluation import EVAL_DELAY_ENV, frame_shares
 from drivetrain.models.streampetr import StreamPETR
-from helpers.engine import ROOT, SMOKE, cli_env, free_port, metrics, torchrun
+from helpers.engine import ROOT, SMOKE, cli_env, free_port, metrics, torchrun, wait_for
 from helpers.streampetr import SMALL
 
 WORKER = ROOT / "tests" / "engine_eval_worker.py"
@@ -193,16 +192,6 @@ def _camera_args(out: Path, index: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 120) -> None:
-    end = time.monotonic() + timeout
-    while not predicate():
-        if proc.poll() is not None:
-            raise AssertionError(f"run exited early (rc {proc.returncode}): {proc.stderr.read()}")
-        if time.monotonic() > end:
-            raise AssertionError("timed out waiting for the run")
-        time.sleep(0.02)
-
-
 def _logged_steps(out: Path) -> list[int]:
     path = out / "metrics.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -223,7 +212,7 @@ def test_sigterm_during_evaluation_checkpoints_exits_143_and_resume_evaluates_th
     cmd = [*_train_cmd(), *_camera_args(out, index)]
     env = cli_env(**{EVAL_DELAY_ENV: "10"})  # 6 frames × 10 s: far past the 30 s a scheduler waits before SIGKILL
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait_for(lambda: 2 in _logged_steps(out), proc)  # step 2 is logged, then its evaluation starts
+    wait_for(lambda: 2 in _logged_steps(out), proc, timeout=120)  # step 2 is logged, then its evaluation starts
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + signal.SIGTERM, err
@@ -262,7 +251,7 @@ def test_sigterm_to_one_rank_during_evaluation_stops_both_after_a_checkpoint(syn
         for r in (0, 1)
     ]
     try:
-        _wait_for(lambda: 2 in _logged_steps(out), ranks[0], timeout=240)
+        wait_for(lambda: 2 in _logged_steps(out), ranks[0], timeout=240)
         ranks[1].send_signal(signal.SIGTERM)
         errs = [rank.communicate(timeout=30)[1] for rank in ranks]
     finally:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -120,6 +121,18 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120)
     return subprocess.run(
         train_cmd(*args), env=env or cli_env(), capture_output=True, text=True, timeout=timeout, check=False
     )
+
+
+def wait_for(predicate: Callable[[], bool], proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Poll ``predicate`` until it holds; an AssertionError when ``proc`` exits first (with its stderr) or after
+    ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(f"run exited early (rc {proc.returncode}): {proc.stderr.read()}")
+        if time.monotonic() > end:
+            raise AssertionError("timed out waiting for the run")
+        time.sleep(0.005)
 
 
 def free_port() -> int:
