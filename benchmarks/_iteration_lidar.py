@@ -41,10 +41,10 @@ from typing import Any
 import torch
 
 from drivetrain.batch import Batch
+from drivetrain.detector.spec import keywords
 from drivetrain.engine import load_config
 from drivetrain.engine.build import build_model, build_optimizer
-from drivetrain.losses.weights import resolve_weights, weighted_total
-from drivetrain.model_spec import keywords
+from drivetrain.losses.term_weights import resolve_weights, weighted_total
 from drivetrain.pipeline.augment.stage import Augmentation
 from drivetrain.profile import Profiler, active, device_name, device_slug, emit, rows_from_profilers, synchronize
 from drivetrain.profile.bench import RESULTS_DIR, count_variation

@@ -46,7 +46,7 @@ import torch
 from drivetrain.data.sources import synthetic
 from drivetrain.engine.batches import BatchStream
 from drivetrain.engine.config import DataConfig
-from drivetrain.engine.stepcost import step_cost, step_profiler
+from drivetrain.engine.stepsplit import step_cost, step_profiler
 from drivetrain.pipeline.augment.camera import CameraAugConfig
 from drivetrain.pipeline.augment.stage import Augmentation, AugmentConfig
 from drivetrain.pipeline.dali import DaliStream, dali_available
@@ -63,7 +63,7 @@ from drivetrain.profile import (
 )
 from drivetrain.profile.costmodel import count_call
 from drivetrain.profile.timer import synchronize
-from drivetrain.safe_files import remove_path, save_figure
+from drivetrain.safeio.files import remove_path, save_figure
 
 DESCRIPTION = __doc__.splitlines()[0]
 ROOT = Path(__file__).resolve().parents[1]

@@ -39,8 +39,7 @@ from drivetrain.engine import load_config
 from drivetrain.engine.build import build_model, build_optimizer
 from drivetrain.engine.checkpoint import Checkpointer
 from drivetrain.engine.distributed import DistContext
-from drivetrain.engine.rng import capture_rng
-from drivetrain.engine.state import FORMAT_VERSION, FixedState, StrategyState, TrainState
+from drivetrain.engine.state import FORMAT_VERSION, FixedState, StrategyState, TrainState, capture_rng
 from drivetrain.engine.strategy import Strategy
 from drivetrain.profile import BenchResult, Row, add_bench_arguments, device_name, emit, setup_bench
 from drivetrain.profile.timer import Stats

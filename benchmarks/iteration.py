@@ -75,7 +75,7 @@ from drivetrain.engine import registry
 from drivetrain.engine.build import build_optimizer
 from drivetrain.engine.config import ConfigError, OptimConfig, from_dict
 from drivetrain.engine.config_files import read_config_file
-from drivetrain.losses.weights import resolve_weights, weighted_total
+from drivetrain.losses.term_weights import resolve_weights, weighted_total
 from drivetrain.match import gpu_solver_shapes, warm_pending
 from drivetrain.models.streampetr import StreamPETR
 from drivetrain.pipeline.transfer import to_device
@@ -95,7 +95,7 @@ from drivetrain.profile import (
 )
 from drivetrain.profile.bench import RESULTS_DIR, count_variation
 from drivetrain.profile.costmodel import host_work
-from drivetrain.safe_files import save_figure
+from drivetrain.safeio.files import save_figure
 
 DESCRIPTION = __doc__.splitlines()[0]
 

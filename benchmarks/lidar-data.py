@@ -49,7 +49,7 @@ from drivetrain.profile import BenchResult, Row, add_bench_arguments, device_nam
 from drivetrain.profile.bench import compare
 from drivetrain.profile.costmodel import count_call
 from drivetrain.ragged import RaggedBatch
-from drivetrain.safe_files import remove_path
+from drivetrain.safeio.files import remove_path
 
 DESCRIPTION = __doc__.splitlines()[0]
 SWEEPS = (0, 5, 10)

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from drivetrain.heatmap import draw_gaussians, focal_head_radius, reference_draw_gaussians
+from drivetrain.geometry.heatmap import draw_gaussians, focal_head_radius, reference_draw_gaussians
 from drivetrain.match import gpu_solver_shapes, warm_pending
 from drivetrain.models.streampetr.criteria import focal_head_loss, streampetr_loss
 from drivetrain.profile import (

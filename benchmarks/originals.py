@@ -67,7 +67,7 @@ from scipy.optimize import linear_sum_assignment
 
 from drivetrain.geometry.rotated_iou import rotated_bev_iou_pairwise
 from drivetrain.profile.costmodel import Cost, CostCounter, count_call, current
-from drivetrain.safe_files import replace_text
+from drivetrain.safeio.files import replace_text
 
 LIBRARY = "drivetrain_originals"  # the torch.library namespace of the ports' custom operators (mmcv's C++ kernels)
 FLT_MIN = float(torch.finfo(torch.float32).tiny)
@@ -1406,7 +1406,7 @@ def _original_heatmaps(cells: list[torch.Tensor], radii: list[torch.Tensor], sha
 
 def count_heatmap(data: dict[str, Any]) -> PathCost:
     """``bench loss``'s heatmap-drawing row: every box of every image drawn, per-box loop vs one scatter."""
-    from drivetrain.heatmap import draw_gaussians, focal_head_radius, reference_draw_gaussians
+    from drivetrain.geometry.heatmap import draw_gaussians, focal_head_radius, reference_draw_gaussians
 
     targets = data["targets"]
     centres, boxes = targets["centers_2d"], targets["gt_boxes_2d"]

@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from drivetrain.engine import registry
-from drivetrain.engine.stepcost import step_cost, step_profiler
+from drivetrain.engine.stepsplit import step_cost, step_profiler
 from drivetrain.profile import (
     BenchResult,
     ResourceMonitor,
@@ -40,7 +40,7 @@ from drivetrain.profile import (
     setup_bench,
 )
 from drivetrain.profile.costmodel import Cost
-from drivetrain.safe_files import open_output, save_figure
+from drivetrain.safeio.files import open_output, save_figure
 
 DESCRIPTION = __doc__.splitlines()[0]
 

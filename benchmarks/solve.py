@@ -49,7 +49,7 @@ from drivetrain.match import gpu_solver_available, gpu_solver_shapes, solve, war
 from drivetrain.match.solve import NAN_COST, NEGINF_COST, POSINF_COST, TARGET_BUCKETS, padded_target_count
 from drivetrain.profile import Profiler
 from drivetrain.profile.bench import add_bench_arguments, emit, setup_bench
-from drivetrain.profile.report import BenchResult, Row, device_name
+from drivetrain.profile.results import BenchResult, Row, device_name
 from drivetrain.profile.timer import synchronize
 from drivetrain.ragged import RaggedBatch
 

@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 
 from drivetrain.engine import registry
-from drivetrain.engine.stepcost import step_cost, step_profiler
+from drivetrain.engine.stepsplit import step_cost, step_profiler
 from drivetrain.profile import BenchResult, Row, active, add_bench_arguments, device_name, emit, setup_bench
 from drivetrain.profile.costmodel import Cost
-from drivetrain.safe_files import open_output, save_figure
+from drivetrain.safeio.files import open_output, save_figure
 
 DESCRIPTION = __doc__.splitlines()[0]
 

@@ -44,11 +44,11 @@ from typing import Any
 import torch
 import yaml
 
-from drivetrain.engine import stepcost
+from drivetrain.engine import stepsplit
 from drivetrain.engine.config_files import load_yaml
 from drivetrain.profile import BenchResult, Row, add_bench_arguments, device_name, emit, setup_bench
 from drivetrain.profile.costmodel import Cost
-from drivetrain.safe_files import open_output, replace_text
+from drivetrain.safeio.files import open_output, replace_text
 
 DESCRIPTION = __doc__.splitlines()[0]
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,18 +112,18 @@ def train_once(config: Path, overrides: list[str], steps: int, warmup: int, devi
 
 def count_step(config: Path, overrides: list[str], device: str, nproc: int = 1) -> dict[str, float] | None:
     """Kernels and host syncs of one training step of a variant: the third step of a short run of its own
-    (``drivetrain.engine.stepcost``: data excluded, torch.compile off as it counts eagerly anyway), here or, for
+    (``drivetrain.engine.stepsplit``: data excluded, torch.compile off as it counts eagerly anyway), here or, for
     DDP, in ``nproc`` processes; None (with a note) if it fails. Nothing is timed here."""
     name = " ".join(overrides) or "baseline"
     if nproc == 1:
         try:
-            cost = stepcost.count_step(config, overrides, device)
+            cost = stepsplit.count_step(config, overrides, device)
         except Exception as err:  # the variant's timed runs passed: a failure here only loses its counts
             print(f"  counting {name}: failed ({type(err).__name__}: {err})", flush=True)
             return None
         return None if cost is None else {"kernels": cost.kernels, "syncs": cost.syncs}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-               str(29500 + (os.getpid() + 7) % 1000), "-m", "drivetrain.engine.stepcost", str(config), *overrides,
+               str(29500 + (os.getpid() + 7) % 1000), "-m", "drivetrain.engine.stepsplit", str(config), *overrides,
                "--device", device]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]

@@ -49,16 +49,16 @@ from typing import Any
 
 import torch
 
+from drivetrain.detector.spec import keywords
 from drivetrain.engine import ConfigError, load_config
 from drivetrain.engine.stepsplit import LABELS, MIN_WARMUP, StepSplit, measure_steps, table_lines
 from drivetrain.match import gpu_solver_shapes
-from drivetrain.model_spec import keywords
 from drivetrain.profile import BenchResult, Row, add_bench_arguments, device_name, device_slug, emit, setup_bench, trace
 from drivetrain.profile.bench import RESULTS_DIR, result_paths
 from drivetrain.profile.costmodel import Cost
-from drivetrain.profile.report import backend_flags
+from drivetrain.profile.results import backend_flags
 from drivetrain.profile.timer import Stats
-from drivetrain.safe_files import replace_text
+from drivetrain.safeio.files import replace_text
 
 DESCRIPTION = __doc__.splitlines()[0]
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,5 +19,5 @@ if [ -z "$py" ]; then
   if [ -x "$root/.venv/bin/python" ]; then py="$root/.venv/bin/python"; else py=python3; fi
 fi
 # A --dest given later wins over the checkout's results folder. src/ on the path: runbook.py writes through
-# drivetrain.safe_files (standard library only), also with a Python that has no drivetrain installed.
+# drivetrain.safeio.files (standard library only), also with a Python that has no drivetrain installed.
 PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}" exec "$py" "$root/src/drivetrain/profile/runbook.py" collect --dest "$root/benchmarks/results" "$@"

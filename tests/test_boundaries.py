@@ -27,19 +27,16 @@ SOURCE = Path(drivetrain.__file__).resolve().parent  # src/drivetrain
 LAYERS: tuple[frozenset[str], ...] = (
     # the package itself: __version__ only
     frozenset({"drivetrain"}),
-    # safe file writes (no link followed) and reads (regular files only, bounded), under every writer and reader:
-    # profile's result files included; neither imports anything of drivetrain
-    frozenset({"safe_files", "safe_reads"}),
-    # JSON with bounded nesting and numbers, bounded YAML, torch files loaded tensors-only and bounded: the readers of
-    # untrusted files, on safe_reads
-    frozenset({"safe_json", "safe_yaml", "torch_files"}),
+    # the readers and writers of files someone else made (no link followed, regular files only, bounded JSON and
+    # YAML, torch files loaded tensors-only), under every writer and reader: profile's result files included
+    frozenset({"safeio"}),
     # leaves: ragged batches, cached device constants, seed mixing, and profile (timed regions and cost counting,
-    # which every layer may use); what a model is (its spec) and the weight key maps' shared record, which model
-    # folders define and the engine reads without importing a model
-    frozenset({"ragged", "constants", "seeding", "profile", "model_spec", "keymap"}),
-    # on ragged and the constants: geometry (boxes, IoU, projection), heatmaps, the torch.compile helpers, and the
+    # which every layer may use); what a detector declares (its spec and the weight key maps' shared record), which
+    # model folders define and the engine reads without importing a model
+    frozenset({"ragged", "constants", "seeding", "profile", "detector"}),
+    # on ragged and the constants: geometry (boxes, IoU, projection, heatmaps), the torch.compile helpers, and the
     # batch type (Batch, ModelBatch) that data collates into and the pipeline, models, losses and engine read
-    frozenset({"geometry", "heatmap", "compiled", "batch"}),
+    frozenset({"geometry", "compiled", "batch"}),
     # matching (costs, solvers, assigners), nuScenes-format data (no models, no pipeline), drawing
     frozenset({"match", "data", "viz"}),
     # losses on the matchers; the pipeline (transfer, augmentation, voxelization) on data
@@ -197,7 +194,7 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 def test_the_reader_finds_the_imports_it_must():
     """The graph reader against imports known to exist, of each form (absolute, lazy, type-only, submodule)."""
     found = {(i.source, i.target, i.type_only) for i in imports()}
-    assert ("drivetrain.ragged.ops", "drivetrain.ragged.batch", False) in found  # from ... import Name
+    assert ("drivetrain.ragged.ops", "drivetrain.ragged.padded", False) in found  # from ... import Name
     assert ("drivetrain.ragged", "drivetrain.ragged.select", False) in found  # a package's __init__
     assert ("drivetrain.engine.config", "drivetrain.engine.registry", False) in found  # inside a function
     assert ("drivetrain.engine.protocol", "drivetrain.pipeline.voxelize", True) in found  # if TYPE_CHECKING:

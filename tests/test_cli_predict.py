@@ -14,7 +14,7 @@ import torch
 
 from drivetrain.cli.main import main
 from drivetrain.data.formats.nuscenes.submission import check_submission
-from drivetrain.engine.evaluation import BLANK_GREY, blank_inputs
+from drivetrain.engine.eval_run import BLANK_GREY, blank_inputs
 from helpers.streampetr import SMALL
 
 ROOT = Path(__file__).resolve().parents[1]

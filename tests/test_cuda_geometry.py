@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from drivetrain.geometry.heatmap import draw_gaussians
 from drivetrain.geometry.rotated_iou import rotated_bev_iou_pairwise
 from drivetrain.geometry.rotated_nms import (
     BEV_COLUMNS,
@@ -15,7 +16,6 @@ from drivetrain.geometry.rotated_nms import (
     multiclass_rotated_nms,
     reference_multiclass_rotated_nms,
 )
-from drivetrain.heatmap import draw_gaussians
 from drivetrain.match.anchor_window import windowed_max_iou_assign
 from drivetrain.match.max_iou import (
     anchor_thresholds,

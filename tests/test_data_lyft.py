@@ -202,7 +202,7 @@ class LidarGroundTruth(torch.nn.Module):
 
 def test_a_model_on_lyft_frames_is_scored_with_the_lyft_metric(lyft_root, lyft_index, tmp_path):
     from drivetrain.data.sources import StreamingFrames
-    from drivetrain.engine.evaluation import evaluate_model
+    from drivetrain.engine.eval_run import evaluate_model
 
     # Every annotated box, also those without lidar points (training drops them; the metric counts them).
     config = DatasetConfig(load_images=False, load_points=True, filter_empty=False)

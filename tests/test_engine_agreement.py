@@ -1,4 +1,4 @@
-"""Ranks agree on their start, or none starts (drivetrain.engine.agreement).
+"""Ranks agree on their start, or none starts (drivetrain.engine.distributed).
 
 Two torchrun "nodes" on this machine (``torchrun --nnodes 2 --node_rank k``, one rank each, gloo, static
 rendezvous), each in its own working directory, so that the relative ``run.out_dir=run`` of the one command is a
@@ -16,11 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from drivetrain.engine.agreement import RanksDisagree, agree_on_start, disagreement
 from drivetrain.engine.checkpoint import Checkpointer, CheckpointError
 from drivetrain.engine.config import ConfigError, load_config
 from drivetrain.engine.distributed import DistContext
-from drivetrain.engine.rundir import START_TOKEN, check_run_dir
+from drivetrain.engine.resume import START_TOKEN, RanksDisagree, agree_on_start, check_run_dir, disagreement
 from helpers.engine import FAST, ON_CPU, SMOKE, final_state, losses, torchrun_nodes
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")

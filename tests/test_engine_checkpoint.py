@@ -13,8 +13,8 @@ import torch
 from drivetrain.engine import Checkpointer, CheckpointError, CheckpointWarning, LossScaler, lr_factor
 from drivetrain.engine.checkpoint import MARKER
 from drivetrain.engine.config import PrecisionConfig, ScheduleConfig
-from drivetrain.engine.rng import capture_rng, restore_rng
 from drivetrain.engine.schedule import one_cycle
+from drivetrain.engine.state import capture_rng, restore_rng
 
 
 def state(step: int) -> dict:

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from drivetrain.data.sources import SyntheticArgs
+from drivetrain.detector.spec import ModelSpec
 from drivetrain.engine import Checkpointer, ConfigError, Trainer, load_config
 from drivetrain.engine.build import build_model
 from drivetrain.engine.config import TrainConfig, config_diff, config_to_dict, from_dict
@@ -18,7 +19,6 @@ from drivetrain.engine.config_files import read_config_file
 from drivetrain.engine.init_from import InitFrom
 from drivetrain.engine.registry import _REGISTERED, register_model
 from drivetrain.engine.smoke import SmokeModel
-from drivetrain.model_spec import ModelSpec
 from drivetrain.pipeline.augment.stage import AugmentConfig
 from helpers.engine import SMOKE, overrides
 

@@ -275,9 +275,11 @@ def test_an_extra_tensor_declared_larger_than_the_shards_hold_is_refused_before_
 def test_an_async_save_writes_a_staged_copy_in_the_background_and_commits_at_wait(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv(DELAY_ENV, "0.5")  # the background write sleeps twice: after state.pt, after the rename
     real_stage = dcp_files.stage
+    step_reached = threading.Event()  # the copy starts when the next step is reached, however long the forward took
 
     def slow_stage(tensors, into=None):  # the background thread's copy takes 0.3 s: the step must wait for it
         if threading.current_thread() is not threading.main_thread():
+            step_reached.wait(timeout=60)
             time.sleep(0.3)
         return real_stage(tensors, into)
 
@@ -290,6 +292,7 @@ def test_an_async_save_writes_a_staged_copy_in_the_background_and_commits_at_wai
     assert ck.in_flight and not (path / MARKER).exists()  # training goes on while it is written
     assert ck.last_stall_s < 0.5 and ck.pop_stall() is None  # its stall is known once the next step ran
     run.model(torch.randn(4, 5)).square().sum().backward()  # the next step: the forward writes the buffers,
+    step_reached.set()
     run.optimizer.step()  # the step (held until the parameters and moments are copied) the rest, in place
     assert not torch.equal(run.model[0].weight, expected["0.weight"])
     step, stall = ck.pop_stall()

@@ -19,7 +19,7 @@ from drivetrain.cli.main import main
 from drivetrain.engine import Checkpointer, CheckpointError
 from drivetrain.engine.checkpoint import MARKER, NO_ROOM, no_room
 from drivetrain.engine.metrics import write_failure
-from drivetrain.engine.rundir import RUN_MARKER
+from drivetrain.engine.resume import RUN_MARKER
 from helpers.engine import SMOKE, checkpoint_stalls, losses, metrics, overrides
 
 ERRNOS = [errno.ENOSPC, errno.EDQUOT, errno.EROFS]

@@ -14,7 +14,7 @@ from torch import nn
 
 from drivetrain.data.sources import frames
 from drivetrain.engine import ConfigError, Trainer, load_config
-from drivetrain.engine.evaluation import evaluate_model, model_from_checkpoint
+from drivetrain.engine.eval_run import evaluate_model, model_from_checkpoint
 from drivetrain.models.streampetr import StreamPETR, decode
 from drivetrain.models.streampetr.box_code import encode_boxes
 from helpers.engine import assert_same_weights, final_state, metrics

@@ -1,7 +1,7 @@
 """torchrun around the trainer (2 gloo ranks on 127.0.0.1, processes signalled by PID): the scheduler contract of
 ``drivetrain launch`` (SIGTERM to the launcher: 143 with the stop's checkpoint committed, where torchrun returns 1;
 its decision over the workers' records; torchrun's option errors), the attempt handshake of
-:mod:`drivetrain.engine.elastic_store` on a real TCPStore, and, in the slow set, torchrun's own restarts with static
+:mod:`drivetrain.engine.distributed` on a real TCPStore, and, in the slow set, torchrun's own restarts with static
 rendezvous, under ``drivetrain launch`` and with two agents (``--nnodes 1:2``) resuming bit-exactly, a node joining a
 running launch, SIGTERM to one worker, a killed worker under the launcher, and the documented local command. The
 default set's restart test with c10d is in test_engine_distributed.py (it compares with a run that file's fixture
@@ -26,7 +26,7 @@ import torch
 
 from drivetrain.cli.launch import RUNNING, clean_stop_status
 from drivetrain.engine import Checkpointer, load_config
-from drivetrain.engine.elastic_store import agree_on_attempt
+from drivetrain.engine.distributed import agree_on_attempt
 from drivetrain.engine.trainer import STEP_DELAY_ENV
 from helpers.engine import FLOAT64, ON_CPU, ROOT, assert_same_weights, cli_env, final_state, free_port, losses, metrics
 from helpers.launch import finish, kill, rendezvous, start, train_args, wait_for_checkpoint, worker_pid
@@ -120,7 +120,7 @@ def test_the_elastic_sections_local_command_runs(tmp_path: Path) -> None:
 
 
 def test_ranks_agree_on_their_attempt_although_the_previous_attempts_keys_remain() -> None:
-    """The handshake of :func:`drivetrain.engine.elastic_store.attempt_store` on a real TCPStore: a second attempt
+    """The handshake of :func:`drivetrain.engine.distributed.attempt_store` on a real TCPStore: a second attempt
     whose rank 1 starts long before its rank 0 first reads the dead attempt's token, and still ends in the new one."""
     server = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     timeout = datetime.timedelta(seconds=60)

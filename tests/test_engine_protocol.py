@@ -14,7 +14,7 @@ from drivetrain.cli.main import main
 from drivetrain.engine import registry
 from drivetrain.engine.build import build_model
 from drivetrain.engine.config import ConfigError, ModelConfig, load_config
-from drivetrain.engine.evaluation import predict
+from drivetrain.engine.eval_run import predict
 from drivetrain.engine.protocol import (
     Detector,
     FrozenEncoder,

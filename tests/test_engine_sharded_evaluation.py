@@ -21,8 +21,8 @@ import torch
 
 from drivetrain.data.sources import frames
 from drivetrain.engine import Checkpointer, ConfigError, load_config
-from drivetrain.engine.evaluation import detect_frames
-from drivetrain.engine.sharded_evaluation import EVAL_DELAY_ENV, frame_shares
+from drivetrain.engine.eval_run import detect_frames
+from drivetrain.engine.eval_shards import EVAL_DELAY_ENV, frame_shares
 from drivetrain.models.streampetr import StreamPETR
 from helpers.engine import ROOT, SMOKE, cli_env, free_port, metrics, torchrun, wait_for
 from helpers.streampetr import SMALL

@@ -19,7 +19,6 @@ from drivetrain.engine import Checkpointer, CheckpointError, ConfigError, Traine
 from drivetrain.engine.config import config_to_dict
 from drivetrain.engine.distributed import DistContext
 from drivetrain.engine.protocol import StreamMemory
-from drivetrain.engine.rng import capture_rng, restore_rng
 from drivetrain.engine.state import (
     FORMAT_VERSION,
     FixedState,
@@ -29,7 +28,9 @@ from drivetrain.engine.state import (
     StrategyState,
     StreamState,
     TrainState,
+    capture_rng,
     format_version,
+    restore_rng,
 )
 from drivetrain.models.streampetr.detector import StreamPETR
 from drivetrain.models.streampetr.memory import MemoryBank

@@ -1,4 +1,4 @@
-"""Tests for drivetrain.heatmap: radius rules and batched Gaussian drawing against the per-box loop."""
+"""Tests for drivetrain.geometry.heatmap: radius rules and batched Gaussian drawing against the per-box loop."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from drivetrain.heatmap import draw_gaussians, focal_head_radius, gaussian_radius, reference_draw_gaussians
+from drivetrain.geometry.heatmap import draw_gaussians, focal_head_radius, gaussian_radius, reference_draw_gaussians
 from drivetrain.ragged import RaggedBatch
 
 H, W = 20, 28

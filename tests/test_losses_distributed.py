@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from drivetrain.losses.weights import base_name
+from drivetrain.losses.term_weights import base_name
 from drivetrain.models.streampetr.loss import DN_BALL_FRACTION
 from helpers.engine import torchrun
 from helpers.heads import RANK_GT_2D, RANK_GT_3D, rank_cases

@@ -216,7 +216,7 @@ def test_a_resumed_run_ends_bit_exactly_where_the_uninterrupted_run_does(
 
 def test_a_lidar_submission_says_it_used_the_lidar(synth_index, synth_root):
     from drivetrain.data.sources import StreamingFrames
-    from drivetrain.engine.evaluation import predict
+    from drivetrain.engine.eval_run import predict
     from drivetrain.models.streampetr import StreamPETR
 
     config = DatasetConfig(load_images=False, load_points=True, num_sweeps=1, use_dim=(0, 1, 2, 4))

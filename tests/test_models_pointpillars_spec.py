@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from drivetrain.detector.spec import keywords
 from drivetrain.engine.config import ConfigError, load_config
 from drivetrain.engine.config_files import read_config_file
 from drivetrain.engine.registry import check_args, model_spec
-from drivetrain.model_spec import keywords
 from drivetrain.models.pointpillars.args import PointPillarsArgs, SSNArgs
 from drivetrain.models.pointpillars.model import SSN_DEFAULTS, PointPillars
 from drivetrain.models.pointpillars.spec import POINTPILLARS, SSN

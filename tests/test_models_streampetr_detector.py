@@ -17,7 +17,7 @@ import yaml
 import drivetrain.match.assigners as assigners_module
 import drivetrain.models.streampetr.detector as detector_module
 from drivetrain.data.sources import frames
-from drivetrain.losses.weights import weighted_total
+from drivetrain.losses.term_weights import weighted_total
 from drivetrain.models.streampetr import StreamPETR
 from drivetrain.models.streampetr.recipe import POST_CENTER_RANGE
 from helpers.nosync import allow_host_sync, no_host_sync

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from drivetrain.losses.weights import base_name
+from drivetrain.losses.term_weights import base_name
 from drivetrain.models.streampetr.criteria import streampetr_loss
 from helpers.heads import (
     assert_cuda_syncs_only_inside_the_solver,

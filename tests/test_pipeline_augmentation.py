@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from drivetrain.data.sources import frames
+from drivetrain.detector.spec import keywords
 from drivetrain.engine import ConfigError, Trainer, load_config
 from drivetrain.engine.compat import upgrade_saved_config
 from drivetrain.engine.config import config_diff, config_to_dict
-from drivetrain.model_spec import keywords
 from drivetrain.pipeline.augment.bev import BevAugConfig, draw_bev_params
 from drivetrain.pipeline.augment.camera import CameraAugConfig
 from drivetrain.pipeline.augment.camera import sample_params as camera_sample_params
@@ -256,7 +256,7 @@ def test_an_old_lidar_checkpoint_is_refused_for_resume_in_one_line_and_still_eva
     """A checkpoint written when the lidar model drew its own augmentation (its generator in the model's extra
     state, ``model.args.augment``/``seed`` in the config) cannot continue exactly; it still loads for evaluation."""
     from drivetrain.engine import Checkpointer
-    from drivetrain.engine.evaluation import model_from_checkpoint
+    from drivetrain.engine.eval_run import model_from_checkpoint
     from helpers.engine import final_state
 
     Trainer(_lidar_run(tmp_path / "new", synth_root)).fit()

@@ -368,7 +368,7 @@ def test_training_with_augmentation_resumes_bit_exactly(synth_index, synth_root,
 
 
 def test_evaluation_runs_the_test_time_transform(synth_index, synth_root, tmp_path, monkeypatch):
-    from drivetrain.engine import evaluation
+    from drivetrain.engine import eval_run
     from drivetrain.models.streampetr import StreamPETR
     from helpers.streampetr import SMALL
 
@@ -382,7 +382,7 @@ def test_evaluation_runs_the_test_time_transform(synth_index, synth_root, tmp_pa
 
     monkeypatch.setattr(model, "detect", spy)
     val = frames(str(synth_root / "drivetrain_index.npz"), split="mini_val")
-    evaluation.predict(model, val, "cpu", progress=False, transform=Augmentation(STAGE).test_time)
+    eval_run.predict(model, val, "cpu", progress=False, transform=Augmentation(STAGE).test_time)
     assert seen and all(shape == (1, 6, 3, 48, 128) and normed for shape, normed in seen)
 
 

@@ -25,7 +25,7 @@ from drivetrain.profile import (
 )
 from drivetrain.profile.bench import count_variation
 from drivetrain.profile.charts import load_result
-from drivetrain.profile.report import FLAG, MAX_OVER_MEDIAN
+from drivetrain.profile.results import FLAG, MAX_OVER_MEDIAN
 
 ROOT = Path(__file__).resolve().parents[1]
 

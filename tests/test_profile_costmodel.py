@@ -294,7 +294,7 @@ def test_calibration_counts_are_what_the_loss_benchmark_counts_today(tmp_path):
 
 
 def test_a_training_step_of_the_trainer_makes_its_one_host_sync():
-    from drivetrain.engine.stepcost import count_step
+    from drivetrain.engine.stepsplit import count_step
 
     small = ["data.args={num_samples: 16, channels: 3, size: 16, dims: 2, seed: 0}", "data.batch_size=4"]
     cost = count_step(ROOT / "configs" / "smoke.yaml", small, steps=2)

@@ -1,4 +1,4 @@
-"""drivetrain.ragged.batch: RaggedBatch properties, constructors, conversions and batch-dim views."""
+"""drivetrain.ragged.padded: RaggedBatch properties, constructors, conversions and batch-dim views."""
 
 from __future__ import annotations
 

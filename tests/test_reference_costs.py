@@ -121,7 +121,7 @@ def test_focal_head_port_computes_our_reference_terms(originals):
 
 def test_heatmap_reference_draws_as_the_original_one_zero_map_fewer_per_image(originals):
     # The original makes a zero map per image and stacks them (images + 1 ops); ours copies the batch's map once.
-    from drivetrain.heatmap import focal_head_radius, reference_draw_gaussians
+    from drivetrain.geometry.heatmap import focal_head_radius, reference_draw_gaussians
 
     _, data = originals.camera_cases(batch=2, seed=6)
     row = originals.count_heatmap(data)

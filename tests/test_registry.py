@@ -302,7 +302,7 @@ def test_an_installed_entry_point_registers_a_model_imported_only_when_named(tmp
 def test_an_entry_point_may_name_a_spec_whose_typed_args_are_checked_when_the_config_loads(tmp_path):
     site, _ = _plugin_site(tmp_path, entry_point=True)
     (site / "dtplugin" / "spec.py").write_text(
-        "from dataclasses import dataclass\n\nfrom drivetrain.model_spec import ModelSpec\n"
+        "from dataclasses import dataclass\n\nfrom drivetrain.detector.spec import ModelSpec\n"
         "from dtplugin import TinyNet\n\n"
         "@dataclass(frozen=True)\nclass TinyArgs:\n    channels: int = 3\n    width: int = 8\n    depth: int = 2\n"
         "    dims: int = 2\n    dropout: float = 0.0\n    memory: bool = False\n\n"

@@ -2,8 +2,8 @@
 and 6; docs/safety.md).
 
 - JSON nested 100,000 deep (200 KB) in a table, a predictions file or a ``metrics.jsonl`` line, and an integer such
-  as ``10**4000``, are refused by :mod:`drivetrain.safe_json` (every untrusted JSON read goes through it) in one line
-  naming the file, the line of a jsonl file and the place (``[0].translation[0]``): ``data index``, ``eval
+  as ``10**4000``, are refused by :mod:`drivetrain.safeio.json_files` (every untrusted JSON read goes through it) in one
+  line naming the file, the line of a jsonl file and the place (``[0].translation[0]``): ``data index``, ``eval
   --predictions``, ``report`` and ``doctor`` end with status 1; a resume drops such a metrics line with a warning;
 - a model whose arguments ask for more memory than there is: one config line naming ``model.args`` and its sizes;
 - ``optim.lr`` (and every optimizer, schedule, loss-scale and loss-weight number) NaN or infinite: one config line;
@@ -36,7 +36,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import drivetrain.engine.metrics as metrics_module
-from drivetrain import safe_json
 from drivetrain.cli.main import main
 from drivetrain.engine import Checkpointer, ConfigError, load_config
 from drivetrain.engine.build import build_model
@@ -44,7 +43,8 @@ from drivetrain.engine.checkpoint import DENIED, NO_ROOM, write_reason
 from drivetrain.engine.config import ModelConfig
 from drivetrain.engine.metrics import truncate_metrics
 from drivetrain.engine.registry import register_model
-from drivetrain.safe_json import MAX_DEPTH, JSONLimitError, jsonl_records, nesting_depth
+from drivetrain.safeio import json_files
+from drivetrain.safeio.json_files import MAX_DEPTH, JSONLimitError, jsonl_records, nesting_depth
 from helpers.engine import ON_CPU, ROOT, SMOKE, cli_env, free_port, losses, metrics, overrides
 from helpers.fuzz import fuzz_settings
 from helpers.refusals import drivetrain_process
@@ -129,20 +129,20 @@ JSON_VALUES = st.recursive(
 def test_nesting_depth_is_the_decoded_values_depth_and_loads_is_json_loads(value, indent, ascii_only) -> None:
     text = json.dumps(value, indent=indent, ensure_ascii=ascii_only)
     assert nesting_depth(text) == json_depth(value)
-    assert safe_json.loads(text) == json.loads(text)
-    assert safe_json.loads(text.encode("utf-16")) == json.loads(text)  # bytes in another encoding, as json takes
+    assert json_files.loads(text) == json.loads(text)
+    assert json_files.loads(text.encode("utf-16")) == json.loads(text)  # bytes in another encoding, as json takes
 
 
 def test_nesting_past_the_bound_is_refused_at_its_place_and_the_bound_itself_passes() -> None:
     at_bound = "[" * MAX_DEPTH + "]" * MAX_DEPTH
-    assert json_depth(safe_json.loads(at_bound)) == MAX_DEPTH
+    assert json_depth(json_files.loads(at_bound)) == MAX_DEPTH
     with pytest.raises(JSONLimitError, match=rf"^t\.json: JSON nested deeper than {MAX_DEPTH} levels at line 2 "
                                              rf"column {MAX_DEPTH}$"):  # fmt: skip
-        safe_json.loads('{"a":\n' + "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1) + "}", source="t.json")
+        json_files.loads('{"a":\n' + "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1) + "}", source="t.json")
     with pytest.raises(JSONLimitError, match=r"^m\.jsonl: line 7: JSON nested deeper than 64 levels at column 65$"):
-        safe_json.loads(deep_json(), source="m.jsonl", line=7)
+        json_files.loads(deep_json(), source="m.jsonl", line=7)
     with pytest.raises(JSONLimitError):  # the decoder's RecursionError is never reached
-        safe_json.loads(deep_json().encode("utf-16"))
+        json_files.loads(deep_json().encode("utf-16"))
 
 
 @pytest.mark.parametrize(
@@ -162,11 +162,11 @@ def test_nesting_past_the_bound_is_refused_at_its_place_and_the_bound_itself_pas
 def test_integers_outside_64_bits_are_refused_naming_their_place(literal: str, fits: bool) -> None:
     text = '[{"token": "12345678901234567890123"}, {"translation": [' + literal + ", 0]}]"
     if fits:
-        assert safe_json.loads(text) == json.loads(text)
+        assert json_files.loads(text) == json.loads(text)
         return
     with pytest.raises(JSONLimitError, match=r"^e\.json: \[1\]\.translation\[0\]: the integer .* does not fit in "
                                              r"64 bits$") as err:  # fmt: skip
-        safe_json.loads(text, source="e.json")
+        json_files.loads(text, source="e.json")
     assert len(str(err.value)) < 120  # a 5,000-digit literal is shown by its ends and its length
 
 

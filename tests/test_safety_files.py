@@ -26,8 +26,8 @@ from drivetrain.data.sweep_cache import SweepCache
 from drivetrain.data.sweeps import SweepConfig
 from drivetrain.data.table_paths import path_problem
 from drivetrain.engine import Checkpointer
-from drivetrain.engine.rundir import RUN_FORMAT, RUN_MARKER
-from drivetrain.safe_files import remove_path, replace_text
+from drivetrain.engine.resume import RUN_FORMAT, RUN_MARKER
+from drivetrain.safeio.files import remove_path, replace_text
 from helpers.engine import SMOKE, cli_env, metrics, overrides
 from helpers.refusals import one_line
 from helpers.trees import tree

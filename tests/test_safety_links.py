@@ -1,6 +1,6 @@
 """No write and no delete reaches through a symbolic link (issue 39, class 2; docs/safety.md).
 
-Two rules, one helper each (``drivetrain.safe_files``), used by every writer:
+Two rules, one helper each (``drivetrain.safeio.files``), used by every writer:
 
 - a link (or a FIFO) at the name of a file drivetrain writes is *replaced* by the new file — the link itself, never
   its target — whether the user named the file (``--png``, ``--ply``, ``--json``, ``--write-config``, ``--md``,
@@ -31,8 +31,8 @@ import pytest
 from drivetrain.cli.main import main
 from drivetrain.engine import Checkpointer
 from drivetrain.engine.checkpoint import CheckpointError
-from drivetrain.engine.rundir import RUN_FOLDERS
-from drivetrain.safe_files import (
+from drivetrain.engine.resume import RUN_FOLDERS
+from drivetrain.safeio.files import (
     LINKED,
     LinkedFolderError,
     open_output,
@@ -94,7 +94,7 @@ def test_open_output_replaces_a_fifo_at_the_name_without_blocking(tmp_path):
     """A FIFO nobody reads would block a plain open for writing forever: in a subprocess with a hard timeout."""
     fifo = tmp_path / "metrics.jsonl"
     os.mkfifo(fifo)
-    code = "import sys; from drivetrain.safe_files import open_output; open_output(sys.argv[1], 'a').write('ours')"
+    code = "import sys; from drivetrain.safeio.files import open_output; open_output(sys.argv[1], 'a').write('ours')"
     done = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=20)
     assert done.returncode == 0, done.stderr
     assert replaced(fifo) and fifo.read_text() == "ours"
@@ -315,7 +315,7 @@ def test_eval_predictions_refuses_a_linked_default_metrics_folder(synth_root, sy
 def test_evaluation_during_training_writes_its_log_and_metrics_over_links(lidar_run, synth_root, tmp_path):
     """The trainer's periodic evaluation (evaluate_model, quiet): devkit.log and the devkit's metric files."""
     from drivetrain.data.sources import frames
-    from drivetrain.engine.evaluation import evaluate_model, model_from_checkpoint
+    from drivetrain.engine.eval_run import evaluate_model, model_from_checkpoint
 
     model, _, _ = model_from_checkpoint(lidar_run)
     dataset = frames(str(synth_root / "drivetrain_index.npz"), str(synth_root), "mini_val", load_points=True,

@@ -38,7 +38,6 @@ import simplejpeg
 import torch
 import yaml
 
-from drivetrain import safe_reads, safe_yaml
 from drivetrain.data import DatasetConfig, FrameDataset
 from drivetrain.data.dataset import Skipped
 from drivetrain.data.errors import DataError
@@ -53,8 +52,9 @@ from drivetrain.engine.config_files import (
     load_yaml,
     read_config_file,
 )
-from drivetrain.engine.errors import ConfigError
-from drivetrain.safe_reads import (
+from drivetrain.engine.typed import ConfigError
+from drivetrain.safeio import reads, yaml_files
+from drivetrain.safeio.reads import (
     FileTooLargeError,
     NotRegularFileError,
     open_regular,
@@ -62,7 +62,7 @@ from drivetrain.safe_reads import (
     read_text,
     zip_members_size,
 )
-from drivetrain.torch_files import MAX_OBJECTS, TorchFileError, _unpickling_reason, load_torch_file
+from drivetrain.safeio.torch_files import MAX_OBJECTS, TorchFileError, _unpickling_reason, load_torch_file
 from helpers.engine import ROOT, SMOKE, overrides
 from helpers.refusals import drivetrain_process, one_line
 from helpers.trees import tree
@@ -206,7 +206,7 @@ def test_a_fifo_swapped_in_after_the_check_is_refused_without_blocking(
     block (O_NONBLOCK) and the opened file's fstat refuses it."""
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    monkeypatch.setattr(safe_reads, "regular_stat", lambda path, **kwargs: None)
+    monkeypatch.setattr(reads, "regular_stat", lambda path, **kwargs: None)
     with deadline(), pytest.raises(NotRegularFileError, match=r"^a FIFO \(named pipe\), not a regular file$"):
         read_bytes(fifo)
 
@@ -439,7 +439,7 @@ def test_the_bounded_loader_counts_aliases_as_the_copies_they_make(monkeypatch: 
     that contains itself is refused."""
     text = "base: &b {lr: 1, betas: [0.9, 0.99]}\nother:\n  <<: *b\n  lr: 2\nagain: *b\n"
     assert load_yaml(text) == yaml.safe_load(text)
-    monkeypatch.setattr(safe_yaml, "MAX_YAML_NODES", 1000)
+    monkeypatch.setattr(yaml_files, "MAX_YAML_NODES", 1000)
     flat = "[" + ", ".join(["1"] * 999) + "]"  # the list and its items: exactly the bound
     assert len(load_yaml(flat)) == 999
     with pytest.raises(YAMLBoundError, match="expands to more than 1000 nodes"):

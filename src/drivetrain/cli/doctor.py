@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     """Diagnose ``args.run_dir``; print and write the report."""
     from drivetrain import doctor
     from drivetrain.engine import ConfigError
-    from drivetrain.safe_files import replace_text
+    from drivetrain.safeio.files import replace_text
 
     if not args.no_profile and args.steps < 1:
         raise SystemExit(f"doctor: --steps must be ≥ 1, got {args.steps}")

@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     """Evaluate ``args.checkpoint`` or ``args.predictions``; print the metrics; return the exit code."""
     from drivetrain.data.errors import DataError
     from drivetrain.data.formats.record import MetricOptions
-    from drivetrain.safe_files import replace_text
+    from drivetrain.safeio.files import replace_text
 
     options = MetricOptions(devkit_config=args.config, lyft_footprint=args.lyft_footprint)
     if args.json is not None and (args.json.is_dir() or not args.json.parent.is_dir()):
@@ -152,11 +152,11 @@ def _score(fmt: Any, predictions: Path, root: Path, *, version: str, split: str,
 
     Its files go to ``out`` (default: ``<predictions stem>_eval`` beside the file, which must be a real folder, not
     a link), written first into a folder made just now inside it and renamed into place
-    (:func:`~drivetrain.safe_files.staged_outputs`): a link at one of their names is replaced, never written
+    (:func:`~drivetrain.safeio.files.staged_outputs`): a link at one of their names is replaced, never written
     through. A folder this call made is removed again when scoring fails.
     """
     from drivetrain.data.errors import DataError
-    from drivetrain.safe_files import LinkedFolderError, real_dir, staged_outputs
+    from drivetrain.safeio.files import LinkedFolderError, real_dir, staged_outputs
 
     if not predictions.parent.is_dir():  # the metric's own check, before a folder is made beside the file
         raise DataError("predictions file does not exist", predictions)
@@ -214,10 +214,10 @@ def _score_checkpoint(args: argparse.Namespace, options: Any) -> tuple[Any, dict
     """``drivetrain predict`` of the run's model over the split's frames (the run's data, or ``--root``'s index),
     written to ``OUT/results.json``, then scored as ``--predictions`` with the metric of the frames' format.
 
-    Under torchrun every rank predicts its share of the frames (:mod:`drivetrain.engine.sharded_evaluation`) and rank
+    Under torchrun every rank predicts its share of the frames (:mod:`drivetrain.engine.eval_shards`) and rank
     0 writes and scores them all; the other ranks return None."""
     from drivetrain.data.formats.submission import write_submission
-    from drivetrain.safe_files import LinkedFolderError, real_dir
+    from drivetrain.safeio.files import LinkedFolderError, real_dir
 
     model, cfg, path = load_detector(args.checkpoint, "eval", tta=args.tta, batch_size=args.batch_size)
     dataset, split = _checkpoint_frames(args, cfg)
@@ -297,8 +297,8 @@ def _predict_shared(model: Any, cfg: Any, dataset: Any, ctx: Any, args: argparse
     frames there, None elsewhere; the process group is left afterwards (rank 0 scores alone)."""
     from drivetrain.cli.predict import frame_transform
     from drivetrain.engine.distributed import teardown
-    from drivetrain.engine.evaluation import submission_of
-    from drivetrain.engine.sharded_evaluation import EvaluationFailed, predict_shared
+    from drivetrain.engine.eval_run import submission_of
+    from drivetrain.engine.eval_shards import EvaluationFailed, predict_shared
 
     try:
         detections = predict_shared(
@@ -318,10 +318,10 @@ def _checkpoint_frames(args: argparse.Namespace, cfg: Any) -> tuple[Any, str]:
     from drivetrain.data.dataset import FrameDataset
     from drivetrain.data.errors import DataError
     from drivetrain.data.sources import StreamingFrames, reading_options
+    from drivetrain.detector.spec import keywords
     from drivetrain.engine.build import build_dataset
     from drivetrain.engine.config import ConfigError
-    from drivetrain.engine.evaluation import EvalFrames
-    from drivetrain.model_spec import keywords
+    from drivetrain.engine.eval_run import EvalFrames
 
     try:
         if args.root is not None:

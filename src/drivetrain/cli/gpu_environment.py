@@ -18,7 +18,7 @@ import torch
 
 from drivetrain.match import gpu_solver_status
 from drivetrain.profile.bench import BENCH_CUDNN_BENCHMARK, BENCH_TF32
-from drivetrain.profile.report import backend_flags
+from drivetrain.profile.results import backend_flags
 
 __all__ = ["driver_version", "lines"]
 

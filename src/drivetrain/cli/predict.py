@@ -6,7 +6,7 @@ The root's :class:`~drivetrain.data.formats.record.DatasetFormat` (recorded in i
 nuScenes submission or Lyft box records. The model sees each frame as in evaluation: the run's reading settings
 (images or points, sweeps, point columns), the test-time transform of a run trained with ``data.augment``, scene
 order with the temporal memory on; ``--blank-inputs`` blanks the sensor data first (the control of
-:func:`~drivetrain.engine.evaluation.blank_inputs`). Nothing is written but ``--out`` (through a temporary file
+:func:`~drivetrain.engine.eval_run.blank_inputs`). Nothing is written but ``--out`` (through a temporary file
 beside it, renamed over it): a root without ``drivetrain_index.npz`` is indexed in memory.
 """
 
@@ -192,7 +192,7 @@ def load_detector(checkpoint: Path, command: str, *, tta: bool, batch_size: int)
     and checkpoint folder; SystemExit naming the option for a checkpoint that does not load, a model without
     detections, ``--tta`` of a model without it, or ``--batch-size`` > 1 of a model with a temporal memory."""
     from drivetrain.engine.checkpoint import CheckpointError
-    from drivetrain.engine.evaluation import has_streaming_state, model_from_checkpoint
+    from drivetrain.engine.eval_run import has_streaming_state, model_from_checkpoint
     from drivetrain.engine.protocol import Detector, TTADetector
 
     if batch_size < 1:
@@ -252,7 +252,7 @@ def frame_transform(cfg: Any, *, blank: bool) -> Callable[[Batch], Batch] | None
     """What a frame's batch goes through before ``detect``: the inputs blanked (with ``blank``, to
     :func:`blank_grey`), then the run's test-time camera transform (a run trained with ``data.augment``); None when
     neither applies."""
-    from drivetrain.engine.evaluation import blank_inputs
+    from drivetrain.engine.eval_run import blank_inputs
 
     test_time = None
     if cfg.data.augment is not None:  # trained on augmented images: evaluate on the test-time transform of them
@@ -273,8 +273,8 @@ def frame_transform(cfg: Any, *, blank: bool) -> Callable[[Batch], Batch] | None
 def blank_grey(cfg: Any) -> tuple[int, int, int]:
     """The RGB of a blanked image for the run ``cfg``: the mean its images are normalised with, rounded — the
     camera recipe's ``data.augment.camera.mean`` when it normalises, else the model's ImageNet mean
-    (:data:`~drivetrain.engine.evaluation.BLANK_GREY`)."""
-    from drivetrain.engine.evaluation import BLANK_GREY
+    (:data:`~drivetrain.engine.eval_run.BLANK_GREY`)."""
+    from drivetrain.engine.eval_run import BLANK_GREY
 
     camera = cfg.data.augment.camera if cfg.data.augment is not None else None
     if camera is not None and camera.normalize:
@@ -311,7 +311,7 @@ def predict_frames(
     """The submission of ``model`` (on ``device``) for every frame of ``dataset`` (or its first ``limit``) in the
     format of its index, with the run's test-time transform (and the inputs blanked with ``blank``), boxes below
     ``score_threshold`` dropped when one is given; and the number of unreadable frames."""
-    from drivetrain.engine.evaluation import predict
+    from drivetrain.engine.eval_run import predict
 
     return predict(
         model, dataset, device, progress=progress, dataset_format=dataset.index.format,

@@ -125,8 +125,8 @@ def measure(
     """Train ``warmup + steps`` steps with ``setting``; medians over the timed steps."""
     from drivetrain.engine import Trainer, load_config
     from drivetrain.profile import ResourceMonitor
-    from drivetrain.safe_files import remove_path
-    from drivetrain.safe_json import jsonl_records
+    from drivetrain.safeio.files import remove_path
+    from drivetrain.safeio.json_files import jsonl_records
 
     out = folder / "run"
     data = [f"data.{key}={'null' if value is None else json.dumps(value)}" for key, value in setting.items()]
@@ -225,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
               f"{rule['worker_ms_per_batch']:.1f} ms a batch and a {rule['step_ms']:.1f} ms step; expected data wait "
               f"{rule['wait_ms']:.1f} ms")  # fmt: skip
     print("as overrides: " + " ".join(f"data.{k}={'null' if v is None else json.dumps(v)}" for k, v in best.items()))
-    # A link at either name is replaced by the file, its target never written (drivetrain.safe_files).
+    # A link at either name is replaced by the file, its target never written (drivetrain.safeio.files).
     if args.write_config is not None:
         tuned = config_to_dict(base)
         tuned["data"].update(best)
@@ -242,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _write(path: Path, option: str, text: str) -> None:
     """Write ``text`` as ``path`` (its folder made; a link at the name replaced); one SystemExit line on failure."""
-    from drivetrain.safe_files import replace_text
+    from drivetrain.safeio.files import replace_text
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -54,12 +54,12 @@ def run_frame(args: argparse.Namespace) -> int:
     from drivetrain.data.dataset import Skipped
     from drivetrain.data.errors import DataError
     from drivetrain.data.sources import StreamingFrames
+    from drivetrain.detector.spec import keywords
     from drivetrain.engine.build import build_dataset
     from drivetrain.engine.checkpoint import CheckpointError
     from drivetrain.engine.config import ConfigError
-    from drivetrain.engine.evaluation import detections_on_host, model_from_checkpoint, streaming_state_aside
+    from drivetrain.engine.eval_run import detections_on_host, model_from_checkpoint, streaming_state_aside
     from drivetrain.engine.protocol import Detector, VoxelModel
-    from drivetrain.model_spec import keywords
     from drivetrain.viz.lidar import bev_png, write_ply
 
     model, cfg, extent, use_dim = None, None, args.extent, (0, 1, 2, 3, 4)
@@ -133,7 +133,7 @@ def run_frame(args: argparse.Namespace) -> int:
         title += f", {len(pred)} detections with score ≥ {args.score_threshold:g}"
     out = args.png or Path(f"frame-{args.frame}.png")
     # Each file is written whole and renamed over its name: a link there (the default frame-K.png in the current
-    # folder included) is replaced, its target never written (drivetrain.safe_files).
+    # folder included) is replaced, its target never written (drivetrain.safeio.files).
     try:
         if batch.images is not None:
             from drivetrain.data.formats.registry import DEFAULT

@@ -60,7 +60,6 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from drivetrain import safe_json
 from drivetrain.data.errors import DataError
 from drivetrain.data.formats.record import DatasetFormat
 from drivetrain.data.formats.registry import FORMATS, detect_format, format_of, index_meta
@@ -70,8 +69,9 @@ from drivetrain.data.io import NPZ_ERRORS, read_points
 from drivetrain.data.points_in_boxes import count_points_in_boxes
 from drivetrain.data.table_paths import ANNOTATION_TABLES, check_root
 from drivetrain.geometry.rigid import invert, transform, yaw_from_matrix
-from drivetrain.safe_files import replacing
-from drivetrain.safe_reads import human_bytes, open_regular
+from drivetrain.safeio import json_files
+from drivetrain.safeio.files import replacing
+from drivetrain.safeio.reads import human_bytes, open_regular
 
 __all__ = ["FrameIndex", "build_index", "check_root", "load_index", "save_index", "table_fingerprint"]
 
@@ -255,8 +255,8 @@ def _build_index(
             if not path.is_file() and table_name in ANNOTATION_TABLES:
                 return []
             try:  # check_root read these already; a table it does not know (lidarseg...) is bounded the same way
-                return safe_json.load(path)
-            except safe_json.JSONLimitError as err:
+                return json_files.load(path)
+            except json_files.JSONLimitError as err:
                 raise DataError(str(err), path) from None
             except ValueError as err:
                 raise DataError(f"table is not valid JSON ({err})", path) from None
@@ -558,8 +558,8 @@ def load_index(path: str | Path, root: str | Path | None = None) -> FrameIndex:
     if missing:
         raise DataError(f"index lacks arrays {missing}; rebuild it with `drivetrain data index`", path)
     try:
-        meta = safe_json.loads(data.pop("meta_json").tobytes().decode())
-    except safe_json.JSONLimitError as err:
+        meta = json_files.loads(data.pop("meta_json").tobytes().decode())
+    except json_files.JSONLimitError as err:
         raise DataError(f"index metadata: {err}; rebuild the index", path) from None
     except (ValueError, UnicodeDecodeError) as err:
         raise DataError(f"index metadata is not valid JSON ({err}); rebuild the index", path) from None

@@ -1,7 +1,7 @@
 """Reading one sensor file of a dataset: a JPEG image or a nuScenes ``.pcd.bin`` lidar sweep.
 
 A leaf of :mod:`drivetrain.data` (it imports only :mod:`drivetrain.data.errors` and
-:mod:`drivetrain.safe_reads`), so that indexing (which counts lidar points in boxes for Lyft tables) and the
+:mod:`drivetrain.safeio.reads`), so that indexing (which counts lidar points in boxes for Lyft tables) and the
 dataset (which decodes each sample) share the readers without importing each other. Every failure is a
 :class:`~drivetrain.data.errors.DataError` naming the file.
 
@@ -29,7 +29,7 @@ import numpy as np
 import simplejpeg
 
 from drivetrain.data.errors import DataError
-from drivetrain.safe_reads import open_regular, read_bytes
+from drivetrain.safeio.reads import open_regular, read_bytes
 
 __all__ = [
     "MAX_IMAGE_PIXELS",

@@ -46,13 +46,13 @@ from typing import Any
 
 import numpy as np
 
-from drivetrain import safe_json
 from drivetrain.data.errors import DataError
 from drivetrain.data.index import FrameIndex
 from drivetrain.data.io import NPZ_ERRORS
 from drivetrain.data.sweeps import DT_COLUMN, SweepConfig, merge_sweeps
-from drivetrain.safe_files import open_output, replace_text
-from drivetrain.safe_reads import open_regular, zip_members_size
+from drivetrain.safeio import json_files
+from drivetrain.safeio.files import open_output, replace_text
+from drivetrain.safeio.reads import open_regular, zip_members_size
 
 __all__ = ["CACHE_FORMAT", "BuildReport", "SweepCache", "build_cache", "frame_digests", "verify_cache"]
 
@@ -219,7 +219,7 @@ def _cache_records(out: Path) -> list[dict[str, Any]]:
         if not (path.exists() or path.is_symlink()):
             continue
         try:
-            record = safe_json.load(path)
+            record = json_files.load(path)
         except (OSError, ValueError) as err:
             raise DataError(
                 f"is not a drivetrain sweep-cache file (unreadable: {err}); not touching its folder", path
@@ -384,7 +384,7 @@ def _write_json(path: Path, obj: dict[str, Any]) -> None:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        return safe_json.load(path)
+        return json_files.load(path)
     except (OSError, ValueError) as err:
         raise DataError(f"unreadable cache file ({err})", path) from None
 

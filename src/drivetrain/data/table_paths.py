@@ -20,7 +20,7 @@ from typing import Any
 
 from drivetrain.data.errors import DataError
 from drivetrain.data.formats.schema import TABLES
-from drivetrain.safe_json import JSONLimitError, load
+from drivetrain.safeio.json_files import JSONLimitError, load
 
 __all__ = ["ANNOTATION_TABLES", "check_root", "check_table_paths", "path_problem"]
 
@@ -71,7 +71,7 @@ ANNOTATION_TABLES = ("sample_annotation", "instance")
 
 def check_root(root: str | Path, version: str, *, annotations: bool = True) -> Path:
     """Raise :class:`DataError` unless ``root/version`` holds every nuScenes table as valid JSON (nesting and
-    integers bounded: :mod:`drivetrain.safe_json`), whose file names (``sample_data`` and ``map``) stay inside
+    integers bounded: :mod:`drivetrain.safeio.json_files`), whose file names (``sample_data`` and ``map``) stay inside
     ``root`` (see :mod:`drivetrain.data.table_paths`).
 
     ``annotations=False`` lets the ``ANNOTATION_TABLES`` be absent (indexing a root without annotations; a metric

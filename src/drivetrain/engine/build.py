@@ -8,6 +8,22 @@ scalar annotations here — and
 returns an ``nn.Module`` following the model protocol (:class:`drivetrain.engine.protocol.Model`: ``forward(batch)``,
 ``loss(outputs, batch) -> {name: scalar}``) or a map-style ``Dataset``. A config never names code: a name the
 registry does not hold is a ConfigError before anything is imported or called.
+
+**Loss-term weights.** The weight of each loss term in a run: the model's declared weights, overridden by
+``model.loss_weights``.
+
+A model that declares ``loss_weights`` (:class:`~drivetrain.engine.protocol.WeightedLoss`) has them resolved once
+with the config's overrides, a name it does not declare being a one-line :class:`ConfigError` when the run is built.
+A model that declares none weighs its terms 1 unless the config names them; the config's names are then checked
+against the terms of the first step. Terms are named by base name: ``loss_cls`` also weighs ``d3.loss_cls``
+(:func:`~drivetrain.losses.term_weights.base_name`).
+
+**Solver warm-up.** The GPU assignment solver's kernels, compiled between training steps rather than inside one.
+
+A model that knows the number of queries its matchings solve (:class:`~drivetrain.engine.protocol.MatchedQueries`)
+has the solver compiled for them before the first step (:func:`warm_known_shapes`); a matching it cannot size in
+advance is solved by SciPy in the step that first meets it and compiled after that step
+(:func:`warm_met_shapes`). Each compilation is one line in the run's log; without the GPU backend nothing happens.
 """
 
 from __future__ import annotations
@@ -24,13 +40,24 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from drivetrain.detector.spec import keywords
 from drivetrain.engine import registry
 from drivetrain.engine.config import ConfigError, DataConfig, ModelConfig, OptimConfig, SpeedConfig
-from drivetrain.engine.protocol import MapDataset, missing_members
-from drivetrain.model_spec import keywords
-from drivetrain.safe_reads import human_bytes
+from drivetrain.engine.metrics import MetricsLogger
+from drivetrain.engine.protocol import MapDataset, MatchedQueries, WeightedLoss, missing_members
+from drivetrain.losses.term_weights import base_name, resolve_weights
+from drivetrain.match import warm_gpu_solver, warm_pending
+from drivetrain.safeio.reads import human_bytes
 
-__all__ = ["apply_speed", "build_dataset", "build_model", "build_optimizer"]
+__all__ = [
+    "TermWeights",
+    "apply_speed",
+    "build_dataset",
+    "build_model",
+    "build_optimizer",
+    "warm_known_shapes",
+    "warm_met_shapes",
+]
 
 
 def _call(section: str, name: str, args: dict[str, Any], command: dict[str, Any] | None = None) -> Any:
@@ -234,3 +261,67 @@ def apply_speed(model: nn.Module, cfg: SpeedConfig) -> nn.Module:
     torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
     torch.backends.cudnn.allow_tf32 = cfg.tf32
     return model
+
+
+class TermWeights:
+    """The weight of every loss term of ``model`` under the config's ``overrides`` (call it with a step's terms).
+
+    Args:
+        model: the run's model.
+        overrides: ``model.loss_weights``: base term name → weight.
+
+    Raises:
+        ConfigError: an override names a term the model's declared weights lack (one line naming it).
+    """
+
+    def __init__(self, model: Any, overrides: dict[str, float]) -> None:
+        self.overrides = overrides
+        self.declared: dict[str, float] | None = None
+        if isinstance(model, WeightedLoss):
+            try:
+                self.declared = resolve_weights(model.loss_weights, overrides)
+            except KeyError as err:
+                raise ConfigError(f"model.loss_weights.{err.args[0]}") from None
+
+    def __call__(self, terms: dict[str, torch.Tensor]) -> dict[str, float]:
+        """The weight of every term of ``terms`` (a step's loss terms, by name).
+
+        Raises:
+            ConfigError: for a model that declares no weights, an override naming none of the terms.
+        """
+        if self.declared is not None:
+            return self.declared
+        bases = {base_name(k) for k in terms}
+        unknown = sorted(set(self.overrides) - bases)
+        if unknown:
+            raise ConfigError(
+                f"model.loss_weights.{unknown[0]}: not a loss term of this model; its terms are {sorted(bases)}"
+            )
+        return {**dict.fromkeys(bases, 1.0), **self.overrides}
+
+
+def warm_known_shapes(model: torch.nn.Module, device: torch.device, log: MetricsLogger) -> None:
+    """Compile the solver for every query count ``model`` declares, before the first step.
+
+    Args:
+        model: the run's model (nothing happens unless it declares ``matched_queries``).
+        device: the training device.
+        log: the run's log (one line per warm-up that compiled something).
+    """
+    if isinstance(model, MatchedQueries):
+        for queries in model.matched_queries:
+            warm = warm_gpu_solver(queries, device=device)
+            if warm.shapes:
+                log.message(f"solver: {warm.describe()} before the first step")
+
+
+def warm_met_shapes(step: int, log: MetricsLogger) -> None:
+    """Compile the solver shapes that step ``step`` met uncompiled (and solved on the host).
+
+    Args:
+        step: the optimizer iteration just done.
+        log: the run's log (one line when something compiled).
+    """
+    warm = warm_pending()
+    if warm.shapes:
+        log.message(f"solver: {warm.describe()} after step {step}")

@@ -26,7 +26,7 @@ marked committed, and the committed checkpoints are those of before (one of the 
 writes twice, is renamed aside to ``.step-N.old-<pid>`` while the new one is written and put back if it fails).
 
 Loading uses ``torch.load(weights_only=True)`` after checking the marker's size and SHA-256, through
-:func:`~drivetrain.torch_files.load_torch_file`: ``state.pt`` must be a regular file (a FIFO there would
+:func:`~drivetrain.safeio.torch_files.load_torch_file`: ``state.pt`` must be a regular file (a FIFO there would
 block the load forever) and a zip archive whose members declare no more bytes than the file holds (what
 ``torch.save`` writes; a deflated member that would inflate to gigabytes is refused before a byte is inflated).
 A sharded checkpoint's files are checked the same way: each a regular file of the marker's size and SHA-256, the
@@ -68,7 +68,6 @@ from typing import Any
 
 import torch
 
-from drivetrain import safe_json
 from drivetrain.engine import dcp_files
 from drivetrain.engine.dcp_files import SHARDS, ShardError, Shards
 from drivetrain.engine.state import (
@@ -81,9 +80,10 @@ from drivetrain.engine.state import (
     Stateful,
     format_version,
 )
-from drivetrain.safe_files import LinkedFolderError, real_dir, remove_path
-from drivetrain.safe_reads import open_regular, read_text
-from drivetrain.torch_files import TorchFileError, check_archives, check_file, load_torch_file
+from drivetrain.safeio import json_files
+from drivetrain.safeio.files import LinkedFolderError, real_dir, remove_path
+from drivetrain.safeio.reads import open_regular, read_text
+from drivetrain.safeio.torch_files import TorchFileError, check_archives, check_file, load_torch_file
 
 __all__ = [
     "DENIED",
@@ -667,7 +667,7 @@ class Checkpointer:
 
     def _check_root(self, folder: str = "", *, create: bool = False) -> Path:
         """``root`` (or ``root/folder``), checked to be real folders before a save, a prune or a move writes or
-        deletes there (:func:`~drivetrain.safe_files.real_dir`; made when missing with ``create`` or ``folder``).
+        deletes there (:func:`~drivetrain.safeio.files.real_dir`; made when missing with ``create`` or ``folder``).
 
         Raises:
             CheckpointError: one of them is a link (a run's ``checkpoints`` linked to another run's would make
@@ -733,7 +733,7 @@ class Checkpointer:
                 )
             raise CheckpointError(f"{path}: no {MARKER} marker (the save did not finish)")
         try:
-            marker = safe_json.loads(read_text(marker_path, limit=MAX_MARKER_BYTES, what="a marker may hold"))
+            marker = json_files.loads(read_text(marker_path, limit=MAX_MARKER_BYTES, what="a marker may hold"))
         except (OSError, ValueError) as err:  # ValueError includes undecodable bytes
             reason = err.strerror if isinstance(err, OSError) and err.strerror else err
             raise CheckpointError(f"{path}: unreadable {MARKER} marker ({reason})") from None

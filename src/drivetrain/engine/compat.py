@@ -34,7 +34,7 @@ Rules (old form → what it maps to):
    :func:`drivetrain.engine.resume.resume_run`, which lets the component load ``None``.
 
 The saved config is upgraded wherever a checkpoint's config is read: the resume check against the run's config
-(:mod:`drivetrain.engine.resume`) and ``drivetrain eval --checkpoint`` (:mod:`drivetrain.engine.evaluation`).
+(:mod:`drivetrain.engine.resume`) and ``drivetrain eval --checkpoint`` (:mod:`drivetrain.engine.eval_run`).
 
 Four older forms are read beside the code that reads the current form, not here (besides rule 4's):
 
@@ -46,7 +46,7 @@ Four older forms are read beside the code that reads the current form, not here 
   their new place (:func:`drivetrain.engine.registry.check_args` with ``ModelSpec.moved_args``,
   ``moved_augment_key`` of :mod:`drivetrain.pipeline.augment.stage`);
 - a run directory of a drivetrain from before the run marker → refused in one line saying how to adopt it
-  (:func:`drivetrain.engine.rundir.check_run_dir`).
+  (:func:`drivetrain.engine.resume.check_run_dir`).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from typing import Any
 
 from torch import nn
 
-from drivetrain.engine.errors import ConfigError
+from drivetrain.engine.typed import ConfigError
 
 __all__ = ["drop_own_augmentation_generator", "refuse_own_augmentation_generator", "upgrade_saved_config"]
 

@@ -25,9 +25,13 @@ from typing import Any, Literal
 
 import yaml
 
-from drivetrain.engine.errors import ConfigError  # re-exported: defined below the registry
 from drivetrain.engine.init_from import InitFrom
-from drivetrain.engine.typed import DataclassInstance, _join, from_dict  # from_dict re-exported
+from drivetrain.engine.typed import (  # from_dict re-exported
+    ConfigError,  # re-exported: defined below the registry
+    DataclassInstance,
+    _join,
+    from_dict,
+)
 from drivetrain.pipeline.augment.stage import AugmentConfig
 
 __all__ = [

@@ -46,9 +46,9 @@ from typing import Any
 
 import yaml
 
-from drivetrain.engine.errors import ConfigError
-from drivetrain.safe_reads import read_text
-from drivetrain.safe_yaml import (
+from drivetrain.engine.typed import ConfigError
+from drivetrain.safeio.reads import read_text
+from drivetrain.safeio.yaml_files import (
     MAX_YAML_DEPTH,
     MAX_YAML_NODES,
     BoundedSafeLoader,

@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
-from drivetrain import safe_json
-from drivetrain.safe_reads import read_text
+from drivetrain.safeio import json_files
+from drivetrain.safeio.reads import read_text
 
 __all__ = [
     "INDEX",
@@ -310,7 +310,7 @@ def _json_reader_class() -> type:
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
             path = Path(self.path) / INDEX
             try:
-                data = safe_json.loads(read_text(path, limit=MAX_INDEX_BYTES, what="a shard index may hold"))
+                data = json_files.loads(read_text(path, limit=MAX_INDEX_BYTES, what="a shard index may hold"))
             except (OSError, ValueError) as err:
                 reason = err.strerror if isinstance(err, OSError) and err.strerror else err
                 raise ShardError(f"{path}: unreadable shard index ({reason})") from None

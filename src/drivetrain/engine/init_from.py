@@ -3,12 +3,12 @@
 A source is read as data, never as code: ``torch.load(..., weights_only=True)`` only, so a file holding pickled
 Python objects is refused (one line naming the file and the object), as is anything that is not a mapping of
 names to tensors. The file must be a regular one (a FIFO would block the load), and a zip archive's members may
-not declare more bytes than the file holds (:mod:`~drivetrain.torch_files`). Sources:
+not declare more bytes than the file holds (:mod:`~drivetrain.safeio.torch_files`). Sources:
 
 * ``drivetrain``: a run directory (its newest committed checkpoint that loads), a checkpoint directory
   ``checkpoints/step-N`` or its ``state.pt`` (marker and checksum verified by :class:`~.checkpoint.Checkpointer`),
   or a bare state dict in our names; any of our models;
-* the originals' formats each model's spec declares (:class:`drivetrain.model_spec.WeightFormat`, read through
+* the originals' formats each model's spec declares (:class:`drivetrain.detector.spec.WeightFormat`, read through
   :func:`drivetrain.engine.registry.weight_formats`; the list is in docs/engine.md): our
   camera detector reads a torchvision ResNet-50 state dict and its original repository's checkpoints, our lidar
   detectors mmdetection3d's.
@@ -42,11 +42,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from drivetrain.detector.keymap import map_drivetrain
 from drivetrain.engine.checkpoint import MARKER, STATE_FILE, Checkpointer, CheckpointError
-from drivetrain.engine.errors import ConfigError
 from drivetrain.engine.registry import weight_formats
-from drivetrain.keymap import map_drivetrain
-from drivetrain.torch_files import TorchFileError, load_torch_file
+from drivetrain.engine.typed import ConfigError
+from drivetrain.safeio.torch_files import TorchFileError, load_torch_file
 
 __all__ = [
     "InitFrom",

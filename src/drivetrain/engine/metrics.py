@@ -34,9 +34,9 @@ from typing import Any
 
 import torch
 
-from drivetrain import safe_json
 from drivetrain.engine.checkpoint import write_reason
-from drivetrain.safe_files import no_follow, replace_text
+from drivetrain.safeio import json_files
+from drivetrain.safeio.files import no_follow, replace_text
 
 __all__ = ["MetricsLogger", "RunWriteError", "peak_memory_mb", "truncate_metrics"]
 
@@ -83,8 +83,8 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     kept = []
     for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
         try:
-            record = safe_json.loads(line, source=path, line=number)
-        except safe_json.JSONLimitError as err:  # no run of ours writes that: not a record, dropped and said so
+            record = json_files.loads(line, source=path, line=number)
+        except json_files.JSONLimitError as err:  # no run of ours writes that: not a record, dropped and said so
             warnings.warn(f"{err}; dropping that line", RuntimeWarning, stacklevel=2)
             continue
         except ValueError:  # a line cut short by the kill

@@ -4,7 +4,7 @@ Configs, run directories and checkpoints come from other people, so a name in th
 here and nothing else. Three sources fill the registry, all chosen by whoever installs or types, never by a file:
 
 1. drivetrain's own (:data:`MODELS`, :data:`DATASETS`): a fixed table of short names, each bound to one of our
-   modules — a model to its folder's spec (:class:`~drivetrain.model_spec.ModelSpec`), a dataset to its builder —,
+   modules — a model to its folder's spec (:class:`~drivetrain.detector.spec.ModelSpec`), a dataset to its builder —,
    imported only when that name is used;
 2. installed packages' entry points in the groups ``drivetrain.models`` and ``drivetrain.datasets`` (their names
    are read from the installed metadata without importing anything; an entry point is loaded only when its name
@@ -28,7 +28,7 @@ arguments.
 Example (a plugin module the user passes as ``drivetrain train --plugin mypkg.detectors ...``)::
 
     from drivetrain.engine.registry import register_model
-    from drivetrain.model_spec import ModelSpec
+    from drivetrain.detector.spec import ModelSpec
 
     register_model(ModelSpec("mydet", build=MyDetector, args=MyDetectorArgs, modalities=frozenset({"lidar"})))
 """
@@ -42,9 +42,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from drivetrain.engine.errors import ConfigError
-from drivetrain.engine.typed import from_dict
-from drivetrain.model_spec import MODALITIES, ModelSpec, WeightFormat
+from drivetrain.detector.spec import MODALITIES, ModelSpec, WeightFormat
+from drivetrain.engine.typed import ConfigError, from_dict
 
 __all__ = [
     "ALIASES",
@@ -66,7 +65,7 @@ __all__ = [
 GROUPS = {"model": "drivetrain.models", "data": "drivetrain.datasets"}
 
 # Our own models and datasets: short name → (module, attribute, one-line purpose), imported only when the name is
-# used. A model's attribute is its spec (drivetrain.model_spec.ModelSpec, in models/<name>/spec.py): one line here
+# used. A model's attribute is its spec (drivetrain.detector.spec.ModelSpec, in models/<name>/spec.py): one line here
 # per detector.
 MODELS: dict[str, tuple[str, str, str]] = {
     "smoke": ("drivetrain.engine.smoke", "SMOKE_SPEC", "a two-layer MLP on generated tensors (engine tests)"),
@@ -212,7 +211,7 @@ def check_args(kind: str, name: str, args: Any) -> Any:
 
 
 def model_spec(name: str) -> ModelSpec:
-    """The :class:`~drivetrain.model_spec.ModelSpec` of model ``name``; ConfigError naming ``model.name`` and the
+    """The :class:`~drivetrain.detector.spec.ModelSpec` of model ``name``; ConfigError naming ``model.name`` and the
     known names otherwise. Nothing is imported unless ``name`` is in the registry."""
     if not isinstance(name, str):
         raise ConfigError(f"model.name: expected a registered name, got {type(name).__name__}")
@@ -327,7 +326,7 @@ def _register(kind: str, name: str, builder: Callable[..., Any] | None, summary:
 def register_model(
     name: str | ModelSpec, builder: Callable[..., Any] | None = None, *, summary: str = ""
 ) -> Callable[..., Any] | ModelSpec:
-    """Register a model as ``model.name``: its :class:`~drivetrain.model_spec.ModelSpec` (typed ``model.args``,
+    """Register a model as ``model.name``: its :class:`~drivetrain.detector.spec.ModelSpec` (typed ``model.args``,
     modalities, weight formats), or a bare builder (an ``nn.Module`` class or a function returning one).
 
     Use as ``register_model(SPEC)``, ``register_model("mydet", MyDetector)`` or as a decorator

@@ -1,7 +1,9 @@
-"""Continuing a run: the checkpoint ``--resume`` names, checked against this run before anything is restored.
+"""Starting a run: its folder (marker, lock), what it resumes, and the ranks agreeing on both.
+
+**Resume.** The checkpoint ``--resume`` names, checked against this run before anything is restored.
 
 Two steps, so that the ranks of a process group can agree on the checkpoint in between
-(:mod:`drivetrain.engine.agreement`). :func:`find_resume`, every rank alone and before any collective: ``--resume
+(:mod:`drivetrain.engine.distributed`). :func:`find_resume`, every rank alone and before any collective: ``--resume
 auto`` takes the run's newest committed checkpoint that loads (none: the run starts from step 0, saying why when
 corrupt ones were skipped); ``--resume DIR`` takes that checkpoint directory (or its ``state.pt``); each of these is
 one :class:`ConfigError` line: another format version, a config that differs from the saved one (read in today's
@@ -38,16 +40,87 @@ only under DeepSpeed; a checkpoint of a drivetrain before elastic resume continu
 
 After a resume, :func:`set_aside_unusable` moves corrupt checkpoints and those of an abandoned continuation aside, so
 that a later ``--resume auto`` cannot pick them over this run's progress.
+
+**Run directories.** drivetrain writes only into its own, one training process at a time.
+
+**Marker.** A run directory is recognised by ``<run.out_dir>/.drivetrain-run``, a small JSON document
+``{"format": "drivetrain-run", "version": 1, "drivetrain": "<version>", "created": "<UTC time>"}`` that the trainer
+writes (atomically) as soon as it holds the directory's lock. :func:`check_run_dir` runs before anything is
+written: a ``run.out_dir`` that is missing or empty becomes a run; one that holds the marker is a run; any other
+existing folder is refused with one :class:`ConfigError` line naming it, so that training never writes
+``config.yaml``, ``metrics.jsonl`` or checkpoints among someone else's files. A run of a drivetrain older than
+the marker (``config.yaml`` and committed checkpoints, no marker) is refused too, with the way to adopt it:
+create an empty ``.drivetrain-run`` (``touch DIR/.drivetrain-run``); the next run there writes the full marker.
+
+**Folders.** The folders a run writes into and deletes from — ``checkpoints`` (with ``corrupt`` and
+``superseded``), ``eval``, ``tensorboard`` — must be real folders of the run: :func:`check_run_dir` refuses one that
+is a symbolic link (one ConfigError line naming it) before anything is written, so that a run whose
+``checkpoints`` links to another run's never prunes, moves or overwrites that run's checkpoints. The run
+directory itself may be a link (to a larger disk): the user named it. A file of the run that is a link
+(``config.yaml``, ``metrics.jsonl``, the lock, the marker) is replaced by the run's own file, its target kept
+(:mod:`drivetrain.safeio.files`).
+
+**Lock.** One training process per run directory: an advisory lock on ``<run.out_dir>/.drivetrain.lock``.
+
+Two ``drivetrain train`` processes writing the same run directory would interleave metrics lines and
+checkpoints. Rank 0 takes an exclusive ``flock`` on the lock file when the trainer is built and keeps it
+until the run ends; a second process gets a :class:`ConfigError` naming the PID and host that hold it. The
+kernel drops the lock when its holder dies (``kill -9`` included), so a stale lock file never blocks a resume.
+Within one process a run directory can be locked again (an interactive session building a second trainer
+for the same run while the first is still referenced).
+
+**Agreement.** Ranks agree, or nobody commits: at start every rank proves it sees rank 0's run folder and
+resumed the same state.
+
+Every rank decides alone what it starts from — rank 0 checks the run folder, every rank finds the checkpoint
+``--resume`` names in its own view of ``run.out_dir`` — and a rank whose folder is not rank 0's (each node with a
+folder of its own at that path) or holds a stale copy would train from another state, diverge without a word and
+commit checkpoints of the mix. So before the first collective of the run and before anything is written into the
+run folder, :func:`agree_on_start` compares what every rank saw:
+
+1. **The folder.** Rank 0 creates a token file ``.drivetrain-start-<random hex>`` in its ``run.out_dir`` (and the
+   folder, when it is new) and sends its name to every rank (one broadcast); each rank looks for it in its own
+   ``run.out_dir`` (for up to :data:`SEE_WAIT_S`: a network file system may show a new file late).
+2. **One gather** of every rank's view: whether it sees the token, the ConfigError line it met while starting (if
+   any), the checkpoint it resumed (its directory name and :meth:`~drivetrain.engine.checkpoint.Checkpointer.identity`,
+   the digest of its ``COMMITTED`` marker, which records the state's size and SHA-256) and the digest of its config
+   (without the :data:`NODE_LOCAL` keys, such as ``data.num_workers``, that a node may set for itself).
+
+Rank 0 then removes the token (and the folder it created for it, when the start stops; a token that a start killed
+in between leaves behind does not make a new folder "not empty": :func:`~drivetrain.engine.resume.check_run_dir`).
+Any difference is one :class:`RanksDisagree` line (a :class:`~drivetrain.engine.config.ConfigError`: ``drivetrain
+train`` exits with status 2), the same on every rank, naming the first cause in this order: a rank that does not see
+rank 0's folder, a rank that could not start (its own line; a line every rank met is given as is), ranks that resumed
+different checkpoints (a node with a stale or unshared copy of ``checkpoints/``), ranks with different configs. Every
+rank leaves at the same point, so none is left waiting in a collective, and nothing of the run was written.
+
+The check costs a broadcast, a gather and a file made and removed; a rank that does not see the token waits
+:data:`SEE_WAIT_S` before it says so.
+
+A process alone (no process group, or a group of one) skips all of it: its start errors are raised as they come.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
 import math
+import os
+import secrets
+import socket
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+import yaml
+
+import drivetrain
 from drivetrain.engine.checkpoint import (
     CORRUPT,
     SUPERSEDED,
@@ -57,13 +130,40 @@ from drivetrain.engine.checkpoint import (
     check_components,
     check_format,
     checkpoint_dir,
+    no_room,
 )
 from drivetrain.engine.compat import refuse_own_augmentation_generator, upgrade_saved_config
 from drivetrain.engine.config import ConfigError, TrainConfig, config_diff, config_to_dict
+from drivetrain.engine.distributed import DistContext
 from drivetrain.engine.schedule import lr_factor
 from drivetrain.engine.state import Stateful, TrainState
+from drivetrain.safeio import json_files
+from drivetrain.safeio.files import LinkedFolderError, open_output, real_dir, replace_text
+from drivetrain.safeio.reads import read_text
 
-__all__ = ["ELASTIC_KEYS", "Found", "check_elastic", "find_resume", "restore_found", "set_aside_unusable"]
+__all__ = [
+    "ELASTIC_KEYS",
+    "LOCK_FILE",
+    "NODE_LOCAL",
+    "RUN_FOLDERS",
+    "RUN_FORMAT",
+    "RUN_MARKER",
+    "SEE_WAIT_S",
+    "START_TOKEN",
+    "Found",
+    "RanksDisagree",
+    "RunDirLock",
+    "agree_on_start",
+    "check_elastic",
+    "check_run_dir",
+    "check_run_folders",
+    "disagreement",
+    "find_resume",
+    "prepare_run_dir",
+    "restore_found",
+    "set_aside_unusable",
+    "write_run_marker",
+]
 
 # Config keys a resume may change when the global batch is kept (check_elastic), beside the distributed.* keys of
 # the torch-native strategies: how the global batch is split does not change what is learned (up to rounding).
@@ -329,3 +429,371 @@ def set_aside_unusable(checkpointer: Checkpointer, step: int, continued: bool) -
                 CheckpointWarning,
                 stacklevel=2,
             )
+
+
+LOCK_FILE = ".drivetrain.lock"
+# Rank 0's proof that every rank sees its run folder, made and removed at start (drivetrain.engine.distributed);
+# a start killed in between leaves one, which a new or empty folder may hold.
+START_TOKEN = ".drivetrain-start-"
+RUN_MARKER = ".drivetrain-run"
+RUN_FORMAT = "drivetrain-run"
+RUN_VERSION = 1
+# The folders of a run that training writes into or deletes from (checked not to be links by check_run_dir).
+RUN_FOLDERS = ("checkpoints", "checkpoints/corrupt", "checkpoints/superseded", "eval", "tensorboard")
+_HELD: dict[Path, IO[str]] = {}  # run directories this process holds, by their lock file's path (resolved folder)
+
+
+@atexit.register
+def _release_all() -> None:  # trainers built but never fitted or closed (the kernel would drop the locks anyway)
+    while _HELD:
+        _HELD.popitem()[1].close()
+
+
+def prepare_run_dir(out_dir: Path) -> Path:
+    """Create ``out_dir`` if needed and check it is a writable folder; one-line ConfigError otherwise."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError(f"run.out_dir: {out_dir} exists and is not a folder") from None
+    except OSError as err:
+        raise ConfigError(f"run.out_dir: cannot create {out_dir} ({err.strerror})") from None
+    if not out_dir.is_dir():
+        raise ConfigError(f"run.out_dir: {out_dir} is not a folder")
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise ConfigError(f"run.out_dir: {out_dir} is not writable")
+    return out_dir
+
+
+def check_run_dir(out_dir: Path) -> None:
+    """ConfigError (one line, naming the folder) unless ``out_dir`` may be written by a run: it is missing, empty,
+    or a drivetrain run (its marker) whose :data:`RUN_FOLDERS` are real folders. Reads only; see the module
+    docstring."""
+    out_dir = Path(out_dir)
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise ConfigError(f"run.out_dir: {out_dir} exists and is not a folder")
+    marker = out_dir / RUN_MARKER
+    if marker.exists() or marker.is_symlink():
+        _read_marker(marker)
+        check_run_folders(out_dir)
+        return
+    try:
+        entries = [p for p in out_dir.iterdir() if p.name != LOCK_FILE and not p.name.startswith(START_TOKEN)]
+    except OSError as err:
+        raise ConfigError(f"run.out_dir: cannot list {out_dir} ({err.strerror})") from None
+    if not entries:
+        return
+    if (out_dir / "config.yaml").is_file() and any((out_dir / "checkpoints").glob("step-*/COMMITTED")):
+        raise ConfigError(
+            f"run.out_dir: {out_dir} holds a run of an older drivetrain (config.yaml and checkpoints, no {RUN_MARKER} "
+            f"marker); if it is yours, adopt it with `touch {marker}` and run again, or choose another run.out_dir"
+        )
+    raise ConfigError(
+        f"run.out_dir: {out_dir} is not empty and is not a drivetrain run (no {RUN_MARKER}); choose a new or empty "
+        "folder"
+    )
+
+
+def check_run_folders(out_dir: Path) -> None:
+    """ConfigError (one line naming it) when one of the run's :data:`RUN_FOLDERS` is a symbolic link or a file."""
+    for name in RUN_FOLDERS:
+        try:
+            real_dir(out_dir / name, base=out_dir)
+        except (LinkedFolderError, NotADirectoryError) as err:
+            raise ConfigError(f"run.out_dir: {err.filename} is {err.strerror}") from None
+
+
+def _read_marker(marker: Path) -> dict[str, Any] | None:
+    """The marker's content; None for an empty marker (a run adopted with ``touch``); ConfigError if not ours."""
+    try:
+        text = read_text(marker, limit=1 << 16)  # a regular file (a FIFO would block) of at most 64 KiB
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) else "not text"
+        raise ConfigError(f"run.out_dir: {marker} is not a drivetrain run marker ({reason})") from None
+    if not text.strip():
+        return None
+    try:
+        content = json_files.loads(text)  # nesting bounded: a deep one is "not a marker", not a RecursionError
+    except ValueError:
+        content = None
+    if not isinstance(content, dict) or content.get("format") != RUN_FORMAT:
+        raise ConfigError(
+            f"run.out_dir: {marker} is not a drivetrain run marker (expected JSON with format {RUN_FORMAT!r}); not "
+            f"writing into {marker.parent}"
+        )
+    return content
+
+
+def write_run_marker(out_dir: Path) -> Path:
+    """Write ``out_dir``'s marker (atomically) unless it is there already; returns its path.
+
+    An empty marker (a run adopted with ``touch``) is replaced by the full one. Call after :func:`check_run_dir`
+    and with the directory's lock held.
+    """
+    marker = Path(out_dir) / RUN_MARKER
+    if (marker.exists() or marker.is_symlink()) and _read_marker(marker) is not None:
+        return marker
+    content = {
+        "format": RUN_FORMAT,
+        "version": RUN_VERSION,
+        "drivetrain": drivetrain.__version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    try:
+        return replace_text(marker, json.dumps(content, indent=1) + "\n")
+    except OSError as err:
+        if no_room(err) is not None:  # a full disk is not the config's fault: the caller's write-failure line
+            raise
+        raise ConfigError(f"run.out_dir: cannot write {marker} ({err.strerror})") from None
+
+
+def _same_file(f: IO[str], path: Path) -> bool:
+    """Whether the open file ``f`` is (still) the file at ``path``."""
+    try:
+        return os.path.samestat(os.fstat(f.fileno()), os.stat(path, follow_symlinks=False))
+    except FileNotFoundError:
+        return False
+
+
+class RunDirLock:
+    """The exclusive lock of one run directory (take it with :meth:`acquire`, give it back with :meth:`release`)."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.path = prepare_run_dir(Path(out_dir)) / LOCK_FILE
+        self.key = self.path.parent.resolve() / LOCK_FILE  # the run directory's, not a link's target
+
+    def acquire(self) -> None:
+        """Take the lock (no-op if this process holds it); ConfigError naming the holder if another does."""
+        if self.key in _HELD:
+            return
+        try:  # a link at the name is replaced: writing our pid through it would overwrite the link's target
+            f = open_output(self.path, "a+")  # held open for the life of the run
+        except OSError as err:
+            if no_room(err) is not None:  # as for the marker: a write failure, named by the caller
+                raise
+            raise ConfigError(f"run.out_dir: cannot write {self.path} ({err.strerror})") from None
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            f.close()
+            if err.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise ConfigError(
+                    f"run.out_dir: {self.path.parent} is in use by another training process ({holder}); "
+                    "wait for it to finish, stop it, or choose another run.out_dir"
+                ) from None
+            raise ConfigError(f"run.out_dir: cannot lock {self.path} ({err.strerror})") from None
+        if not _same_file(f, self.path):  # deleted or replaced between open and lock: lock the file there now
+            f.close()
+            return self.acquire()
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        f.flush()
+        _HELD[self.key] = f
+
+    def verify(self) -> None:
+        """Check that the lock file at the path is still the one this process holds (call before writing).
+
+        Someone deleting ``.drivetrain.lock`` mid-run would let a second trainer lock a new file there. The holder
+        notices at its next check: it takes the lock on the file now at the path (with a warning) — or, when
+        another process already holds that one, raises ConfigError naming it, so that only one writes on.
+        """
+        f = _HELD.get(self.key)
+        if f is None or _same_file(f, self.path):
+            return
+        del _HELD[self.key]
+        f.close()
+        warnings.warn(
+            f"{self.path} was deleted or replaced while this run held it; locking the run directory again",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        self.acquire()
+
+    def release(self) -> None:
+        """Give the lock back (no-op if this process does not hold it)."""
+        f = _HELD.pop(self.key, None)
+        if f is not None:
+            f.close()  # closing the file drops the flock
+
+
+# Keys a node may set for itself (they change neither what is learned nor when the ranks meet in a collective).
+NODE_LOCAL = ("run.threads", "data.num_workers", "data.pin_memory", "data.persistent_workers", "data.prefetch_factor")
+# How long a rank looks for rank 0's token before it counts as unseen (a shared file system may show it late).
+SEE_WAIT_S = 2.0
+
+
+class RanksDisagree(ConfigError):
+    """The ranks of a run did not start from the same run folder, checkpoint and config (one line, every rank)."""
+
+
+def agree_on_start(
+    ctx: DistContext, out_dir: Path, cfg: TrainConfig, resumed: Path | None, error: ConfigError | None
+) -> None:
+    """Check, on every rank of the group at once, that every rank starts from the same run folder and state.
+
+    Collective (a broadcast and one gather): every rank calls it once, before the run's first other collective
+    and before anything is written into ``out_dir`` (the module docstring says what is compared).
+
+    Args:
+        ctx: this process's place in the group.
+        out_dir: the run folder, as this rank sees it (``run.out_dir``).
+        cfg: this rank's configuration (compared by digest).
+        resumed: the checkpoint directory this rank resumes; None when it starts from step 0.
+        error: the ConfigError this rank met while deciding what to start from (it took part all the same).
+
+    Raises:
+        ConfigError: ``error`` itself, in a process alone.
+        RanksDisagree: any difference between the ranks, or any rank's ``error`` (the same line on every rank).
+    """
+    if not ctx.initialized or ctx.world_size == 1:
+        if error is not None:
+            raise error
+        return
+    created: list[Path] = []
+    token: Path | None = None
+    if ctx.is_main and error is None:  # a folder rank 0 refused gets nothing written into it
+        try:
+            token, created = _write_token(out_dir)
+        except OSError as err:
+            error = ConfigError(f"run.out_dir: cannot write into {out_dir} ({err.strerror or err})")
+    try:
+        name = ctx.broadcast_from_main(None if token is None else token.name)
+        views = ctx.gather_to_main(_view(ctx, out_dir, cfg, resumed, error, name))
+    finally:
+        if token is not None:  # every rank has looked (or the group is gone): the token goes either way
+            with contextlib.suppress(OSError):
+                token.unlink()
+    line = disagreement(views, str(out_dir))
+    if line is not None:
+        _remove_folders(created)  # made for the token only: the run does not start
+        raise RanksDisagree(line)
+
+
+def disagreement(views: list[dict[str, Any]], out_dir: str) -> str | None:
+    """The line that says why the ranks' ``views`` (in rank order, as :func:`agree_on_start` gathers them)
+    disagree, or None when every rank may start; causes in the module docstring's order."""
+    main = views[0]
+    if main["error"] is None:
+        for view in views[1:]:
+            if not view["sees_folder"]:
+                return (
+                    f"run.out_dir: {_who(view)} does not see the run folder run.out_dir={out_dir} that {_who(main)} "
+                    f"writes ({main['folder']} on rank 0, {view['folder']} on rank {view['rank']}): each node has a "
+                    "folder of its own there; run.out_dir must be one folder shared by every node; nothing was written"
+                )
+    failed = [view for view in views if view["error"] is not None]
+    if failed:
+        if len(failed) == len(views) and len({view["error"] for view in views}) == 1:
+            return failed[0]["error"]
+        return f"{_who(failed[0])}: {failed[0]['error']}"
+    resumed = _groups(views, "resumed")
+    if len(resumed) > 1:
+        ckpts = "; ".join(f"{_ranks(group)}: {_checkpoint(group[0]['resumed'])}" for group in resumed)
+        return (
+            f"--resume: the ranks resumed different checkpoints ({ckpts}); a node has a stale or unshared copy of "
+            "them: run.out_dir (and a --resume DIR) must be one folder shared by every node; nothing was written"
+        )
+    configs = _groups(views, "config")
+    if len(configs) > 1:
+        return (
+            f"the ranks run different configs ({'; '.join(_ranks(group) for group in configs)}, one config each); "
+            "every node must run the same command with the same config files; nothing was written"
+        )
+    return None
+
+
+def _view(
+    ctx: DistContext, out_dir: Path, cfg: TrainConfig, resumed: Path | None, error: ConfigError | None,
+    token: str | None,
+) -> dict[str, Any]:  # fmt: skip
+    """What this rank saw (``token``: the name of rank 0's token, None when it wrote none), as plain values."""
+    identity = None
+    if resumed is not None and error is None:
+        try:
+            identity = (resumed.name, Checkpointer.identity(resumed))
+        except CheckpointError as err:  # its marker went away after the load: this rank cannot start
+            error = ConfigError(f"--resume: {err}")
+    return {
+        "rank": ctx.rank,
+        "host": socket.gethostname(),
+        "folder": str(Path(os.path.abspath(out_dir))),
+        "sees_folder": ctx.is_main or (token is not None and _sees(out_dir / token)),
+        "error": None if error is None else str(error),
+        "resumed": identity,
+        "config": _config_digest(cfg),
+    }
+
+
+def _config_digest(cfg: TrainConfig) -> str:
+    """SHA-256 of ``cfg`` without its :data:`NODE_LOCAL` keys."""
+    data = config_to_dict(cfg)
+    for key in NODE_LOCAL:
+        section, name = key.split(".")
+        data.get(section, {}).pop(name, None)
+    return hashlib.sha256(yaml.safe_dump(data, sort_keys=True).encode()).hexdigest()
+
+
+def _sees(token: Path) -> bool:
+    """Whether ``token`` is (or shows up within :data:`SEE_WAIT_S`) a file in this rank's view."""
+    deadline = time.monotonic() + SEE_WAIT_S
+    while not token.is_file():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _write_token(out_dir: Path) -> tuple[Path, list[Path]]:
+    """Create ``out_dir`` (as needed) and a new token file in it; returns the token and the folders created
+    (innermost last). Raises OSError (what was made is removed)."""
+    created = []
+    folder = Path(out_dir)
+    while not folder.exists() and not folder.is_symlink() and folder != folder.parent:
+        created.append(folder)
+        folder = folder.parent
+    created.reverse()
+    try:
+        for folder in created:
+            folder.mkdir()
+        token = Path(out_dir) / f"{START_TOKEN}{secrets.token_hex(8)}"
+        with open(token, "x") as f:  # a new name: never anyone else's file
+            f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    except OSError:
+        _remove_folders(created)
+        raise
+    return token, created
+
+
+def _remove_folders(created: list[Path]) -> None:
+    """Delete the folders :func:`_write_token` made (innermost first), each only while it is empty."""
+    for folder in reversed(created):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def _groups(views: list[dict[str, Any]], key: str) -> list[list[dict[str, Any]]]:
+    """``views`` grouped by ``view[key]``, in order of each group's lowest rank."""
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for view in views:
+        groups.setdefault(view[key], []).append(view)
+    return list(groups.values())
+
+
+def _who(view: dict[str, Any]) -> str:
+    return f"rank {view['rank']} (host {view['host']})"
+
+
+def _ranks(group: list[dict[str, Any]]) -> str:
+    more = len(group) - 1
+    return _who(group[0]) + (f" and {more} more rank{'s' if more > 1 else ''}" if more else "")
+
+
+def _checkpoint(identity: tuple[str, str] | None) -> str:
+    if identity is None:
+        return "none (step 0)"
+    name, digest = identity
+    return f"{name} (COMMITTED digest {digest[:12]})"

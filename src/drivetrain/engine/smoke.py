@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from drivetrain.model_spec import ModelSpec
+from drivetrain.detector.spec import ModelSpec
 from drivetrain.seeding import mix_seed
 
 __all__ = ["SmokeDataset", "SmokeModel"]

@@ -8,7 +8,7 @@ state under its name, beside the :data:`METADATA` the trainer checks before rest
 ``world_size``, ``config``, ``versions``). :class:`~drivetrain.engine.checkpoint.Checkpointer` iterates the mapping
 on save and restore; a checkpoint missing a component of the mapping, or holding one the mapping lacks, is refused
 in one line naming it.
-This module imports only :mod:`drivetrain.engine.rng` and :mod:`drivetrain.seeding` of drivetrain's, so the
+This module imports only :mod:`drivetrain.engine.state` and :mod:`drivetrain.seeding` of drivetrain's, so the
 checkpointer can import it.
 
 Format versions (:data:`FORMAT_VERSION` is the one this drivetrain writes and reads):
@@ -24,17 +24,26 @@ A checkpoint of another version is refused in one line naming its version and th
 
 The protocol is that of ``torch.distributed.checkpoint.stateful.Stateful`` (anything that satisfies one satisfies
 the other); it is declared here because importing that package costs seconds at every start of the command line.
+
+**RNG state.** The RNG states of Python, NumPy and torch (CPU and CUDA) as plain data that
+``torch.load(weights_only=True)`` accepts.
+
+Example:
+    >>> state = capture_rng()
+    >>> a = torch.rand(2); restore_rng(state); torch.equal(a, torch.rand(2))
+    True
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
-from drivetrain.engine.rng import capture_rng, restore_rng, seed_all
 from drivetrain.seeding import mix_seed
 
 __all__ = [
@@ -51,7 +60,10 @@ __all__ = [
     "StrategyState",
     "StreamState",
     "TrainState",
+    "capture_rng",
     "format_version",
+    "restore_rng",
+    "seed_all",
 ]
 
 FORMAT_VERSION = 2
@@ -272,7 +284,7 @@ class RngState:
         self.ctx, self.seed, self.train = ctx, seed, train
 
     def state_dict(self) -> list[dict[str, Any]]:
-        """Every rank's :func:`~drivetrain.engine.rng.capture_rng`, in rank order."""
+        """Every rank's :func:`~drivetrain.engine.state.capture_rng`, in rank order."""
         return self.ctx.gather_to_main(capture_rng())
 
     def load_state_dict(self, state_dict: list[dict[str, Any]]) -> None:
@@ -344,3 +356,41 @@ class FixedState:
     def load_state_dict(self, state_dict: Any) -> None:
         """Replace the state."""
         self.state = state_dict
+
+
+def seed_all(seed: int) -> None:
+    """Seed Python's ``random``, NumPy's global RNG and torch (CPU and every CUDA device)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def capture_rng() -> dict[str, Any]:
+    """This process's RNG states: tensors, ints and floats only (no pickled objects)."""
+    version, py_state, gauss = random.getstate()
+    kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": {"version": version, "state": torch.tensor(py_state, dtype=torch.int64), "gauss": gauss},
+        "numpy": {
+            "kind": str(kind),
+            "keys": torch.from_numpy(np_keys.astype(np.int64)),
+            "pos": int(np_pos),
+            "has_gauss": int(np_has_gauss),
+            "gauss": float(np_gauss),
+        },
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Restore what :func:`capture_rng` returned."""
+    py = state["python"]
+    random.setstate((py["version"], tuple(int(x) for x in py["state"].tolist()), py["gauss"]))
+    npy = state["numpy"]
+    keys = npy["keys"].numpy().astype(np.uint32)
+    np.random.set_state((npy["kind"], keys, npy["pos"], npy["has_gauss"], npy["gauss"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -13,10 +13,10 @@ rank's RNG states — with the world size, the config and versions (:mod:`drivet
 restores every component in that order (RNG last, after the data pipeline is built) and continues bit-for-bit
 (:mod:`drivetrain.engine.resume`).
 
-The parts the loop calls live beside it: the batches (:mod:`~drivetrain.engine.train_batches`), the loss-term
-weights (:mod:`~drivetrain.engine.term_weights`), evaluation during training
-(:mod:`~drivetrain.engine.periodic_evaluation`), the solver warm-up (:mod:`~drivetrain.engine.solver_warmup`), stop
-signals (:mod:`~drivetrain.engine.stop_signals`), unreadable data (:mod:`~drivetrain.engine.data_failure`) and what
+The parts the loop calls live beside it: the batches (:mod:`~drivetrain.engine.batches`), the loss-term
+weights (:mod:`~drivetrain.engine.build`), evaluation during training
+(:mod:`~drivetrain.engine.eval_hook`), the solver warm-up (:mod:`~drivetrain.engine.build`), stop
+signals (:mod:`~drivetrain.engine.stops`), unreadable data (:mod:`~drivetrain.engine.stops`) and what
 exists only for older runs (:mod:`~drivetrain.engine.compat`).
 """
 
@@ -33,21 +33,35 @@ import yaml
 
 import drivetrain
 from drivetrain.data.errors import DataError
-from drivetrain.engine.agreement import RanksDisagree, agree_on_start
-from drivetrain.engine.build import apply_speed, build_dataset, build_model, build_optimizer
+from drivetrain.engine.batches import build_train_batches, close_train_batches
+from drivetrain.engine.build import (
+    TermWeights,
+    apply_speed,
+    build_dataset,
+    build_model,
+    build_optimizer,
+    warm_known_shapes,
+    warm_met_shapes,
+)
 from drivetrain.engine.checkpoint import MARKER, Checkpointer, CheckpointError
 from drivetrain.engine.config import ConfigError, TrainConfig, config_to_dict, with_global_batch
-from drivetrain.engine.data_failure import TrainingDataError, data_error_line, dead_worker
 from drivetrain.engine.distributed import DistContext, setup, teardown
+from drivetrain.engine.eval_hook import eval_frames, evaluate_step, evaluation_logged
 from drivetrain.engine.metrics import MetricsLogger
-from drivetrain.engine.periodic_evaluation import eval_frames, evaluate_step, evaluation_logged
 from drivetrain.engine.precision import autocast, fp32_outputs
 from drivetrain.engine.protocol import LossCounts, StreamMemory
-from drivetrain.engine.resume import Found, find_resume, restore_found, set_aside_unusable
-from drivetrain.engine.rng import seed_all
-from drivetrain.engine.rundir import RunDirLock, check_run_dir, write_run_marker
+from drivetrain.engine.resume import (
+    Found,
+    RanksDisagree,
+    RunDirLock,
+    agree_on_start,
+    check_run_dir,
+    find_resume,
+    restore_found,
+    set_aside_unusable,
+    write_run_marker,
+)
 from drivetrain.engine.schedule import lr_factor
-from drivetrain.engine.solver_warmup import warm_known_shapes, warm_met_shapes
 from drivetrain.engine.state import (
     FixedState,
     RngState,
@@ -56,16 +70,15 @@ from drivetrain.engine.state import (
     StrategyState,
     StreamState,
     TrainState,
+    seed_all,
 )
 from drivetrain.engine.step_outcome import MicroBatches, decide, step_record
-from drivetrain.engine.stop_signals import StopSignals
+from drivetrain.engine.stops import StopSignals, TrainingDataError, data_error_line, dead_worker
 from drivetrain.engine.strategy import build_strategy
-from drivetrain.engine.term_weights import TermWeights
-from drivetrain.engine.train_batches import build_train_batches, close_train_batches
-from drivetrain.losses.weights import weighted_total
+from drivetrain.losses.term_weights import weighted_total
 from drivetrain.pipeline.transfer import to_device
 from drivetrain.profile.timer import region, step_active
-from drivetrain.safe_files import replace_text
+from drivetrain.safeio.files import replace_text
 
 __all__ = ["Trainer"]
 
@@ -78,10 +91,10 @@ class Trainer:
 
     ``cfg.run.out_dir`` must be new, empty or a drivetrain run (its ``.drivetrain-run`` marker, written when the
     trainer takes the directory's lock): anything else is a ConfigError before a file is written
-    (:mod:`drivetrain.engine.rundir`). Under torchrun every rank first proves, in one collective, that it sees rank 0's
+    (:mod:`drivetrain.engine.resume`). Under torchrun every rank first proves, in one collective, that it sees rank 0's
     run folder and resumes the same checkpoint with the same config; any difference, or any rank's start error, is
     one ConfigError line on every rank before anything is written, and every rank leaves the process group
-    (:mod:`drivetrain.engine.agreement`).
+    (:mod:`drivetrain.engine.distributed`).
 
     Args:
         cfg: the run's configuration.
@@ -324,7 +337,7 @@ class Trainer:
 
     def evaluate(self, log: MetricsLogger) -> str | None:
         """Evaluate the current weights on ``eval.split`` (every rank predicts its share, rank 0 scores) and log the
-        metrics (:mod:`drivetrain.engine.periodic_evaluation`); returns the stop signal that arrived meanwhile on any
+        metrics (:mod:`drivetrain.engine.eval_hook`); returns the stop signal that arrived meanwhile on any
         rank (the evaluation is then abandoned), or None."""
         return evaluate_step(
             self.state.iteration, self.model, self.eval_data, self.cfg, self.ctx, self.out_dir, log, self.augment,

@@ -1,11 +1,14 @@
 """Plain data (parsed YAML) → typed dataclasses, checking keys and types: every error a one-line
-:class:`~drivetrain.engine.errors.ConfigError` naming the dotted key. A leaf of the engine, so that the config
+:class:`~drivetrain.engine.typed.ConfigError` naming the dotted key. A leaf of the engine, so that the config
 sections (:mod:`drivetrain.engine.config`) and the registry's argument checks (:mod:`drivetrain.engine.registry`)
 share it without importing each other.
 
 A dataclass with a ``from_dict(value)`` class method reads its own YAML value (the augmentation recipe, whose camera
 ``bev`` overrides the recipe's step field by field; ``model.init_from``, a bare path or a mapping): its ValueError
 or TypeError becomes the ConfigError, prefixed with the key unless the message names it already.
+
+:class:`ConfigError`, the engine's configuration error, lives here too: the registry raises it and the config module
+(which looks names up in the registry) re-exports it, without the two importing each other.
 """
 
 from __future__ import annotations
@@ -15,9 +18,7 @@ import types
 import typing
 from typing import Any, ClassVar, Literal, Protocol
 
-from drivetrain.engine.errors import ConfigError
-
-__all__ = ["DataclassInstance", "from_dict"]
+__all__ = ["ConfigError", "DataclassInstance", "from_dict"]
 
 
 class DataclassInstance(Protocol):
@@ -116,3 +117,7 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
 
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
+
+
+class ConfigError(ValueError):
+    """A configuration file, key, value or override is wrong; the message names it."""

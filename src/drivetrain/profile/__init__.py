@@ -19,8 +19,8 @@ from drivetrain.profile.bench import (
     rows_from_profilers,
     setup_bench,
 )
-from drivetrain.profile.report import BenchResult, Row, device_name, device_slug, environment
 from drivetrain.profile.resources import ResourceMonitor, ResourceUsage
+from drivetrain.profile.results import BenchResult, Row, device_name, device_slug, environment
 from drivetrain.profile.timer import Profiler, Stats, active, region, synchronize, time_call
 
 __all__ = [

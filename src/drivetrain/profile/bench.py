@@ -3,7 +3,7 @@
 Every benchmark times its reference and batched paths in one process on the same data, after warm-up,
 with the device synchronised around each timed region; the two paths are interleaved repeat by repeat so
 drifting machine load hits both alike. Results are medians, each with the slowest timed repeat beside it
-(:class:`~drivetrain.profile.report.Row`: a max over ``MAX_OVER_MEDIAN`` × the median is flagged, so a compile or
+(:class:`~drivetrain.profile.results.Row`: a max over ``MAX_OVER_MEDIAN`` × the median is flagged, so a compile or
 a cold start inside the timed repeats shows). Each path's ATen kernels and host syncs are
 counted in an untimed call of their own (:mod:`drivetrain.profile.costmodel`): :func:`compare` after timing,
 a :class:`~drivetrain.profile.Profiler` in its last warm-up step.
@@ -20,7 +20,7 @@ import torch
 
 from drivetrain.profile.allocator import retain_freed_memory
 from drivetrain.profile.costmodel import Cost, count_call
-from drivetrain.profile.report import BenchResult, Row, backend_flags, device_slug
+from drivetrain.profile.results import BenchResult, Row, backend_flags, device_slug
 from drivetrain.profile.timer import Profiler, synchronize
 
 __all__ = [

@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from drivetrain import safe_json
-from drivetrain.profile.report import FLAG, BenchResult, Row
-from drivetrain.safe_files import save_figure
+from drivetrain.profile.results import FLAG, BenchResult, Row
+from drivetrain.safeio import json_files
+from drivetrain.safeio.files import save_figure
 
 __all__ = ["bench_chart", "load_result"]
 
@@ -98,7 +98,7 @@ def bench_chart(result: BenchResult, path: str | Path) -> Path | None:
 def load_result(path: str | Path) -> BenchResult:
     """A saved result (the JSON ``BenchResult.write`` wrote) back as a :class:`BenchResult` (rows, their counts
     and maxima where recorded, and anchors)."""
-    data = safe_json.load(path)
+    data = json_files.load(path)
     result = BenchResult(data["benchmark"], data["device"], data.get("config", {}), date=data.get("date", ""))
     for row in data["rows"]:
         result.add(Row.from_dict(row))  # kernels and syncs too, where the file has them

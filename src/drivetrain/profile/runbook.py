@@ -15,7 +15,7 @@ hands back) beside ``summary.md``, both rewritten into ``--out`` before every st
 the ones not reached), so a run killed part-way — a lease ends with SIGKILL — has handed back every finished step;
 :func:`collect` (``scripts/gpu_results.sh``) copies the results out of such tarballs into ``benchmarks/results``.
 
-Only the standard library is used here, and :mod:`drivetrain.safe_files` (standard library only) for every file
+Only the standard library is used here, and :mod:`drivetrain.safeio.files` (standard library only) for every file
 written, so that no output is written through a link planted at its name: collecting results needs no torch.
 The expected seconds on CUDA are estimates until a borrowed run measures them: ``summary.md`` lists the measured
 seconds beside them, to be copied into ``_BOOK``.
@@ -42,7 +42,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from drivetrain.safe_files import open_output, replace_bytes, replace_text, replacing
+from drivetrain.safeio.files import open_output, replace_bytes, replace_text, replacing
 
 __all__ = [
     "PARTS",

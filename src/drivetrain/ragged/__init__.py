@@ -20,8 +20,8 @@ op                     what                                                   ho
 """
 
 from drivetrain.ragged._checks import set_device_checks
-from drivetrain.ragged.batch import RaggedBatch
 from drivetrain.ragged.ops import as_index, combine, gather, map_pairs, mask_from_indices, scatter, write
+from drivetrain.ragged.padded import RaggedBatch
 from drivetrain.ragged.reduce import fill_padding, mean, sum
 from drivetrain.ragged.select import indices_from_mask, select
 

@@ -29,7 +29,7 @@ from drivetrain.ragged._checks import (
     check_same_device,
     values_checked,
 )
-from drivetrain.ragged.batch import RaggedBatch, _normalize_ragged_dim, movedim
+from drivetrain.ragged.padded import RaggedBatch, _normalize_ragged_dim, movedim
 
 __all__ = ["as_index", "combine", "gather", "map_pairs", "mask_from_indices", "scatter", "write"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from drivetrain.ragged.batch import RaggedBatch
+from drivetrain.ragged.padded import RaggedBatch
 
 __all__ = ["fill_padding", "mean", "sum"]
 

@@ -12,8 +12,8 @@ import math
 import torch
 
 from drivetrain.ragged._checks import check_batch_shape, check_same_device
-from drivetrain.ragged.batch import RaggedBatch, _normalize_ragged_dim, movedim
 from drivetrain.ragged.ops import empty_source_result, full_rows
+from drivetrain.ragged.padded import RaggedBatch, _normalize_ragged_dim, movedim
 
 __all__ = ["indices_from_mask", "select"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from drivetrain.geometry.rigid import box_corners
-from drivetrain.safe_files import save_figure
+from drivetrain.safeio.files import save_figure
 
 __all__ = ["CLASS_COLOURS", "NEAR", "camera_grid", "draw_boxes", "frame_png", "project_box_edges"]
 

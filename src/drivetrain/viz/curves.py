@@ -12,9 +12,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from drivetrain.safe_files import save_figure
-from drivetrain.safe_json import jsonl_records
-from drivetrain.safe_reads import read_text
+from drivetrain.safeio.files import save_figure
+from drivetrain.safeio.json_files import jsonl_records
+from drivetrain.safeio.reads import read_text
 
 __all__ = ["plot_losses", "read_metrics"]
 
@@ -25,8 +25,9 @@ def read_metrics(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[s
 
     Raises:
         FileNotFoundError: naming the file when the run has none.
-        drivetrain.safe_json.JSONLimitError: a ``ValueError`` naming the file and the line that nests deeper than
-            :data:`~drivetrain.safe_json.MAX_DEPTH` or holds an integer outside 64 bits (no kill writes that).
+        drivetrain.safeio.json_files.JSONLimitError: a ``ValueError`` naming the file and the line that nests
+            deeper than :data:`~drivetrain.safeio.json_files.MAX_DEPTH` or holds an integer outside 64 bits (no kill
+            writes that).
     """
     path = Path(run_dir) / "metrics.jsonl"
     try:  # a regular file only: a FIFO planted there would block the read forever

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from drivetrain.geometry.rigid import box_corners
-from drivetrain.safe_files import replacing, save_figure
+from drivetrain.safeio.files import replacing, save_figure
 
 __all__ = ["BOX_FACES", "bev_array", "bev_png", "draw_bev", "points_extent", "write_ply"]
 

@@ -30,10 +30,10 @@ from typing import Any
 
 import yaml
 
-from drivetrain.safe_files import real_dir, replace_bytes, replace_text
-from drivetrain.safe_reads import read_text
-from drivetrain.safe_yaml import load_yaml
-from drivetrain.torch_files import TorchFileError, load_torch_file
+from drivetrain.safeio.files import real_dir, replace_bytes, replace_text
+from drivetrain.safeio.reads import read_text
+from drivetrain.safeio.torch_files import TorchFileError, load_torch_file
+from drivetrain.safeio.yaml_files import load_yaml
 from drivetrain.viz.curves import _moving_average, read_metrics
 
 __all__ = ["RunRecords", "load_run", "write_report"]

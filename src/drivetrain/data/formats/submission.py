@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from drivetrain.data.errors import DataError
-from drivetrain.safe_files import replace_text
+from drivetrain.safeio.files import replace_text
 
 __all__ = [
     "check_box_vectors",

@@ -39,7 +39,7 @@ from drivetrain.data.errors import DataError
 from drivetrain.data.formats.registry import DEFAULT
 from drivetrain.data.formats.schema import CAMERAS, LIDAR, TABLES, token
 from drivetrain.data.formats.synth_format import SynthFormat
-from drivetrain.data.synth import lidar as lidar_sim
+from drivetrain.data.synth import raycast
 from drivetrain.data.synth.config import SynthConfig
 from drivetrain.data.synth.manifest import MANIFEST, folder_state, write_manifest
 from drivetrain.data.synth.names import KEY_INTERVAL_US, SWEEP_INTERVAL_US, scene_start_us
@@ -47,7 +47,7 @@ from drivetrain.data.synth.outputs import remove_generated
 from drivetrain.data.synth.render import background, corners_in_camera, make_rig, render
 from drivetrain.data.synth.world import SceneLayout, make_layout
 from drivetrain.geometry.rigid import invert, matrix_to_quaternion, transform, yaw_quaternion
-from drivetrain.safe_files import real_dir, write_inside
+from drivetrain.safeio.files import real_dir, write_inside
 
 __all__ = ["generate"]
 
@@ -91,7 +91,7 @@ def generate(
     root.mkdir(parents=True, exist_ok=True)  # the folder named (--out): the folders below it are real ones
     write_manifest(root, config, synth.name, complete=False)  # first: a killed generation is recognisably ours
     version = synth.version
-    real_dir(root / version, base=root, create=True)  # never written through a link (drivetrain.safe_files)
+    real_dir(root / version, base=root, create=True)  # never written through a link (drivetrain.safeio.files)
     tables: dict[str, list[dict[str, Any]]] = {name: [] for name in TABLES}
     # the per-scene tables are filled below, "map" last
     tables.update(synth.static_tables(config.seed))
@@ -166,7 +166,7 @@ class _SceneWriter:
         self.layout = layout
         self.rig = make_rig(config.image_width, config.image_height, config.focal)
         self.backgrounds = [background(self.rig, c) for c in range(len(CAMERAS))]
-        self.l2e = lidar_sim.lidar2ego()
+        self.l2e = raycast.lidar2ego()
         self.t0 = scene_start_us(index)
         self.log_token, self.scene_token = self.token("log"), self.token("scene")
         self.sample_tokens = [self.token("sample", j) for j in range(config.samples_per_scene)]
@@ -375,9 +375,7 @@ def _sweep(
     boxes_g = layout.boxes(t)
     labels = np.array([o.label for o in layout.objects], dtype=np.int64)
     boxes_l = _boxes_to_frame(boxes_g, invert(ego @ l2e))
-    return lidar_sim.cast(
-        boxes_l, labels, -l2e[2, 3], config.lidar_rings, config.lidar_azimuths, config.lidar_range, rng
-    )
+    return raycast.cast(boxes_l, labels, -l2e[2, 3], config.lidar_rings, config.lidar_azimuths, config.lidar_range, rng)
 
 
 def _link(rows: list[dict[str, Any]]) -> None:

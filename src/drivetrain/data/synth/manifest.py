@@ -41,7 +41,7 @@ from drivetrain.data.errors import DataError
 from drivetrain.data.formats.registry import DEFAULT, FORMATS, index_meta
 from drivetrain.data.formats.synth_format import SynthFormat
 from drivetrain.data.synth.config import SynthConfig
-from drivetrain.safe_files import replace_text
+from drivetrain.safeio.files import replace_text
 
 __all__ = [
     "LOCK_FILE",

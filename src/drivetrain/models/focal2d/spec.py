@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from drivetrain.model_spec import ModelSpec
+from drivetrain.detector.spec import ModelSpec
 from drivetrain.models.focal2d.model import FocalDetector2D
 from drivetrain.models.streampetr.recipe import CLASSES, STRIDE
 

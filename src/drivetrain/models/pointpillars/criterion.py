@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from drivetrain.compiled import compile_options, compiled, ragged_dynamic
-from drivetrain.losses.weights import weighted_total
+from drivetrain.losses.term_weights import weighted_total
 from drivetrain.match.anchor_window import WindowPairs
 from drivetrain.models.pointpillars.criterion_batched import batched_anchor_head_loss
 from drivetrain.models.pointpillars.criterion_reference import AVG_EPS, check_code, reference_anchor_head_loss
@@ -111,7 +111,7 @@ class AnchorHeadLoss(torch.nn.Module):
         }
 
     def total(self, terms: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The training objective: the weighted sum of the terms (:func:`~drivetrain.losses.weights.weighted_total`)."""
+        """The training objective: the weighted sum of the terms (:func:`~.term_weights.weighted_total`)."""
         return weighted_total(terms, self.weights)
 
     def forward(

@@ -6,11 +6,11 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 
-from drivetrain.model_spec import ModelSpec, WeightFormat
+from drivetrain.detector.spec import ModelSpec, WeightFormat
 from drivetrain.models.pointpillars.args import PointPillarsArgs, SSNArgs
+from drivetrain.models.pointpillars.keymap import map_mmdet3d
 from drivetrain.models.pointpillars.model import SSN as SSNModel
 from drivetrain.models.pointpillars.model import PointPillars
-from drivetrain.models.pointpillars.weights import map_mmdet3d
 
 __all__ = ["MMDET3D", "POINTPILLARS", "SSN", "PointPillarsArgs", "SSNArgs"]
 

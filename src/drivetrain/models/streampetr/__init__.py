@@ -7,7 +7,7 @@ box code its heads regress), ``postprocess`` (NMS-free decoding) and ``detector`
 composes them). Its training: ``loss`` (the 3D head's loss), ``focal_head_loss`` (the 2D focal head's) and
 ``criteria`` (both, with their Hungarian matchers, built from ``recipe``, the published constants: classes,
 ranges, image normalisation, code and loss weights, matching costs). The engine's view: ``weights`` (the weight
-formats it imports) and ``spec`` (its :class:`~drivetrain.model_spec.ModelSpec` and typed ``model.args``).
+formats it imports) and ``spec`` (its :class:`~drivetrain.detector.spec.ModelSpec` and typed ``model.args``).
 """
 
 from drivetrain.models.streampetr.backbone import ResNet50, ResNetBackbone, TinyBackbone, build_backbone

@@ -47,12 +47,12 @@ from drivetrain.geometry import (
     normalize_boxes,
     unnormalize_boxes,
 )
-from drivetrain.heatmap import draw_gaussians, focal_head_radius, reference_draw_gaussian
+from drivetrain.geometry.heatmap import draw_gaussians, focal_head_radius, reference_draw_gaussian
 from drivetrain.losses.functional import gaussian_focal_loss, giou_loss, l1_loss, quality_focal_loss
 from drivetrain.losses.inputs import Targets, field
 from drivetrain.losses.normalize import average_factor
 from drivetrain.losses.sampling import assigned_from_pairs, pseudo_sample
-from drivetrain.losses.weights import resolve_weights, weighted_total
+from drivetrain.losses.term_weights import resolve_weights, weighted_total
 from drivetrain.match import HungarianAssigner2D
 from drivetrain.match.solve import num_assigned, num_unassigned
 from drivetrain.ragged import RaggedBatch
@@ -108,7 +108,7 @@ class FocalHeadLoss(torch.nn.Module):
         self._warned_unassigned = False
 
     def total(self, terms: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The weighted sum of the terms (:func:`~drivetrain.losses.weights.weighted_total`)."""
+        """The weighted sum of the terms (:func:`~drivetrain.losses.term_weights.weighted_total`)."""
         return weighted_total(terms, self.weights)
 
     def forward(self, outputs: Mapping[str, Any], targets: Targets, impl: str = "batched") -> dict[str, torch.Tensor]:

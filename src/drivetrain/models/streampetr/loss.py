@@ -55,7 +55,7 @@ from drivetrain.losses.functional import class_mask, l1_loss, sigmoid_focal_loss
 from drivetrain.losses.inputs import Targets, field
 from drivetrain.losses.normalize import average_factor
 from drivetrain.losses.sampling import assigned_from_pairs, pseudo_sample
-from drivetrain.losses.weights import weighted_total
+from drivetrain.losses.term_weights import weighted_total
 from drivetrain.match import HungarianAssigner3D
 from drivetrain.match.solve import num_assigned, num_unassigned
 from drivetrain.models.streampetr.box_code import encode_boxes
@@ -122,7 +122,7 @@ class StreamPETRLoss(torch.nn.Module):
         }
 
     def total(self, terms: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The training objective: the weighted sum of the terms (:func:`~drivetrain.losses.weights.weighted_total`)."""
+        """The training objective: the weighted sum of the terms (:func:`~.term_weights.weighted_total`)."""
         return weighted_total(terms, self.weights)
 
     def forward(self, outputs: Mapping[str, Any], targets: Targets, impl: str = "batched") -> dict[str, torch.Tensor]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from drivetrain.model_spec import ModelSpec
+from drivetrain.detector.spec import ModelSpec
 from drivetrain.models.streampetr.detector import StreamPETR
+from drivetrain.models.streampetr.keymap import STREAMPETR_WEIGHTS, TORCHVISION_RESNET50
 from drivetrain.models.streampetr.recipe import CLASSES, DN_SPLIT, PC_RANGE, POSITION_RANGE
-from drivetrain.models.streampetr.weights import STREAMPETR_WEIGHTS, TORCHVISION_RESNET50
 
 __all__ = ["SPEC", "StreamPETRArgs"]
 

@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from drivetrain import safe_json
 from drivetrain.data.errors import DataError
 from drivetrain.data.formats.lyft.average_precision import IOU_THRESHOLDS, LyftBoxes, lyft_average_precisions
 from drivetrain.data.formats.lyft.splits import LYFT_SPLITS
@@ -20,13 +19,14 @@ from drivetrain.data.formats.lyft.tables import LYFT_CLASSES, LYFT_VERSION
 from drivetrain.data.formats.record import MetricOptions
 from drivetrain.data.formats.submission import check_sample_tokens
 from drivetrain.data.table_paths import check_root
-from drivetrain.safe_files import replace_text
+from drivetrain.safeio import json_files
+from drivetrain.safeio.files import replace_text
 
 __all__ = ["evaluate_lyft", "lyft_ground_truth", "lyft_metric", "lyft_report", "lyft_summary"]
 
 
 def _table(root: Path, version: str, name: str) -> list[dict[str, Any]]:
-    return safe_json.load(root / version / f"{name}.json")  # after check_root read it: valid, bounded
+    return json_files.load(root / version / f"{name}.json")  # after check_root read it: valid, bounded
 
 
 def lyft_ground_truth(
@@ -93,8 +93,8 @@ def evaluate_lyft(
     if not predictions.is_file():
         raise DataError("predictions file does not exist", predictions)
     try:
-        submission = safe_json.load(predictions)
-    except safe_json.JSONLimitError as err:  # nested too deep, an integer outside 64 bits: the place is named
+        submission = json_files.load(predictions)
+    except json_files.JSONLimitError as err:  # nested too deep, an integer outside 64 bits: the place is named
         raise DataError(f"predictions: {err}", predictions) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise DataError(f"predictions are not valid JSON ({err})", predictions) from None

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from drivetrain import safe_json
 from drivetrain.data.errors import DataError
+from drivetrain.safeio import json_files
 
 __all__ = ["LYFT_ATTRIBUTES", "LYFT_CLASSES", "LYFT_VERSION", "check_lyft_categories", "is_lyft_root"]
 
@@ -73,7 +73,7 @@ def is_lyft_root(root: str | Path, version: str) -> bool:
     A missing or unreadable category table is not Lyft's: the caller's root check reports it.
     """
     try:
-        rows = safe_json.load(Path(root) / version / "category.json")
+        rows = json_files.load(Path(root) / version / "category.json")
         names = {row["name"] for row in rows}
     except (OSError, ValueError, TypeError, KeyError):
         return False
@@ -84,7 +84,7 @@ def check_lyft_categories(root: str | Path, version: str) -> None:
     """DataError naming ``category.json`` and the first category that is not a Lyft class (``--format lyft``)."""
     path = Path(root) / version / "category.json"
     try:
-        rows = safe_json.load(path)
+        rows = json_files.load(path)
         names = [row["name"] for row in rows]
     except (OSError, ValueError, TypeError, KeyError) as err:
         raise DataError(f"cannot read the category names ({type(err).__name__}: {err})", path) from None

@@ -9,13 +9,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from drivetrain import safe_json
 from drivetrain.data.errors import DataError
 from drivetrain.data.formats.nuscenes.submission import check_submission
 from drivetrain.data.formats.record import MetricOptions
 from drivetrain.data.formats.submission import check_sample_tokens
 from drivetrain.data.table_paths import check_root
-from drivetrain.safe_files import replace_text
+from drivetrain.safeio import json_files
+from drivetrain.safeio.files import replace_text
 
 __all__ = ["evaluate", "nuscenes_metric", "nuscenes_report", "nuscenes_summary"]
 
@@ -36,10 +36,10 @@ def evaluate(
     if not predictions.exists():
         raise DataError("predictions file does not exist", predictions)
     try:
-        submission = safe_json.load(predictions)  # a regular file only (a FIFO would block): OSError otherwise
+        submission = json_files.load(predictions)  # a regular file only (a FIFO would block): OSError otherwise
     except OSError as err:
         raise DataError(f"cannot read predictions ({err.strerror or err})", predictions) from None
-    except safe_json.JSONLimitError as err:  # nested too deep, an integer outside 64 bits: the place is named
+    except json_files.JSONLimitError as err:  # nested too deep, an integer outside 64 bits: the place is named
         raise DataError(f"predictions: {err}", predictions) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise DataError(f"predictions are not valid JSON ({err})", predictions) from None

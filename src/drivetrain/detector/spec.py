@@ -45,9 +45,9 @@ class WeightFormat:
         name: the format's short name (``format:`` in a config), unique over all registered models.
         summary: one line for ``--help`` and errors (which file, from which code base).
         recognise: whether a state dict's names are this format's (``format: auto``); takes the names.
-        map: ``map(model, state, meta) -> KeyMap`` (:class:`drivetrain.keymap.KeyMap`): the file's tensors in the
-            model's names; raises :class:`drivetrain.keymap.KeyMapError` when the format does not apply to
-            ``model``.
+        map: ``map(model, state, meta) -> KeyMap`` (:class:`~drivetrain.detector.keymap.KeyMap`): the file's
+            tensors in the model's names; raises :class:`drivetrain.detector.keymap.KeyMapError` when the format does
+            not apply to ``model``.
     """
 
     name: str

@@ -1,6 +1,6 @@
 """Prediction over every rank of a run: each rank detects its share of the frames, rank 0 gets them all.
 
-An evaluation during training (:mod:`drivetrain.engine.periodic_evaluation`) or ``drivetrain eval --checkpoint``
+An evaluation during training (:mod:`drivetrain.engine.eval_hook`) or ``drivetrain eval --checkpoint``
 under torchrun has each rank predict about 1/world_size of the frames, and no rank waits alone in a collective while
 another predicts the whole split (the process group's ``distributed.timeout_s`` bounds such a wait).
 
@@ -9,7 +9,7 @@ another predicts the whole split (the process group's ``distributed.timeout_s`` 
   False) just as in a pass over every frame, so each frame's detections are the one-process ones. Other models detect
   frame by frame (or ``batch_size`` frames at a time), so the cut may fall at any frame (batch) of the pass.
 - :func:`predict_shared`: the detections of this rank's share (``batch_size`` frames per ``detect`` call: 1 during
-  training, as :func:`~drivetrain.engine.evaluation.evaluate_model`), gathered in frame order on rank 0. After every
+  training, as :func:`~drivetrain.engine.eval_run.evaluate_model`), gathered in frame order on rank 0. After every
   call the ranks agree in one small collective whether a stop signal arrived (:class:`EvaluationStopped`) or a frame
   could not be read (:class:`EvaluationFailed`) anywhere; a rank whose share is shorter keeps joining those rounds
   until every share is done, so every rank calls the same collectives.
@@ -34,7 +34,7 @@ from torch import nn
 
 from drivetrain.data.errors import DataError
 from drivetrain.engine.distributed import DistContext
-from drivetrain.engine.evaluation import EvalFrames, FrameDetections, detect_frames, has_streaming_state
+from drivetrain.engine.eval_run import EvalFrames, FrameDetections, detect_frames, has_streaming_state
 
 __all__ = ["EVAL_DELAY_ENV", "EvaluationFailed", "EvaluationStopped", "agree_on_stop", "frame_shares", "predict_shared"]
 
@@ -152,9 +152,9 @@ def predict_shared(
         ctx: this process's place in the process group (its ``device`` runs the model).
         stop_signal: the name of a stop signal this process received, or None (read after every frame).
         progress: show a progress bar of this rank's share.
-        transform: the per-frame batch transform (see :func:`~drivetrain.engine.evaluation.predict`).
+        transform: the per-frame batch transform (see :func:`~drivetrain.engine.eval_run.predict`).
         on_frame: the per-frame callback, with the frame's place in ``dataset`` (see
-            :func:`~drivetrain.engine.evaluation.predict`).
+            :func:`~drivetrain.engine.eval_run.predict`).
         batch_size: frames per ``detect`` call (1 for a model with streaming state); the agreement follows each.
         label: the progress bar's label.
 

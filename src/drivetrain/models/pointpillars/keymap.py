@@ -1,8 +1,8 @@
 """The mmdetection3d PointPillars / SSN checkpoints' key map (``model.init_from`` format ``mmdet3d``).
 
 :func:`map_mmdet3d` reads a state dict in the original's parameter and buffer names and returns our model's names
-(the shared record and rules: :mod:`drivetrain.keymap`). The names were read from the original module definitions of
-**mmdetection3d** v1.4.0 (the attribute names are the same in v0.17.3): ``HardVFE`` / ``VFELayer``
+(the shared record and rules: :mod:`drivetrain.detector.keymap`). The names were read from the original module
+definitions of **mmdetection3d** v1.4.0 (the attribute names are the same in v0.17.3): ``HardVFE`` / ``VFELayer``
 (``mmdet3d/models/voxel_encoders/voxel_encoder.py``, ``utils.py``: ``vfe_layers.{i}.linear`` / ``.norm``);
 ``PointPillarsScatter`` (``middle_encoders/pillar_scatter.py``, no parameters); ``SECOND``
 (``backbones/second.py``: ``blocks.{i}`` = Sequential of conv, BN, ReLU, ...: our indices); ``SECONDFPN``
@@ -28,7 +28,16 @@ import re
 import torch
 from torch import nn
 
-from drivetrain.keymap import KeyMap, KeyMapError, Rule, class_order, file_classes, permute_classes, rename, rules
+from drivetrain.detector.keymap import (
+    KeyMap,
+    KeyMapError,
+    Rule,
+    class_order,
+    file_classes,
+    permute_classes,
+    rename,
+    rules,
+)
 from drivetrain.models.pointpillars.model import PointPillars
 from drivetrain.models.pointpillars.recipe import PP_NUS_CLASSES, SSN_NUS_CLASSES
 

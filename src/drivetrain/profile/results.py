@@ -35,7 +35,7 @@ import torch
 from drivetrain.profile import costmodel
 from drivetrain.profile.costmodel import LABEL, Cost
 from drivetrain.profile.timer import Stats
-from drivetrain.safe_files import replace_text
+from drivetrain.safeio.files import replace_text
 
 __all__ = ["MAX_OVER_MEDIAN", "BenchResult", "Row", "device_name", "device_slug", "environment"]
 
@@ -336,7 +336,7 @@ class BenchResult:
 
     def write(self, json_path: str | Path | None = None, md_path: str | Path | None = None) -> list[Path]:
         """Write the JSON and/or Markdown files (parent folders are created; a link at either name is replaced, its
-        target never written: :func:`~drivetrain.safe_files.replace_text`); return the paths written."""
+        target never written: :func:`~drivetrain.safeio.files.replace_text`); return the paths written."""
         written = []
         if json_path is not None:
             path = Path(json_path)

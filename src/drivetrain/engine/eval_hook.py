@@ -1,6 +1,6 @@
 """Evaluation during training: every ``eval.every`` steps (and at the end), and before the first with
 ``eval.at_start``, the current weights are scored on ``eval.split``; under torchrun every rank predicts its share of
-the frames and rank 0 scores them all (:mod:`drivetrain.engine.sharded_evaluation`).
+the frames and rank 0 scores them all (:mod:`drivetrain.engine.eval_shards`).
 
 :func:`eval_frames` builds the frames once on every rank, from the training data builder with ``split`` replaced
 (warning when it is the split the run trains on); :func:`evaluate_step` predicts them, writes the submission and the
@@ -26,17 +26,17 @@ import torch
 
 from drivetrain.batch import Batch
 from drivetrain.data.errors import DataError
+from drivetrain.detector.spec import keywords
 from drivetrain.engine.build import build_dataset
 from drivetrain.engine.config import ConfigError, TrainConfig
 from drivetrain.engine.distributed import DistContext
-from drivetrain.engine.evaluation import EvalFrames, FrameDetections, score_submission, submission_of
+from drivetrain.engine.eval_run import EvalFrames, FrameDetections, score_submission, submission_of
+from drivetrain.engine.eval_shards import EvaluationFailed, EvaluationStopped, agree_on_stop, predict_shared
 from drivetrain.engine.metrics import MetricsLogger
 from drivetrain.engine.protocol import Detector
-from drivetrain.engine.sharded_evaluation import EvaluationFailed, EvaluationStopped, agree_on_stop, predict_shared
-from drivetrain.model_spec import keywords
 from drivetrain.pipeline.augment.stage import Augmentation
-from drivetrain.safe_files import LinkedFolderError, real_dir
-from drivetrain.safe_json import loads
+from drivetrain.safeio.files import LinkedFolderError, real_dir
+from drivetrain.safeio.json_files import loads
 
 __all__ = ["eval_frames", "evaluate_step", "evaluation_logged"]
 

@@ -1,4 +1,13 @@
-"""Training data that cannot be read: the one-line error that stops a run and says how to go on.
+"""What stops a run: a signal (stopped cleanly, with a checkpoint) or training data that cannot be read.
+
+**Signals.** SIGTERM and SIGINT set a flag that the loop reads once a step.
+
+While :meth:`StopSignals.handling` is active (in the main thread; elsewhere signals cannot be handled and it does
+nothing), either signal records its name in :attr:`StopSignals.received`; the trainer agrees on it across ranks in
+the step's one host read, finishes the step, checkpoints and returns — during an evaluation, after the current frame
+(:mod:`~drivetrain.engine.eval_shards`), abandoning the evaluation. The previous handlers come back afterwards.
+
+**Unreadable data.** The one-line error that stops a run and says how to go on.
 
 An unreadable sample (:class:`~drivetrain.data.errors.DataError`, raised in the main process or a loader worker)
 or a loader worker that died stops the run with a :class:`TrainingDataError` naming the file (or the worker) and
@@ -8,11 +17,40 @@ data and resume. The trainer saves the progress of the completed steps first, wh
 
 from __future__ import annotations
 
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from drivetrain.data.errors import DataError
 
-__all__ = ["TrainingDataError", "data_error_line", "dead_worker"]
+__all__ = ["StopSignals", "TrainingDataError", "data_error_line", "dead_worker"]
+
+
+class StopSignals:
+    """The stop signal received while :meth:`handling` is active (``received``: its name, e.g. ``"SIGTERM"``)."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+
+    @contextmanager
+    def handling(self) -> Iterator[None]:
+        """SIGTERM/SIGINT set :attr:`received` instead of their default action, within the block."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum: int, frame: Any) -> None:
+            self.received = signal.Signals(signum).name
+
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
 
 
 class TrainingDataError(RuntimeError):

@@ -3,7 +3,7 @@
 :func:`load_torch_file` is the one door through which checkpoints (:class:`~.checkpoint.Checkpointer`), weights
 sources (``model.init_from``) and a run's recorded versions (``drivetrain report``) reach ``torch.load``:
 
-- the path must be a regular file (:mod:`drivetrain.safe_reads`: a FIFO would block ``torch.load`` forever);
+- the path must be a regular file (:mod:`drivetrain.safeio.reads`: a FIFO would block ``torch.load`` forever);
   the file is opened once, and every check and the load read that one open file, so the bytes checked are the
   bytes loaded;
 - **the members of a zip archive may not declare more bytes than the file holds.** ``torch.save`` (the zip
@@ -43,7 +43,7 @@ from typing import IO, Any
 
 import torch
 
-from drivetrain.safe_reads import human_bytes, open_regular
+from drivetrain.safeio.reads import human_bytes, open_regular
 
 __all__ = ["MAX_NESTING", "MAX_OBJECTS", "TorchFileError", "check_archives", "check_file", "load_torch_file"]
 
@@ -88,7 +88,7 @@ def load_torch_file(
         TorchFileError: one line: the reason (a special file, a size or checksum that differs, members that
             declare more than the file, pickled objects, not a torch file, a damaged archive).
         OSError: the file is missing or cannot be read (``strerror`` says why; a FIFO or a device is a
-            :class:`~drivetrain.safe_reads.NotRegularFileError`).
+            :class:`~drivetrain.safeio.reads.NotRegularFileError`).
     """
     with open_regular(path) as f:
         on_disk = os.fstat(f.fileno()).st_size

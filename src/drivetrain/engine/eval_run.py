@@ -39,7 +39,7 @@ from drivetrain.data.formats.submission import submission_meta, write_submission
 from drivetrain.data.index import FrameIndex
 from drivetrain.engine.protocol import Detector, input_modalities
 from drivetrain.ragged import RaggedBatch
-from drivetrain.safe_files import open_output, staged_outputs
+from drivetrain.safeio.files import open_output, staged_outputs
 
 __all__ = [
     "BLANK_GREY",
@@ -171,7 +171,7 @@ def detections_on_host(values: Any) -> list[np.ndarray]:
 @dataclass(frozen=True)
 class FrameDetections:
     """One frame's detections on the host, before they become submission records (what the ranks of a run send
-    to rank 0: :mod:`drivetrain.engine.sharded_evaluation`).
+    to rank 0: :mod:`drivetrain.engine.eval_shards`).
 
     Attributes:
         frame: the frame's place in the dataset.

@@ -1,6 +1,6 @@
 """Key maps: a weights file's state dict renamed into a model's names (``model.init_from``), model-neutral parts.
 
-A model's spec (:class:`drivetrain.model_spec.ModelSpec`) lists the :class:`~drivetrain.model_spec.WeightFormat` s
+A model's spec (:class:`drivetrain.detector.spec.ModelSpec`) lists the :class:`~drivetrain.detector.spec.WeightFormat` s
 it can import; each format's map reads a state dict in the original's names and returns a :class:`KeyMap` in ours.
 This module holds what every map shares — the :class:`KeyMap` record, rename rules, the class-order permutation of
 class channels, a checkpoint ``meta``'s class names — and the one format every model reads: ``drivetrain`` (our

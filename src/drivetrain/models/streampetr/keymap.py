@@ -1,5 +1,6 @@
 """StreamPETR's weight formats (``model.init_from``): a torchvision ResNet-50 into its trunk, and the StreamPETR
-repository's checkpoints, each map renaming the original's state dict into our names (:mod:`drivetrain.keymap`).
+repository's checkpoints, each map renaming the original's state dict into our names
+(:mod:`drivetrain.detector.keymap`).
 
 Each map reads a state dict in the original's parameter and buffer names and returns our model's names, with the
 tensor converted where our layout differs (said at the rule that does it). The names were read from the original
@@ -41,7 +42,7 @@ import torch
 from torch import nn
 
 from drivetrain.data.formats.nuscenes.tables import CLASSES
-from drivetrain.keymap import (
+from drivetrain.detector.keymap import (
     CONSTANT_RTOL,
     KeyMap,
     KeyMapError,
@@ -52,7 +53,7 @@ from drivetrain.keymap import (
     rules,
     short,
 )
-from drivetrain.model_spec import WeightFormat
+from drivetrain.detector.spec import WeightFormat
 from drivetrain.models.streampetr import recipe
 from drivetrain.models.streampetr.backbone import ResNet50
 from drivetrain.models.streampetr.detector import StreamPETR

@@ -25,7 +25,7 @@ digits (only a document holding such a run is decoded again with a checking ``pa
 300,000 ``sample_annotation``-like rows (CPU AMD EPYC, 2 cores shared with other jobs) they took 0.1 s and 0.2 s,
 against 2.0-3.3 s for ``json.loads`` itself.
 
-This module imports only :mod:`drivetrain.safe_reads` (which imports nothing of drivetrain), so every package may
+This module imports only :mod:`drivetrain.safeio.reads` (which imports nothing of drivetrain), so every package may
 use it.
 """
 
@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from drivetrain.safe_reads import read_bytes
+from drivetrain.safeio.reads import read_bytes
 
 __all__ = ["INT_LIMIT", "MAX_DEPTH", "JSONLimitError", "jsonl_records", "load", "loads", "nesting_depth"]
 
@@ -236,7 +236,7 @@ def loads(data: str | bytes, *, source: str | Path | None = None, line: int | No
 
 
 def load(path: str | Path) -> Any:
-    """:func:`loads` of the file ``path``, read as a regular file (:func:`drivetrain.safe_reads.read_bytes`: a FIFO
+    """:func:`loads` of the file ``path``, read as a regular file (:func:`drivetrain.safeio.reads.read_bytes`: a FIFO
     is refused, not waited on). As with ``json.load``, the caller names the file in its own error.
 
     Args:
