@@ -25,7 +25,7 @@ from torch._dynamo.utils import counters
 
 from drivetrain.compiled import compile_options, dynamic, ragged_dynamic
 from drivetrain.models.pointpillars import SSN, PointPillars
-from drivetrain.models.pointpillars.criterion import AnchorHeadLoss
+from drivetrain.models.pointpillars.loss import AnchorHeadLoss
 from drivetrain.models.pointpillars.recipe import LOSS_WEIGHTS, NUS_CODE_WEIGHTS, NUS_DIR_OFFSET
 from drivetrain.models.streampetr.criteria import focal_head_loss, streampetr_loss
 from drivetrain.profile import Profiler, active

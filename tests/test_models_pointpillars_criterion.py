@@ -10,7 +10,7 @@ import torch
 from tests.helpers.boxes import random_boxes3d
 from tests.helpers.nosync import no_host_sync
 
-from drivetrain.models.pointpillars.criterion import (
+from drivetrain.models.pointpillars.loss import (
     AVG_EPS,
     AnchorHeadLoss,
     batched_anchor_head_loss,

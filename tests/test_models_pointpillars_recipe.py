@@ -12,12 +12,12 @@ import torch
 import drivetrain.geometry.delta_coder as delta_coder
 import drivetrain.match as match
 import drivetrain.match.max_iou as max_iou
-import drivetrain.models.pointpillars.criterion as anchor_head
+import drivetrain.models.pointpillars.loss as anchor_head
 from drivetrain.data.formats.nuscenes.tables import CLASSES
 from drivetrain.data.formats.registry import FORMATS
 from drivetrain.models.pointpillars import SSN, PointPillars
 from drivetrain.models.pointpillars.anchors import num_grid_anchors
-from drivetrain.models.pointpillars.criterion import AnchorHeadLoss
+from drivetrain.models.pointpillars.loss import AnchorHeadLoss
 from drivetrain.models.pointpillars.model import dataset_class_names
 from drivetrain.models.pointpillars.recipe import (
     LOSS_WEIGHTS,

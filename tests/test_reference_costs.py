@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from drivetrain.cli.bench import available, load
-from drivetrain.models.pointpillars.criterion import reference_anchor_head_loss
+from drivetrain.models.pointpillars.loss import reference_anchor_head_loss
 from drivetrain.models.pointpillars.recipe import NUS_CODE_WEIGHTS, NUS_DIR_OFFSET
 from drivetrain.models.streampetr.criteria import focal_head_loss, streampetr_loss
 

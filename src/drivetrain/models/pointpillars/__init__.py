@@ -2,8 +2,8 @@
 
 One concept per file: ``voxel_encoder.py`` (HardVFE pillar features), ``backbone.py`` (SECOND + SECONDFPN),
 ``head.py`` (Anchor3DHead; SSN's ShapeAwareHead), ``anchors.py`` (aligned range anchors, shared and per
-class), ``criterion.py`` (the anchor-head loss, its reference path in ``criterion_reference.py`` and batched path
-in ``criterion_batched.py``), ``postprocess.py`` (top-k, decode, rotated NMS, direction bins), ``tta.py``
+class), ``loss.py`` (the anchor-head loss, its reference path in ``loss_reference.py`` and batched path
+in ``loss_batched.py``), ``postprocess.py`` (top-k, decode, rotated NMS, direction bins), ``tta.py``
 (test-time views merged), ``model.py`` (:class:`PointPillars`, :class:`SSN`: ``forward(batch)`` /
 ``loss(outputs, batch)`` / ``detect(batch)``), ``recipe.py`` (the published constants: classes, SSN's tasks,
 anchors, assigner thresholds, code and loss weights, direction offset, test settings), ``weights.py`` (the

@@ -12,7 +12,7 @@ augmented batches, and :meth:`PointPillars.loss` reads the ground truth from the
 
 ``impl="reference"`` runs the assignment and the losses per sample as the originals do; ``"batched"`` all
 samples at once (the same assignments and terms; see :mod:`drivetrain.match.max_iou`,
-:mod:`.criterion`); ``compile_loss`` runs the batched assignment and loss through
+:mod:`.loss`); ``compile_loss`` runs the batched assignment and loss through
 ``torch.compile`` in one graph, the ground-truth dim dynamic (:mod:`drivetrain.compiled`).
 """
 
@@ -45,7 +45,7 @@ from drivetrain.models.pointpillars.anchors import (
     per_class_layout,
 )
 from drivetrain.models.pointpillars.backbone import SECOND, SECONDFPN
-from drivetrain.models.pointpillars.criterion import AnchorHeadLoss, batched_anchor_head_loss
+from drivetrain.models.pointpillars.loss import AnchorHeadLoss, batched_anchor_head_loss
 from drivetrain.models.pointpillars.head import Anchor3DHead, ShapeAwareHead
 from drivetrain.models.pointpillars.middle import DenseMiddleEncoder, scatter_to_volume
 from drivetrain.models.pointpillars.postprocess import DecodeConfig, decode, reference_decode
@@ -444,7 +444,7 @@ def _assign_and_loss(
     options: dict[str, Any],
 ) -> dict[str, torch.Tensor]:
     """The batched assignment and loss of :meth:`PointPillars.loss` as one function, which ``compile_loss``
-    compiles (shapes as :func:`~.criterion_batched.batched_anchor_head_loss`)."""
+    compiles (shapes as :func:`~.loss_batched.batched_anchor_head_loss`)."""
     assigned = batched_max_iou_assign(
         anchors, gt_boxes, gt_labels, thresholds, anchor_classes=anchor_classes, chunk=chunk
     )  # (B, A)

@@ -3,10 +3,10 @@ regression with the sine difference on yaw, and a two-bin direction classifier.
 
 Two implementations of one specification (docs/design.md, "The two paths"), one module each:
 
-``reference`` (:mod:`.criterion_reference`): as the original, op for op: targets per sample, stacked over the
+``reference`` (:mod:`.loss_reference`): as the original, op for op: targets per sample, stacked over the
     batch, then ``Anchor3DHead``'s positives selected again by their label and the three losses computed on them
     (SSN: ``ShapeAwareHead``'s, on every anchor with weights).
-``batched`` (:mod:`.criterion_batched`): targets for every anchor of every sample at once by gathering the matched
+``batched`` (:mod:`.loss_batched`): targets for every anchor of every sample at once by gathering the matched
     ground truth, non-positive anchors masked, never selected, so nothing reads a value on the host; given the
     windowed assignment's pairs (:class:`~drivetrain.match.anchor_window.WindowPairs`, which hold every positive
     with its GT), the box and direction terms on those pairs only (PointPillars: ~13 % of the ``B·A`` anchors at
@@ -47,8 +47,8 @@ import torch
 from drivetrain.compiled import compile_options, compiled, ragged_dynamic
 from drivetrain.losses.weights import weighted_total
 from drivetrain.match.anchor_window import WindowPairs
-from drivetrain.models.pointpillars.criterion_batched import batched_anchor_head_loss
-from drivetrain.models.pointpillars.criterion_reference import AVG_EPS, check_code, reference_anchor_head_loss
+from drivetrain.models.pointpillars.loss_batched import batched_anchor_head_loss
+from drivetrain.models.pointpillars.loss_reference import AVG_EPS, check_code, reference_anchor_head_loss
 from drivetrain.ragged import RaggedBatch
 
 __all__ = [
