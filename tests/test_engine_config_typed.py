@@ -18,7 +18,7 @@ from drivetrain.engine.config_files import read_config_file
 from drivetrain.engine.init_from import InitFrom
 from drivetrain.engine.registry import _REGISTERED, register_model
 from drivetrain.engine.smoke import SmokeModel
-from drivetrain.model_spec import ModelSpec
+from drivetrain.model_spec import ModelSpec, keywords
 from drivetrain.pipeline.augment.stage import AugmentConfig
 from helpers.engine import SMOKE, overrides
 
@@ -39,10 +39,15 @@ class _SmokeArgs:
     dtype: str = "float32"
 
 
+def _typed_smoke(args: _SmokeArgs) -> SmokeModel:
+    """The smoke model built from its typed args (a builder whose spec declares them takes the one instance)."""
+    return SmokeModel(**keywords(args))
+
+
 @pytest.fixture
 def typed_smoke():
     """The smoke model registered under a spec with typed arguments, for the length of one test."""
-    register_model(ModelSpec(TYPED, build=SmokeModel, args=_SmokeArgs, modalities=frozenset({"tensor"})))
+    register_model(ModelSpec(TYPED, build=_typed_smoke, args=_SmokeArgs, modalities=frozenset({"tensor"})))
     yield TYPED
     _REGISTERED["model"].pop(TYPED)
 
@@ -51,7 +56,7 @@ def test_model_args_load_as_the_specs_dataclass_with_every_field(typed_smoke):
     cfg = load_config(SMOKE, [f"model.name={typed_smoke}", "model.args={width: 8, dropout: 0}"])
     assert cfg.model.args == _SmokeArgs(width=8, dropout=0.0)  # the fields not given take the dataclass's defaults
     assert isinstance(cfg.model.args.dropout, float)  # YAML's 0 as the declared float
-    model = build_model(cfg.model)  # the builder gets the fields as keyword arguments
+    model = build_model(cfg.model)  # the builder gets the instance
     assert model.head[0].out_features == 8 and model.dropout.p == 0.0
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from drivetrain.engine.build import build_model
 from drivetrain.engine.config import ConfigError, load_config
 from drivetrain.engine.config_files import read_config_file
 from drivetrain.engine.registry import check_args, model_spec
@@ -43,6 +44,15 @@ def test_the_builders_take_their_args_and_keyword_changes_to_its_fields():
     assert built.args == PointPillarsArgs(max_voxels=9, impl="reference") and isinstance(built.path, ReferencePath)
     default = SSN.build_model(None)
     assert isinstance(default.path, BatchedPath) and default.args == SSNArgs()
+
+
+def test_a_value_the_builder_refuses_is_one_line_naming_model_args():
+    cfg = load_config(CONFIGS / "pointpillars_tiny.yaml", ["model.args.assigner=[0.6, 0.3]"]).model  # types fit
+    with pytest.raises(ConfigError) as info:
+        build_model(cfg)  # built through the spec, from the instance the config holds
+    assert str(info.value) == (
+        "model.args: pointpillars: assigner: expected (pos_iou_thr, neg_iou_thr, min_pos_iou), got (0.6, 0.3)"
+    )
 
 
 def test_every_config_of_these_models_loads_into_their_args():
