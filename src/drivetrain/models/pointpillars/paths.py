@@ -19,6 +19,7 @@ Each path's ``assign`` returns ``(assigned, pairs)``: the int64 ``(B, A)`` assig
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -64,7 +65,38 @@ def _head(outputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return outputs["cls_logits"], outputs["box_preds"], outputs["dir_logits"], outputs["anchors"]
 
 
-class ReferencePath:
+class _Path(ABC):
+    """What every path does the same way: the loss as the assignment, then the targets and terms."""
+
+    @abstractmethod
+    def assign(
+        self, model: PointPillars, feature_size: tuple[int, int], gt_boxes: RaggedBatch, gt_labels: RaggedBatch
+    ) -> tuple[torch.Tensor, WindowPairs | None]:
+        """``(assigned, pairs)`` of a batch's ground truth on the anchors of a ``feature_size`` map."""
+
+    @abstractmethod
+    def terms(
+        self,
+        model: PointPillars,
+        outputs: dict[str, Any],
+        assigned: torch.Tensor,
+        pairs: WindowPairs | None,
+        gt_boxes: RaggedBatch,
+        gt_labels: RaggedBatch,
+    ) -> dict[str, torch.Tensor]:
+        """The unweighted terms of an assignment."""
+
+    def loss(
+        self, model: PointPillars, outputs: dict[str, Any], gt_boxes: RaggedBatch, gt_labels: RaggedBatch
+    ) -> dict[str, torch.Tensor]:
+        """The assignment, then the targets and losses (two regions of the profile)."""
+        with region("assignment"):
+            assigned, pairs = self.assign(model, outputs["feature_size"], gt_boxes, gt_labels)
+        with region("targets + loss"):
+            return self.terms(model, outputs, assigned, pairs, gt_boxes, gt_labels)
+
+
+class ReferencePath(_Path):
     """The originals' per-sample loops (see the module docstring)."""
 
     compact_vfe = False  # HardVFE on the original's (V, T) slot layout
@@ -82,15 +114,6 @@ class ReferencePath:
             for boxes, labels in zip(gt_boxes.to_list(), gt_labels.to_list(), strict=True)
         ]
         return torch.stack(rows), None  # (B, A)
-
-    def loss(
-        self, model: PointPillars, outputs: dict[str, Any], gt_boxes: RaggedBatch, gt_labels: RaggedBatch
-    ) -> dict[str, torch.Tensor]:
-        """The assignment, then the targets and losses (two regions of the profile)."""
-        with region("assignment"):
-            assigned, pairs = self.assign(model, outputs["feature_size"], gt_boxes, gt_labels)
-        with region("targets + loss"):
-            return self.terms(model, outputs, assigned, pairs, gt_boxes, gt_labels)
 
     def terms(
         self,
@@ -118,7 +141,7 @@ class ReferencePath:
         return tuple(RaggedBatch.from_list([m[key] for m in merged]) for key in ("boxes", "scores", "labels"))  # type: ignore[return-value]
 
 
-class BatchedPath(ReferencePath):
+class BatchedPath(_Path):
     """Every sample at once (see the module docstring).
 
     Args:
