@@ -16,7 +16,7 @@ from drivetrain.geometry.rotated_nms import (
     reference_multiclass_rotated_nms,
 )
 from drivetrain.heatmap import draw_gaussians
-from drivetrain.match.anchor_window import windowed_max_iou_assign, windowed_max_iou_assign_with_pairs
+from drivetrain.match.anchor_window import windowed_max_iou_assign_with_pairs
 from drivetrain.match.max_iou import (
     anchor_thresholds,
     batched_max_iou_assign,
