@@ -5,9 +5,10 @@ One process builds the model once from ``configs/{pointpillars,ssn}_{tiny,nus}.y
 published nuScenes config) through the engine (``build_model``, ``build_optimizer``: AdamW at the peak lr, no
 schedule; gradients clipped to ``optim.clip_norm``), then deep-copies model and optimizer: the two paths run on
 **identical copies**, alternating iteration by iteration (``reference`` then ``batched``) on the same batches.
-The path is ``model.impl``: HardVFE on the original's ``(V, T)`` slot layout, per-sample (and, for SSN, per-class)
-max-IoU assignment and per-sample targets as the originals, or HardVFE's compact path over the stored points,
-windowed assignment and the loss on the window pairs, all samples and classes at once. The config's augmentation
+The path is the model's (``model.path``, set on each copy by ``model.set_path(impl=...)``): HardVFE on the
+original's ``(V, T)`` slot layout, per-sample (and, for SSN, per-class) max-IoU assignment and per-sample targets as
+the originals, or HardVFE's compact path over the stored points, windowed assignment and the loss on the window
+pairs, all samples and classes at once. The config's augmentation
 (``data.augment.lidar``) runs as the trainer runs it by default, on the device after the copy
 (:class:`drivetrain.pipeline.augment.stage.Augmentation`, drawn per batch from the seed and the batch's position),
 so both copies see the same augmented points and boxes.
@@ -101,7 +102,7 @@ def check_paths(model: torch.nn.Module, batch: Batch, relative: Any) -> float:
         outputs = probe(batch)
         assigned, terms = {}, {}
         for impl in PATHS:
-            probe.impl = impl
+            probe.set_path(impl=impl)
             assigned[impl] = probe.assign(outputs["feature_size"], *probe.gt_targets(batch))
             terms[impl] = probe.loss(outputs, batch)
     if not torch.equal(assigned["reference"], assigned["batched"]):
@@ -182,8 +183,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     variants = (*PATHS, "compiled") if args.compile else PATHS
     for impl in variants:  # identical copies (same weights, moments and augmentation seed), made before any forward
         m, opt = copy.deepcopy((model, optimizer))
-        m.impl = "batched" if impl == "compiled" else impl
-        m.compile_loss = base.compile_options(args) if impl == "compiled" else None
+        m.set_path(
+            impl="batched" if impl == "compiled" else impl,
+            compile_loss=base.compile_options(args) if impl == "compiled" else False,
+        )
         trainees[impl] = Trainee(m, opt, weights, cfg.optim.clip_norm)
     print(f"checking the two paths on the first batch ({num_params / 1e6:.2f} M trainable parameters) ...", flush=True)
     worst_terms = check_paths(model, first, base.relative_difference)
@@ -268,7 +271,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     result.notes += [
         "Both paths ran on identical deep copies of one model and optimizer, alternating iteration by iteration on "
         "the same batches, augmented on the device by the trainer's stage (data.augment.lidar, drawn from the seed "
-        "and the batch position), so both trained on the same augmented points and boxes. The path is model.impl "
+        "and the batch position), so both trained on the same augmented points and boxes. The path is model.args.impl "
         "(HardVFE's slot layout, assignment and anchor-head targets/losses).",
         f"Before timing, the two paths assigned every anchor identically and their loss terms matched (worst "
         f"relative difference {worst_terms:.1e}); the first iteration's total loss matched within {first_diff:.1e}, "

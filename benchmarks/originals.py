@@ -1441,7 +1441,7 @@ def lidar_case(model_name: str, batch: int = 4, min_gt: int = 21, max_gt: int = 
     config = Path(__file__).resolve().parents[1] / "configs" / f"{model_name}_tiny.yaml"
     torch.manual_seed(seed)
     model = build_model(load_config(config, []).model).train()
-    model.impl = "reference"
+    model.set_path(impl="reference")
     gen = torch.Generator().manual_seed(seed)
     anchors, classes, _ = model.anchor_set(feature_size, torch.device("cpu"))
     num_anchors, dim = anchors.shape
@@ -1471,18 +1471,19 @@ def count_anchor_head(case: dict[str, Any]) -> tuple[PathCost, PathCost]:
     """PointPillars / SSN: the max-IoU assignment and the targets + loss (the two regions of the model's loss):
     our reference and batched paths, and the original's ``Anchor3DHead.loss`` / ``ShapeAwareHead.loss`` (whose
     assigner calls are its ``assignment`` region)."""
+    from drivetrain.models.pointpillars.paths import BatchedPath, ReferencePath
+
     model, outputs, gt_boxes, gt_labels = case["model"], case["outputs"], case["gt_boxes"], case["gt_labels"]
     name = "SSN" if case["classes"] is not None else "PointPillars"
-    head = (outputs["cls_logits"], outputs["box_preds"], outputs["dir_logits"], outputs["anchors"])
 
     def assign(impl: str) -> torch.Tensor:
-        model.impl = impl
+        model.set_path(impl=impl)
         return model.assign(outputs["feature_size"], gt_boxes, gt_labels)
 
+    paths = {"reference": ReferencePath(), "batched": BatchedPath()}
+
     def targets_loss(impl: str, assigned: torch.Tensor, pairs: Any = None) -> dict[str, torch.Tensor]:
-        return model.criterion(
-            *head, assigned, gt_boxes, gt_labels, impl=impl, anchor_classes=case["classes"], pairs=pairs
-        )
+        return paths[impl].terms(model, outputs, assigned, pairs, gt_boxes, gt_labels)
 
     assigned = assign("reference")  # the model is left on its reference path (as lidar_case builds it)
     inputs = anchor_head_inputs(model, outputs, gt_boxes, gt_labels)
@@ -1502,8 +1503,8 @@ def count_anchor_head(case: dict[str, Any]) -> tuple[PathCost, PathCost]:
         blocks = torch.bincount(case["classes"], minlength=model.num_classes).tolist()
         loops["class_samples_with_positives"] = sum(int(block.any(1).sum()) for block in positive.split(blocks, dim=1))
     batched_assignment = _count(lambda: assign("batched"))
-    _, pairs = model.assign_with_pairs(outputs["feature_size"], gt_boxes, gt_labels)  # as the model's loss runs it
-    model.impl = "reference"
+    _, pairs = model.path.assign(model, outputs["feature_size"], gt_boxes, gt_labels)  # as the model's loss runs it
+    model.set_path(impl="reference")
     return (
         PathCost(f"{name} max-IoU assignment", described, _count(lambda: assign("reference")), part,
                  batched_assignment, loops),

@@ -16,7 +16,7 @@ from drivetrain.geometry.rotated_nms import (
     multiclass_rotated_nms,
     reference_multiclass_rotated_nms,
 )
-from drivetrain.match.anchor_window import windowed_max_iou_assign
+from drivetrain.match.anchor_window import windowed_max_iou_assign_with_pairs
 from drivetrain.match.max_iou import (
     anchor_thresholds,
     batched_max_iou_assign,
@@ -190,12 +190,12 @@ def test_windowed_assignment_on_cuda_equals_the_dense_one_on_the_cpu(layout, gen
         kwargs = {"anchor_classes": classes} if classes is not None else {}
         th = anchor_thresholds(cfg, num_anchors=None if classes is not None else anchors.shape[0], **kwargs)
         expected = batched_max_iou_assign(anchors, gt_boxes, gt_labels, th, **kwargs)
-        _, cpu_pairs = windowed_max_iou_assign(anchors, grid, gt_boxes, gt_labels, th, with_pairs=True, **kwargs)
+        _, cpu_pairs = windowed_max_iou_assign_with_pairs(anchors, grid, gt_boxes, gt_labels, th, **kwargs)
         moved = {k: v.to(DEVICE) for k, v in kwargs.items()}
         th_gpu = anchor_thresholds(cfg, num_anchors=None if classes is not None else anchors.shape[0],
                                    device=DEVICE, **moved)  # fmt: skip
-        got, pairs = windowed_max_iou_assign(
-            anchors.to(DEVICE), grid, moved_boxes, moved_labels, th_gpu, with_pairs=True, **moved
+        got, pairs = windowed_max_iou_assign_with_pairs(
+            anchors.to(DEVICE), grid, moved_boxes, moved_labels, th_gpu, **moved
         )
         assert got.device.type == DEVICE and torch.equal(got.cpu(), expected), cfg
         assert (pairs is None) == (cpu_pairs is None)

@@ -150,9 +150,9 @@ def test_compiled_anchor_assignment_and_loss_on_cuda_is_one_graph_within_the_flo
     anchors = model.anchors(feature_size, "cpu")
     for sizes in LIDAR_BATCHES[:2]:
         heads, gt_boxes, gt_labels = lidar_case(anchors, sizes, gen)
-        model.compile_loss = {}
+        model.set_path(compile_loss={})
         compiled = _pointpillars_terms(model, heads, gt_boxes, gt_labels, feature_size, DEVICE)
-        model.compile_loss = None
+        model.set_path(compile_loss=False)
         eager = _pointpillars_terms(model, heads, gt_boxes, gt_labels, feature_size, DEVICE)
         assert float(eager[0]["loss_bbox"].detach()) > 0
         assert_within_float32_bounds(compiled, eager, summands=math.prod(heads["cls_logits"].shape))

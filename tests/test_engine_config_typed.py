@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from drivetrain.data.sources import SyntheticArgs
-from drivetrain.detector.spec import ModelSpec
+from drivetrain.detector.spec import ModelSpec, keywords
 from drivetrain.engine import Checkpointer, ConfigError, Trainer, load_config
 from drivetrain.engine.build import build_model
 from drivetrain.engine.config import TrainConfig, config_diff, config_to_dict, from_dict
@@ -39,10 +39,15 @@ class _SmokeArgs:
     dtype: str = "float32"
 
 
+def _typed_smoke(args: _SmokeArgs) -> SmokeModel:
+    """The smoke model built from its typed args (a builder whose spec declares them takes the one instance)."""
+    return SmokeModel(**keywords(args))
+
+
 @pytest.fixture
 def typed_smoke():
     """The smoke model registered under a spec with typed arguments, for the length of one test."""
-    register_model(ModelSpec(TYPED, build=SmokeModel, args=_SmokeArgs, modalities=frozenset({"tensor"})))
+    register_model(ModelSpec(TYPED, build=_typed_smoke, args=_SmokeArgs, modalities=frozenset({"tensor"})))
     yield TYPED
     _REGISTERED["model"].pop(TYPED)
 
@@ -51,7 +56,7 @@ def test_model_args_load_as_the_specs_dataclass_with_every_field(typed_smoke):
     cfg = load_config(SMOKE, [f"model.name={typed_smoke}", "model.args={width: 8, dropout: 0}"])
     assert cfg.model.args == _SmokeArgs(width=8, dropout=0.0)  # the fields not given take the dataclass's defaults
     assert isinstance(cfg.model.args.dropout, float)  # YAML's 0 as the declared float
-    model = build_model(cfg.model)  # the builder gets the fields as keyword arguments
+    model = build_model(cfg.model)  # the builder gets the instance
     assert model.head[0].out_features == 8 and model.dropout.p == 0.0
 
 

@@ -1,4 +1,4 @@
-"""The batched losses under torch.compile (drivetrain.compiled; the criteria's ``compile=``, the models'
+"""The batched losses under torch.compile (drivetrain.compiled; the StreamPETR criteria's ``compile=``, the models'
 ``compile_loss``): one graph per criterion with no graph break, no recompile for new ground-truth counts, and
 the terms and gradients of eager execution — bit for bit under aot_eager, within the float32 bound of reordered
 sums under inductor (slow).
@@ -23,9 +23,13 @@ import torch._dynamo
 from scipy.optimize import linear_sum_assignment
 from torch._dynamo.utils import counters
 
-from drivetrain.compiled import compile_options, dynamic, ragged_dynamic
+from drivetrain.compiled import compile_options, compiled, dynamic, ragged_dynamic
+from drivetrain.losses.term_weights import weighted_total
 from drivetrain.models.pointpillars import SSN, PointPillars
-from drivetrain.models.pointpillars.criterion import AnchorHeadLoss
+from drivetrain.models.pointpillars.args import PointPillarsArgs
+from drivetrain.models.pointpillars.loss import AnchorHeadLoss
+from drivetrain.models.pointpillars.loss_batched import batched_anchor_head_loss
+from drivetrain.models.pointpillars.paths import model_path
 from drivetrain.models.pointpillars.recipe import LOSS_WEIGHTS, NUS_CODE_WEIGHTS, NUS_DIR_OFFSET
 from drivetrain.models.streampetr.criteria import focal_head_loss, streampetr_loss
 from drivetrain.profile import Profiler, active
@@ -112,8 +116,8 @@ def test_compile_options_read_bool_and_mapping():
         compile_options("inductor")
     assert streampetr_loss().compile_options is None
     assert focal_head_loss(compile=True).compile_options == {}
-    anchor_loss = AnchorHeadLoss(10, **NUS_ANCHOR_LOSS, compile={"mode": "max-autotune"})
-    assert anchor_loss.compile_options == {"mode": "max-autotune"}
+    anchor_path = model_path(PointPillarsArgs(compile_loss={"mode": "max-autotune"}))  # the lidar models' one switch
+    assert anchor_path.compile_options == {"mode": "max-autotune"}
 
 
 def test_dynamic_marks_a_view_and_leaves_sizes_0_and_1_alone():
@@ -239,38 +243,46 @@ def test_anchor_assignment_and_loss_are_one_graph_and_equal_eager(model_class, g
     feature_size = (8, 8)
     model = model_class()
     anchors = model.anchors(feature_size, "cpu")
-    model.chunk = anchors.shape[0] // 2 + 1  # the assigner's two passes over anchor slices, under compile too
+    model.set_path(chunk=anchors.shape[0] // 2 + 1)  # the assigner's two passes over anchor slices, under compile too
     recorder = Recorder()
     for i, sizes in enumerate(LIDAR_BATCHES):
         heads, gt_boxes, gt_labels = lidar_case(anchors, sizes, gen)
-        model.compile_loss = {"backend": recorder}
+        model.set_path(compile_loss={"backend": recorder})
         compiled = model_loss(model, heads, gt_boxes, gt_labels, feature_size)
-        model.compile_loss = None
+        model.set_path(compile_loss=False)
         # the graph holds the dense assignment and loss; eager runs the same ops bit for bit (the default windowed
         # path's pair loss sums in another order: tests/test_models_pointpillars_criterion.py compares it)
-        model.window = False
+        model.set_path(window=False)
         eager = model_loss(model, heads, gt_boxes, gt_labels, feature_size)
-        model.window = True
+        model.set_path(window=True)
         assert float(compiled[0]["loss_bbox"].detach()) > 0  # positives were assigned
         assert_bit_equal(compiled, eager)
         assert len(recorder.graphs) == 1, f"batch {i}: {len(recorder.graphs)} graphs"
         assert graph_breaks() == 0
 
 
-def test_anchor_head_loss_option_compiles_the_loss(gen):
+def anchor_head_terms(loss: AnchorHeadLoss, options: dict | None, *inputs, gt_boxes, gt_labels) -> dict:
+    """The anchor-head loss's batched terms: eager (``options`` None), or through ``torch.compile`` with these
+    arguments and the ground-truth dim dynamic, as the compiled path runs it (there, with the assignment)."""
+    if options is None:
+        return loss.batched(*inputs, gt_boxes, gt_labels)
+    gt_boxes, gt_labels = ragged_dynamic(gt_boxes), ragged_dynamic(gt_labels)  # G
+    return compiled(batched_anchor_head_loss, options)(*inputs, gt_boxes, gt_labels, **loss.options)
+
+
+def test_the_anchor_head_loss_compiles_to_one_graph(gen):
     model = PointPillars()
     anchors = model.anchors((8, 8), "cpu")
     recorder = Recorder()
-    loss = AnchorHeadLoss(10, **NUS_ANCHOR_LOSS, compile={"backend": recorder})
+    loss = AnchorHeadLoss(10, **NUS_ANCHOR_LOSS)
     for sizes in LIDAR_BATCHES[:2]:
         heads, gt_boxes, gt_labels = lidar_case(anchors, sizes, gen)
         assigned = model.assign((8, 8), gt_boxes, gt_labels)
         results = []
         for options in ({"backend": recorder}, None):
-            loss.compile_options = options
             leaves = [v.detach().clone().requires_grad_() for v in heads.values()]
-            terms = loss(*leaves, anchors, assigned, gt_boxes, gt_labels)
-            results.append((terms, torch.autograd.grad(loss.total(terms), leaves)))
+            terms = anchor_head_terms(loss, options, *leaves, anchors, assigned, gt_boxes=gt_boxes, gt_labels=gt_labels)
+            results.append((terms, torch.autograd.grad(weighted_total(terms, loss.weights), leaves)))
         assert_bit_equal(*results)
     assert len(recorder.graphs) == 1 and graph_breaks() == 0
 
@@ -313,9 +325,9 @@ def test_inductor_gives_the_eager_terms_and_gradients_within_the_float32_bound(g
     anchors = model.anchors((8, 8), "cpu")
     for sizes in LIDAR_BATCHES[:2]:
         heads, gt_boxes, gt_labels = lidar_case(anchors, sizes, gen)
-        model.compile_loss = {}
+        model.set_path(compile_loss={})
         compiled = model_loss(model, heads, gt_boxes, gt_labels, (8, 8))
-        model.compile_loss = None
+        model.set_path(compile_loss=False)
         eager = model_loss(model, heads, gt_boxes, gt_labels, (8, 8))
         assert_within_float32_bounds(compiled, eager, summands=math.prod(heads["cls_logits"].shape))
     assert graph_breaks() == 0 and counters["stats"]["unique_graphs"] == 3  # one per criterion, no recompile

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from drivetrain.geometry.bev_iou import nearest_bev_boxes
-from drivetrain.match.anchor_window import windowed_max_iou_assign
+from drivetrain.match.anchor_window import windowed_max_iou_assign, windowed_max_iou_assign_with_pairs
 from drivetrain.match.max_iou import (
     MaxIoUConfig,
     anchor_thresholds,
@@ -192,7 +192,7 @@ def test_window_pairs_hold_every_positive_with_its_gt(cfg, num_gts, gen):
     gt_boxes, gt_labels = batch_of(samples)
     th = anchor_thresholds(cfg, num_anchors=anchors.shape[0])
     grid = grid_layout(ROTATED, (8, 8))
-    got, pairs = windowed_max_iou_assign(anchors, grid, gt_boxes, gt_labels, th, with_pairs=True)
+    got, pairs = windowed_max_iou_assign_with_pairs(anchors, grid, gt_boxes, gt_labels, th)
     assert torch.equal(got, windowed_max_iou_assign(anchors, grid, gt_boxes, gt_labels, th))
     zero_positive = cfg.pos_iou_thr <= 0 or (cfg.min_pos_iou <= 0 and cfg.match_low_quality)
     assert th.zero_iou_positive == zero_positive
@@ -213,17 +213,15 @@ def test_per_class_window_pairs_hold_every_positive_and_the_host_is_read_once(ge
     _ = gt_boxes.mask
     grid.index(anchors.device), grid.reach(anchors.device)
     with count_host_syncs() as calls:
-        got, pairs = windowed_max_iou_assign(
-            anchors, grid, gt_boxes, gt_labels, th, anchor_classes=classes, with_pairs=True
-        )
+        got, pairs = windowed_max_iou_assign_with_pairs(anchors, grid, gt_boxes, gt_labels, th, anchor_classes=classes)
     assert calls == ["__int__"]
     b, a = torch.nonzero(got > 0, as_tuple=True)
     positives = set(zip((b * anchors.shape[0] + a).tolist(), (got[b, a] - 1).tolist(), strict=True))
     assert positives and positives <= _pair_set(pairs)
     # no GT: no pairs, and an empty list rather than None
     empty_boxes, empty_labels = batch_of([scene(anchors, 0, 3, gen)] * 2)
-    got, pairs = windowed_max_iou_assign(
-        anchors, grid, empty_boxes, empty_labels, th, anchor_classes=classes, with_pairs=True
+    got, pairs = windowed_max_iou_assign_with_pairs(
+        anchors, grid, empty_boxes, empty_labels, th, anchor_classes=classes
     )
     assert not bool(got.any()) and pairs is not None and pairs.flat.numel() == 0
 

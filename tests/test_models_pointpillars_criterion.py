@@ -10,12 +10,15 @@ import torch
 from tests.helpers.boxes import random_boxes3d
 from tests.helpers.nosync import no_host_sync
 
-from drivetrain.models.pointpillars.criterion import (
+from drivetrain.losses.term_weights import weighted_total
+from drivetrain.models.pointpillars.args import PointPillarsArgs
+from drivetrain.models.pointpillars.loss import (
     AVG_EPS,
     AnchorHeadLoss,
     batched_anchor_head_loss,
     reference_anchor_head_loss,
 )
+from drivetrain.models.pointpillars.paths import model_path
 from drivetrain.models.pointpillars.recipe import LOSS_WEIGHTS, LYFT_CODE_WEIGHTS, NUS_CODE_WEIGHTS, NUS_DIR_OFFSET
 from drivetrain.ragged import RaggedBatch
 
@@ -194,10 +197,10 @@ def test_hand_worked_two_anchors_one_gt() -> None:
 
     criterion = _criterion(num_classes=2)
     for impl in ("batched", "reference"):
-        terms = criterion(pred_cls, pred_boxes, pred_dir, anchors, assigned, gt_boxes, gt_labels, impl=impl)
+        terms = getattr(criterion, impl)(pred_cls, pred_boxes, pred_dir, anchors, assigned, gt_boxes, gt_labels)
         for name, value in expected.items():
             assert float(terms[name].detach()) == pytest.approx(value, rel=1e-6), (impl, name)
-        total = criterion.total(terms)
+        total = weighted_total(terms, criterion.weights)
         assert float(total.detach()) == pytest.approx(loss_cls + loss_bbox + 0.2 * loss_dir, rel=1e-6)
 
 
@@ -205,9 +208,9 @@ def test_the_weights_given_are_applied_once() -> None:
     criterion = _criterion()
     assert criterion.weights == {"loss_cls": 1.0, "loss_bbox": 1.0, "loss_dir": 0.2}  # the configs' loss_weight
     terms = {name: torch.tensor(float(i + 1)) for i, name in enumerate(TERMS)}
-    assert float(criterion.total(terms)) == pytest.approx(1.0 + 2.0 + 0.2 * 3.0)
+    assert float(weighted_total(terms, criterion.weights)) == pytest.approx(1.0 + 2.0 + 0.2 * 3.0)
     other = AnchorHeadLoss(NUM_CLASSES, **NUS, weights={"loss_cls": 2.0, "loss_bbox": 0.5, "loss_dir": 1.0})
-    assert float(other.total(terms)) == pytest.approx(2.0 + 0.5 * 2.0 + 1.0 * 3.0)
+    assert float(weighted_total(terms, other.weights)) == pytest.approx(2.0 + 0.5 * 2.0 + 1.0 * 3.0)
     with pytest.raises(ValueError, match="weights"):
         AnchorHeadLoss(NUM_CLASSES, **NUS, weights={"loss_cls": 1.0, "loss_bbox": 1.0})
 
@@ -216,15 +219,15 @@ def test_criterion_runs_both_paths_and_checks_shapes() -> None:
     gen = torch.Generator().manual_seed(5)
     inputs = _batch([3, 1], gen)
     criterion = _criterion()
-    batched, reference = criterion(*inputs), criterion(*inputs, impl="reference")
+    batched, reference = criterion.batched(*inputs), criterion.reference(*inputs)
     for name in TERMS:
         torch.testing.assert_close(batched[name], reference[name], rtol=RTOL, atol=0.0)
     with pytest.raises(ValueError, match="pred_boxes"):
-        criterion(inputs[0], inputs[1][..., :7], *inputs[2:])
+        criterion.batched(inputs[0], inputs[1][..., :7], *inputs[2:])
     with pytest.raises(ValueError, match="code_weights"):
-        criterion(inputs[0], inputs[1][..., :7], inputs[2], inputs[3][:, :7], *inputs[4:])
+        criterion.batched(inputs[0], inputs[1][..., :7], inputs[2], inputs[3][:, :7], *inputs[4:])
     with pytest.raises(ValueError, match="impl"):
-        criterion(*inputs, impl="fast")
+        model_path(PointPillarsArgs(impl="fast"))  # the one place that reads impl
 
 
 def test_batched_loss_has_no_host_sync() -> None:
@@ -233,7 +236,7 @@ def test_batched_loss_has_no_host_sync() -> None:
     batched_anchor_head_loss(*inputs, **NUS)  # warm-up: constant() copies the code weights once per device
     with no_host_sync():
         terms = batched_anchor_head_loss(*inputs, **NUS)
-        total = _criterion().total(terms)
+        total = weighted_total(terms, _criterion().weights)
         total.backward()
     assert inputs[0].grad is not None and inputs[1].grad is not None and inputs[2].grad is not None
 
@@ -255,7 +258,7 @@ def test_half_inputs_are_computed_in_fp32() -> None:
 # each) in pair order instead of anchor order: the RTOL derivation above covers it (K < 2^17 summands here:
 # ≤ 17 eps = 2.0e-6 per sum). Gradients are elementwise and need no sum: the same bound.
 def _windowed(per_class: bool, sizes: list[int], gen: torch.Generator, grid_size: int = 32):
-    from drivetrain.match.anchor_window import windowed_max_iou_assign
+    from drivetrain.match.anchor_window import windowed_max_iou_assign_with_pairs
     from drivetrain.match.max_iou import anchor_thresholds
     from drivetrain.models.pointpillars.anchors import grid_anchors, grid_layout, per_class_anchors, per_class_layout
     from drivetrain.models.pointpillars.recipe import NUS_PP_ASSIGNER
@@ -270,9 +273,7 @@ def _windowed(per_class: bool, sizes: list[int], gen: torch.Generator, grid_size
         grid = grid_layout(TINY, (grid_size, grid_size))
         th = anchor_thresholds(NUS_PP_ASSIGNER, num_anchors=anchors.shape[0])
     gt_boxes, gt_labels = batch_of([scene(anchors, n, 3, gen) for n in sizes])
-    assigned, pairs = windowed_max_iou_assign(
-        anchors, grid, gt_boxes, gt_labels, th, anchor_classes=classes, with_pairs=True
-    )
+    assigned, pairs = windowed_max_iou_assign_with_pairs(anchors, grid, gt_boxes, gt_labels, th, anchor_classes=classes)
     assert pairs is not None and int((assigned > 0).sum()) >= 1  # positives: the box terms are not empty
     batch, num_anchors = len(sizes), anchors.shape[0]
     pred_cls = torch.randn(batch, num_anchors, NUM_CLASSES, generator=gen).requires_grad_()
@@ -289,7 +290,7 @@ def test_window_pairs_give_the_dense_terms_and_gradients(per_class: bool, sizes:
     assert pairs.flat.numel() < inputs[4].numel()  # fewer pairs than anchors: the pair path runs
     dense = batched_anchor_head_loss(*inputs, **NUS)
     sparse = batched_anchor_head_loss(*inputs, **NUS, pairs=pairs)
-    via_criterion = _criterion()(*inputs, pairs=pairs)
+    via_criterion = _criterion().batched(*inputs, pairs=pairs)
     for name in TERMS:
         torch.testing.assert_close(sparse[name], dense[name], rtol=RTOL, atol=0.0, msg=name)
         torch.testing.assert_close(via_criterion[name], sparse[name], rtol=0, atol=0, msg=name)
@@ -336,5 +337,5 @@ def test_window_pair_loss_has_no_host_sync() -> None:
     batched_anchor_head_loss(*inputs, **NUS, pairs=pairs)  # warm-up (code weights copied once per device)
     with no_host_sync():
         terms = batched_anchor_head_loss(*inputs, **NUS, pairs=pairs)
-        _criterion().total(terms).backward()
+        weighted_total(terms, _criterion().weights).backward()
     assert all(t.grad is not None for t in inputs[:3])

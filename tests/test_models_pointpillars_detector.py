@@ -10,6 +10,7 @@ import torch
 
 from drivetrain.data import DatasetConfig, FrameDataset, collate
 from drivetrain.data.formats.nuscenes.tables import CLASSES
+from drivetrain.losses.term_weights import weighted_total
 from drivetrain.models.pointpillars.model import SSN, PointPillars
 from drivetrain.models.pointpillars.recipe import SSN_NUS_CLASSES
 
@@ -98,7 +99,7 @@ def test_twenty_steps_on_two_frames_reduce_the_loss(batch, name):
     losses = []
     for _ in range(20):
         terms = model.loss(model(batch), batch)
-        total = model.criterion.total(terms)
+        total = weighted_total(terms, model.loss_weights)
         opt.zero_grad()
         total.backward()
         opt.step()
@@ -145,7 +146,7 @@ def test_detect_paths_agree_and_labels_come_back_in_dataset_order(batch, name):
         for head in getattr(model.head, "heads", [model.head]):
             head.conv_cls.bias.add_(4.0)
     boxes, scores, labels = model.detect(batch)
-    model.impl = "reference"
+    model.set_path(impl="reference")
     ref_boxes, ref_scores, ref_labels = model.detect(batch)
     assert model.training  # detect leaves the mode as it found it
     assert torch.equal(boxes.sizes, ref_boxes.sizes) and int(boxes.sizes.min()) > 10
@@ -238,7 +239,7 @@ def test_a_batched_training_step_reads_the_host_twice(batch, name):
     cls, args = MODELS[name]
     torch.manual_seed(0)
     model = cls(**args)
-    model.criterion.total(model.loss(model(batch), batch)).backward()  # warm-up: anchors and tables are cached
+    weighted_total(model.loss(model(batch), batch), model.loss_weights).backward()  # warm-up: anchors, tables cached
     with count_host_syncs() as calls:
-        model.criterion.total(model.loss(model(batch), batch)).backward()
+        weighted_total(model.loss(model(batch), batch), model.loss_weights).backward()
     assert calls == ["tolist", "__int__"], calls

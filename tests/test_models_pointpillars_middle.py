@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from drivetrain.data import DatasetConfig, FrameDataset, collate
+from drivetrain.losses.term_weights import weighted_total
 from drivetrain.models.pointpillars.middle import DenseMiddleEncoder, scatter_to_volume
 from drivetrain.models.pointpillars.model import PointPillars
 
@@ -76,7 +77,7 @@ def test_a_detector_with_the_3d_middle_encoder_learns(synth_index, synth_root):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     losses = []
     for _ in range(20):
-        total = model.criterion.total(model.loss(model(batch), batch))
+        total = weighted_total(model.loss(model(batch), batch), model.loss_weights)
         opt.zero_grad()
         total.backward()
         opt.step()

@@ -12,12 +12,13 @@ import torch
 import drivetrain.geometry.delta_coder as delta_coder
 import drivetrain.match as match
 import drivetrain.match.max_iou as max_iou
-import drivetrain.models.pointpillars.criterion as anchor_head
+import drivetrain.models.pointpillars.loss as anchor_head
 from drivetrain.data.formats.nuscenes.tables import CLASSES
 from drivetrain.data.formats.registry import FORMATS
+from drivetrain.losses.term_weights import weighted_total
 from drivetrain.models.pointpillars import SSN, PointPillars
 from drivetrain.models.pointpillars.anchors import num_grid_anchors
-from drivetrain.models.pointpillars.criterion import AnchorHeadLoss
+from drivetrain.models.pointpillars.loss import AnchorHeadLoss
 from drivetrain.models.pointpillars.model import dataset_class_names
 from drivetrain.models.pointpillars.recipe import (
     LOSS_WEIGHTS,
@@ -111,12 +112,12 @@ def test_the_model_criterion_is_the_loss_built_from_the_recipe():
     boxes = RaggedBatch.from_list([gt, gt.flip(0)])
     labels = RaggedBatch.from_list([torch.tensor([0, 4]), torch.tensor([7, 1])])
     built = AnchorHeadLoss(10, code_weights=NUS_CODE_WEIGHTS, dir_offset=NUS_DIR_OFFSET, weights=LOSS_WEIGHTS)
-    got = model.criterion(*heads, anchors, assigned, boxes, labels)
-    want = built(*heads, anchors, assigned, boxes, labels)
+    got = model.criterion.batched(*heads, anchors, assigned, boxes, labels)
+    want = built.batched(*heads, anchors, assigned, boxes, labels)
     assert float(want["loss_bbox"]) > 0 and float(want["loss_dir"]) > 0  # positives exist
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=0, atol=0)
-    assert float(model.criterion.total(got)) == float(built.total(want))
+    assert float(weighted_total(got, model.criterion.weights)) == float(weighted_total(want, built.weights))
 
 
 def test_generic_pieces_take_the_model_constants_as_arguments():

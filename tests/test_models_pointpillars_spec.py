@@ -1,42 +1,22 @@
-"""PointPillars' and SSN's specs: the typed ``model.args`` are the builders' keyword arguments (names and defaults),
-every config of these models loads into them, bad keys and types are one line naming the key, the moved keys are
-still refused with their pointer, and the declared modalities are the built models'."""
+"""PointPillars' and SSN's specs: the builders take the typed ``model.args`` (one instance, keyword arguments
+replacing its fields), every config of these models loads into them, bad keys and types are one line naming the
+key, the moved keys are still refused with their pointer, and the declared modalities are the built models'."""
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 from pathlib import Path
 
 import pytest
 
-from drivetrain.detector.spec import keywords
+from drivetrain.engine.build import build_model
 from drivetrain.engine.config import ConfigError, load_config
 from drivetrain.engine.config_files import read_config_file
 from drivetrain.engine.registry import check_args, model_spec
 from drivetrain.models.pointpillars.args import PointPillarsArgs, SSNArgs
-from drivetrain.models.pointpillars.model import SSN_DEFAULTS, PointPillars
+from drivetrain.models.pointpillars.paths import BatchedPath, ReferencePath
 from drivetrain.models.pointpillars.spec import POINTPILLARS, SSN
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-
-
-def _defaults(cls: type) -> dict[str, object]:
-    return {f.name: f.default for f in dataclasses.fields(cls)}
-
-
-def _builder_defaults() -> dict[str, object]:
-    params = inspect.signature(PointPillars).parameters.values()
-    return {p.name: p.default for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD}
-
-
-def test_the_args_are_the_builders_keyword_arguments_with_their_defaults():
-    assert _defaults(PointPillarsArgs) == _builder_defaults()
-    assert list(_defaults(PointPillarsArgs)) == list(_builder_defaults())  # the signature's order too
-    # SSN's builder takes PointPillars' arguments with its own defaults over them
-    assert _defaults(SSNArgs) == {**_builder_defaults(), **SSN_DEFAULTS}
-    for cls in (PointPillarsArgs, SSNArgs):
-        assert cls.__dataclass_params__.frozen, cls.__name__
 
 
 def test_the_specs_declare_their_args_and_the_built_models_modalities():
@@ -53,6 +33,28 @@ def test_ssn_built_from_its_args_defaults_is_ssn_with_its_own_defaults():
     assert explicit.grid == implicit.grid
 
 
+def test_the_builders_take_their_args_and_keyword_changes_to_its_fields():
+    model = POINTPILLARS.build(PointPillarsArgs(max_voxels=7), max_points=3)
+    assert model.args == PointPillarsArgs(max_voxels=7, max_points=3) and model.grid.max_voxels == 7
+    assert SSN.build().args == SSNArgs() and SSN.build(max_points=5).args == SSNArgs(max_points=5)
+    with pytest.raises(TypeError, match="'max_pointz'"):
+        POINTPILLARS.build(max_pointz=3)
+    # the spec builds from an instance, a mapping or None, its keyword arguments replacing fields
+    built = POINTPILLARS.build_model({"max_voxels": 9}, impl="reference")
+    assert built.args == PointPillarsArgs(max_voxels=9, impl="reference") and isinstance(built.path, ReferencePath)
+    default = SSN.build_model(None)
+    assert isinstance(default.path, BatchedPath) and default.args == SSNArgs()
+
+
+def test_a_value_the_builder_refuses_is_one_line_naming_model_args():
+    cfg = load_config(CONFIGS / "pointpillars_tiny.yaml", ["model.args.assigner=[0.6, 0.3]"]).model  # types fit
+    with pytest.raises(ConfigError) as info:
+        build_model(cfg)  # built through the spec, from the instance the config holds
+    assert str(info.value) == (
+        "model.args: pointpillars: assigner: expected (pos_iou_thr, neg_iou_thr, min_pos_iou), got (0.6, 0.3)"
+    )
+
+
 def test_every_config_of_these_models_loads_into_their_args():
     lidar = set()
     for config in sorted(CONFIGS.glob("*.yaml")):
@@ -66,7 +68,6 @@ def test_every_config_of_these_models_loads_into_their_args():
         written = read_config_file(config).data["model"].get("args", {})
         for key, value in written.items():  # every value the config sets (its base chain's too), in its typed form
             assert _as_tuples(getattr(args, key)) == _as_tuples(value), (config.name, key)
-        assert keywords(args).keys() == _builder_defaults().keys()
     named = {p.name for pattern in ("pointpillars_*.yaml", "ssn_*.yaml") for p in CONFIGS.glob(pattern)}
     assert named and named <= lidar  # the configs named after the models are among them
 

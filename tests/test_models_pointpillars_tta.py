@@ -109,10 +109,11 @@ def test_flip_views_batched_and_reference_agree(model_and_batch):
     model.tta_config = TTAConfig()
     try:
         fast = model.detect(batch)
-        model.impl = "reference"
+        model.set_path(impl="reference")
         ref = model.detect(batch)
     finally:
-        model.impl, model.tta_config = "batched", None
+        model.tta_config = None
+        model.set_path(impl="batched")
     assert torch.equal(fast[0].sizes, ref[0].sizes)
     for b in range(2):
         n = int(fast[0].sizes[b])

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from drivetrain.cli.bench import available, load
-from drivetrain.models.pointpillars.criterion import reference_anchor_head_loss
+from drivetrain.models.pointpillars.loss import reference_anchor_head_loss
 from drivetrain.models.pointpillars.recipe import NUS_CODE_WEIGHTS, NUS_DIR_OFFSET
 from drivetrain.models.streampetr.criteria import focal_head_loss, streampetr_loss
 
@@ -193,7 +193,7 @@ def test_anchor_head_ports_compute_our_reference_terms(originals, pointpillars_r
         model, outputs, gt_boxes, gt_labels = case["model"], case["outputs"], case["gt_boxes"], case["gt_labels"]
         assigned = model.assign(outputs["feature_size"], gt_boxes, gt_labels)
         head = (outputs["cls_logits"], outputs["box_preds"], outputs["dir_logits"], outputs["anchors"])
-        ours = model.criterion(*head, assigned, gt_boxes, gt_labels, impl="reference", anchor_classes=case["classes"])
+        ours = model.criterion.reference(*head, assigned, gt_boxes, gt_labels, anchor_classes=case["classes"])
         theirs = originals.original_anchor_head_loss(originals.anchor_head_inputs(model, outputs, gt_boxes, gt_labels))
         for term, value in ours.items():
             torch.testing.assert_close(theirs[term] / model.criterion.weights[term], value, rtol=RTOL, atol=0.0)

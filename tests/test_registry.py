@@ -306,7 +306,8 @@ def test_an_entry_point_may_name_a_spec_whose_typed_args_are_checked_when_the_co
         "from dtplugin import TinyNet\n\n"
         "@dataclass(frozen=True)\nclass TinyArgs:\n    channels: int = 3\n    width: int = 8\n    depth: int = 2\n"
         "    dims: int = 2\n    dropout: float = 0.0\n    memory: bool = False\n\n"
-        "SPEC = ModelSpec('tinyspec', build=TinyNet, args=TinyArgs, modalities=frozenset({'tensor'}))\n"
+        "def build(args):\n    return TinyNet(**vars(args))\n\n"
+        "SPEC = ModelSpec('tinyspec', build=build, args=TinyArgs, modalities=frozenset({'tensor'}))\n"
     )
     with (site / "dtplugin-0.1.dist-info" / "entry_points.txt").open("a") as f:
         f.write("tinyspec = dtplugin.spec:SPEC\n")

@@ -15,10 +15,12 @@ Example:
     >>> @dataclass(frozen=True)
     ... class TinyArgs:
     ...     width: int = 8
-    >>> spec = ModelSpec("tiny", build=lambda width: torch.nn.Linear(width, 1), args=TinyArgs,
+    >>> spec = ModelSpec("tiny", build=lambda args: torch.nn.Linear(args.width, 1), args=TinyArgs,
     ...                  modalities=frozenset({"tensor"}))
     >>> spec.build_model(TinyArgs(width=4)).in_features
     4
+    >>> spec.build_model({"width": 2}).in_features, spec.build_model(None, width=3).in_features
+    (2, 3)
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["MODALITIES", "ModelSpec", "WeightFormat"]
+__all__ = ["MODALITIES", "ModelSpec", "WeightFormat", "changed", "keywords"]
 
 MODALITIES = frozenset({"camera", "lidar", "tensor"})
 """What a model's batches carry: camera images, lidar points, or plain tensors (the engine's smoke model)."""
@@ -62,10 +64,13 @@ class ModelSpec:
 
     Attributes:
         name: the short name configs use (``model.name``).
-        build: the builder: an ``nn.Module`` class or function taking :attr:`args`' fields as keyword arguments
-            (and returning a model that follows the engine's protocol).
-        args: the frozen dataclass ``model.args`` maps onto (its fields and defaults are the builder's keyword
-            arguments); None: the builder's signature is the only check (a plugin's choice).
+        build: the builder: an ``nn.Module`` class or function returning a model that follows the engine's
+            protocol. With :attr:`args` it takes one positional argument, an instance of :attr:`args` (where each
+            argument's type, default and meaning are declared, once): ``build(args)``; the built-in models' also take
+            keyword arguments replacing its fields (``PointPillars(max_voxels=100)``, by :func:`changed`). Without,
+            it takes the config's ``model.args`` as keyword arguments.
+        args: the frozen dataclass ``model.args`` maps onto, and the builder takes; None: the builder takes
+            keyword arguments and its signature is the only check (a plugin's choice).
         modalities: what its batches carry, a subset of :data:`MODALITIES`.
         summary: one line for ``drivetrain configs`` and errors.
         weight_formats: the originals' weight formats it imports (``drivetrain``, our own names, is always read).
@@ -90,15 +95,52 @@ class ModelSpec:
         if not callable(self.build):
             raise TypeError(f"ModelSpec {self.name!r}: build must be callable, got {self.build!r}")
 
-    def build_model(self, args: Any = None, **command: Any) -> nn.Module:
-        """Build the model from ``args`` (an instance of :attr:`args`, a mapping, or None for the defaults) plus
-        the command's own keyword arguments (e.g. ``impl``)."""
-        return self.build(**keywords(args), **command)
+    def build_model(self, args: Any = None, **changes: Any) -> nn.Module:
+        """Build the model by the protocol of :attr:`build`.
+
+        Args:
+            args: an instance of :attr:`args`, a mapping of its fields (``args(**mapping)``) or None (its defaults);
+                for a spec without :attr:`args`, a mapping of the builder's keyword arguments (or a dataclass
+                instance, its fields), or None.
+            changes: fields replaced in ``args`` (``impl="reference"``; a name it lacks is a TypeError naming it);
+                without :attr:`args`, more keyword arguments of the builder.
+        """
+        if self.args is None:
+            return self.build(**keywords(args), **changes)
+        if args is None:
+            args = self.args()
+        elif isinstance(args, Mapping):
+            args = self.args(**args)
+        elif not isinstance(args, self.args):
+            raise TypeError(f"ModelSpec {self.name!r}: args must be a {self.args.__name__}, a mapping or None")
+        return self.build(changed(args, **changes))
+
+
+def changed(args: Any, **changes: Any) -> Any:
+    """The frozen dataclass instance ``args`` with the fields ``changes`` names replaced (``args`` itself when there
+    are none): how a builder applies its keyword arguments to its typed ``args``. TypeError naming a field that
+    ``args`` does not have.
+
+    Example:
+        >>> from dataclasses import dataclass
+        >>> @dataclass(frozen=True)
+        ... class TinyArgs:
+        ...     width: int = 8
+        >>> changed(TinyArgs(), width=4)
+        TinyArgs(width=4)
+    """
+    if not changes:
+        return args
+    known = [f.name for f in dataclasses.fields(args)]
+    for name in changes:
+        if name not in known:
+            raise TypeError(f"{type(args).__name__}: unknown argument {name!r}; known: {', '.join(known)}")
+    return dataclasses.replace(args, **changes)
 
 
 def keywords(args: Any) -> dict[str, Any]:
-    """The builder's keyword arguments from ``args``: a dataclass instance's fields (shallow), a mapping's items,
-    or nothing for None."""
+    """The keyword arguments of a builder without typed args (and a dataset's) from ``args``: a dataclass
+    instance's fields (shallow), a mapping's items, or nothing for None."""
     if args is None:
         return {}
     if dataclasses.is_dataclass(args) and not isinstance(args, type):

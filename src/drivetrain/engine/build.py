@@ -2,11 +2,13 @@
 
 ``model.name`` and ``data.name`` are short names looked up in :mod:`drivetrain.engine.registry` (each
 model's spec; ``synthetic``, ``frames``, ``smoke``; plus installed plugins).
-The builder gets ``args`` as keyword arguments — the fields of the dataclass it declares, which the config holds
-since it was loaded (``registry.check_args``), else the mapping as written, checked against its signature and plain
-scalar annotations here — and
-returns an ``nn.Module`` following the model protocol (:class:`drivetrain.engine.protocol.Model`: ``forward(batch)``,
-``loss(outputs, batch) -> {name: scalar}``) or a map-style ``Dataset``. A config never names code: a name the
+A model is built through its spec (:meth:`~drivetrain.detector.spec.ModelSpec.build_model`): a builder whose spec
+declares typed ``args`` gets the one instance the config holds since it was loaded (``registry.check_args``); any
+other builder (a plugin's without typed args, a dataset's) gets ``args`` as keyword arguments — the fields of the
+dataclass it declares, else the mapping as written, checked against its signature and plain scalar annotations
+here. A model builder returns an ``nn.Module`` following the model protocol
+(:class:`drivetrain.engine.protocol.Model`: ``forward(batch)``, ``loss(outputs, batch) -> {name: scalar}``), a
+dataset builder a map-style ``Dataset``. A config never names code: a name the
 registry does not hold is a ConfigError before anything is imported or called.
 
 **Loss-term weights.** The weight of each loss term in a run: the model's declared weights, overridden by
@@ -72,8 +74,14 @@ def _call(section: str, name: str, args: dict[str, Any], command: dict[str, Any]
             if key not in params:
                 raise ConfigError(f"{section}.args.{key}: unknown argument of {name}; known: {', '.join(params)}")
     _check_arg_types(section, fn, args)
+    return _built(section, name, lambda: fn(**args, **(command or {})), args)
+
+
+def _built(section: str, name: str, build: Callable[[], Any], args: dict[str, Any]) -> Any:
+    """``build()``, its failures one line: a ConfigError naming ``SECTION.args`` and the builder for a bad argument
+    (TypeError, ValueError), or the sizes that did not fit in memory; any other error (a bug) is seen whole."""
     try:
-        return fn(**args, **(command or {}))
+        return build()
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{section}.args: {name}: {_first_line(err)}") from None
     except (RuntimeError, MemoryError) as err:
@@ -143,7 +151,11 @@ def _check_arg_types(section: str, fn: Any, args: dict[str, Any]) -> None:
 def build_model(cfg: ModelConfig) -> nn.Module:
     """The model named by ``cfg``: an ``nn.Module`` with the required members of
     :class:`~drivetrain.engine.protocol.Model`; a one-line ConfigError naming the builder and what it lacks."""
-    model = _call("model", cfg.name, keywords(cfg.args))
+    spec = registry.model_spec(cfg.name)
+    if spec.args is None:  # a builder taking keyword arguments: checked against its signature
+        model = _call("model", cfg.name, keywords(cfg.args))
+    else:  # the instance of its typed args the config holds (checked when it loaded)
+        model = _built("model", cfg.name, lambda: spec.build_model(cfg.args), keywords(cfg.args))
     missing = missing_members(model)
     if not isinstance(model, nn.Module) or missing:
         lacks = "that is not an nn.Module" if not isinstance(model, nn.Module) else f"without {' and '.join(missing)}"

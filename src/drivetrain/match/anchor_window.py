@@ -43,7 +43,13 @@ from drivetrain.geometry.bev_iou import IOU_EPS, nearest_bev_boxes, nearest_bev_
 from drivetrain.match.max_iou import AnchorThresholds, _check_inputs
 from drivetrain.ragged import RaggedBatch
 
-__all__ = ["AnchorGrid", "WindowPairs", "WindowedAnchors", "windowed_max_iou_assign"]
+__all__ = [
+    "AnchorGrid",
+    "WindowPairs",
+    "WindowedAnchors",
+    "windowed_max_iou_assign",
+    "windowed_max_iou_assign_with_pairs",
+]
 
 
 @dataclass(frozen=True)
@@ -210,8 +216,7 @@ def windowed_max_iou_assign(
     *,
     anchor_classes: torch.Tensor | None = None,
     prepared: WindowedAnchors | None = None,
-    with_pairs: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, WindowPairs | None]:
+) -> torch.Tensor:
     """Assign the anchors of every sample, comparing each GT only with the anchors its window reaches.
 
     Args:
@@ -223,16 +228,38 @@ def windowed_max_iou_assign(
         anchor_classes: int ``(A,)`` class per anchor for per-class assignment; None: class-agnostic.
         prepared: :meth:`WindowedAnchors.build` of these anchors, grid, thresholds and classes (built here if
             None; a training loop keeps it with its anchors).
-        with_pairs: also return the compared pairs (:class:`WindowPairs`), or None when positives may lie
-            outside them (:attr:`WindowedAnchors.positives_in_windows` is False).
 
     Returns:
         int64 ``(B, A)``: −1 ignored, 0 negative, ``k ≥ 1`` GT ``k − 1``; equal to
-        :func:`~drivetrain.match.max_iou.batched_max_iou_assign`. With ``with_pairs``, ``(assigned, pairs)``.
+        :func:`~drivetrain.match.max_iou.batched_max_iou_assign`. :func:`windowed_max_iou_assign_with_pairs` also
+        returns the pairs it compared.
 
     Example:
         >>> grid = AnchorGrid(...)  # where the model's anchor generator puts its anchors, on a 200 × 200 map
         >>> assigned = windowed_max_iou_assign(anchors, grid, gt_boxes, gt_labels, thresholds)  # (B, A)
+    """
+    return windowed_max_iou_assign_with_pairs(
+        anchors, grid, gt_boxes, gt_labels, thresholds, anchor_classes=anchor_classes, prepared=prepared
+    )[0]
+
+
+@torch.no_grad()
+def windowed_max_iou_assign_with_pairs(
+    anchors: torch.Tensor,
+    grid: AnchorGrid,
+    gt_boxes: RaggedBatch,
+    gt_labels: RaggedBatch,
+    thresholds: AnchorThresholds,
+    *,
+    anchor_classes: torch.Tensor | None = None,
+    prepared: WindowedAnchors | None = None,
+) -> tuple[torch.Tensor, WindowPairs | None]:
+    """:func:`windowed_max_iou_assign` (arguments as there) and the pairs it compared, for a loss that needs only
+    the positives.
+
+    Returns:
+        ``(assigned, pairs)``: the int64 ``(B, A)`` assignment and the compared pairs (:class:`WindowPairs`), or
+        None as pairs when positives may lie outside them (:attr:`WindowedAnchors.positives_in_windows` is False).
     """
     _check_inputs(anchors, gt_boxes, gt_labels, thresholds, anchor_classes)
     if prepared is None:
@@ -240,11 +267,11 @@ def windowed_max_iou_assign(
     device = anchors.device
     num_samples, num_gts = gt_boxes.shape[:2]
     num_anchors = anchors.shape[0]
-    pairs_wanted = with_pairs and prepared.positives_in_windows
+    pairs_wanted = prepared.positives_in_windows
     if num_gts == 0 or num_anchors == 0:
         assigned = torch.zeros(num_samples, num_anchors, dtype=torch.long, device=device)  # (B, A)
         none = torch.zeros(0, dtype=torch.long, device=device)  # (0,)
-        return (assigned, WindowPairs(none, none) if pairs_wanted else None) if with_pairs else assigned
+        return assigned, WindowPairs(none, none) if pairs_wanted else None
     per_class = anchor_classes is not None
     num_groups = max(grid.group) + 1
     valid = gt_boxes.mask  # (B, G)
@@ -361,6 +388,4 @@ def windowed_max_iou_assign(
     value = torch.where(final_last > 0, final_last, value)  # (P,)
     value = torch.where(pair_has_gt > 0, value, 0)  # (P,)
     assigned = assigned.flatten().scatter_(0, flat, value).view(num_samples, num_anchors)  # (B, A)
-    if not with_pairs:
-        return assigned
     return assigned, WindowPairs(flat, pair_number - 1) if pairs_wanted else None

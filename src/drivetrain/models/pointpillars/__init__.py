@@ -2,10 +2,11 @@
 
 One concept per file: ``voxel_encoder.py`` (HardVFE pillar features), ``backbone.py`` (SECOND + SECONDFPN),
 ``head.py`` (Anchor3DHead; SSN's ShapeAwareHead), ``anchors.py`` (aligned range anchors, shared and per
-class), ``criterion.py`` (the anchor-head loss, its reference path in ``criterion_reference.py`` and batched path
-in ``criterion_batched.py``), ``postprocess.py`` (top-k, decode, rotated NMS, direction bins), ``tta.py``
-(test-time views merged), ``model.py`` (:class:`PointPillars`, :class:`SSN`: ``forward(batch)`` /
-``loss(outputs, batch)`` / ``detect(batch)``), ``recipe.py`` (the published constants: classes, SSN's tasks,
+class), ``loss.py`` (the anchor-head loss, its reference path in ``loss_reference.py`` and batched path
+in ``loss_batched.py``), ``postprocess.py`` (top-k, decode, rotated NMS, direction bins), ``tta.py``
+(test-time views merged), ``paths.py`` (the reference, batched and compiled paths, one chosen when a model is
+built), ``model.py`` (:class:`PointPillars`, :class:`SSN`: ``forward(batch)`` / ``loss(outputs, batch)`` /
+``detect(batch)``), ``recipe.py`` (the published constants: classes, SSN's tasks,
 anchors, assigner thresholds, code and loss weights, direction offset, test settings), ``weights.py`` (the
 mmdetection3d checkpoints' key map), ``args.py`` (the typed ``model.args``) and ``spec.py`` (the two detectors as
 the engine sees them). Shared pieces live where docs/design.md puts them, generic and taking the recipe's

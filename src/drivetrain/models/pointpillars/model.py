@@ -10,33 +10,26 @@ pipeline (``GlobalRotScaleTrans``, ``RandomFlip3D``, range filters, ``PointShuff
 trainer's augmentation stage (``data.augment.lidar``, :mod:`drivetrain.pipeline.augment.stage`) hands the model
 augmented batches, and :meth:`PointPillars.loss` reads the ground truth from the batch it is given.
 
-``impl="reference"`` runs the assignment and the losses per sample as the originals do; ``"batched"`` all
-samples at once (the same assignments and terms; see :mod:`drivetrain.match.max_iou`,
-:mod:`.criterion`); ``compile_loss`` runs the batched assignment and loss through
-``torch.compile`` in one graph, the ground-truth dim dynamic (:mod:`drivetrain.compiled`).
+The model takes its arguments as one :class:`~.args.PointPillarsArgs` (SSN: :class:`~.args.SSNArgs`), where each
+is declared. Its path — ``impl: reference``, the assignment and the losses per sample as the originals do;
+``batched``, all samples at once (the same assignments and terms; see :mod:`drivetrain.match.max_iou`,
+:mod:`.loss`); ``compile_loss``, the batched assignment and loss through ``torch.compile`` in one graph — is chosen
+once, when it is built: an object of :mod:`.paths` (:attr:`PointPillars.path`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from types import MappingProxyType
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from drivetrain.batch import Batch
-from drivetrain.compiled import compile_options, compiled, ragged_dynamic
 from drivetrain.data.formats.registry import FORMATS
-from drivetrain.match.anchor_window import WindowedAnchors, WindowPairs, windowed_max_iou_assign
-from drivetrain.match.max_iou import (
-    AnchorThresholds,
-    MaxIoUConfig,
-    anchor_thresholds,
-    batched_max_iou_assign,
-    reference_max_iou_assign,
-    reference_max_iou_assign_per_class,
-)
+from drivetrain.detector.spec import changed
+from drivetrain.match.anchor_window import WindowedAnchors
+from drivetrain.match.max_iou import MaxIoUConfig, anchor_thresholds
 from drivetrain.models.pointpillars.anchors import (
     AnchorConfig,
     grid_anchors,
@@ -44,21 +37,18 @@ from drivetrain.models.pointpillars.anchors import (
     per_class_anchors,
     per_class_layout,
 )
+from drivetrain.models.pointpillars.args import PointPillarsArgs, SSNArgs
 from drivetrain.models.pointpillars.backbone import SECOND, SECONDFPN
-from drivetrain.models.pointpillars.criterion import AnchorHeadLoss, batched_anchor_head_loss
 from drivetrain.models.pointpillars.head import Anchor3DHead, ShapeAwareHead
+from drivetrain.models.pointpillars.loss import AnchorHeadLoss
 from drivetrain.models.pointpillars.middle import DenseMiddleEncoder, scatter_to_volume
-from drivetrain.models.pointpillars.postprocess import DecodeConfig, decode, reference_decode
+from drivetrain.models.pointpillars.paths import model_path
+from drivetrain.models.pointpillars.postprocess import DecodeConfig
 from drivetrain.models.pointpillars.recipe import (
     LOSS_WEIGHTS,
     NUS_DIR_OFFSET,
     NUS_PP_ANCHORS,
     NUS_PP_ASSIGNER,
-    NUS_SSN_ANCHORS,
-    NUS_SSN_ASSIGNERS,
-    ROTATIONS,
-    SSN_NUS_CLASSES,
-    SSN_NUS_TASKS,
     code_weights_for,
 )
 from drivetrain.models.pointpillars.tta import TTAConfig, detect_tta
@@ -68,7 +58,7 @@ from drivetrain.pipeline.voxelize import VoxelGrid, scatter_to_bev
 from drivetrain.profile import region
 from drivetrain.ragged import RaggedBatch
 
-__all__ = ["SSN", "SSN_DEFAULTS", "PointPillars", "dataset_class_names"]
+__all__ = ["SSN", "PointPillars", "dataset_class_names"]
 
 
 def dataset_class_names(classes: str | Sequence[str]) -> tuple[str, ...]:
@@ -94,126 +84,87 @@ def _conv_out(size: int, strides: Sequence[int]) -> int:
 
 
 class PointPillars(nn.Module):
-    """The PointPillars detector; defaults are the published nuScenes SECFPN configuration (its constants in
-    :mod:`.recipe`).
+    """The PointPillars detector, built from its arguments: one :class:`~.args.PointPillarsArgs` (each argument's
+    type, default and meaning are declared there; defaults: the published nuScenes SECFPN configuration, its
+    constants in :mod:`.recipe`), keyword arguments replacing its fields (``PointPillars(max_voxels=100)``; an
+    unknown name is a TypeError naming it). The model keeps them as :attr:`args` and its path (reference, batched
+    or compiled: :mod:`.paths`) as :attr:`path`.
 
     ``input_modalities``: the sensors it reads (``("lidar",)``), written to a submission's ``meta`` block.
 
     With ``tasks`` it is SSN instead (see :class:`SSN`): a ``ShapeAwareHead`` with one branch per task, one
     anchor size per class on its task's map, and one assigner per class.
-
-    Args:
-        point_cloud_range: ``(x_min, y_min, z_min, x_max, y_max, z_max)`` of the voxel grid.
-        voxel_size: pillar size ``(vx, vy, vz)``.
-        max_points: points kept per pillar.
-        max_voxels: pillars kept per sample in training (``max_voxels_test`` in evaluation).
-        max_voxels_test: pillars kept per sample in evaluation.
-        point_dims: point features C (x, y, z, Δt: 4).
-        vfe_channels: ``HardVFE`` layer widths.
-        backbone_channels, layer_nums, layer_strides: ``SECOND``.
-        neck_channels, upsample_strides: ``SECONDFPN``.
-        anchor_ranges: per anchor size ``(x_lo, y_lo, z_lo, x_hi, y_hi, z_hi)`` (z: the anchor's bottom); None:
-            :data:`~.recipe.NUS_PP_ANCHORS`' (with ``anchor_sizes``).
-        anchor_sizes: ``(dx, dy, dz)`` per size (SSN: per class, in ``classes`` order).
-        rotations: anchor yaws.
-        num_classes: C.
-        code_size: 9 (with velocity) or 7.
-        assigner: ``(pos_iou_thr, neg_iou_thr, min_pos_iou)``; SSN: one triple per class. None:
-            :data:`~.recipe.NUS_PP_ASSIGNER`.
-        classes: the model's class order (its anchors' and outputs'); None: the dataset's.
-        dataset_classes: what the batch's labels index: ``nuscenes``, ``lyft`` or names.
-        tasks: SSN's head, ``(classes, shared channels, shared strides)`` per task; None: ``Anchor3DHead``.
-        decode: :class:`~.postprocess.DecodeConfig` fields for :meth:`detect`.
-        tta: :class:`~.tta.TTAConfig` fields: :meth:`detect` merges flipped / scaled / rotated views (None: off).
-        impl: ``batched`` or ``reference`` assignment, losses and decoding.
-        chunk: anchors per IoU slice in the dense batched assignment (None: all at once; with ``window=False``).
-        window: the batched assignment compares each GT only with the anchor windows it can reach
-            (:mod:`drivetrain.match.anchor_window`; the same assignments, one host read per step to size the
-            windows); False: the dense ``(B, A, G)`` IoU with no host read (:func:`~drivetrain.match.max_iou.
-            batched_max_iou_assign`).
-        middle: :class:`~.middle.DenseMiddleEncoder` arguments (``base_channels``, ``blocks``): a dense 3D
-            convolutional middle encoder between the voxel encoder and the BEV backbone (the voxel size must cut
-            z into several cells); None: PointPillars' BEV scatter.
-        compile_loss: run the batched assignment and loss through ``torch.compile`` in one graph: True (its
-            defaults) or a mapping of its keyword arguments; kept in :attr:`compile_loss` (None: eager).
     """
 
     input_modalities: tuple[str, ...] = ("lidar",)
 
-    def __init__(
-        self,
-        point_cloud_range: Sequence[float] = (-50.0, -50.0, -5.0, 50.0, 50.0, 3.0),
-        voxel_size: Sequence[float] = (0.25, 0.25, 8.0),
-        max_points: int = 64,
-        max_voxels: int = 30000,
-        max_voxels_test: int = 40000,
-        point_dims: int = 4,
-        vfe_channels: Sequence[int] = (64, 64),
-        backbone_channels: Sequence[int] = (64, 128, 256),
-        layer_nums: Sequence[int] = (3, 5, 5),
-        layer_strides: Sequence[int] = (2, 2, 2),
-        neck_channels: Sequence[int] = (128, 128, 128),
-        upsample_strides: Sequence[float] = (1, 2, 4),
-        anchor_ranges: Sequence[Sequence[float]] | None = None,
-        anchor_sizes: Sequence[Sequence[float]] | None = None,
-        rotations: Sequence[float] = ROTATIONS,
-        num_classes: int = 10,
-        code_size: int = 9,
-        assigner: Sequence[float] | Sequence[Sequence[float]] | None = None,
-        classes: Sequence[str] | None = None,
-        dataset_classes: str | Sequence[str] = "nuscenes",
-        tasks: Sequence[Sequence[Any]] | None = None,
-        decode: dict[str, Any] | None = None,
-        tta: dict[str, Any] | None = None,
-        impl: str = "batched",
-        chunk: int | None = None,
-        window: bool = True,
-        middle: dict[str, Any] | None = None,
-        compile_loss: bool | dict[str, Any] = False,
-    ) -> None:
+    def __init__(self, args: PointPillarsArgs = PointPillarsArgs(), **changes: Any) -> None:  # noqa: B008 (frozen)
         super().__init__()
-        if impl not in ("batched", "reference"):
-            raise ValueError(f"impl: expected 'batched' or 'reference', got {impl!r}")
-        self.compile_loss = compile_options(compile_loss)
+        args = changed(args, **changes)
+        self.args = args
+        self.path = model_path(args)  # ValueError for an unknown impl, before anything is built
+        anchor_ranges, anchor_sizes, assigner = args.anchor_ranges, args.anchor_sizes, args.assigner
         if anchor_ranges is None or anchor_sizes is None:
             anchor_ranges, anchor_sizes = NUS_PP_ANCHORS.ranges, NUS_PP_ANCHORS.sizes
         if assigner is None:
             assigner = _triple(NUS_PP_ASSIGNER)
-        self.impl, self.chunk, self.code_size, self.num_classes = impl, chunk, code_size, num_classes
-        self.window = bool(window)
-        self.grid = VoxelGrid(tuple(point_cloud_range), tuple(voxel_size), max_points, max_voxels)  # type: ignore[arg-type]
-        self.grid_test = VoxelGrid(tuple(point_cloud_range), tuple(voxel_size), max_points, max_voxels_test)  # type: ignore[arg-type]
+        self.code_size, self.num_classes = args.code_size, args.num_classes
+        grid = tuple(args.point_cloud_range), tuple(args.voxel_size), args.max_points
+        self.grid = VoxelGrid(*grid, args.max_voxels)  # type: ignore[arg-type]
+        self.grid_test = VoxelGrid(*grid, args.max_voxels_test)  # type: ignore[arg-type]
         self.anchor_config = AnchorConfig(
             ranges=tuple(tuple(float(v) for v in r) for r in anchor_ranges),
             sizes=tuple(tuple(float(v) for v in s) for s in anchor_sizes),
-            rotations=tuple(float(r) for r in rotations),
-            custom_values=(0.0, 0.0) if code_size == 9 else (),
+            rotations=tuple(float(r) for r in args.rotations),
+            custom_values=(0.0, 0.0) if args.code_size == 9 else (),
         )
-        self._set_classes(classes, dataset_classes)
+        self._set_classes(args.classes, args.dataset_classes)
+        tasks = args.tasks
         self.tasks = None if tasks is None else tuple((int(n), tuple(ch), tuple(st)) for n, ch, st in tasks)
         self.assigners = self._assigners(assigner)
-        self.decode_config = DecodeConfig(**(decode or {}))
-        self.tta_config = TTAConfig(**tta) if tta is not None else None
-        self.vfe = HardVFE(point_dims, tuple(vfe_channels), self.grid)
+        self.decode_config = DecodeConfig(**(args.decode or {}))
+        self.tta_config = TTAConfig(**args.tta) if args.tta is not None else None
+        vfe_channels = tuple(args.vfe_channels)
+        self.vfe = HardVFE(args.point_dims, vfe_channels, self.grid)
         self.middle = None
         bev_channels = vfe_channels[-1]
-        if middle is not None:  # a dense 3D middle encoder over a voxel grid with several cells along z
-            self.middle = DenseMiddleEncoder(vfe_channels[-1], self.grid.grid_size[2], **middle)
+        if args.middle is not None:  # a dense 3D middle encoder over a voxel grid with several cells along z
+            self.middle = DenseMiddleEncoder(vfe_channels[-1], self.grid.grid_size[2], **args.middle)
             bev_channels = self.middle.out_channels
-        self.backbone = SECOND(bev_channels, tuple(backbone_channels), tuple(layer_nums), tuple(layer_strides))
-        self.neck = SECONDFPN(tuple(backbone_channels), tuple(neck_channels), tuple(upsample_strides))
+        backbone_channels = tuple(args.backbone_channels)
+        self.backbone = SECOND(bev_channels, backbone_channels, tuple(args.layer_nums), tuple(args.layer_strides))
+        self.neck = SECONDFPN(backbone_channels, tuple(args.neck_channels), tuple(args.upsample_strides))
         if self.tasks is None:
-            num_anchors = len(anchor_sizes) * len(rotations)
-            self.head: nn.Module = Anchor3DHead(self.neck.out_channels, num_anchors, num_classes, code_size)
+            num_anchors = len(anchor_sizes) * len(args.rotations)
+            self.head: nn.Module = Anchor3DHead(self.neck.out_channels, num_anchors, self.num_classes, self.code_size)
         else:
-            if len(anchor_sizes) != num_classes:
-                raise ValueError(f"anchor_sizes: SSN needs one size per class ({num_classes}), got {len(anchor_sizes)}")
-            self.head = ShapeAwareHead(self.neck.out_channels, self.tasks, num_classes, code_size, len(rotations))
+            if len(anchor_sizes) != self.num_classes:
+                raise ValueError(
+                    f"anchor_sizes: SSN needs one size per class ({self.num_classes}), got {len(anchor_sizes)}"
+                )
+            self.head = ShapeAwareHead(
+                self.neck.out_channels, self.tasks, self.num_classes, self.code_size, len(args.rotations)
+            )
         self.criterion = AnchorHeadLoss(
-            num_classes, code_weights=code_weights_for(code_size), dir_offset=NUS_DIR_OFFSET, weights=LOSS_WEIGHTS
+            self.num_classes,
+            code_weights=code_weights_for(self.code_size),
+            dir_offset=NUS_DIR_OFFSET,
+            weights=LOSS_WEIGHTS,
         )
         self._anchors: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor | None, Any]] = {}
         self._windows: dict[tuple[Any, ...], WindowedAnchors] = {}
+
+    def set_path(self, **changes: Any) -> None:
+        """Run another path from now on, as if built with ``changes`` to :attr:`args`: any of ``impl``, ``window``,
+        ``chunk``, ``compile_loss`` (the benchmarks and tests run the paths on copies of one model)."""
+        others = sorted(set(changes) - {"impl", "window", "chunk", "compile_loss"})
+        if others:
+            raise TypeError(
+                f"set_path: {others[0]!r} is not an argument of the path (impl, window, chunk, compile_loss)"
+            )
+        args = changed(self.args, **changes)
+        self.path = model_path(args)
+        self.args = args
 
     # ------------------------------------------------------------------------------------------ classes
     def _set_classes(self, classes: Sequence[str] | None, dataset_classes: str | Sequence[str]) -> None:
@@ -298,7 +249,7 @@ class PointPillars(nn.Module):
         device = x.voxels.device
         with region("encoder"):
             # the batched path runs HardVFE on the stored points only (its compact path); the reference, the original
-            stored = x.num_stored if self.impl == "batched" else None
+            stored = x.num_stored if self.path.compact_vfe else None
             feats = self.vfe(x.voxels, x.num_points, x.coors, num_stored=stored)  # (V, C)
             if self.middle is None:
                 canvas = scatter_to_bev(feats, x.coors, x.batch_size, grid)  # (B, C, ny, nx)
@@ -334,67 +285,13 @@ class PointPillars(nn.Module):
         return dict(self.criterion.weights)
 
     def assign(self, feature_size: tuple[int, int], gt_boxes: RaggedBatch, gt_labels: RaggedBatch) -> torch.Tensor:
-        """``(B, A)`` anchor assignment (−1 ignore, 0 negative, k ≥ 1 GT k−1), batched or per sample."""
-        return self.assign_with_pairs(feature_size, gt_boxes, gt_labels)[0]
-
-    def assign_with_pairs(
-        self, feature_size: tuple[int, int], gt_boxes: RaggedBatch, gt_labels: RaggedBatch
-    ) -> tuple[torch.Tensor, WindowPairs | None]:
-        """:meth:`assign` and, from the windowed assignment, the pairs that hold every positive (else None), which
-        the loss's batched path reads (:class:`~drivetrain.match.anchor_window.WindowPairs`)."""
-        anchors, classes, thresholds = self.anchor_set(feature_size, gt_boxes.device)
-        with torch.no_grad():
-            if self.impl == "batched" and self.window:
-                prepared = self.windowed_anchors(feature_size, gt_boxes.device)
-                return windowed_max_iou_assign(
-                    anchors,
-                    prepared.grid,
-                    gt_boxes,
-                    gt_labels,
-                    thresholds,
-                    anchor_classes=classes,
-                    prepared=prepared,
-                    with_pairs=True,
-                )
-            if self.impl == "batched":
-                dense = batched_max_iou_assign(
-                    anchors, gt_boxes, gt_labels, thresholds, anchor_classes=classes, chunk=self.chunk
-                )
-                return dense, None
-            boxes, labels = gt_boxes.to_list(), gt_labels.to_list()
-            rows = [
-                reference_max_iou_assign(anchors, b, lab, self.assigners[0])
-                if classes is None
-                else reference_max_iou_assign_per_class(anchors, classes, b, lab, self.assigners)
-                for b, lab in zip(boxes, labels, strict=True)
-            ]
-            return torch.stack(rows), None  # (B, A)
+        """``(B, A)`` anchor assignment (−1 ignore, 0 negative, k ≥ 1 GT k−1), on the model's path."""
+        return self.path.assign(self, feature_size, gt_boxes, gt_labels)[0]
 
     def loss(self, outputs: dict[str, Any], batch: Batch) -> dict[str, torch.Tensor]:
-        """The unweighted terms ``loss_cls``, ``loss_bbox``, ``loss_dir``."""
+        """The unweighted terms ``loss_cls``, ``loss_bbox``, ``loss_dir``, on the model's path."""
         gt_boxes, gt_labels = self.gt_targets(batch)
-        if self.impl == "batched" and self.compile_loss is not None:  # one graph, timed as a whole by the caller
-            _, classes, thresholds = self.anchor_set(outputs["feature_size"], gt_boxes.device)
-            head = (outputs["cls_logits"], outputs["box_preds"], outputs["dir_logits"], outputs["anchors"])
-            gt = (ragged_dynamic(gt_boxes), ragged_dynamic(gt_labels))  # G
-            return compiled(_assign_and_loss, self.compile_loss)(
-                *head, *gt, thresholds, classes, self.chunk, self.criterion.options
-            )
-        with region("assignment"):
-            assigned, pairs = self.assign_with_pairs(outputs["feature_size"], gt_boxes, gt_labels)
-        with region("targets + loss"):
-            return self.criterion(
-                outputs["cls_logits"],
-                outputs["box_preds"],
-                outputs["dir_logits"],
-                outputs["anchors"],
-                assigned,
-                gt_boxes,
-                gt_labels,
-                impl=self.impl,
-                anchor_classes=self.anchor_set(outputs["feature_size"], gt_boxes.device)[1],  # SSN: per class
-                pairs=pairs,
-            )
+        return self.path.loss(self, outputs, gt_boxes, gt_labels)
 
     # --------------------------------------------------------------------------------------------- detect
     def enable_tta(self) -> None:
@@ -405,8 +302,8 @@ class PointPillars(nn.Module):
     def detect(self, batch: Batch, tta: bool | None = None) -> tuple[RaggedBatch, RaggedBatch, RaggedBatch]:
         """Detections of a batch: boxes ``(B, K, 9)`` ``(x, y, z_centre, dx, dy, dz, yaw, vx, vy)`` in the lidar
         frame (zero velocity when ``code_size`` is 7), scores, and labels in the dataset's class order; decoded
-        as :mod:`.postprocess` (``impl`` picks the batched or per-sample path; the batched one with
-        ``compact=True``: one host read, NMS over the candidates only). With ``tta`` (default: whether the model
+        as :mod:`.postprocess` on the model's path (the batched one with ``compact=True``: one host read, NMS over
+        the candidates only). With ``tta`` (default: whether the model
         has a ``tta_config``) the views of :mod:`.tta` are detected and merged."""
         if tta is None:
             tta = self.tta_config is not None
@@ -419,57 +316,18 @@ class PointPillars(nn.Module):
         finally:
             self.train(was_training)
         args = (out["cls_logits"].float(), out["box_preds"].float(), out["dir_logits"].float(), out["anchors"])
-        if self.impl == "batched":
-            boxes, scores, labels = decode(*args, self.decode_config, compact=True)
-        else:
-            per_sample = reference_decode(*args, self.decode_config)
-            boxes = RaggedBatch.from_list([d["boxes"] for d in per_sample])
-            scores = RaggedBatch.from_list([d["scores"] for d in per_sample])
-            labels = RaggedBatch.from_list([d["labels"] for d in per_sample])
+        boxes, scores, labels = self.path.decode(*args, self.decode_config)
         if self.code_size == 7:
             boxes = boxes.apply(lambda t: torch.cat([t, t.new_zeros(*t.shape[:-1], 2)], dim=-1))  # (B, K, 9)
         return boxes, scores, labels.apply(lambda t: self._to_data[t])
 
 
-def _assign_and_loss(
-    pred_cls: torch.Tensor,
-    pred_boxes: torch.Tensor,
-    pred_dir: torch.Tensor,
-    anchors: torch.Tensor,
-    gt_boxes: RaggedBatch,
-    gt_labels: RaggedBatch,
-    thresholds: AnchorThresholds,
-    anchor_classes: torch.Tensor | None,
-    chunk: int | None,
-    options: dict[str, Any],
-) -> dict[str, torch.Tensor]:
-    """The batched assignment and loss of :meth:`PointPillars.loss` as one function, which ``compile_loss``
-    compiles (shapes as :func:`~.criterion_batched.batched_anchor_head_loss`)."""
-    assigned = batched_max_iou_assign(
-        anchors, gt_boxes, gt_labels, thresholds, anchor_classes=anchor_classes, chunk=chunk
-    )  # (B, A)
-    return batched_anchor_head_loss(pred_cls, pred_boxes, pred_dir, anchors, assigned, gt_boxes, gt_labels, **options)
-
-
-SSN_DEFAULTS: Mapping[str, Any] = MappingProxyType(
-    {
-        "max_points": 20,
-        "anchor_ranges": NUS_SSN_ANCHORS.ranges,
-        "anchor_sizes": NUS_SSN_ANCHORS.sizes,
-        "assigner": tuple(_triple(c) for c in NUS_SSN_ASSIGNERS),
-        "classes": SSN_NUS_CLASSES,
-        "tasks": SSN_NUS_TASKS,
-    }
-)
-"""SSN's keyword arguments where they differ from :class:`PointPillars`' (the published nuScenes SSN's; the typed
-form of all of them: :class:`~.args.SSNArgs`)."""
-
-
 class SSN(PointPillars):
     """SSN (shape signature networks): PointPillars' encoder and BEV network with a ``ShapeAwareHead``, one
-    anchor size per class on its task's map, and one assigner per class; defaults are the published nuScenes
-    configuration (``configs/ssn/ssn_hv_secfpn_sbn-all_16xb2-2x_nus-3d.py``: 20 points per pillar, the
-    classes in SSN's order; its constants in :mod:`.recipe`). Arguments as :class:`PointPillars`."""
+    anchor size per class on its task's map, and one assigner per class; built from one :class:`~.args.SSNArgs`
+    (the published nuScenes configuration's defaults, ``configs/ssn/ssn_hv_secfpn_sbn-all_16xb2-2x_nus-3d.py``: 20
+    points per pillar, the classes in SSN's order; its constants in :mod:`.recipe`), keyword arguments replacing
+    its fields, as :class:`PointPillars`."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**{**SSN_DEFAULTS, **kwargs})
+    def __init__(self, args: SSNArgs = SSNArgs(), **changes: Any) -> None:  # noqa: B008 (frozen)
+        super().__init__(args, **changes)

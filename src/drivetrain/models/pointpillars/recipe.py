@@ -12,7 +12,7 @@ The configs (mmdetection3d v1.x names; v0.x: ``configs/_base_/models/hv_pointpil
   ssn_hv_secfpn_sbn-all_16xb2-2x_lyft-3d.py`` (a 7-dim box code, no velocity).
 
 The generic pieces (:mod:`drivetrain.match.max_iou`, :mod:`drivetrain.geometry.delta_coder`) and the model's
-criterion (:mod:`.criterion`) take these as arguments; :class:`~.model.PointPillars` and :class:`~.model.SSN` pass
+criterion (:mod:`.loss`) take these as arguments; :class:`~.model.PointPillars` and :class:`~.model.SSN` pass
 them. This module holds data, and :func:`code_weights_for` to pick a table by code size.
 """
 

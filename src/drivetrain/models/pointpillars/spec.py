@@ -1,5 +1,5 @@
 """PointPillars and SSN as the engine sees them: :data:`POINTPILLARS`, :data:`SSN` (builder, typed ``model.args``,
-lidar input, the mmdetection3d weight format)."""
+which the builder takes as one instance, lidar input, the mmdetection3d weight format)."""
 
 from __future__ import annotations
 

@@ -188,8 +188,8 @@ def detect_tta(model: torch.nn.Module, batch: Batch, cfg: TTAConfig) -> tuple[Ra
     """A lidar detector's ``detect`` on every view of ``batch``, mapped back and merged (see the module docstring).
 
     Args:
-        model: a :class:`~drivetrain.models.pointpillars.PointPillars` (or SSN); its ``impl`` picks batched or
-            per-sample decoding and merging, its decode config the NMS threshold and ``max_num``.
+        model: a :class:`~drivetrain.models.pointpillars.PointPillars` (or SSN); its path (:mod:`.paths`) decodes
+            and merges (batched or per sample), its decode config gives the NMS threshold and ``max_num``.
         batch: a collated batch with points.
         cfg: the views.
 
@@ -203,7 +203,4 @@ def detect_tta(model: torch.nn.Module, batch: Batch, cfg: TTAConfig) -> tuple[Ra
         boxes, scores, labels = model.detect(dataclasses.replace(batch, points=moved), tta=False)
         per_view.append((boxes.with_tensor(map_boxes_back(boxes.tensor, params)), scores, labels))
     decode = model.decode_config
-    if model.impl == "batched":
-        return merge(per_view, model.num_classes, decode.nms_threshold, decode.max_num)
-    merged = reference_merge(per_view, model.num_classes, decode.nms_threshold, decode.max_num)
-    return tuple(RaggedBatch.from_list([m[key] for m in merged]) for key in ("boxes", "scores", "labels"))  # type: ignore[return-value]
+    return model.path.merge(per_view, model.num_classes, decode.nms_threshold, decode.max_num)

@@ -1,9 +1,9 @@
-"""The anchor-head loss's reference path (:mod:`.criterion`): mmdetection3d's targets and losses, op for op.
+"""The anchor-head loss's reference path (:mod:`.loss`): mmdetection3d's targets and losses, op for op.
 
 Targets per sample (``anchor_target_3d_single`` with mmdet's pseudo sampler: positives and negatives by
 ``nonzero``, deltas encoded for the positives only; for SSN per class, as its ``assign_per_class``), stacked over
 the batch, then ``Anchor3DHead``'s positives selected again by their label and the three losses computed on them
-(SSN: ``ShapeAwareHead``'s, on every anchor with weights). The batched path (:mod:`.criterion_batched`) is proven
+(SSN: ``ShapeAwareHead``'s, on every anchor with weights). The batched path (:mod:`.loss_batched`) is proven
 equal to it.
 """
 

@@ -3,10 +3,10 @@ regression with the sine difference on yaw, and a two-bin direction classifier.
 
 Two implementations of one specification (docs/design.md, "The two paths"), one module each:
 
-``reference`` (:mod:`.criterion_reference`): as the original, op for op: targets per sample, stacked over the
+``reference`` (:mod:`.loss_reference`): as the original, op for op: targets per sample, stacked over the
     batch, then ``Anchor3DHead``'s positives selected again by their label and the three losses computed on them
     (SSN: ``ShapeAwareHead``'s, on every anchor with weights).
-``batched`` (:mod:`.criterion_batched`): targets for every anchor of every sample at once by gathering the matched
+``batched`` (:mod:`.loss_batched`): targets for every anchor of every sample at once by gathering the matched
     ground truth, non-positive anchors masked, never selected, so nothing reads a value on the host; given the
     windowed assignment's pairs (:class:`~drivetrain.match.anchor_window.WindowPairs`, which hold every positive
     with its GT), the box and direction terms on those pairs only (PointPillars: ~13 % of the ``B·A`` anchors at
@@ -18,7 +18,7 @@ Inputs come from an anchor assigner: ``assigned`` is int64 per anchor, ``-1`` ig
 ``(x, y, z_c, dx, dy, dz, yaw[, vx, vy])`` (``D = 9``, nuScenes; ``D = 7``, Lyft).
 
 Both return the same dict of **unweighted** terms (the weights a model passes are :attr:`AnchorHeadLoss.weights`,
-applied by :meth:`AnchorHeadLoss.total`), each divided by ``N = Σ_b max(n_pos_b, 1) + ε`` (``ε`` the float32
+which the trainer applies), each divided by ``N = Σ_b max(n_pos_b, 1) + ε`` (``ε`` the float32
 epsilon that mmdet's ``weight_reduce_loss`` adds to every ``avg_factor``), counted on this rank only as in the
 original (no averaging across ranks):
 
@@ -32,23 +32,21 @@ its assignment says, as in the original. The original computes these per feature
 the nuScenes SECFPN head has one level, which is the case implemented here (the FPN variant would call this
 once per level with that level's anchors).
 
-``AnchorHeadLoss(..., compile=True)`` runs the batched loss through ``torch.compile`` with the ground-truth dim
-dynamic (:mod:`drivetrain.compiled`); PointPillars' ``compile_loss`` compiles the batched max-IoU assignment and this
-loss together, in one graph (neither has a host call, so there is no graph break).
+:class:`AnchorHeadLoss` holds a model's constants and runs either path (:meth:`AnchorHeadLoss.batched`,
+:meth:`AnchorHeadLoss.reference`); the model picks one when it is built (:mod:`.paths`). PointPillars'
+``compile_loss`` compiles the batched max-IoU assignment and this loss together, in one graph (neither has a host
+call, so there is no graph break).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import torch
 
-from drivetrain.compiled import compile_options, compiled, ragged_dynamic
-from drivetrain.losses.term_weights import weighted_total
 from drivetrain.match.anchor_window import WindowPairs
-from drivetrain.models.pointpillars.criterion_batched import batched_anchor_head_loss
-from drivetrain.models.pointpillars.criterion_reference import AVG_EPS, check_code, reference_anchor_head_loss
+from drivetrain.models.pointpillars.loss_batched import batched_anchor_head_loss
+from drivetrain.models.pointpillars.loss_reference import AVG_EPS, check_code, reference_anchor_head_loss
 from drivetrain.ragged import RaggedBatch
 
 __all__ = [
@@ -73,8 +71,6 @@ class AnchorHeadLoss(torch.nn.Module):
         alpha, gamma: sigmoid focal loss parameters (0.25, 2).
         beta: smooth-L1 transition point (1/9).
         dir_limit_offset, num_dir_bins: direction target (0, 2).
-        compile: run the batched path through ``torch.compile``: True (its defaults) or a mapping of its keyword
-            arguments; kept in :attr:`compile_options` (None: eager).
     """
 
     def __init__(
@@ -89,11 +85,9 @@ class AnchorHeadLoss(torch.nn.Module):
         beta: float = 1.0 / 9.0,
         dir_limit_offset: float = 0.0,
         num_dir_bins: int = 2,
-        compile: bool | Mapping[str, Any] = False,
     ) -> None:
         super().__init__()
         check_code(code_weights, len(code_weights))
-        self.compile_options = compile_options(compile)
         if beta <= 0:
             raise ValueError(f"beta: must be > 0 (mmdet's SmoothL1Loss asserts it), got {beta}")
         if set(weights) != set(TERMS):
@@ -110,11 +104,7 @@ class AnchorHeadLoss(torch.nn.Module):
             "num_dir_bins": num_dir_bins,
         }
 
-    def total(self, terms: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The training objective: the weighted sum of the terms (:func:`~.term_weights.weighted_total`)."""
-        return weighted_total(terms, self.weights)
-
-    def forward(
+    def batched(
         self,
         pred_cls: torch.Tensor,
         pred_boxes: torch.Tensor,
@@ -123,17 +113,51 @@ class AnchorHeadLoss(torch.nn.Module):
         assigned: torch.Tensor,
         gt_boxes: RaggedBatch,
         gt_labels: RaggedBatch,
-        impl: str = "batched",
-        anchor_classes: torch.Tensor | None = None,
         pairs: WindowPairs | None = None,
     ) -> dict[str, torch.Tensor]:
-        """The unweighted terms of one batch; shapes as :func:`batched_anchor_head_loss`.
+        """The unweighted terms of one batch, every sample at once (:func:`batched_anchor_head_loss`, shapes as
+        there); ``pairs`` (the windowed assignment's) restricts the box and direction terms to the window pairs."""
+        self._check(pred_cls, pred_boxes, pred_dir, anchors, assigned)
+        return batched_anchor_head_loss(
+            pred_cls, pred_boxes, pred_dir, anchors, assigned, gt_boxes, gt_labels, **self.options, pairs=pairs
+        )
 
-        ``impl="reference"`` splits the batch into samples and runs :func:`reference_anchor_head_loss`, as
-        ``ShapeAwareHead`` (per class) when ``anchor_classes`` (int64 ``(A,)``, SSN's contiguous class blocks) is
-        given; the batched path gives the same terms either way and does not read it. ``pairs`` (the windowed
-        assignment's, batched path only) restricts the box and direction terms to the window pairs.
-        """
+    def reference(
+        self,
+        pred_cls: torch.Tensor,
+        pred_boxes: torch.Tensor,
+        pred_dir: torch.Tensor,
+        anchors: torch.Tensor,
+        assigned: torch.Tensor,
+        gt_boxes: RaggedBatch,
+        gt_labels: RaggedBatch,
+        anchor_classes: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """The unweighted terms of one batch as the original: split into samples, :func:`reference_anchor_head_loss`
+        (shapes as :meth:`batched`), as ``ShapeAwareHead`` (per class) when ``anchor_classes`` (int64 ``(A,)``, SSN's
+        contiguous class blocks) is given (the batched path gives the same terms either way and does not read it)."""
+        self._check(pred_cls, pred_boxes, pred_dir, anchors, assigned)
+        return reference_anchor_head_loss(
+            list(pred_cls.unbind(0)),
+            list(pred_boxes.unbind(0)),
+            list(pred_dir.unbind(0)),
+            anchors,
+            list(assigned.unbind(0)),
+            gt_boxes.to_list(),
+            gt_labels.to_list(),
+            **self.options,
+            anchor_classes=anchor_classes,
+        )
+
+    def _check(
+        self,
+        pred_cls: torch.Tensor,
+        pred_boxes: torch.Tensor,
+        pred_dir: torch.Tensor,
+        anchors: torch.Tensor,
+        assigned: torch.Tensor,
+    ) -> None:
+        """ValueError naming the input whose shape does not fit ``pred_cls``' ``(B, A, C)`` and the anchors' ``D``."""
         batch, num_anchors, num_classes = pred_cls.shape
         dim = anchors.shape[-1]
         expected = {
@@ -147,24 +171,3 @@ class AnchorHeadLoss(torch.nn.Module):
                 raise ValueError(f"{name}: expected shape {expected[name]}, got {tuple(tensor.shape)}")
         if num_classes != self.num_classes:
             raise ValueError(f"pred_cls: {num_classes} classes, the loss was built for {self.num_classes}")
-        if impl == "batched":
-            if self.compile_options is not None:  # the dense form: one graph whatever the pair count
-                gt_boxes, gt_labels = ragged_dynamic(gt_boxes), ragged_dynamic(gt_labels)  # G
-                loss = compiled(batched_anchor_head_loss, self.compile_options)
-                return loss(pred_cls, pred_boxes, pred_dir, anchors, assigned, gt_boxes, gt_labels, **self.options)
-            return batched_anchor_head_loss(
-                pred_cls, pred_boxes, pred_dir, anchors, assigned, gt_boxes, gt_labels, **self.options, pairs=pairs
-            )
-        if impl == "reference":
-            return reference_anchor_head_loss(
-                list(pred_cls.unbind(0)),
-                list(pred_boxes.unbind(0)),
-                list(pred_dir.unbind(0)),
-                anchors,
-                list(assigned.unbind(0)),
-                gt_boxes.to_list(),
-                gt_labels.to_list(),
-                **self.options,
-                anchor_classes=anchor_classes,
-            )
-        raise ValueError(f"impl: expected 'batched' or 'reference', got {impl!r}")

@@ -1,5 +1,5 @@
-"""The anchor-head loss's batched path (:mod:`.criterion`): every sample at once, no host sync, equal to
-:func:`~.criterion_reference.reference_anchor_head_loss`.
+"""The anchor-head loss's batched path (:mod:`.loss`): every sample at once, no host sync, equal to
+:func:`~.loss_reference.reference_anchor_head_loss`.
 
 Targets for every anchor of every sample at once by gathering the matched ground truth; non-positive anchors are
 switched off with masks (``torch.where``), never selected, so nothing reads a value on the host. The focal term is
@@ -20,7 +20,7 @@ from drivetrain.constants import constant
 from drivetrain.geometry.delta_coder import direction_target, encode_delta_xyzwlhr
 from drivetrain.losses.functional import fp32, sigmoid_focal_loss_sum
 from drivetrain.match.anchor_window import WindowPairs
-from drivetrain.models.pointpillars.criterion_reference import AVG_EPS, check_code
+from drivetrain.models.pointpillars.loss_reference import AVG_EPS, check_code
 from drivetrain.ragged import RaggedBatch
 
 __all__ = ["batched_anchor_head_loss"]
