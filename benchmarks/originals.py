@@ -1345,7 +1345,7 @@ def _leaves(outputs: dict[str, Any]) -> dict[str, Any]:
 
 def count_streampetr(data: dict[str, Any]) -> PathCost:
     """StreamPETR's 3D loss (main head and denoising): our reference and batched paths, the original's port."""
-    from drivetrain.models.streampetr.criteria import streampetr_loss
+    from drivetrain.models.streampetr.loss import streampetr_loss
 
     loss = streampetr_loss(backend="scipy")
     outputs, targets = data["outputs"], data["targets"]
@@ -1357,9 +1357,9 @@ def count_streampetr(data: dict[str, Any]) -> PathCost:
         "StreamPETR loss (3D head + denoising), forward",
         f"B {batch}, L {layers}, Q {outputs['cls_logits'].shape[2]}, ground truths {num_gt}, "
         f"{outputs.get('dn_groups', 0)} denoising groups",
-        _count(lambda: loss(leaves, targets, impl="reference")),
+        _count(lambda: loss.reference(leaves, targets)),
         _count(lambda: original_streampetr_loss(inputs)),
-        _count(lambda: loss(leaves, targets, impl="batched")),
+        _count(lambda: loss(leaves, targets)),
         {
             "layers": layers,
             "samples": batch,
@@ -1372,7 +1372,7 @@ def count_streampetr(data: dict[str, Any]) -> PathCost:
 
 def count_focal_head(data: dict[str, Any]) -> PathCost:
     """StreamPETR's 2D focal head loss: our reference and batched paths, the original's port."""
-    from drivetrain.models.streampetr.criteria import focal_head_loss
+    from drivetrain.losses.focal_head import focal_head_loss
 
     loss = focal_head_loss(backend="scipy")
     outputs, targets = data["outputs"], data["targets"]
@@ -1383,9 +1383,9 @@ def count_focal_head(data: dict[str, Any]) -> PathCost:
     return PathCost(
         "focal head loss (2D), forward",
         f"{batch * cams} images of {num_tokens} tokens, {sum(sizes)} ground truths ({min(sizes)}–{max(sizes)} each)",
-        _count(lambda: loss(leaves, targets, impl="reference")),
+        _count(lambda: loss.reference(leaves, targets)),
         _count(lambda: original_focal_head_loss(inputs)),
-        _count(lambda: loss(leaves, targets, impl="batched")),
+        _count(lambda: loss(leaves, targets)),
         {"images": len(sizes), "images_with_gt": sum(n > 0 for n in sizes), "boxes": sum(sizes),
          "positives": sum(min(n, num_tokens) for n in sizes)},
     )  # fmt: skip

@@ -24,10 +24,11 @@ from scipy.optimize import linear_sum_assignment
 from torch._dynamo.utils import counters
 
 from drivetrain.compiled import compile_options, dynamic, ragged_dynamic
+from drivetrain.losses.focal_head import focal_head_loss
 from drivetrain.models.pointpillars import SSN, PointPillars
 from drivetrain.models.pointpillars.criterion import AnchorHeadLoss
 from drivetrain.models.pointpillars.recipe import LOSS_WEIGHTS, NUS_CODE_WEIGHTS, NUS_DIR_OFFSET
-from drivetrain.models.streampetr.criteria import focal_head_loss, streampetr_loss
+from drivetrain.models.streampetr.loss import streampetr_loss
 from drivetrain.profile import Profiler, active
 from drivetrain.ragged import RaggedBatch
 from helpers.heads import focal_case, run, streampetr_case
