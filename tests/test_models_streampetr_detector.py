@@ -15,7 +15,6 @@ import torch
 import yaml
 
 import drivetrain.match.assigners as assigners_module
-import drivetrain.models.streampetr.detector as detector_module
 from drivetrain.data.sources import frames
 from drivetrain.losses.weights import weighted_total
 from drivetrain.models.streampetr import StreamPETR
@@ -136,7 +135,8 @@ def test_training_step_syncs_only_for_dn_shapes_and_the_two_solver_calls(train_f
         return run
 
     monkeypatch.setattr(assigners_module, "solve", allowed("solve", assigners_module.solve))
-    monkeypatch.setattr(detector_module, "make_dn_queries", allowed("dn", detector_module.make_dn_queries))
+    dn = allowed("dn", model.path.make_dn_queries)  # the builder of the path the model chose
+    monkeypatch.setattr(model, "path", dataclasses.replace(model.path, make_dn_queries=dn))
     with no_host_sync():
         total_loss(model, model(batch), batch).backward()
     assert calls == ["dn", "solve", "solve"]
