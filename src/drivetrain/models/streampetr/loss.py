@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -54,7 +54,7 @@ class Path:
             :class:`~drivetrain.losses.focal_head.FocalHeadLoss`.
     """
 
-    name: str
+    name: Literal["batched", "reference"]
     make_dn_queries: Callable[..., DNQueries]
     loss_3d: Callable[[StreamPETRLoss, Mapping[str, Any], Targets], Terms]
     loss_focal_head: Callable[[FocalHeadLoss, Mapping[str, Any], Targets], Terms]
