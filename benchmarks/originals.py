@@ -716,7 +716,7 @@ def _images(rb: Any) -> list[torch.Tensor]:
 
 
 def focal_head_inputs(outputs: dict[str, Any], targets: dict[str, Any], stride: int = 16) -> dict[str, Any]:
-    """``FocalHead.loss``'s inputs from :class:`~drivetrain.models.streampetr.focal_head_loss.FocalHeadLoss`'s:
+    """``FocalHead.loss``'s inputs from :class:`~drivetrain.losses.focal_head.FocalHeadLoss`'s:
     per-image ground truth, predictions flattened over the cameras (views), ``pad_shape`` ``(H, W, 3)``."""
     logits = outputs["cls_logits"]  # (B, N, Q, C)
     batch, cams, num_tokens, num_classes = logits.shape
@@ -736,7 +736,7 @@ def focal_head_inputs(outputs: dict[str, Any], targets: dict[str, Any], stride: 
 
 def streampetr_inputs(outputs: dict[str, Any], targets: dict[str, Any], code_weights: torch.Tensor,
                       dn_split: float = 0.75) -> dict[str, Any]:  # fmt: skip
-    """``StreamPETRHead.loss``'s inputs from :class:`~drivetrain.models.streampetr.loss.StreamPETRLoss`'s:
+    """``StreamPETRHead.loss``'s inputs from :class:`~drivetrain.models.streampetr.loss_3d.StreamPETRLoss`'s:
     bottom-centre boxes per sample (the original's ``LiDARInstance3DBoxes``), and, with denoising, the ``mask_dict``
     its ``prepare_for_dn`` builds in the forward pass (group-major targets; a DN query is background where
     ``dn_background`` says)."""
