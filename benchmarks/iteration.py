@@ -7,9 +7,10 @@ One process builds the model once from ``configs/streampetr_{size}.yaml`` (``mod
 chain as ``drivetrain train`` reads it) and the engine's AdamW (``optim``: peak lr × each group's ``lr_mult``,
 weight decay, no schedule; gradients clipped to ``optim.clip_norm``), then deep-copies model and optimizer: the two
 paths run on **identical copies**, alternating repeat by repeat (``reference`` then ``batched``), each copy walking
-the same batches in the same order with its own memory bank and optimizer state. The path is switched with
-``model.impl``, which both the losses (``StreamPETRLoss``, ``FocalHeadLoss``) and the denoising-query builder
-(``make_dn_queries`` / ``reference_make_dn_queries``) follow. Before every iteration the global RNG is reseeded
+the same batches in the same order with its own memory bank and optimizer state. Each copy is given its path
+(``model.path``, a :class:`~drivetrain.models.streampetr.loss.Path`: both losses' entry points and the
+denoising-query builder, ``make_dn_queries`` / ``reference_make_dn_queries``), as ``model.args.impl`` picks it at
+build. Before every iteration the global RNG is reseeded
 with ``seed + 1 + i``, so both copies draw the same denoising noise and dropout masks.
 
 Data: the synthetic nuScenes-format set (``drivetrain.data.sources.synthetic``, the config's
@@ -78,6 +79,7 @@ from drivetrain.engine.config_files import read_config_file
 from drivetrain.losses.term_weights import resolve_weights, weighted_total
 from drivetrain.match import gpu_solver_shapes, warm_pending
 from drivetrain.models.streampetr import StreamPETR
+from drivetrain.models.streampetr.loss import path_of
 from drivetrain.pipeline.transfer import to_device
 from drivetrain.profile import (
     BenchResult,
@@ -263,11 +265,11 @@ class Trainee:
 def loss_terms(model: StreamPETR, outputs: dict[str, Any], batch: Batch, timed: Callable[[str], Any]) -> dict:
     """``model.loss(outputs, batch)``, one region per criterion (the same calls as ``StreamPETR.loss``)."""
     with timed("streampetr head"):
-        terms = model.criterion(outputs, batch, impl=model.impl)
+        terms = model.path.loss_3d(model.criterion, outputs, batch)
     if model.focal_criterion is not None:
         with timed("focal head"):
             padded = dataclasses.replace(batch, image_size=outputs["padded_size"])  # the original's pad_shape
-            terms.update(model.focal_criterion(outputs["focal"], padded, impl=model.impl))
+            terms.update(model.path.loss_focal_head(model.focal_criterion, outputs["focal"], padded))
     return terms
 
 
@@ -346,7 +348,7 @@ def check_loss(model: StreamPETR, batch: Batch, seed: int) -> float:
         outputs = probe(batch)
         per_path = {}
         for impl in PATHS:
-            probe.impl = impl
+            probe.path = path_of(impl)  # a copy's path, switched: the benchmark's identical copies
             ours = loss_terms(probe, outputs, batch, lambda _: contextlib.nullcontext())
             theirs = probe.loss(outputs, batch)
             if ours.keys() != theirs.keys() or any(not torch.equal(ours[k], theirs[k]) for k in ours):
@@ -530,12 +532,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     for impl in variants:  # identical copies of the one model and optimizer (same weights, same moments)
         m, opt = copy.deepcopy((model, optimizer))  # one deepcopy: the copy's optimizer holds the copy's params
         if impl == "compiled":  # the batched path, its losses compiled; no per-part regions (they would break it)
-            m.impl = "batched"
+            m.path = path_of("batched")
             for criterion in (m.criterion, m.focal_criterion):
                 if criterion is not None:
                     criterion.compile_options = compile_options(args)
         else:
-            m.impl = impl
+            m.path = path_of(impl)
             missing = instrument(m)
         trainees[impl] = Trainee(m, opt, weights, optim_cfg.clip_norm)
     del model, optimizer
@@ -643,7 +645,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     result.notes += [
         "Both paths ran on identical deep copies of one model and optimizer, alternating iteration by iteration "
         "on the same batches (RNG reseeded per iteration: same denoising noise and dropout); the path is "
-        "model.impl, which the losses and the denoising-query builder follow.",
+        "model.path (the losses' entry points and the denoising-query builder), as model.args.impl picks it.",
         f"Before timing, the loss terms of the two paths on the same outputs matched (worst relative difference "
         f"{worst_terms:.1e}); the first iteration's total loss matched within {first_diff:.1e}, and every "
         f"iteration's within {all_diff:.1e} (the copies drift apart only by rounding).",

@@ -36,8 +36,10 @@ from typing import Any
 import torch
 
 from drivetrain.geometry.heatmap import draw_gaussians, focal_head_radius, reference_draw_gaussians
+from drivetrain.losses.focal_head import focal_head_loss
+from drivetrain.losses.term_weights import weighted_total
 from drivetrain.match import gpu_solver_shapes, warm_pending
-from drivetrain.models.streampetr.criteria import focal_head_loss, streampetr_loss
+from drivetrain.models.streampetr.loss import streampetr_loss
 from drivetrain.profile import (
     BenchResult,
     Profiler,
@@ -156,11 +158,11 @@ def with_grad(outputs: dict[str, Any]) -> dict[str, Any]:
 def check_equal(loss: torch.nn.Module, data: dict[str, Any], name: str) -> float:
     """Run both impls forward and backward; raise if any term or gradient differs by > 1e-5 relative."""
     results = {}
-    for impl in ("reference", "batched"):
+    for impl, path in (("reference", loss.reference), ("batched", loss)):  # calling the loss: the batched path
         outputs = with_grad(data["outputs"])
-        terms = loss(outputs, data["targets"], impl=impl)
+        terms = path(outputs, data["targets"])
         leaves = [v for v in outputs.values() if isinstance(v, torch.Tensor) and v.requires_grad]
-        grads = torch.autograd.grad(loss.total(terms), leaves)
+        grads = torch.autograd.grad(weighted_total(terms, loss.weights), leaves)
         results[impl] = (terms, grads)
     (ref_terms, ref_grads), (bat_terms, bat_grads) = results["reference"], results["batched"]
     worst = 0.0
@@ -187,8 +189,8 @@ def compiled_copy(
         leaves = [v for v in outputs.values() if isinstance(v, torch.Tensor) and v.requires_grad]
         synchronize(device)
         start = time.perf_counter()
-        terms = criterion(outputs, data["targets"], impl="batched")
-        grads = torch.autograd.grad(criterion.total(terms), leaves)
+        terms = criterion(outputs, data["targets"])
+        grads = torch.autograd.grad(weighted_total(terms, criterion.weights), leaves)
         synchronize(device)
         seconds.append(time.perf_counter() - start)
         results.append((terms, grads))
@@ -223,12 +225,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     sp_loss = streampetr_loss(backend=args.backend).to(device)
     fh_loss = focal_head_loss(backend=args.backend).to(device)
     worst = max(check_equal(sp_loss, sp_data, "streampetr"), check_equal(fh_loss, fh_data, "focal_head"))
-    runs = {impl: (sp_loss, fh_loss, impl) for impl in ("reference", "batched")}  # variant → criteria, impl
+    runs = {"reference": (sp_loss.reference, fh_loss.reference), "batched": (sp_loss, fh_loss)}  # variant → paths
     compile_options = {"mode": args.compile_mode} if args.compile_mode else {}
     if args.compile:
         sp_compiled, sp_seconds, sp_worst = compiled_copy(sp_loss, sp_data, compile_options, device)
         fh_compiled, fh_seconds, fh_worst = compiled_copy(fh_loss, fh_data, compile_options, device)
-        runs["compiled"] = (sp_compiled, fh_compiled, "batched")
+        runs["compiled"] = (sp_compiled, fh_compiled)
 
     profilers = {  # the compiled variant's kernels are not ATen ops: not counted
         name: Profiler(device, warmup=args.warmup, nvtx=args.nvtx, count=name != "compiled") for name in runs
@@ -242,17 +244,17 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             solver_warmups.append(warm_pending())
             fallbacks_before = gpu_solver_shapes()["fallbacks"]
         for name, prof in profilers.items():
-            sp_crit, fh_crit, impl = runs[name]
+            sp_path, fh_path = runs[name]
             sp_out, fh_out = with_grad(sp_batch["outputs"]), with_grad(fh_batch["outputs"])
             synchronize(device)
             with active(prof):
                 with prof.region("loss forward"):
                     with prof.region("streampetr"):
-                        sp_terms = sp_crit(sp_out, sp_batch["targets"], impl=impl)
+                        sp_terms = sp_path(sp_out, sp_batch["targets"])
                     with prof.region("focal_head"):
-                        fh_terms = fh_crit(fh_out, fh_batch["targets"], impl=impl)
+                        fh_terms = fh_path(fh_out, fh_batch["targets"])
                 with prof.region("loss backward"):
-                    (sp_crit.total(sp_terms) + fh_crit.total(fh_terms)).backward()
+                    (weighted_total(sp_terms, sp_loss.weights) + weighted_total(fh_terms, fh_loss.weights)).backward()
             synchronize(device)
             prof.step()
 

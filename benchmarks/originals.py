@@ -716,7 +716,7 @@ def _images(rb: Any) -> list[torch.Tensor]:
 
 
 def focal_head_inputs(outputs: dict[str, Any], targets: dict[str, Any], stride: int = 16) -> dict[str, Any]:
-    """``FocalHead.loss``'s inputs from :class:`~drivetrain.models.streampetr.focal_head_loss.FocalHeadLoss`'s:
+    """``FocalHead.loss``'s inputs from :class:`~drivetrain.losses.focal_head.FocalHeadLoss`'s:
     per-image ground truth, predictions flattened over the cameras (views), ``pad_shape`` ``(H, W, 3)``."""
     logits = outputs["cls_logits"]  # (B, N, Q, C)
     batch, cams, num_tokens, num_classes = logits.shape
@@ -736,7 +736,7 @@ def focal_head_inputs(outputs: dict[str, Any], targets: dict[str, Any], stride: 
 
 def streampetr_inputs(outputs: dict[str, Any], targets: dict[str, Any], code_weights: torch.Tensor,
                       dn_split: float = 0.75) -> dict[str, Any]:  # fmt: skip
-    """``StreamPETRHead.loss``'s inputs from :class:`~drivetrain.models.streampetr.loss.StreamPETRLoss`'s:
+    """``StreamPETRHead.loss``'s inputs from :class:`~drivetrain.models.streampetr.loss_3d.StreamPETRLoss`'s:
     bottom-centre boxes per sample (the original's ``LiDARInstance3DBoxes``), and, with denoising, the ``mask_dict``
     its ``prepare_for_dn`` builds in the forward pass (group-major targets; a DN query is background where
     ``dn_background`` says)."""
@@ -1345,7 +1345,7 @@ def _leaves(outputs: dict[str, Any]) -> dict[str, Any]:
 
 def count_streampetr(data: dict[str, Any]) -> PathCost:
     """StreamPETR's 3D loss (main head and denoising): our reference and batched paths, the original's port."""
-    from drivetrain.models.streampetr.criteria import streampetr_loss
+    from drivetrain.models.streampetr.loss import streampetr_loss
 
     loss = streampetr_loss(backend="scipy")
     outputs, targets = data["outputs"], data["targets"]
@@ -1357,9 +1357,9 @@ def count_streampetr(data: dict[str, Any]) -> PathCost:
         "StreamPETR loss (3D head + denoising), forward",
         f"B {batch}, L {layers}, Q {outputs['cls_logits'].shape[2]}, ground truths {num_gt}, "
         f"{outputs.get('dn_groups', 0)} denoising groups",
-        _count(lambda: loss(leaves, targets, impl="reference")),
+        _count(lambda: loss.reference(leaves, targets)),
         _count(lambda: original_streampetr_loss(inputs)),
-        _count(lambda: loss(leaves, targets, impl="batched")),
+        _count(lambda: loss(leaves, targets)),
         {
             "layers": layers,
             "samples": batch,
@@ -1372,7 +1372,7 @@ def count_streampetr(data: dict[str, Any]) -> PathCost:
 
 def count_focal_head(data: dict[str, Any]) -> PathCost:
     """StreamPETR's 2D focal head loss: our reference and batched paths, the original's port."""
-    from drivetrain.models.streampetr.criteria import focal_head_loss
+    from drivetrain.losses.focal_head import focal_head_loss
 
     loss = focal_head_loss(backend="scipy")
     outputs, targets = data["outputs"], data["targets"]
@@ -1383,9 +1383,9 @@ def count_focal_head(data: dict[str, Any]) -> PathCost:
     return PathCost(
         "focal head loss (2D), forward",
         f"{batch * cams} images of {num_tokens} tokens, {sum(sizes)} ground truths ({min(sizes)}–{max(sizes)} each)",
-        _count(lambda: loss(leaves, targets, impl="reference")),
+        _count(lambda: loss.reference(leaves, targets)),
         _count(lambda: original_focal_head_loss(inputs)),
-        _count(lambda: loss(leaves, targets, impl="batched")),
+        _count(lambda: loss(leaves, targets)),
         {"images": len(sizes), "images_with_gt": sum(n > 0 for n in sizes), "boxes": sum(sizes),
          "positives": sum(min(n, num_tokens) for n in sizes)},
     )  # fmt: skip

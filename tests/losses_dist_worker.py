@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers.heads import rank_cases
+from helpers.heads import path, rank_cases
 
 
 def main(out: Path) -> None:
@@ -25,7 +25,7 @@ def main(out: Path) -> None:
     for name, (loss_of, outputs, targets) in rank_cases(rank).items():
         for sync in (False, True):
             for impl in ("reference", "batched"):
-                terms = loss_of(sync)(outputs, targets, impl=impl)
+                terms = path(loss_of(sync), impl)(outputs, targets)
                 results[f"{name}/{impl}/sync={sync}"] = {k: float(v) for k, v in terms.items()}
     out.mkdir(parents=True, exist_ok=True)
     torch.save(results, out / f"rank{rank}.pt")

@@ -19,12 +19,17 @@ class Recording(torch.nn.Module):
         super().__init__()
         self.inner, self.key, self.seen = inner, key, seen
 
-    def forward(self, outputs, targets, *, impl):
-        self.seen.append((impl, int(targets[self.key].sizes.max())))
-        return self.inner(outputs, targets, impl=impl)
+    def forward(self, outputs, targets):
+        self.seen.append(("batched", int(targets[self.key].sizes.max())))
+        return self.inner(outputs, targets)
 
-    def total(self, terms):
-        return self.inner.total(terms)
+    def reference(self, outputs, targets):
+        self.seen.append(("reference", int(targets[self.key].sizes.max())))
+        return self.inner.reference(outputs, targets)
+
+    @property
+    def weights(self):
+        return self.inner.weights
 
 
 def test_bench_loss_times_a_batch_of_its_own_per_repeat_and_reports_its_counts(tmp_path, monkeypatch):

@@ -15,8 +15,9 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 
 from drivetrain import ragged
+from drivetrain.losses.focal_head import focal_head_loss
 from drivetrain.models.pointpillars import PointPillars
-from drivetrain.models.streampetr.criteria import focal_head_loss, streampetr_loss
+from drivetrain.models.streampetr.loss import streampetr_loss
 from drivetrain.ragged import RaggedBatch
 from helpers.heads import focal_case, run, streampetr_case
 from helpers.ragged import assert_identical, dtype_id, leaf, random_index, random_ragged

@@ -7,7 +7,8 @@ import torch
 from drivetrain.batch import Batch
 from drivetrain.data import DatasetConfig, FrameDataset, SequenceSampler, collate
 from drivetrain.geometry.projection import project_boxes
-from drivetrain.models.streampetr.criteria import focal_head_loss, streampetr_loss
+from drivetrain.losses.focal_head import focal_head_loss
+from drivetrain.models.streampetr.loss import streampetr_loss
 
 
 @pytest.fixture(scope="module")

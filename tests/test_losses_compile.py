@@ -24,6 +24,7 @@ from scipy.optimize import linear_sum_assignment
 from torch._dynamo.utils import counters
 
 from drivetrain.compiled import compile_options, compiled, dynamic, ragged_dynamic
+from drivetrain.losses.focal_head import focal_head_loss
 from drivetrain.losses.term_weights import weighted_total
 from drivetrain.models.pointpillars import SSN, PointPillars
 from drivetrain.models.pointpillars.args import PointPillarsArgs
@@ -31,7 +32,7 @@ from drivetrain.models.pointpillars.loss import AnchorHeadLoss
 from drivetrain.models.pointpillars.loss_batched import batched_anchor_head_loss
 from drivetrain.models.pointpillars.paths import model_path
 from drivetrain.models.pointpillars.recipe import LOSS_WEIGHTS, NUS_CODE_WEIGHTS, NUS_DIR_OFFSET
-from drivetrain.models.streampetr.criteria import focal_head_loss, streampetr_loss
+from drivetrain.models.streampetr.loss import streampetr_loss
 from drivetrain.profile import Profiler, active
 from drivetrain.ragged import RaggedBatch
 from helpers.heads import focal_case, run, streampetr_case

@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 
 from drivetrain.losses.term_weights import base_name
-from drivetrain.models.streampetr.loss import DN_BALL_FRACTION
+from drivetrain.models.streampetr.loss_3d import DN_BALL_FRACTION
 from helpers.engine import torchrun
-from helpers.heads import RANK_GT_2D, RANK_GT_3D, rank_cases
+from helpers.heads import RANK_GT_2D, RANK_GT_3D, path, rank_cases
 
 WORKER = Path(__file__).parent / "losses_dist_worker.py"
 GROUPS, SPLIT = 2, 0.75  # rank_cases: 2 DN groups, the default split radius
@@ -52,7 +52,7 @@ def test_each_term_is_normalised_by_the_local_or_the_mean_count_as_the_original(
             mean = {k: (v + counts(name, 1 - rank)[k]) / 2 for k, v in local.items()}
             for sync in (False, True):
                 for impl in ("reference", "batched"):
-                    single = loss_of(sync)(outputs, targets, impl=impl)  # no process group: local counts
+                    single = path(loss_of(sync), impl)(outputs, targets)  # no process group: local counts
                     got = results[rank][f"{name}/{impl}/sync={sync}"]
                     assert set(got) == set(single)
                     for term, value in single.items():

@@ -9,10 +9,9 @@ import pytest
 import torch
 
 from drivetrain.engine import ConfigError, Trainer, load_config
+from drivetrain.losses.focal_head import FOCAL_HEAD_WEIGHTS, TERMS, FocalHeadLoss, focal_head_loss, hungarian_2d
 from drivetrain.losses.term_weights import base_name, weighted_total
-from drivetrain.models.streampetr.criteria import focal_head_loss, hungarian_2d, streampetr_loss
-from drivetrain.models.streampetr.focal_head_loss import TERMS, FocalHeadLoss
-from drivetrain.models.streampetr.recipe import FOCAL_HEAD_WEIGHTS
+from drivetrain.models.streampetr.loss import streampetr_loss
 from helpers.engine import SMOKE, losses, metrics, overrides
 
 

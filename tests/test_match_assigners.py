@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from drivetrain.losses.focal_head import hungarian_2d
 from drivetrain.models.streampetr.box_code import encode_boxes
-from drivetrain.models.streampetr.criteria import hungarian_2d, hungarian_3d
+from drivetrain.models.streampetr.loss import hungarian_3d
 from drivetrain.ragged import RaggedBatch
 from helpers.boxes import random_boxes3d
 

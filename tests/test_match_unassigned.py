@@ -18,12 +18,13 @@ import torch._dynamo
 from scipy.optimize import linear_sum_assignment
 
 import drivetrain.match.assigners as assigners_module
+from drivetrain.losses.focal_head import focal_head_loss, hungarian_2d
 from drivetrain.match import solve
 from drivetrain.match.solve import num_assigned, num_unassigned
-from drivetrain.models.streampetr.criteria import focal_head_loss, hungarian_2d, hungarian_3d, streampetr_loss
+from drivetrain.models.streampetr.loss import hungarian_3d, streampetr_loss
 from drivetrain.ragged import RaggedBatch
 from helpers.engine import ROOT, metrics
-from helpers.heads import assert_paths_agree, focal_case, run, streampetr_case
+from helpers.heads import assert_paths_agree, focal_case, run, streampetr_case, total
 from helpers.nosync import allow_host_sync, no_host_sync
 from helpers.streampetr import SMALL
 from test_losses_compile import Recorder, assert_bit_equal, both, cpu_assignment, graph_breaks
@@ -182,8 +183,8 @@ def test_batched_losses_read_nothing_on_the_host_but_the_solver_with_more_ground
     leaves = {k: v.requires_grad_() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in outputs.items()}
     with warnings.catch_warnings(), no_host_sync():
         warnings.simplefilter("ignore", RuntimeWarning)
-        terms = loss(leaves, targets, impl="batched")
-        loss.total(terms).backward()
+        terms = loss(leaves, targets)
+        total(loss, terms).backward()
     assert calls == [1] and int(next(iter(loss.counts.values()))) > 0
 
 

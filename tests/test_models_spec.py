@@ -1,19 +1,13 @@
-"""The built-in models' specs: each typed ``model.args`` dataclass is its builder's keyword arguments (names, types,
-defaults, order), each spec's modalities are what its built model says it reads, and ``model.args`` values of
-either member of a union (``compile_loss: true`` or a mapping of ``torch.compile`` arguments) load."""
+"""The built-in models' specs: each declares a typed ``model.args`` dataclass, each spec's modalities are what its
+built model says it reads, and ``model.args`` values of either member of a union (``compile_loss: true`` or a
+mapping of ``torch.compile`` arguments) load."""
 
 from __future__ import annotations
 
 import ast
-import collections.abc
-import dataclasses
-import functools
 import inspect
-import operator
 import subprocess
 import sys
-import types
-import typing
 
 import pytest
 
@@ -31,42 +25,9 @@ def _takes_its_args(name: str) -> bool:
     return len(params) == 1 and isinstance(params[0].default, spec.args)
 
 
-# Builders still taking the args' fields as keyword parameters (until they take the instance)
-NAMED = [name for name in WITH_ARGS if not _takes_its_args(name)]
-
-
 def test_the_shipped_detectors_declare_typed_args():
     assert {"streampetr", "focal2d", "pointpillars", "ssn"} <= set(WITH_ARGS)
-    assert {"pointpillars", "ssn"} <= {name for name in WITH_ARGS if _takes_its_args(name)}
-
-
-@pytest.mark.parametrize("name", NAMED)
-def test_args_dataclass_is_the_builders_keyword_arguments(name):
-    spec = model_spec(name)
-    params = [
-        p for p in inspect.signature(spec.build).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD
-    ]
-    fields = dataclasses.fields(spec.args)
-    assert [f.name for f in fields] == [p.name for p in params]
-    for f, p in zip(fields, params, strict=True):
-        assert p.default is not inspect.Parameter.empty, f"{name}: {p.name} has no default in the builder"
-        assert f.default == p.default, f"{name}.{f.name}: {f.default!r} in the args, {p.default!r} in the builder"
-    builder_hints = typing.get_type_hints(spec.build.__init__ if inspect.isclass(spec.build) else spec.build)
-    args_hints = typing.get_type_hints(spec.args)
-    expected = {p.name: _concrete(builder_hints[p.name]) for p in params}
-    assert {f.name: args_hints[f.name] for f in fields} == expected
-    assert spec.args.__dataclass_params__.frozen
-
-
-def _concrete(tp: object) -> object:
-    """A builder's annotation as a config can hold it: ``Sequence[X]`` is read as ``tuple[X, ...]`` (YAML lists load
-    as tuples), inside unions too; every other type is itself."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is collections.abc.Sequence:
-        return tuple[_concrete(args[0]), ...]
-    if origin in (typing.Union, types.UnionType):
-        return functools.reduce(operator.or_, [_concrete(a) for a in args])
-    return tp
+    assert set(WITH_ARGS) == {name for name in WITH_ARGS if _takes_its_args(name)}  # build(args), the protocol
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -101,12 +62,12 @@ def test_a_key_the_builder_does_not_take_is_one_line():
 
 
 # A detector's folder stands alone: looking up one model imports no other detector's folder (the 2D focal detector
-# reuses StreamPETR's focal head, so it brings that folder, and only that one).
-IMPORTS_OF = {"streampetr": set(), "pointpillars": set(), "ssn": set(), "focal2d": {"streampetr"}}
+# shares StreamPETR's focal-head loss through drivetrain.losses.focal_head, not through StreamPETR's folder).
+IMPORTS_OF = {"streampetr": set(), "pointpillars": set(), "ssn": set(), "focal2d": set()}
 
 
-# One interpreter each (~2.7 s): the default set looks up focal2d, whose folder brings exactly one other (the slow
-# set the other three).
+# One interpreter each (~2.7 s): the default set looks up focal2d, the one that shares a loss with another detector
+# (the slow set the other three).
 @pytest.mark.parametrize(
     "name", [name if name == "focal2d" else pytest.param(name, marks=pytest.mark.slow) for name in sorted(IMPORTS_OF)]
 )

@@ -15,10 +15,12 @@ import torch
 import yaml
 
 import drivetrain.match.assigners as assigners_module
-import drivetrain.models.streampetr.detector as detector_module
 from drivetrain.data.sources import frames
 from drivetrain.losses.term_weights import weighted_total
 from drivetrain.models.streampetr import StreamPETR
+from drivetrain.models.streampetr.args import StreamPETRArgs
+from drivetrain.models.streampetr.denoising import make_dn_queries, reference_make_dn_queries
+from drivetrain.models.streampetr.loss import BATCHED, REFERENCE
 from drivetrain.models.streampetr.recipe import POST_CENTER_RANGE
 from helpers.nosync import allow_host_sync, no_host_sync
 from helpers.streampetr import SMALL
@@ -95,8 +97,7 @@ def test_loss_paths_agree_on_the_models_outputs_terms_and_gradients(train_frames
     inputs = [*leaves.values(), *outputs["focal"].values()]  # everything the two criteria read
     results = {}
     for impl in ("reference", "batched"):
-        model.impl = impl
-        terms = model.loss(outputs, batch)
+        terms = model_of(SMALL, impl=impl).loss(outputs, batch)  # the path is chosen when the model is built
         grads = torch.autograd.grad(weighted_total(terms, model.loss_weights), inputs, retain_graph=True)
         results[impl] = terms, grads
     (ref_terms, ref_grads), (bat_terms, bat_grads) = results["reference"], results["batched"]
@@ -134,7 +135,8 @@ def test_training_step_syncs_only_for_dn_shapes_and_the_two_solver_calls(train_f
         return run
 
     monkeypatch.setattr(assigners_module, "solve", allowed("solve", assigners_module.solve))
-    monkeypatch.setattr(detector_module, "make_dn_queries", allowed("dn", detector_module.make_dn_queries))
+    dn = allowed("dn", model.path.make_dn_queries)  # the builder of the path the model chose
+    monkeypatch.setattr(model, "path", dataclasses.replace(model.path, make_dn_queries=dn))
     with no_host_sync():
         total_loss(model, model(batch), batch).backward()
     assert calls == ["dn", "solve", "solve"]
@@ -219,3 +221,18 @@ def test_misuse_is_named(train_frames):
         StreamPETR(**{**SMALL, "impl": "fast"})
     with pytest.raises(ValueError, match="embed_dims: must be even"):
         StreamPETR(**{**SMALL, "embed_dims": 33})
+
+
+def test_the_args_object_builds_the_model_and_keywords_replace_its_fields():
+    args = StreamPETRArgs(**SMALL)
+    model = StreamPETR(args, num_query=20)
+    assert model.args == dataclasses.replace(args, num_query=20)
+    assert model.reference_points.num_embeddings == 20 and len(model.decoder.layers) == SMALL["num_layers"]
+    with pytest.raises(TypeError, match="num_querys"):
+        StreamPETR(args, num_querys=20)
+
+
+def test_the_path_is_chosen_once_when_the_model_is_built():
+    assert model_of(SMALL).path is BATCHED
+    assert model_of(SMALL, impl="reference").path is REFERENCE
+    assert REFERENCE.make_dn_queries is reference_make_dn_queries and BATCHED.make_dn_queries is make_dn_queries

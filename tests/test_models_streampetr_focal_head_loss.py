@@ -1,4 +1,4 @@
-"""FocalHeadLoss (models/streampetr/focal_head_loss.py): batched == per-image reference on every term and
+"""FocalHeadLoss (losses/focal_head.py): batched == per-image reference on every term and
 gradient, images without ground truth, no host sync in the batched path apart from the one solver transfer, bad
 input."""
 
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from drivetrain.models.streampetr.criteria import focal_head_loss
+from drivetrain.losses.focal_head import focal_head_loss
 from helpers.heads import (
     assert_cuda_syncs_only_inside_the_solver,
     assert_paths_agree,
@@ -17,6 +17,7 @@ from helpers.heads import (
     assert_warmed_auto_loss_uses_the_kernel,
     focal_case,
     run,
+    total,
 )
 
 
@@ -60,4 +61,4 @@ def test_bad_focal_head_loss_inputs_name_the_field(gen):
     with pytest.raises(ValueError, match="centerness"):
         focal_head_loss()({**focal_out, "centerness": focal_out["centerness"][..., :3]}, focal_targets)
     focal_loss = focal_head_loss(backend="scipy")
-    assert math.isfinite(float(focal_loss.total(focal_loss(focal_out, focal_targets))))
+    assert math.isfinite(float(total(focal_loss, focal_loss(focal_out, focal_targets))))

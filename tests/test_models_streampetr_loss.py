@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from drivetrain.losses.term_weights import base_name
-from drivetrain.models.streampetr.criteria import streampetr_loss
+from drivetrain.losses.term_weights import base_name, weighted_total
+from drivetrain.models.streampetr.loss import streampetr_loss
 from helpers.heads import (
     assert_cuda_syncs_only_inside_the_solver,
     assert_paths_agree,
@@ -52,7 +52,7 @@ def test_streampetr_normalisation_matches_the_published_formula(gen):
     terms_plain, _ = run(loss_plain, outputs, targets, "batched")
     ratio = float(terms["dn_loss_cls"].detach() / terms_plain["dn_loss_cls"].detach())
     assert ratio == pytest.approx((2 * 6 * 3.14159 / 6) / dn_factor, rel=1e-5)
-    total = loss.total(terms)
+    total = weighted_total(terms, loss.weights)
     manual = sum(loss.weights[base_name(k)] * v for k, v in terms.items())
     assert torch.allclose(total, manual)
     assert loss.weights[base_name("d2.loss_cls")] == 2.0 and loss.weights["loss_bbox"] == 0.25
@@ -104,8 +104,6 @@ def test_batched_streampetr_loss_on_cuda_matches_cpu(gen):
 def test_bad_streampetr_loss_inputs_name_the_field(gen):
     outputs, targets = streampetr_case([2, 3], layers=2, queries=20, groups=2, gen=gen)
     loss = streampetr_loss(backend="scipy")
-    with pytest.raises(ValueError, match="impl"):
-        loss(outputs, targets, impl="fast")
     with pytest.raises(KeyError, match="gt_labels"):
         loss(outputs, {"gt_boxes": targets["gt_boxes"]})
     with pytest.raises(ValueError, match="cls_logits"):

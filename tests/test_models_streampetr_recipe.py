@@ -10,19 +10,17 @@ import pytest
 import torch
 
 from drivetrain.data.formats.nuscenes.tables import CLASSES as DATASET_CLASSES
+from drivetrain.losses.focal_head import FOCAL_HEAD_MATCH_COSTS, FOCAL_HEAD_WEIGHTS, FocalHeadLoss, focal_head_loss
 from drivetrain.match import HungarianAssigner2D, HungarianAssigner3D
 from drivetrain.models.focal2d import FocalDetector2D
 from drivetrain.models.streampetr import StreamPETR
 from drivetrain.models.streampetr.box_code import encode_boxes
-from drivetrain.models.streampetr.criteria import focal_head_loss, streampetr_loss
-from drivetrain.models.streampetr.focal_head_loss import FocalHeadLoss
-from drivetrain.models.streampetr.loss import StreamPETRLoss
+from drivetrain.models.streampetr.loss import streampetr_loss
+from drivetrain.models.streampetr.loss_3d import StreamPETRLoss
 from drivetrain.models.streampetr.recipe import (
     CLASSES,
     CODE_WEIGHTS,
     DN_SPLIT,
-    FOCAL_HEAD_MATCH_COSTS,
-    FOCAL_HEAD_WEIGHTS,
     LOSS_WEIGHTS,
     MATCH_COSTS,
     MEAN,

@@ -18,9 +18,10 @@ import pytest
 import torch
 
 from drivetrain.cli.bench import available, load
+from drivetrain.losses.focal_head import focal_head_loss
 from drivetrain.models.pointpillars.loss import reference_anchor_head_loss
 from drivetrain.models.pointpillars.recipe import NUS_CODE_WEIGHTS, NUS_DIR_OFFSET
-from drivetrain.models.streampetr.criteria import focal_head_loss, streampetr_loss
+from drivetrain.models.streampetr.loss import streampetr_loss
 
 RTOL = 1e-5
 FOCAL_HEAD_TERMS = {  # our term names → the original's loss modules
@@ -80,7 +81,7 @@ def test_streampetr_port_computes_our_reference_terms(originals):
 
     data, _ = originals.camera_cases(2, 2, 30, 0, 7, 2, seed=4)
     loss = streampetr_loss(backend="scipy")
-    ours = loss(data["outputs"], data["targets"], impl="reference")
+    ours = loss.reference(data["outputs"], data["targets"])
     theirs = originals.original_streampetr_loss(
         originals.streampetr_inputs(data["outputs"], data["targets"], loss.code_weights, loss.dn_split)
     )
@@ -112,7 +113,7 @@ def test_focal_head_port_computes_our_reference_terms(originals):
 
     _, data = originals.camera_cases(batch=1, seed=5)
     loss = focal_head_loss(backend="scipy")
-    ours = loss(data["outputs"], data["targets"], impl="reference")
+    ours = loss.reference(data["outputs"], data["targets"])
     theirs = originals.original_focal_head_loss(originals.focal_head_inputs(data["outputs"], data["targets"]))
     for name, value in ours.items():
         weight = originals.FOCAL_HEAD_WEIGHTS[FOCAL_HEAD_TERMS[name]]

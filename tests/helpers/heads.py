@@ -3,11 +3,15 @@ batched on every term and gradient, and no host sync outside the one solver call
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
 import drivetrain.match.assigners as assigners_module
-from drivetrain.models.streampetr.criteria import focal_head_loss, streampetr_loss
+from drivetrain.losses.focal_head import focal_head_loss
+from drivetrain.losses.term_weights import weighted_total
+from drivetrain.models.streampetr.loss import streampetr_loss
 from drivetrain.ragged import RaggedBatch
 from helpers.boxes import random_boxes3d
 from helpers.nosync import HostSyncError, allow_host_sync, no_host_sync
@@ -66,14 +70,24 @@ def focal_case(num_gt: list[list[int]], gen: torch.Generator, hf: int = 4, wf: i
     return outputs, targets
 
 
+def path(loss: torch.nn.Module, impl: str) -> Callable[..., dict[str, torch.Tensor]]:
+    """A camera loss's ``impl`` path: calling the loss is the batched path, its ``reference`` method the other."""
+    return {"batched": loss, "reference": loss.reference}[impl]
+
+
+def total(loss: torch.nn.Module, terms: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The training objective of ``terms``: their sum weighted by ``loss.weights``, as the engine weights them."""
+    return weighted_total(terms, loss.weights)
+
+
 def run(loss: torch.nn.Module, outputs: dict, targets: dict, impl: str, dtype: torch.dtype = torch.float32):
     leaves = {
         k: v.detach().to(dtype).requires_grad_() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
         for k, v in outputs.items()
     }
-    terms = loss(leaves, targets, impl=impl)
+    terms = path(loss, impl)(leaves, targets)
     tensors = [v for v in leaves.values() if isinstance(v, torch.Tensor) and v.requires_grad]
-    grads = torch.autograd.grad(loss.total(terms), tensors)
+    grads = torch.autograd.grad(total(loss, terms), tensors)
     return terms, grads
 
 
@@ -124,12 +138,12 @@ def assert_syncs_only_inside_the_one_solver_call(head: str, gen: torch.Generator
         for k, v in outputs.items()
     }
     with no_host_sync():
-        terms = loss(leaves, targets, impl="batched")
-        loss.total(terms).backward()
+        terms = loss(leaves, targets)
+        total(loss, terms).backward()
     assert calls == [1]
     # The harness does catch syncs: the reference path reads sizes and moves each matrix to the host.
     with pytest.raises(HostSyncError), no_host_sync():
-        loss(leaves, targets, impl="reference")
+        loss.reference(leaves, targets)
 
 
 def warmed_auto_loss(head: str, device: str, gen: torch.Generator) -> tuple:
@@ -192,7 +206,7 @@ def assert_cuda_syncs_only_inside_the_solver(head: str, gen: torch.Generator, mo
     torch.cuda.set_sync_debug_mode("error")
     try:
         terms = loss(outputs, targets)
-        loss.total(terms).backward()
+        total(loss, terms).backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert all(torch.isfinite(v).item() for v in terms.values())

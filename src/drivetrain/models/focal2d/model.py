@@ -1,30 +1,54 @@
 """The 2D focal detector: a small camera detector made of StreamPETR's 2D focal head, the data → model → batched
-loss → trainer loop.
+loss → trainer loop; its arguments, each declared once, in :class:`Focal2DArgs`.
 
 Each camera image goes through a few stride-2 conv stages to stride 16; per feature cell the head predicts
 class logits, a box as distances (left, top, right, bottom) from the cell centre, the projected 3D centre
 as an offset from the cell centre, and a centerness logit — the outputs
-:class:`~drivetrain.models.streampetr.focal_head_loss.FocalHeadLoss` takes. It is the smallest model that learns
-from the synthetic nuScenes-format data, so ``drivetrain train`` runs the whole loop on it in minutes on a CPU;
-the 3D heads come with the StreamPETR model.
+:class:`~drivetrain.losses.focal_head.FocalHeadLoss` takes. It is the smallest model that learns from the synthetic
+nuScenes-format data, so ``drivetrain train`` runs the whole loop on it in minutes on a CPU; the 3D heads come with
+the StreamPETR model.
 
-Its recipe is StreamPETR's focal head's (:mod:`drivetrain.models.streampetr.recipe`: image normalisation, the
-focal head's loss weights and 2D matching costs, the latter two through
-:func:`~drivetrain.models.streampetr.criteria.focal_head_loss`); the small backbone has no published counterpart.
+Its recipe is the published focal head's (:mod:`drivetrain.losses.focal_head`: the stride, the loss weights and 2D
+matching costs, through :func:`~drivetrain.losses.focal_head.focal_head_loss`) with ImageNet image normalisation
+(:data:`~drivetrain.pipeline.augment.photometric.IMAGENET_MEAN`, ``IMAGENET_STD``); the small backbone has no
+published counterpart.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from drivetrain.batch import Batch
-from drivetrain.models.streampetr.criteria import focal_head_loss
-from drivetrain.models.streampetr.recipe import CLASSES, MEAN, STD, STRIDE
+from drivetrain.data.formats.nuscenes.tables import CLASSES
+from drivetrain.losses.focal_head import STRIDE, FocalHeadLoss, focal_head_loss
+from drivetrain.losses.inputs import Targets
+from drivetrain.pipeline.augment.photometric import IMAGENET_MEAN, IMAGENET_STD
 
-__all__ = ["FocalDetector2D"]
+__all__ = ["Focal2DArgs", "FocalDetector2D"]
+
+PATHS: dict[str, Callable[[FocalHeadLoss, Mapping[str, Any], Targets], dict[str, torch.Tensor]]] = {
+    "batched": FocalHeadLoss.__call__,
+    "reference": FocalHeadLoss.reference,
+}
+"""The loss's two paths by the name ``model.args.impl`` gives: the criterion's entry point, unbound."""
+
+
+@dataclass(frozen=True)
+class Focal2DArgs:
+    """``model.args`` of ``model.name: focal2d``: the arguments of :class:`FocalDetector2D`."""
+
+    num_classes: int = len(CLASSES)  # C: class channels, the dataset's classes (nuScenes' ten)
+    width: int = 32  # channels of the first stage (later stages double it once)
+    stride: int = STRIDE  # feature stride, a power of two ≥ 2 (16, as the published focal head)
+    impl: Literal["batched", "reference"] = "batched"  # path of the loss: every image at once or per image
+    sync_cls_avg_factor: bool = False  # average the classification count over ranks (False, as published)
 
 
 def _stage(c_in: int, c_out: int, stride: int) -> nn.Sequential:
@@ -37,25 +61,21 @@ class FocalDetector2D(nn.Module):
     """Per-camera 2D detector trained with the focal-head loss (``input_modalities``: camera).
 
     Args:
-        num_classes: ``C``.
-        width: channels of the first stage (later stages double it once).
-        stride: feature stride, a power of two (16, as StreamPETR's focal head).
-        impl: ``batched`` or ``reference`` loss path.
-        sync_cls_avg_factor: average the classification count of the loss over ranks (False: the rank's own
-            count, as the published StreamPETR config).
+        args: the arguments (:class:`Focal2DArgs`: each one's type, default and meaning).
+        **changes: fields of ``args`` to replace, by name (``FocalDetector2D(width=8)``); an unknown name is a
+            ``TypeError`` naming it.
     """
 
     input_modalities: tuple[str, ...] = ("camera",)
 
-    def __init__(
-        self,
-        num_classes: int = len(CLASSES),
-        width: int = 32,
-        stride: int = STRIDE,
-        impl: str = "batched",
-        sync_cls_avg_factor: bool = False,
-    ) -> None:
+    def __init__(self, args: Focal2DArgs = Focal2DArgs(), **changes: Any) -> None:
         super().__init__()
+        args = dataclasses.replace(args, **changes)
+        self.args = args
+        if args.impl not in PATHS:
+            raise ValueError(f"impl: expected 'batched' or 'reference', got {args.impl!r}")
+        self._loss_path = PATHS[args.impl]  # chosen once
+        num_classes, width, stride = args.num_classes, args.width, args.stride
         if stride < 2 or stride & (stride - 1):
             raise ValueError(f"stride: must be a power of two ≥ 2, got {stride}")
         stages, channels = [], 3
@@ -70,10 +90,10 @@ class FocalDetector2D(nn.Module):
         self.centre = nn.Conv2d(channels, 2, 1)
         self.centerness = nn.Conv2d(channels, 1, 1)
         nn.init.constant_(self.cls.bias, -math.log(99.0))  # prior 0.01, as the published heads
-        self.stride, self.impl = stride, impl
-        self.criterion = focal_head_loss(num_classes, stride=stride, sync_cls_avg_factor=sync_cls_avg_factor)
-        self.register_buffer("mean", torch.tensor(MEAN).view(1, 3, 1, 1), persistent=False)
-        self.register_buffer("std", torch.tensor(STD).view(1, 3, 1, 1), persistent=False)
+        self.stride = stride
+        self.criterion = focal_head_loss(num_classes, stride=stride, sync_cls_avg_factor=args.sync_cls_avg_factor)
+        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
 
     def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
         """``batch.images`` uint8 ``(B, N, 3, H, W)`` → the focal-head outputs (see FocalHeadLoss)."""
@@ -110,4 +130,4 @@ class FocalDetector2D(nn.Module):
 
     def loss(self, outputs: dict[str, torch.Tensor], batch: Batch) -> dict[str, torch.Tensor]:
         """Unweighted focal-head terms, weighted by the engine with :attr:`loss_weights`."""
-        return self.criterion(outputs, batch, impl=self.impl)
+        return self._loss_path(self.criterion, outputs, batch)

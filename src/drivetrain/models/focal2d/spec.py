@@ -2,25 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from drivetrain.detector.spec import ModelSpec
-from drivetrain.models.focal2d.model import FocalDetector2D
-from drivetrain.models.streampetr.recipe import CLASSES, STRIDE
+from drivetrain.models.focal2d.model import Focal2DArgs, FocalDetector2D
 
 __all__ = ["SPEC", "Focal2DArgs"]
-
-
-@dataclass(frozen=True)
-class Focal2DArgs:
-    """``model.args`` of ``model.name: focal2d``: :class:`~.model.FocalDetector2D`'s keyword arguments, with its
-    defaults."""
-
-    num_classes: int = len(CLASSES)  # C: class channels, the dataset's classes
-    width: int = 32  # channels of the first stage (later stages double it once)
-    stride: int = STRIDE  # feature stride, a power of two ≥ 2 (16, as StreamPETR's focal head)
-    impl: str = "batched"  # batched or reference path of the loss
-    sync_cls_avg_factor: bool = False  # average the classification count over ranks (False, as published)
 
 
 SPEC = ModelSpec(

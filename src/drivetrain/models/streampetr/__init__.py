@@ -4,10 +4,11 @@ The model: ``backbone`` (tiny conv net or ResNet-50 + CPFPN), ``position`` (the 
 ``embedding`` (query-side encodings), ``memory`` (the temporal memory bank), ``denoising`` (denoising queries),
 ``decoder`` (the transformer decoder), ``heads`` (class/box branches and the 2D focal head), ``box_code`` (the 3D
 box code its heads regress), ``postprocess`` (NMS-free decoding) and ``detector`` (:class:`StreamPETR`, which
-composes them). Its training: ``loss`` (the 3D head's loss), ``focal_head_loss`` (the 2D focal head's) and
-``criteria`` (both, with their Hungarian matchers, built from ``recipe``, the published constants: classes,
-ranges, image normalisation, code and loss weights, matching costs). The engine's view: ``weights`` (the weight
-formats it imports) and ``spec`` (its :class:`~drivetrain.detector.spec.ModelSpec` and typed ``model.args``).
+composes them; its arguments, each declared once, in ``args``). Its training: ``loss_3d`` (the 3D head's loss) and
+``loss`` (the criteria built from ``recipe``, the published constants: classes, ranges, image normalisation, code
+and loss weights, matching costs; and the reference or batched :class:`~.loss.Path`, chosen once per model); the
+2D focal head's loss is model-neutral, :mod:`drivetrain.losses.focal_head`. The engine's view: ``weights`` (the
+weight formats it imports) and ``spec`` (its :class:`~drivetrain.detector.spec.ModelSpec`).
 """
 
 from drivetrain.models.streampetr.backbone import ResNet50, ResNetBackbone, TinyBackbone, build_backbone

@@ -20,7 +20,7 @@ stated reason:
 
 - the gravity centre is the box code's ``z`` already (our boxes carry it), not read from an mmdet3d box;
 - they return the DN part only (the caller prepends it to the learned reference points) and a
-  ``background`` flag per DN query instead of ``mask_dict``: :class:`~.loss.StreamPETRLoss`
+  ``background`` flag per DN query instead of ``mask_dict``: :class:`~.loss_3d.StreamPETRLoss`
   reads the targets from the ground truth at row ``g·S + i`` itself;
 - ``groups`` is used as given: the original computes ``min(scalar, num_query // max_b M_b)`` and never uses
   it (and that line divides by zero when the batch has no ground truth);

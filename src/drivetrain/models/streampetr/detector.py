@@ -1,8 +1,8 @@
 """StreamPETR, the streaming multi-camera 3D detector: backbone → 3D position embedding → queries aligned with
 the temporal memory → transformer decoder → shared class/box branches, with denoising queries in training and
-the 2D focal head on the image features; trained by :class:`~.loss.StreamPETRLoss` and
-:class:`~.focal_head_loss.FocalHeadLoss` through the engine's protocol (``forward(batch)``,
-``loss(outputs, batch)``).
+the 2D focal head on the image features; trained by :class:`~.loss_3d.StreamPETRLoss` and
+:class:`~drivetrain.losses.focal_head.FocalHeadLoss`, on the :class:`~.loss.Path` chosen when it is built,
+through the engine's protocol (``forward(batch)``, ``loss(outputs, batch)``).
 
 One frame per step, as the published streaming training (``seq_mode``, one frame per iteration): the memory
 bank carries the top queries of each batch slot's previous frame, cleared where ``batch.prev_exists`` is
@@ -41,137 +41,85 @@ from torch import nn
 
 from drivetrain.batch import Batch
 from drivetrain.constants import constant
+from drivetrain.losses.focal_head import focal_head_loss
+from drivetrain.models.streampetr.args import StreamPETRArgs
 from drivetrain.models.streampetr.backbone import build_backbone
-from drivetrain.models.streampetr.criteria import focal_head_loss, streampetr_loss
 from drivetrain.models.streampetr.decoder import Decoder
-from drivetrain.models.streampetr.denoising import make_dn_queries, reference_make_dn_queries
+from drivetrain.models.streampetr.denoising import DNQueries
 from drivetrain.models.streampetr.embedding import MLN, SEGate, nerf_encoding, sine_embedding_1d, sine_embedding_3d
 from drivetrain.models.streampetr.heads import FocalHead, box_codes, class_branch, regression_branch, token_locations
+from drivetrain.models.streampetr.loss import path_of, streampetr_loss
 from drivetrain.models.streampetr.memory import MemoryBank
 from drivetrain.models.streampetr.position import PositionEmbedding3D
 from drivetrain.models.streampetr.postprocess import decode
-from drivetrain.models.streampetr.recipe import (
-    CLASSES,
-    DN_SPLIT,
-    MAX_NUM,
-    MEAN,
-    PC_RANGE,
-    POSITION_RANGE,
-    POST_CENTER_RANGE,
-    SIZE_DIVISOR,
-    STD,
-)
+from drivetrain.models.streampetr.recipe import MAX_NUM, MEAN, POST_CENTER_RANGE, SIZE_DIVISOR, STD
 from drivetrain.ragged import RaggedBatch
 
 __all__ = ["StreamPETR"]
 
 
 class StreamPETR(nn.Module):
-    """The StreamPETR detector (see the module docstring); defaults are the published R50 704×256 config, its
-    constants (classes, ranges, image normalisation, code and loss weights, matching costs) in :mod:`.recipe`.
+    """The StreamPETR detector (see the module docstring), built from :class:`~.args.StreamPETRArgs` (each
+    argument's type, default and meaning; the defaults are the published R50 704×256 config, its constants in
+    :mod:`.recipe`).
 
     ``input_modalities``: the sensors it reads (``("camera",)``), written to a submission's ``meta`` block.
 
     Args:
-        num_classes: ``C`` (10).
-        backbone: ``tiny`` (a small conv net for CPU runs) or ``resnet50`` (random init, nothing downloaded).
-        backbone_args: extra keyword arguments of the backbone (e.g. ``width`` of ``tiny``).
-        embed_dims: ``E`` (256).
-        num_heads: attention heads (8).
-        ffn_dims: decoder FFN hidden size (2048).
-        num_layers: decoder layers ``L`` (6).
-        dropout: decoder dropout (0.1).
-        num_query: learned queries (644).
-        memory_len: memory entries per sample (1024).
-        topk: queries added to the memory per frame (256).
-        num_propagated: memory entries that become queries (256).
-        depth_num: depth bins of the position embedding (64).
-        depth_start: first depth bin, metres (1).
-        position_range: metres normalised to ``[0, 1]`` by the position embedding.
-        pc_range: detection range: reference points and box centres live in it.
-        dn_groups: denoising groups (10; 0 turns denoising off).
-        dn_noise_scale: box noise scale (1.0).
-        dn_split: noise radius beyond which a denoising query is background (0.75).
-        with_focal_head: add the 2D focal head and its loss.
-        with_cp: activation checkpointing of the decoder layers.
-        impl: ``batched`` or ``reference`` path of the losses and denoising queries.
-        sync_cls_avg_factor: average classification counts over ranks (False, as published).
-        freeze_backbone: a fixed image encoder (backbone and neck: no gradients, normalisation in evaluation
-            mode); :meth:`encode` then runs apart from the trainable rest, so the trainer can run it for the
-            next batch while this one trains (``speed.encoder_overlap``).
-        compile_loss: run both criteria's batched paths through ``torch.compile`` (their ``compile`` option):
-            True (its defaults) or a mapping of its keyword arguments.
+        args: the arguments.
+        **changes: fields of ``args`` to replace, by name (``StreamPETR(num_query=20)``); an unknown name is a
+            ``TypeError`` naming it.
+
+    A frozen backbone (``freeze_backbone``: backbone and neck without gradients, normalisation in evaluation mode)
+    makes :meth:`encode` run apart from the trainable rest, so the trainer can run it for the next batch while this
+    one trains (``speed.encoder_overlap``). The path (``impl``: reference or batched losses and denoising queries)
+    is chosen here, once, as a :class:`~.loss.Path`.
     """
 
     input_modalities: tuple[str, ...] = ("camera",)
 
-    def __init__(
-        self,
-        num_classes: int = len(CLASSES),
-        backbone: str = "resnet50",
-        backbone_args: dict[str, Any] | None = None,
-        embed_dims: int = 256,
-        num_heads: int = 8,
-        ffn_dims: int = 2048,
-        num_layers: int = 6,
-        dropout: float = 0.1,
-        num_query: int = 644,
-        memory_len: int = 1024,
-        topk: int = 256,
-        num_propagated: int = 256,
-        depth_num: int = 64,
-        depth_start: float = 1.0,
-        position_range: tuple[float, ...] = POSITION_RANGE,
-        pc_range: tuple[float, ...] = PC_RANGE,
-        dn_groups: int = 10,
-        dn_noise_scale: float = 1.0,
-        dn_split: float = DN_SPLIT,
-        with_focal_head: bool = True,
-        with_cp: bool = False,
-        impl: str = "batched",
-        sync_cls_avg_factor: bool = False,
-        freeze_backbone: bool = False,
-        compile_loss: bool | dict[str, Any] = False,
-    ) -> None:
+    def __init__(self, args: StreamPETRArgs = StreamPETRArgs(), **changes: Any) -> None:  # noqa: B008 (frozen)
         super().__init__()
-        if impl not in ("batched", "reference"):
-            raise ValueError(f"impl: expected 'batched' or 'reference', got {impl!r}")
-        if embed_dims % 2:
-            raise ValueError(f"embed_dims: must be even (the 3D sine embedding has 3E/2 features), got {embed_dims}")
-        e = embed_dims
-        self.num_classes, self.num_query, self.impl = num_classes, num_query, impl
-        self.num_propagated, self.memory_len = num_propagated, memory_len
-        self.dn = {"groups": dn_groups, "noise_scale": dn_noise_scale, "split": dn_split}
-        self.pc_range = tuple(float(v) for v in pc_range)
-        self.backbone = build_backbone(backbone, e, **(backbone_args or {}))
+        args = dataclasses.replace(args, **changes)
+        self.args = args
+        self.path = path_of(args.impl)  # the one choice of the path: a ValueError names an unknown impl
+        if args.embed_dims % 2:
+            raise ValueError(
+                f"embed_dims: must be even (the 3D sine embedding has 3E/2 features), got {args.embed_dims}"
+            )
+        e, num_classes = args.embed_dims, args.num_classes
+        self.num_classes, self.num_query = num_classes, args.num_query
+        self.num_propagated, self.memory_len = args.num_propagated, args.memory_len
+        self.dn = {"groups": args.dn_groups, "noise_scale": args.dn_noise_scale, "split": args.dn_split}
+        self.pc_range = tuple(float(v) for v in args.pc_range)
+        self.backbone = build_backbone(args.backbone, e, **(args.backbone_args or {}))
         self.stride = self.backbone.stride
-        self.freeze_backbone = freeze_backbone
-        if freeze_backbone:  # a fixed image encoder: no gradients, evaluation-mode normalisation
+        self.freeze_backbone = args.freeze_backbone
+        if args.freeze_backbone:  # a fixed image encoder: no gradients, evaluation-mode normalisation
             self.backbone.requires_grad_(False)
             self.backbone.eval()
-        self.focal_head = FocalHead(e, num_classes, self.stride) if with_focal_head else None
-        self.position = PositionEmbedding3D(e, depth_num, depth_start, tuple(position_range))
+        self.focal_head = FocalHead(e, num_classes, self.stride) if args.with_focal_head else None
+        self.position = PositionEmbedding3D(e, args.depth_num, args.depth_start, tuple(args.position_range))
         self.memory_embed = nn.Sequential(nn.Linear(e, e), nn.ReLU(), nn.Linear(e, e))
         self.featurized_pe = SEGate(e)
         self.spatial_alignment = MLN(8, e)
-        self.reference_points = nn.Embedding(num_query, 3)
+        self.reference_points = nn.Embedding(args.num_query, 3)
         nn.init.uniform_(self.reference_points.weight, 0, 1)
         self.query_embedding = nn.Sequential(nn.Linear(e * 3 // 2, e), nn.ReLU(), nn.Linear(e, e))
         self.time_embedding = nn.Sequential(nn.Linear(e, e), nn.LayerNorm(e))
         self.ego_pose_pe = MLN(180, e)
         self.ego_pose_memory = MLN(180, e)
-        self.decoder = Decoder(num_layers, e, num_heads, ffn_dims, dropout, with_cp)
+        self.decoder = Decoder(args.num_layers, e, args.num_heads, args.ffn_dims, args.dropout, args.with_cp)
         self.cls_branch = class_branch(e, num_classes)
         self.reg_branch = regression_branch(e)
-        self.memory = MemoryBank(e, memory_len, topk, num_propagated, self.pc_range)
+        self.memory = MemoryBank(e, args.memory_len, args.topk, args.num_propagated, self.pc_range)
+        sync, compile_loss = args.sync_cls_avg_factor, args.compile_loss
         self.criterion = streampetr_loss(
-            num_classes, dn_split=dn_split, sync_cls_avg_factor=sync_cls_avg_factor, compile=compile_loss
+            num_classes, dn_split=args.dn_split, sync_cls_avg_factor=sync, compile=compile_loss
         )
         self.focal_criterion = (
-            focal_head_loss(
-                num_classes, stride=self.stride, sync_cls_avg_factor=sync_cls_avg_factor, compile=compile_loss
-            )
-            if with_focal_head
+            focal_head_loss(num_classes, stride=self.stride, sync_cls_avg_factor=sync, compile=compile_loss)
+            if args.with_focal_head
             else None
         )
         self.register_buffer("mean", torch.tensor(MEAN).view(1, 3, 1, 1), persistent=False)
@@ -277,9 +225,8 @@ class StreamPETR(nn.Module):
             x = F.pad(x, (0, pw - w, 0, ph - h))  # (B·N, 3, H', W'), zeros after normalising, as the original
         return self.backbone(x), (pw, ph)
 
-    def _dn_queries(self, batch: Batch):
-        build = make_dn_queries if self.impl == "batched" else reference_make_dn_queries
-        return build(
+    def _dn_queries(self, batch: Batch) -> DNQueries:
+        return self.path.make_dn_queries(
             batch.gt_boxes,
             batch.gt_labels,
             groups=self.dn["groups"],
@@ -358,10 +305,10 @@ class StreamPETR(nn.Module):
 
     def loss(self, outputs: dict[str, Any], batch: Batch) -> dict[str, torch.Tensor]:
         """Unweighted terms of the 3D head (every layer, denoising) and of the focal head."""
-        terms = self.criterion(outputs, batch, impl=self.impl)
+        terms = self.path.loss_3d(self.criterion, outputs, batch)
         if self.focal_criterion is not None:
             padded = dataclasses.replace(batch, image_size=outputs["padded_size"])  # the original's pad_shape
-            terms.update(self.focal_criterion(outputs["focal"], padded, impl=self.impl))
+            terms.update(self.path.loss_focal_head(self.focal_criterion, outputs["focal"], padded))
         return terms
 
     def stream_state(self) -> dict[str, torch.Tensor]:

@@ -138,7 +138,7 @@ class FocalHead(nn.Module):
             batch_size: ``B``.
 
         Returns:
-            The :class:`~.focal_head_loss.FocalHeadLoss` outputs: ``cls_logits`` ``(B, N, T, C)``, ``boxes``
+            The :class:`~drivetrain.losses.focal_head.FocalHeadLoss` outputs: ``cls_logits`` ``(B, N, T, C)``, ``boxes``
             ``(B, N, T, 4)`` normalised cxcywh, ``centres`` ``(B, N, T, 2)`` normalised, ``centerness``
             ``(B, N, h, w)`` logits; ``T = h·w`` tokens, row-major.
         """

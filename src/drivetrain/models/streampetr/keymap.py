@@ -158,7 +158,7 @@ def map_streampetr(model: nn.Module, state: dict[str, torch.Tensor], meta: dict 
             else:
                 out.ignored.append((key, "a constant of the model's arguments; it agrees"))
         elif key in _LOSS_CONSTANTS:
-            out.ignored.append((key, "a loss constant, held by the criterion (drivetrain.models.streampetr.loss)"))
+            out.ignored.append((key, "a loss constant, held by the criterion (drivetrain.models.streampetr.loss_3d)"))
         else:
             rest[key] = value
     rename(rest, STREAMPETR_RULES, out)

@@ -1,12 +1,12 @@
 """The published constants of StreamPETR: classes and their order, image normalisation, the detection, position
-and decoding ranges, code weights, loss weights and matching costs of the 3D head and of the 2D focal head.
+and decoding ranges, code weights, loss weights and matching costs of the 3D head (the 2D focal head's, which the
+2D focal detector shares, are in :mod:`drivetrain.losses.focal_head`).
 
 Each is cited from the published config of the StreamPETR repository (``exiawsh/StreamPETR`` at commit 95f6470),
-``projects/configs/StreamPETR/stream_petr_r50_flash_704_bs2_seq_24e.py``. The losses
-(:class:`~.loss.StreamPETRLoss`, :class:`~.focal_head_loss.FocalHeadLoss`) and the generic Hungarian assigners of
-:mod:`drivetrain.match.assigners` take these as required arguments and default to none of them;
-:mod:`.criteria` builds them from this module, for :class:`~.detector.StreamPETR`,
-:class:`~drivetrain.models.focal2d.FocalDetector2D` and users' own training code. This module holds data only.
+``projects/configs/StreamPETR/stream_petr_r50_flash_704_bs2_seq_24e.py``. The 3D head's loss
+(:class:`~.loss_3d.StreamPETRLoss`) and the generic Hungarian assigners of :mod:`drivetrain.match.assigners` take
+these as required arguments and default to none of them; :mod:`.loss` builds them from this module, for
+:class:`~.detector.StreamPETR` and users' own training code. This module holds data only.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ __all__ = [
     "CLASSES",
     "CODE_WEIGHTS",
     "DN_SPLIT",
-    "FOCAL_HEAD_MATCH_COSTS",
-    "FOCAL_HEAD_WEIGHTS",
     "LOSS_WEIGHTS",
     "MATCH_COSTS",
     "MAX_NUM",
@@ -80,19 +78,3 @@ weights; its ``iou_cost`` weight is 0."""
 DN_SPLIT = 0.75
 """``pts_bbox_head.split``: the noise radius beyond which a denoising query is background (its label), and the
 radius of the ball the denoising classification term is normalised by."""
-
-# --------------------------------------------------------------------------------------------- focal head
-FOCAL_HEAD_WEIGHTS = {
-    "enc_loss_cls": 2.0,
-    "enc_loss_bbox": 5.0,
-    "enc_loss_iou": 2.0,
-    "centers2d_loss": 10.0,
-    "centerness_loss": 1.0,
-}
-"""``img_roi_head``'s ``loss_cls2d`` (quality focal), ``loss_bbox2d`` (L1), ``loss_iou2d`` (GIoU),
-``loss_centers2d`` (L1) and ``loss_centerness`` (Gaussian focal) weights, by the term names of
-:class:`~.focal_head_loss.FocalHeadLoss`."""
-
-FOCAL_HEAD_MATCH_COSTS = {"cls_weight": 2.0, "box_weight": 5.0, "giou_weight": 2.0, "centre_weight": 10.0}
-"""``img_roi_head.train_cfg.assigner2d`` (``HungarianAssigner2D``): ``cls_cost``, ``reg_cost`` (xywh L1),
-``iou_cost`` (GIoU) and ``centers2d_cost`` weights."""

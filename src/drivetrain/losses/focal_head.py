@@ -1,4 +1,9 @@
-"""StreamPETR's 2D auxiliary (focal head) loss over every image of the batch: QFL, L1, GIoU, centres, heatmap.
+"""The 2D focal head's loss over every image of the batch: QFL, L1, GIoU, centres, heatmap.
+
+The focal head is StreamPETR's 2D auxiliary head; its loss is model-neutral (any model whose head gives these
+outputs per image and feature token: StreamPETR's focal head, the 2D focal detector), so it lives here with its
+published weights and matching costs (:data:`FOCAL_HEAD_WEIGHTS`, :data:`FOCAL_HEAD_MATCH_COSTS`) and
+:func:`focal_head_loss`, which builds it from them.
 
 Per image (``B × N`` cameras, ``Q`` feature tokens each) the 2D Hungarian assigner matches tokens to the
 image's 2D ground truth; then, with ``N⁺`` the number of ground truths of the batch on this rank, ``N̄⁺`` its
@@ -23,10 +28,12 @@ assigned tokens); they are still drawn in the centerness heatmap, as in the orig
 trainer logs per step), and the first such batch gives one warning.
 
 Terms are unweighted; :attr:`FocalHeadLoss.weights` holds the weights it was given (StreamPETR and the 2D focal
-detector pass the published ones, :func:`.criteria.focal_head_loss`).
-``reference`` loops over images as the original; ``batched`` treats all images at once; ``compile=True`` runs
-the batched path through ``torch.compile`` in one graph, the solver inside it as a custom operator and the
-ground-truth dim dynamic (:mod:`drivetrain.compiled`).
+detector pass the published ones, :func:`focal_head_loss`).
+Two paths of one specification (docs/design.md, "The two paths"), two methods: :meth:`FocalHeadLoss.reference`
+loops over images as the original; calling the loss (``forward``) runs the batched path, all images at once; a loss
+built with ``compile=True`` runs that path through ``torch.compile`` in one graph, the solver inside it as a custom
+operator and the ground-truth dim dynamic (:mod:`drivetrain.compiled`). A model picks its path once, when it is
+built.
 """
 
 from __future__ import annotations
@@ -52,16 +59,47 @@ from drivetrain.losses.functional import gaussian_focal_loss, giou_loss, l1_loss
 from drivetrain.losses.inputs import Targets, field
 from drivetrain.losses.normalize import average_factor
 from drivetrain.losses.sampling import assigned_from_pairs, pseudo_sample
-from drivetrain.losses.term_weights import resolve_weights, weighted_total
+from drivetrain.losses.term_weights import resolve_weights
 from drivetrain.match import HungarianAssigner2D
 from drivetrain.match.solve import num_assigned, num_unassigned
 from drivetrain.ragged import RaggedBatch
 
-__all__ = ["TERMS", "FocalHeadLoss"]
+__all__ = [
+    "FOCAL_HEAD_MATCH_COSTS",
+    "FOCAL_HEAD_WEIGHTS",
+    "NUM_CLASSES",
+    "STRIDE",
+    "TERMS",
+    "FocalHeadLoss",
+    "focal_head_loss",
+    "hungarian_2d",
+]
 
 TERMS = ("enc_loss_cls", "enc_loss_bbox", "enc_loss_iou", "centers2d_loss", "centerness_loss")
-"""The loss's terms, each of which takes a weight (the published ones:
-:data:`.recipe.FOCAL_HEAD_WEIGHTS`)."""
+"""The loss's terms, each of which takes a weight (the published ones: :data:`FOCAL_HEAD_WEIGHTS`)."""
+
+# The published focal head, cited from the config of the StreamPETR repository (``exiawsh/StreamPETR`` at commit
+# 95f6470, ``projects/configs/StreamPETR/stream_petr_r50_flash_704_bs2_seq_24e.py``).
+FOCAL_HEAD_WEIGHTS = {
+    "enc_loss_cls": 2.0,
+    "enc_loss_bbox": 5.0,
+    "enc_loss_iou": 2.0,
+    "centers2d_loss": 10.0,
+    "centerness_loss": 1.0,
+}
+"""``img_roi_head``'s ``loss_cls2d`` (quality focal), ``loss_bbox2d`` (L1), ``loss_iou2d`` (GIoU),
+``loss_centers2d`` (L1) and ``loss_centerness`` (Gaussian focal) weights, by the names of :data:`TERMS`."""
+
+FOCAL_HEAD_MATCH_COSTS = {"cls_weight": 2.0, "box_weight": 5.0, "giou_weight": 2.0, "centre_weight": 10.0}
+"""``img_roi_head.train_cfg.assigner2d`` (``HungarianAssigner2D``): ``cls_cost``, ``reg_cost`` (xywh L1),
+``iou_cost`` (GIoU) and ``centers2d_cost`` weights."""
+
+STRIDE = 16
+"""The feature stride the published focal head reads (``FocalHead``'s ``stride=16`` default, which the config
+leaves as is)."""
+
+NUM_CLASSES = 10
+"""The published head's class channels: nuScenes' ten detection classes."""
 
 
 class FocalHeadLoss(torch.nn.Module):
@@ -107,12 +145,9 @@ class FocalHeadLoss(torch.nn.Module):
         self.counts: dict[str, torch.Tensor] = {}
         self._warned_unassigned = False
 
-    def total(self, terms: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The weighted sum of the terms (:func:`~drivetrain.losses.term_weights.weighted_total`)."""
-        return weighted_total(terms, self.weights)
-
-    def forward(self, outputs: Mapping[str, Any], targets: Targets, impl: str = "batched") -> dict[str, torch.Tensor]:
-        """The unweighted loss terms of one batch.
+    def forward(self, outputs: Mapping[str, Any], targets: Targets) -> dict[str, torch.Tensor]:
+        """The unweighted loss terms of one batch by the batched path: every image at once (compiled when the loss
+        was built with ``compile``).
 
         Args:
             outputs: ``cls_logits`` ``(B, N, Q, C)``, ``boxes`` ``(B, N, Q, 4)`` normalised cxcywh, ``centres``
@@ -120,11 +155,25 @@ class FocalHeadLoss(torch.nn.Module):
             targets: ``gt_boxes_2d`` RaggedBatch ``(B, N, G, 4)`` pixel xyxy, ``gt_labels_2d`` ``(B, N, G)``,
                 ``centers_2d`` ``(B, N, G, 2)`` pixels (projected 3D centres), ``image_size`` ``(W, H)``; a
                 mapping or an object with these attributes (e.g. a data ``Batch``).
-            impl: ``batched`` (every image at once) or ``reference`` (per image, as the original).
 
         Returns:
             ``{term: () float32}`` for the five terms of :data:`TERMS`.
         """
+        args = self._inputs(outputs, targets)
+        if self.compile_options is None:
+            return self._batched(*args)
+        logits, boxes, centres, centerness, gt_boxes, gt_labels, gt_centres, image_size = args
+        gt = (ragged_dynamic(gt_boxes), ragged_dynamic(gt_labels), ragged_dynamic(gt_centres))  # G
+        batched = compiled(FocalHeadLoss._batched, self.compile_options)  # unbound: self is an argument
+        return batched(self, logits, boxes, centres, centerness, *gt, image_size)
+
+    def reference(self, outputs: Mapping[str, Any], targets: Targets) -> dict[str, torch.Tensor]:
+        """The same terms by the reference path: per image, as the original (arguments and result as
+        :meth:`forward`'s)."""
+        return {k: torch.nan_to_num(v) for k, v in self._reference(*self._inputs(outputs, targets)).items()}
+
+    def _inputs(self, outputs: Mapping[str, Any], targets: Targets) -> tuple[Any, ...]:
+        """Both paths' arguments, checked; sets :attr:`counts`."""
         logits, boxes, centres = field(outputs, "cls_logits"), field(outputs, "boxes"), field(outputs, "centres")
         centerness = field(outputs, "centerness")
         gt_boxes, gt_labels = field(targets, "gt_boxes_2d"), field(targets, "gt_labels_2d")
@@ -140,16 +189,7 @@ class FocalHeadLoss(torch.nn.Module):
                 f"centerness: expected (B, N, Hf, Wf) with Hf·Wf = {num_tokens}, got {tuple(centerness.shape)}"
             )
         self._count_unassigned(gt_boxes, num_tokens)
-        args = (logits, boxes, centres, centerness, gt_boxes, gt_labels, gt_centres, image_size)
-        if impl == "reference":
-            return {k: torch.nan_to_num(v) for k, v in self._reference(*args).items()}
-        if impl != "batched":
-            raise ValueError(f"impl: expected 'batched' or 'reference', got {impl!r}")
-        if self.compile_options is None:
-            return self._batched(*args)
-        gt = (ragged_dynamic(gt_boxes), ragged_dynamic(gt_labels), ragged_dynamic(gt_centres))  # G
-        batched = compiled(FocalHeadLoss._batched, self.compile_options)  # unbound: self is an argument
-        return batched(self, logits, boxes, centres, centerness, *gt, image_size)
+        return logits, boxes, centres, centerness, gt_boxes, gt_labels, gt_centres, image_size
 
     def _count_unassigned(self, gt_boxes: RaggedBatch, num_tokens: int) -> None:
         """Set :attr:`counts` (no sync) and warn once when an image may hold more ground truths than tokens."""
@@ -164,7 +204,7 @@ class FocalHeadLoss(torch.nn.Module):
                 "feature tokens; as in the original, each token is matched to one and the rest stay unassigned "
                 "(counted per step as count/unassigned_gt_2d in metrics.jsonl; warned once)",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
 
     # ------------------------------------------------------------------ batched
@@ -361,3 +401,43 @@ class FocalHeadLoss(torch.nn.Module):
             for centre, radius in zip(gt_centres, radii, strict=True):
                 reference_draw_gaussian(heatmap, centre / self.stride, radius)
         return heatmap
+
+
+def hungarian_2d(backend: str = "auto") -> HungarianAssigner2D:
+    """The published focal head's matcher: :data:`FOCAL_HEAD_MATCH_COSTS`.
+
+    Args:
+        backend: solver backend of the batched path (:func:`drivetrain.match.solve`).
+    """
+    return HungarianAssigner2D(**FOCAL_HEAD_MATCH_COSTS, backend=backend)
+
+
+def focal_head_loss(
+    num_classes: int = NUM_CLASSES,
+    *,
+    stride: int = STRIDE,
+    backend: str = "auto",
+    sync_cls_avg_factor: bool = False,
+    compile: bool | Mapping[str, Any] = False,
+) -> FocalHeadLoss:
+    """The focal head's loss with the published weights and matcher, in one call::
+
+        >>> from drivetrain.losses.focal_head import focal_head_loss
+        >>> focal_head_loss().weights["centers2d_loss"]
+        10.0
+
+    Args:
+        num_classes: ``C`` (:data:`NUM_CLASSES`).
+        stride: the feature stride in pixels (:data:`STRIDE`).
+        backend: the matcher's solver backend.
+        sync_cls_avg_factor: as :class:`FocalHeadLoss`'s.
+        compile: as :class:`FocalHeadLoss`'s.
+    """
+    return FocalHeadLoss(
+        num_classes,
+        stride=stride,
+        weights=FOCAL_HEAD_WEIGHTS,
+        assigner=hungarian_2d(backend),
+        sync_cls_avg_factor=sync_cls_avg_factor,
+        compile=compile,
+    )
