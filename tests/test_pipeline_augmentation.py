@@ -19,22 +19,24 @@ from drivetrain.engine import ConfigError, Trainer, load_config
 from drivetrain.engine.compat import upgrade_saved_config
 from drivetrain.engine.config import config_diff, config_to_dict
 from drivetrain.model_spec import keywords
-from drivetrain.pipeline.augment.bev import BevAugConfig, draw_bev_params
-from drivetrain.pipeline.augment.camera import CameraAugConfig
+from drivetrain.models.pointpillars.recipe import LIDAR_AUG
+from drivetrain.models.streampetr.recipe import CAMERA_AUG, IMAGE_AUG
+from drivetrain.pipeline.augment.bev import draw_bev_params
 from drivetrain.pipeline.augment.camera import sample_params as camera_sample_params
-from drivetrain.pipeline.augment.image_ops import ImageAugConfig
 from drivetrain.pipeline.augment.stage import Augmentation, AugmentConfig, apply, sample_params, sample_params_each
 from helpers.nosync import no_host_sync
 
 ROOT = Path(__file__).resolve().parents[1]
 EPS32 = torch.finfo(torch.float32).eps
 # Every step of the lidar recipe on: SSN's vertical flips, a translation, both range filters and the shuffle.
-LIDAR = BevAugConfig(
-    translation_std=(0.2, 0.2, 0.2), flip_vertical=0.5,
+LIDAR = dataclasses.replace(
+    LIDAR_AUG, translation_std=(0.2, 0.2, 0.2), flip_vertical=0.5,
     point_range=(-20.0, -20.0, -5.0, 20.0, 20.0, 3.0), object_range=(-20.0, -20.0, 20.0, 20.0),
 )  # fmt: skip
-CAMERA = CameraAugConfig(
-    image=ImageAugConfig(source_size=(160, 90), final_size=(128, 48), resize_lim=(0.76, 1.1)), bev=None
+CAMERA = dataclasses.replace(
+    CAMERA_AUG,
+    image=dataclasses.replace(IMAGE_AUG, source_size=(160, 90), final_size=(128, 48), resize_lim=(0.76, 1.1)),
+    bev=None,
 )
 POSITION = {"epoch": 1, "step": 3}
 

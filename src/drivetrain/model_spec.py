@@ -72,6 +72,10 @@ class ModelSpec:
         moved_args: ``model.args`` keys of older configs that now live elsewhere → ``(new dotted key, hint)``: a
             config that sets one is refused with the hint (one line naming the new spelling, never silently
             ignored); a checkpoint's saved config is upgraded by moving the value to the new key ("": dropped).
+        augment: the model's published training augmentation, a
+            :class:`drivetrain.pipeline.augment.stage.AugmentConfig` (not imported here: this module sits below the
+            pipeline; config loading checks the type): the sections of ``data.augment`` a config gives fill the fields
+            they leave out from it (it never turns a section on). None: the types' defaults (every step off).
     """
 
     name: str
@@ -81,6 +85,7 @@ class ModelSpec:
     summary: str = ""
     weight_formats: tuple[WeightFormat, ...] = ()
     moved_args: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    augment: object | None = None
 
     def __post_init__(self) -> None:
         if not self.modalities or not self.modalities <= MODALITIES:

@@ -10,6 +10,7 @@ from drivetrain.model_spec import ModelSpec, WeightFormat
 from drivetrain.models.pointpillars.args import PointPillarsArgs, SSNArgs
 from drivetrain.models.pointpillars.model import SSN as SSNModel
 from drivetrain.models.pointpillars.model import PointPillars
+from drivetrain.models.pointpillars.recipe import AUGMENT
 from drivetrain.models.pointpillars.weights import map_mmdet3d
 
 __all__ = ["MMDET3D", "POINTPILLARS", "SSN", "PointPillarsArgs", "SSNArgs"]
@@ -44,6 +45,7 @@ POINTPILLARS = ModelSpec(
     summary="PointPillars lidar 3D detector",
     weight_formats=(MMDET3D,),
     moved_args=MOVED_ARGS,
+    augment=AUGMENT,
 )
 """The registry's entry for ``model.name: pointpillars``."""
 SSN = ModelSpec(
@@ -54,5 +56,6 @@ SSN = ModelSpec(
     summary="SSN (shape signature network) lidar 3D detector",
     weight_formats=(MMDET3D,),
     moved_args=MOVED_ARGS,
+    augment=AUGMENT,
 )
 """The registry's entry for ``model.name: ssn``."""

@@ -7,7 +7,7 @@ from typing import Any
 
 from drivetrain.model_spec import ModelSpec
 from drivetrain.models.streampetr.detector import StreamPETR
-from drivetrain.models.streampetr.recipe import CLASSES, DN_SPLIT, PC_RANGE, POSITION_RANGE
+from drivetrain.models.streampetr.recipe import AUGMENT, CLASSES, DN_SPLIT, PC_RANGE, POSITION_RANGE
 from drivetrain.models.streampetr.weights import STREAMPETR_WEIGHTS, TORCHVISION_RESNET50
 
 __all__ = ["SPEC", "StreamPETRArgs"]
@@ -52,5 +52,6 @@ SPEC = ModelSpec(
     modalities=frozenset({"camera"}),
     summary="StreamPETR camera 3D detector",
     weight_formats=(TORCHVISION_RESNET50, STREAMPETR_WEIGHTS),
+    augment=AUGMENT,
 )
 """The registry's entry for ``model.name: streampetr``."""
