@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from drivetrain.model_spec import ModelSpec
+from drivetrain.model_spec import LossPath, ModelSpec
 from drivetrain.models.focal2d.model import FocalDetector2D
 from drivetrain.models.streampetr.recipe import CLASSES, STRIDE
 
@@ -23,11 +23,15 @@ class Focal2DArgs:
     sync_cls_avg_factor: bool = False  # average the classification count over ranks (False, as published)
 
 
+IMPL = LossPath("impl", reference="reference", batched="batched")
+"""``model.args.impl``: the loss path (``drivetrain doctor`` advises the batched one)."""
+
 SPEC = ModelSpec(
     "focal2d",
     build=FocalDetector2D,
     args=Focal2DArgs,
     modalities=frozenset({"camera"}),
     summary="a small 2D detector with StreamPETR's focal head",
+    loss_path=IMPL,
 )
 """The registry's entry for ``model.name: focal2d``."""

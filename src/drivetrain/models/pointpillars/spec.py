@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 
-from drivetrain.model_spec import ModelSpec, WeightFormat
+from drivetrain.model_spec import LossPath, ModelSpec, WeightFormat
 from drivetrain.models.pointpillars.args import PointPillarsArgs, SSNArgs
 from drivetrain.models.pointpillars.model import SSN as SSNModel
 from drivetrain.models.pointpillars.model import PointPillars
@@ -37,6 +37,9 @@ MOVED_ARGS = {
 
 MMDET3D = WeightFormat("mmdet3d", "an mmdetection3d PointPillars / SSN checkpoint", _is_mmdet3d, map_mmdet3d)
 
+IMPL = LossPath("impl", reference="reference", batched="batched")
+"""``model.args.impl``: the loss path (``drivetrain doctor`` advises the batched one)."""
+
 POINTPILLARS = ModelSpec(
     "pointpillars",
     build=PointPillars,
@@ -46,6 +49,7 @@ POINTPILLARS = ModelSpec(
     weight_formats=(MMDET3D,),
     moved_args=MOVED_ARGS,
     augment=AUGMENT,
+    loss_path=IMPL,
 )
 """The registry's entry for ``model.name: pointpillars``."""
 SSN = ModelSpec(
@@ -57,5 +61,6 @@ SSN = ModelSpec(
     weight_formats=(MMDET3D,),
     moved_args=MOVED_ARGS,
     augment=AUGMENT,
+    loss_path=IMPL,
 )
 """The registry's entry for ``model.name: ssn``."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from drivetrain.model_spec import ModelSpec
+from drivetrain.model_spec import LossPath, ModelSpec
 from drivetrain.models.streampetr.detector import StreamPETR
 from drivetrain.models.streampetr.recipe import AUGMENT, CLASSES, DN_SPLIT, PC_RANGE, POSITION_RANGE
 from drivetrain.models.streampetr.weights import STREAMPETR_WEIGHTS, TORCHVISION_RESNET50
@@ -45,6 +45,9 @@ class StreamPETRArgs:
     compile_loss: bool | dict[str, Any] = False  # both criteria under torch.compile: true or its keyword arguments
 
 
+IMPL = LossPath("impl", reference="reference", batched="batched")
+"""``model.args.impl``: the loss path (``drivetrain doctor`` advises the batched one)."""
+
 SPEC = ModelSpec(
     "streampetr",
     build=StreamPETR,
@@ -53,5 +56,6 @@ SPEC = ModelSpec(
     summary="StreamPETR camera 3D detector",
     weight_formats=(TORCHVISION_RESNET50, STREAMPETR_WEIGHTS),
     augment=AUGMENT,
+    loss_path=IMPL,
 )
 """The registry's entry for ``model.name: streampetr``."""
