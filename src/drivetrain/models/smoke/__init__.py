@@ -2,6 +2,6 @@
 seconds on a CPU (:mod:`.model`, :mod:`.dataset`; the registry's ``smoke`` model and dataset, :mod:`.spec`)."""
 
 from drivetrain.models.smoke.dataset import SmokeDataset
-from drivetrain.models.smoke.model import SmokeArgs, SmokeModel
+from drivetrain.models.smoke.model import SmokeModel
 
-__all__ = ["SmokeArgs", "SmokeDataset", "SmokeModel"]
+__all__ = ["SmokeDataset", "SmokeModel"]

@@ -12,12 +12,14 @@ non-parameter state.
 ``dtype`` ("float32" or "float64"): the equivalence tests train in float64, where two runs that do the same
 arithmetic in another order (data-parallel ranks vs one process, accumulation vs one batch) agree to rounding that
 AdamW cannot amplify past the tests' bounds (see tests/helpers/engine.py).
+
+Its spec (:mod:`.spec`) declares no args dataclass: the builder is the class, its keyword arguments are
+``model.args`` as a config writes them, checked against this signature (the engine tests' model of a builder without
+typed arguments, as a plugin may register one).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -26,38 +28,34 @@ from torch import nn
 
 from drivetrain.models.smoke.dataset import torch_dtype
 
-__all__ = ["SmokeArgs", "SmokeModel"]
-
-
-@dataclass(frozen=True)
-class SmokeArgs:
-    """The smoke model's arguments."""
-
-    channels: int = 3  # input channels (= number of classes)
-    width: int = 32  # feature channels of the backbone
-    depth: int = 3  # conv blocks in the backbone
-    dims: int = 2  # 2 (Conv2d) or 3 (Conv3d)
-    dropout: float = 0.1  # dropout before the head
-    memory: bool = True  # keep a streaming memory of pooled features (a buffer and a frame counter) fed to the head
-    dtype: str = "float32"  # "float32" or "float64" parameters and buffers (initialised in float32, then cast)
+__all__ = ["SmokeModel"]
 
 
 class SmokeModel(nn.Module):
     """Small conv net: ``backbone`` (conv-GroupNorm-ReLU blocks) → pooled features (+ memory) → ``head``.
 
     Args:
-        args: the arguments (:class:`SmokeArgs`; another dataclass holding some of its fields, e.g. a plugin's or a
-            test's own, gives those and the defaults of the rest).
-        changes: fields of ``args`` replaced (``SmokeModel(width=8)``).
+        channels: input channels (= number of classes).
+        width: feature channels of the backbone.
+        depth: conv blocks in the backbone.
+        dims: 2 (Conv2d) or 3 (Conv3d).
+        dropout: dropout before the head.
+        memory: keep a streaming memory of pooled features (a buffer and a frame counter) fed to the head.
+        dtype: "float32" or "float64" parameters and buffers (initialised in float32, then cast).
     """
 
-    def __init__(self, args: SmokeArgs = SmokeArgs(), **changes: Any) -> None:
+    def __init__(
+        self,
+        channels: int = 3,
+        width: int = 32,
+        depth: int = 3,
+        dims: int = 2,
+        dropout: float = 0.1,
+        memory: bool = True,
+        dtype: str = "float32",
+    ) -> None:
         super().__init__()
-        if not isinstance(args, SmokeArgs):
-            args = SmokeArgs(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args)})
-        args = dataclasses.replace(args, **changes)
-        channels, width, depth, dims, dropout = args.channels, args.width, args.depth, args.dims, args.dropout
-        param_dtype = torch_dtype(args.dtype)
+        param_dtype = torch_dtype(dtype)
         if dims not in (2, 3):
             raise ValueError(f"dims: must be 2 or 3, got {dims}")
         if depth < 1 or channels < 2 or width < 4 or width % 4:
@@ -73,7 +71,7 @@ class SmokeModel(nn.Module):
             c_in = width
         self.backbone = nn.Sequential(*blocks)
         self.dropout = nn.Dropout(dropout)
-        self.use_memory = args.memory
+        self.use_memory = memory
         self.head = nn.Sequential(nn.Linear(2 * width, width), nn.ReLU(), nn.Linear(width, channels + 4))
         self.num_classes = channels
         self.register_buffer("memory", torch.zeros(width))
