@@ -128,11 +128,12 @@ class AugmentConfig:
         camera = values.get("camera")
         lidar = values.get("lidar")
         below = base if base is not None else cls()
-        lidar_config = (
-            bev_config_from_dict(lidar, "data.augment.lidar", base=below.lidar) if lidar is not None else None
-        )
-        if camera is not None and isinstance(camera, dict) and lidar_config is not None:
-            _check_both(camera_bev_from_dict(camera, below.camera), lidar_config)  # before the camera's other fields
+        camera_bev = camera_bev_from_dict(camera, below.camera) if camera is not None else None  # its keys first
+        lidar_config = None
+        if lidar is not None:
+            lidar_config = bev_config_from_dict(lidar, "data.augment.lidar", base=below.lidar)
+            if camera is not None:
+                _check_both(camera_bev, lidar_config)  # ahead of the camera's other fields
         return cls(CameraAugConfig.from_dict(camera, below.camera) if camera is not None else None, lidar_config)
 
 
