@@ -17,8 +17,8 @@ from drivetrain.engine.config import TrainConfig, config_diff, config_to_dict, f
 from drivetrain.engine.config_files import read_config_file
 from drivetrain.engine.init_from import InitFrom
 from drivetrain.engine.registry import _REGISTERED, register_model
-from drivetrain.models.smoke import SmokeModel
 from drivetrain.model_spec import ModelSpec
+from drivetrain.models.smoke import SmokeModel
 from drivetrain.pipeline.augment.stage import AugmentConfig
 from helpers.engine import SMOKE, overrides
 
