@@ -18,8 +18,10 @@ from drivetrain.data.sources import frames
 from drivetrain.engine import ConfigError, Trainer, load_config
 from drivetrain.engine.compat import upgrade_saved_config
 from drivetrain.engine.config import config_diff, config_to_dict
-from drivetrain.model_spec import keywords
+from drivetrain.engine.registry import _REGISTERED, register_model
+from drivetrain.model_spec import ModelSpec, keywords
 from drivetrain.models.pointpillars.recipe import LIDAR_AUG
+from drivetrain.models.smoke import SmokeModel
 from drivetrain.models.streampetr.recipe import CAMERA_AUG, IMAGE_AUG
 from drivetrain.pipeline.augment.bev import BevAugConfig, draw_bev_params
 from drivetrain.pipeline.augment.camera import sample_params as camera_sample_params
@@ -254,6 +256,25 @@ def test_a_section_fills_what_it_leaves_out_from_the_models_recipe():
     assert off == BevAugConfig() and off.rot_range == (0.0, 0.0) and not off.flip_horizontal and not off.shuffle
     with pytest.raises(ConfigError, match=r"data\.augment\.camera\.image: required"):
         load_config(ROOT / "configs" / "smoke.yaml", ["data.augment={camera: {}}"])
+
+
+def test_a_plugin_spec_offers_its_own_recipe_and_a_wrong_one_is_one_line():
+    """A plugin's spec offers its recipe as the built-in ones do; an ``augment`` that is not an AugmentConfig is refused
+    when a config with a ``data.augment`` section loads, naming the model."""
+    own = AugmentConfig(lidar=dataclasses.replace(LIDAR_AUG, flip_vertical=0.5, shuffle=False))
+    for name, augment in (("recipe-plugin", own), ("recipe-bad", {"lidar": {}})):
+        register_model(ModelSpec(name, build=SmokeModel, args=None, modalities=frozenset({"tensor"}), augment=augment))
+    try:
+        cfg = load_config(ROOT / "configs" / "smoke.yaml", ["model.name=recipe-plugin", "data.augment={lidar: {}}"])
+        assert cfg.data.augment == own
+        with pytest.raises(
+            ConfigError, match=r"^.*model\.name: recipe-bad's spec offers augment=.*not an AugmentConfig$"
+        ):
+            load_config(ROOT / "configs" / "smoke.yaml", ["model.name=recipe-bad", "data.augment={lidar: {}}"])
+        assert load_config(ROOT / "configs" / "smoke.yaml", ["model.name=recipe-bad"]).data.augment is None
+    finally:
+        _REGISTERED["model"].pop("recipe-plugin")
+        _REGISTERED["model"].pop("recipe-bad")
 
 
 def test_a_saved_config_that_holds_only_the_fields_it_set_reads_over_the_recipe():
