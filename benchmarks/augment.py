@@ -47,6 +47,7 @@ from drivetrain.data.sources import synthetic
 from drivetrain.engine.batches import BatchStream
 from drivetrain.engine.config import DataConfig
 from drivetrain.engine.stepsplit import step_cost, step_profiler
+from drivetrain.models.streampetr.recipe import CAMERA_AUG
 from drivetrain.pipeline.augment.camera import CameraAugConfig
 from drivetrain.pipeline.augment.stage import Augmentation, AugmentConfig
 from drivetrain.pipeline.dali import DaliStream, dali_available
@@ -110,7 +111,7 @@ def pipeline(
     repeat: int,
 ) -> dict[str, float]:
     """ms per frame and CPU core-seconds per frame of the loader + augmentation (no model)."""
-    config = CameraAugConfig.from_dict({"image": SIZES[size][1]})
+    config = CameraAugConfig.from_dict({"image": SIZES[size][1]}, CAMERA_AUG)  # StreamPETR's recipe at this size
     if where == "dali":
         source: Any = DaliStream(
             synthetic(**args), batch, augment=config, device=device, workers=max(workers, 1), threads=max(workers, 1)

@@ -10,7 +10,8 @@ import dataclasses
 import pytest
 import torch
 
-from drivetrain.pipeline.augment.bev import BevAugConfig, BevAugParams, apply_bev_aug, sample_bev_params
+from drivetrain.models.pointpillars.recipe import LIDAR_AUG
+from drivetrain.pipeline.augment.bev import BevAugParams, apply_bev_aug, sample_bev_params
 from drivetrain.pipeline.voxelize import (
     HardVoxels,
     dynamic_voxelize,
@@ -40,9 +41,9 @@ pytestmark = [
 DEVICE = "cuda"
 BEV_CONFIGS = {
     "full": FULL_CONFIG,
-    "no_shuffle": BevAugConfig(shuffle=False),
-    "no_point_filter": BevAugConfig(point_range=None),
-    "no_object_filter": BevAugConfig(object_range=None),
+    "no_shuffle": dataclasses.replace(LIDAR_AUG, shuffle=False),
+    "no_point_filter": dataclasses.replace(LIDAR_AUG, point_range=None),
+    "no_object_filter": dataclasses.replace(LIDAR_AUG, object_range=None),
 }
 
 

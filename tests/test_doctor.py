@@ -104,6 +104,27 @@ def test_a_run_whose_forward_and_backward_dominate_is_network_bound_and_nothing_
     assert [f.kind for f in data] == ["data-bound"]
 
 
+def test_the_batched_loss_advice_is_the_switch_the_models_spec_declares():
+    """A loss-bound run on the per-sample path is told its model's switch (the built-in detectors: model.args.impl);
+    a model whose spec declares none — a plugin with an ``impl`` argument of its own meaning — is told no switch."""
+    window = _window(20.0, data=1.0, forward=6.0, loss=5.0, backward=7.0)
+    summary = {"data_share": 0.05, "data_wait_ms": 1.0, "step_ms": 20.0, "peak_memory_mb": 100.0}
+
+    def advice(model: dict) -> tuple[str, ...]:
+        config = {"data": {"num_workers": 0}, "model": model}
+        (finding,) = doctor.diagnose({**summary, "config": config}, window, memory_budget_mb=1e6)
+        assert finding.kind == "loss-bound"
+        return finding.switches
+
+    for name in ("streampetr", "pointpillars", "ssn", "focal2d"):
+        assert advice({"name": name, "args": {"impl": "reference"}}) == (
+            "model.args.impl=batched (the batched loss path)",
+        )
+        assert "model.args.impl" not in " ".join(advice({"name": name, "args": {"impl": "batched"}}))
+    assert "model.args.impl" not in " ".join(advice({"name": "slow-loss", "args": {"impl": "reference"}}))
+    assert "model.args.impl" not in " ".join(advice({"name": "smoke", "args": {"impl": "reference"}}))
+
+
 def test_doctor_names_a_folder_that_is_not_a_run(tmp_path):
     with pytest.raises(SystemExit, match="metrics"):
         main(["doctor", str(tmp_path)])

@@ -12,7 +12,7 @@ from drivetrain.data.sampler import SequenceSampler
 from drivetrain.engine import BatchStream, ShuffledBatches, brings_own_batching
 from drivetrain.engine.batches import HEADROOM, WAIT_TARGET, loader_wait_ms, suggest_num_workers
 from drivetrain.engine.config import DataConfig
-from drivetrain.engine.smoke import SmokeDataset
+from drivetrain.models.smoke import SmokeDataset
 from drivetrain.seeding import mix_seed
 
 SCENES = [3, 4, 2, 5, 3, 3]  # frames per scene: 20 frames

@@ -18,7 +18,7 @@ from drivetrain.engine.config import TrainConfig, config_diff, config_to_dict, f
 from drivetrain.engine.config_files import read_config_file
 from drivetrain.engine.init_from import InitFrom
 from drivetrain.engine.registry import _REGISTERED, register_model
-from drivetrain.engine.smoke import SmokeModel
+from drivetrain.models.smoke import SmokeModel
 from drivetrain.pipeline.augment.stage import AugmentConfig
 from helpers.engine import SMOKE, overrides
 

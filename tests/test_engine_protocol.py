@@ -28,7 +28,7 @@ from drivetrain.engine.protocol import (
     input_modalities,
     missing_members,
 )
-from drivetrain.engine.smoke import SmokeModel
+from drivetrain.models.smoke import SmokeModel
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 
 import torch
-
 from drivetrain.engine.undoable_update import UndoableUpdate
 
 

@@ -3,16 +3,18 @@ identity view reproduces plain detection, and ``drivetrain eval --tta`` refuses 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
+from drivetrain.models.pointpillars.recipe import LIDAR_AUG
 from drivetrain.models.pointpillars.tta import TTAConfig, map_boxes_back, merge, reference_merge, views
-from drivetrain.pipeline.augment.bev import BevAugConfig, apply_bev_aug
+from drivetrain.pipeline.augment.bev import apply_bev_aug
 from drivetrain.ragged import RaggedBatch
 
-NO_FILTERS = BevAugConfig(point_range=None, object_range=None, shuffle=False)
+NO_FILTERS = dataclasses.replace(LIDAR_AUG, point_range=None, object_range=None, shuffle=False)
 
 
 def _boxes(n: int, g: torch.Generator) -> torch.Tensor:

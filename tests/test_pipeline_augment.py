@@ -4,14 +4,16 @@ its 3D point (≤ 1 px, with flips and rotations), the identity warp is exact, a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 import torch
 
+from drivetrain.models.pointpillars.recipe import LIDAR_AUG
+from drivetrain.models.streampetr.recipe import IMAGE_AUG
 from drivetrain.pipeline.augment.image_ops import (
-    ImageAugConfig,
     ImageAugParams,
     ida_matrix,
     sample_image_params,
@@ -39,7 +41,7 @@ def original_ida(resize: float, crop: tuple[int, int, int, int], flip: bool, rot
 
 
 def test_ida_matrix_is_the_originals():
-    cfg = ImageAugConfig(rot_lim=(-5.4, 5.4))
+    cfg = dataclasses.replace(IMAGE_AUG, rot_lim=(-5.4, 5.4))
     params = sample_image_params(16, cfg, torch.Generator().manual_seed(0))
     assert params.flip.any() and (~params.flip).any()
     ida = ida_matrix(params, cfg.final_size)
@@ -51,7 +53,7 @@ def test_ida_matrix_is_the_originals():
 
 
 def test_training_draws_and_test_time_parameters_follow_the_recipe():
-    cfg = ImageAugConfig()
+    cfg = IMAGE_AUG
     params = sample_image_params(64, cfg, torch.Generator().manual_seed(1))
     assert params.scale.min() >= 0.38 and params.scale.max() <= 0.55
     new_w = (1600 * params.scale).long()
@@ -65,7 +67,9 @@ def test_training_draws_and_test_time_parameters_follow_the_recipe():
 
 
 def test_warped_pixel_lands_where_the_updated_matrix_projects_its_point():
-    cfg = ImageAugConfig(source_size=(320, 180), final_size=(160, 96), resize_lim=(0.6, 0.8), rot_lim=(-20, 20))
+    cfg = dataclasses.replace(
+        IMAGE_AUG, source_size=(320, 180), final_size=(160, 96), resize_lim=(0.6, 0.8), rot_lim=(-20, 20)
+    )
     params = sample_image_params(6, cfg, torch.Generator().manual_seed(2))
     params = ImageAugParams(params.scale, params.crop, torch.tensor([True, False] * 3), params.rotate)
     k = torch.tensor([[200.0, 0, 160], [0, 200.0, 90], [0, 0, 1]], dtype=torch.float64)
@@ -117,7 +121,7 @@ def test_identity_warp_is_exact_and_params_replay():
     # weight, and so the value error, is at most 255 · 4 · W · eps32 (W = 30).
     tolerance = 255 * 4 * 30 * torch.finfo(torch.float32).eps
     torch.testing.assert_close(out, images.float(), rtol=0, atol=tolerance)
-    cfg = ImageAugConfig(source_size=(30, 20), final_size=(16, 8), resize_lim=(0.6, 0.9))
+    cfg = dataclasses.replace(IMAGE_AUG, source_size=(30, 20), final_size=(16, 8), resize_lim=(0.6, 0.9))
     params = sample_image_params(2, cfg, torch.Generator().manual_seed(5))
     ida = ida_matrix(params, cfg.final_size)
     assert torch.equal(warp_images(images, ida, cfg.final_size), warp_images(images, ida, cfg.final_size))
@@ -128,10 +132,10 @@ def test_identity_warp_is_exact_and_params_replay():
 
 def test_bad_config_is_named():
     with pytest.raises(ValueError, match="resize_lim"):
-        ImageAugConfig(resize_lim=(0.0, 0.5))
+        dataclasses.replace(IMAGE_AUG, resize_lim=(0.0, 0.5))
     with pytest.raises(ValueError, match="final_size"):
-        ImageAugConfig(final_size=(0, 256))
-    assert math.isclose(ImageAugConfig().resize_lim[0], 0.38)
+        dataclasses.replace(IMAGE_AUG, final_size=(0, 256))
+    assert math.isclose(IMAGE_AUG.resize_lim[0], 0.38)
 
 
 def test_2d_annotations_follow_the_originals_bboxes_transform():
@@ -140,7 +144,7 @@ def test_2d_annotations_follow_the_originals_bboxes_transform():
     from drivetrain.pipeline.augment.image_ops import reference_transform_boxes_2d, transform_boxes_2d
     from drivetrain.ragged import RaggedBatch
 
-    cfg = ImageAugConfig()
+    cfg = IMAGE_AUG
     g = torch.Generator().manual_seed(6)
     params = sample_image_params(4, cfg, g)
     params = ImageAugParams(params.scale, params.crop, torch.tensor([True, False, True, False]), params.rotate)
@@ -183,7 +187,7 @@ def test_2d_annotations_follow_the_originals_bboxes_transform():
 def test_bev_augmentation_of_a_camera_batch_keeps_every_projection_and_world_position():
     """After a BEV rotation/scale/flip of the boxes, the updated lidar2img projects each augmented box centre to
     the pixel the original centre projected to, and the updated ego pose puts it at the same global position."""
-    from drivetrain.pipeline.augment.bev import BevAugConfig, apply_bev_aug, sample_bev_params
+    from drivetrain.pipeline.augment.bev import apply_bev_aug, sample_bev_params
     from drivetrain.pipeline.augment.image_ops import bev_aug_cameras
     from drivetrain.ragged import RaggedBatch
 
@@ -193,7 +197,7 @@ def test_bev_augmentation_of_a_camera_batch_keeps_every_projection_and_world_pos
                                    for _ in range(3)])  # fmt: skip
     labels = RaggedBatch.from_list([torch.zeros(5, dtype=torch.int64)] * 3)
     points = RaggedBatch.from_list([torch.zeros(0, 4)] * 3)
-    cfg = BevAugConfig(flip_vertical=0.5, point_range=None, object_range=None, shuffle=False)
+    cfg = dataclasses.replace(LIDAR_AUG, flip_vertical=0.5, point_range=None, object_range=None, shuffle=False)
     params = sample_bev_params(points, cfg, torch.Generator().manual_seed(8))
     _, moved, _ = apply_bev_aug(points, boxes, labels, params, cfg)
     lidar2img = torch.eye(4).repeat(3, 2, 1, 1)

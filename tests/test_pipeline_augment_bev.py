@@ -3,13 +3,14 @@ reference, hand-worked conventions, replay, identity, draws, config validation a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
+from drivetrain.models.pointpillars.recipe import LIDAR_AUG
 from drivetrain.pipeline.augment.bev import (
-    BevAugConfig,
     BevAugParams,
     apply_bev_aug,
     bev_config_from_dict,
@@ -26,7 +27,7 @@ EPS32 = torch.finfo(torch.float32).eps
 BIG = 10**9
 CHANNELS = 4  # x, y, z, Δt as in the nuScenes PointPillars pipeline
 # Every random step on (SSN-like flips, a translation), so the comparison exercises all of them.
-FULL_CONFIG = BevAugConfig(translation_std=(0.5, 0.5, 0.2), flip_horizontal=0.5, flip_vertical=0.5)
+FULL_CONFIG = dataclasses.replace(LIDAR_AUG, translation_std=(0.5, 0.5, 0.2), flip_horizontal=0.5, flip_vertical=0.5)
 NO_FILTERS = dict(point_range=None, object_range=None, shuffle=False)
 
 
@@ -114,7 +115,7 @@ def rotation_atol(xyz: torch.Tensor, translation: torch.Tensor, scale_max: float
 
 def transformed_coordinates(points, boxes, labels, params, b):
     """The reference's coordinates before any filter (tie-free checks look at them)."""
-    config = BevAugConfig(**NO_FILTERS)
+    config = dataclasses.replace(LIDAR_AUG, **NO_FILTERS)
     n, m = int(points.sizes[b]), int(boxes.sizes[b])
     pts, bxs, _ = reference_bev_aug(
         points.tensor[b, :n], boxes.tensor[b, :m], labels.tensor[b, :m], params.sample(b), config
@@ -177,7 +178,12 @@ def test_batched_matches_per_sample_reference_with_sampled_params(kind, gen):
 
 @pytest.mark.parametrize(
     "config",
-    [FULL_CONFIG, BevAugConfig(shuffle=False), BevAugConfig(point_range=None), BevAugConfig(object_range=None)],
+    [
+        FULL_CONFIG,
+        dataclasses.replace(LIDAR_AUG, shuffle=False),
+        dataclasses.replace(LIDAR_AUG, point_range=None),
+        dataclasses.replace(LIDAR_AUG, object_range=None),
+    ],
     ids=["full", "no_shuffle", "no_point_filter", "no_object_filter"],
 )
 def test_batched_matches_reference_for_every_flip_combination(config, gen):
@@ -218,7 +224,7 @@ def test_boxes_and_points_exactly_on_range_boundaries_are_dropped():
         [-50.0, 50.0, 0.0, 1, 1, 1, 0.0, 0, 0],  # out
     ]
     pts, bxs, lbs = _one(points, boxes)
-    config = BevAugConfig(shuffle=False)
+    config = dataclasses.replace(LIDAR_AUG, shuffle=False)
     for flip_h in (False, True):
         params = _params(1, len(points), flip_h=[flip_h])
         out = apply_bev_aug(pts, bxs, lbs, params, config)
@@ -244,7 +250,8 @@ def test_identity_params_return_the_input(ranges, gen):
     points.tensor[1, :, :2] = 0  # bring the far sample in, so every sample keeps something
     big = 1e6
     if ranges == "huge":
-        config = BevAugConfig(
+        config = dataclasses.replace(
+            LIDAR_AUG,
             rot_range=(0, 0),
             scale_range=(1, 1),
             flip_horizontal=0,
@@ -253,7 +260,7 @@ def test_identity_params_return_the_input(ranges, gen):
             object_range=(-big, -big, big, big),
         )
     else:
-        config = BevAugConfig(rot_range=(0, 0), scale_range=(1, 1), flip_horizontal=0, **NO_FILTERS)
+        config = dataclasses.replace(LIDAR_AUG, rot_range=(0, 0), scale_range=(1, 1), flip_horizontal=0, **NO_FILTERS)
     params = sample_bev_params(points, config, gen)
     out = apply_bev_aug(points, boxes, labels, params, config)
     for got, given in zip(out, (points, boxes, labels), strict=True):
@@ -269,7 +276,7 @@ def test_rotation_by_plus_half_pi_turns_counter_clockwise():
     # the yaw grows by θ: 0.1 → 0.1 + π/2 = 1.6707963.
     pts, bxs, lbs = _one([[10.0, 0.0, -1.0, 0.5]], [[10.0, 0.0, -1.0, 4.0, 2.0, 1.5, 0.1, 1.0, 0.0]])
     params = _params(1, 1, angle=[math.pi / 2])
-    out_pts, out_bxs, _ = apply_bev_aug(pts, bxs, lbs, params, BevAugConfig(**NO_FILTERS))
+    out_pts, out_bxs, _ = apply_bev_aug(pts, bxs, lbs, params, dataclasses.replace(LIDAR_AUG, **NO_FILTERS))
     torch.testing.assert_close(out_pts.tensor[0], torch.tensor([[0.0, 10.0, -1.0, 0.5]]), atol=1e-5, rtol=0)
     expected = torch.tensor([[0.0, 10.0, -1.0, 4.0, 2.0, 1.5, 1.6707963, 0.0, 1.0]])
     torch.testing.assert_close(out_bxs.tensor[0], expected, atol=1e-5, rtol=0)
@@ -280,7 +287,7 @@ def test_rotation_by_0_3_matches_hand_computed_numbers():
     # velocity (0, 2) → (−2s, 2c) = (−0.5910404, 1.9106730); yaw 0.3 → 0.6.
     pts, bxs, lbs = _one([[3.0, 4.0, 0.0, 0.0]], [[3.0, 4.0, 0.0, 1.0, 1.0, 1.0, 0.3, 0.0, 2.0]])
     params = _params(1, 1, angle=[0.3])
-    out_pts, out_bxs, _ = apply_bev_aug(pts, bxs, lbs, params, BevAugConfig(**NO_FILTERS))
+    out_pts, out_bxs, _ = apply_bev_aug(pts, bxs, lbs, params, dataclasses.replace(LIDAR_AUG, **NO_FILTERS))
     torch.testing.assert_close(out_pts.tensor[0, 0, :2], torch.tensor([1.6839286, 4.7079066]), atol=1e-6, rtol=0)
     expected = torch.tensor([1.6839286, 4.7079066, 0.0, 1.0, 1.0, 1.0, 0.6, -0.5910404, 1.9106730])
     torch.testing.assert_close(out_bxs.tensor[0, 0], expected, atol=1e-6, rtol=0)
@@ -306,7 +313,7 @@ POINT = [1.0, 2.0, 0.5, 7.0]
 )
 def test_flips_follow_mmdet3d(flip_h, flip_v, object_range, point, box):
     pts, bxs, lbs = _one([POINT], [BOX])
-    config = BevAugConfig(point_range=None, object_range=object_range, shuffle=False)
+    config = dataclasses.replace(LIDAR_AUG, point_range=None, object_range=object_range, shuffle=False)
     params = _params(1, 1, flip_h=[flip_h], flip_v=[flip_v])
     out_pts, out_bxs, _ = apply_bev_aug(pts, bxs, lbs, params, config)
     torch.testing.assert_close(out_pts.tensor[0, 0], torch.tensor(point), atol=1e-6, rtol=0)
@@ -316,7 +323,7 @@ def test_flips_follow_mmdet3d(flip_h, flip_v, object_range, point, box):
 def test_scale_multiplies_xyz_sizes_and_velocity():
     pts, bxs, lbs = _one([POINT], [BOX])
     params = _params(1, 1, scale=[1.05])
-    out_pts, out_bxs, _ = apply_bev_aug(pts, bxs, lbs, params, BevAugConfig(**NO_FILTERS))
+    out_pts, out_bxs, _ = apply_bev_aug(pts, bxs, lbs, params, dataclasses.replace(LIDAR_AUG, **NO_FILTERS))
     torch.testing.assert_close(out_pts.tensor[0, 0], torch.tensor([1.05, 2.1, 0.525, 7.0]))
     expected = torch.tensor([1.05, 2.1, 0.525, 4.2, 2.1, 1.575, 0.3, 1.575, -0.525])
     torch.testing.assert_close(out_bxs.tensor[0, 0], expected)
@@ -325,7 +332,7 @@ def test_scale_multiplies_xyz_sizes_and_velocity():
 def test_translation_moves_points_and_centres_but_not_velocity():
     pts, bxs, lbs = _one([POINT], [BOX])
     params = _params(1, 1, translation=[[1.0, -2.0, 0.25]])
-    out_pts, out_bxs, _ = apply_bev_aug(pts, bxs, lbs, params, BevAugConfig(**NO_FILTERS))
+    out_pts, out_bxs, _ = apply_bev_aug(pts, bxs, lbs, params, dataclasses.replace(LIDAR_AUG, **NO_FILTERS))
     torch.testing.assert_close(out_pts.tensor[0, 0], torch.tensor([2.0, 0.0, 0.75, 7.0]))
     torch.testing.assert_close(out_bxs.tensor[0, 0], torch.tensor([2.0, 0.0, 0.75, 4.0, 2.0, 1.5, 0.3, 1.5, -0.5]))
 
@@ -334,7 +341,9 @@ def test_centre_z_scales_like_mmdet3d_bottom_centre():
     # mmdet3d scales the bottom centre z_b = z − dz/2 and dz; converting back gives our scaled centre z.
     pts, bxs, lbs = _one([POINT], [BOX])
     scale = 0.96
-    out_bxs = apply_bev_aug(pts, bxs, lbs, _params(1, 1, scale=[scale]), BevAugConfig(**NO_FILTERS))[1]
+    out_bxs = apply_bev_aug(pts, bxs, lbs, _params(1, 1, scale=[scale]), dataclasses.replace(LIDAR_AUG, **NO_FILTERS))[
+        1
+    ]
     z, dz = BOX[2], BOX[5]
     bottom_scaled, dz_scaled = (z - dz / 2) * scale, dz * scale
     assert out_bxs.tensor[0, 0, 2].item() == pytest.approx(bottom_scaled + dz_scaled / 2, abs=1e-6)
@@ -362,17 +371,17 @@ def test_shuffle_orders_kept_points_by_their_keys():
     points[1][0] = 99.0
     pts, bxs, lbs = _one(points, [])
     params = _params(1, 5, shuffle_keys=[[0.5, 0.1, 0.9, 0.3, 0.7]])
-    out_pts = apply_bev_aug(pts, bxs, lbs, params, BevAugConfig())[0]
+    out_pts = apply_bev_aug(pts, bxs, lbs, params, LIDAR_AUG)[0]
     assert out_pts.sizes.tolist() == [4]
     assert out_pts.tensor[0, :, 3].tolist() == [2.0, 4.0, 0.0, 3.0, 0.0]
-    ref_pts = reference_bev_aug(pts.tensor[0], bxs.tensor[0], lbs.tensor[0], params.sample(0), BevAugConfig())[0]
+    ref_pts = reference_bev_aug(pts.tensor[0], bxs.tensor[0], lbs.tensor[0], params.sample(0), LIDAR_AUG)[0]
     assert torch.equal(out_pts.to_list()[0], ref_pts)
 
 
 # ----------------------------------------------------------------------------------------------- no sync, draws
 @pytest.mark.parametrize(
     "config",
-    [FULL_CONFIG, BevAugConfig(shuffle=False), BevAugConfig(**NO_FILTERS)],
+    [FULL_CONFIG, dataclasses.replace(LIDAR_AUG, shuffle=False), dataclasses.replace(LIDAR_AUG, **NO_FILTERS)],
     ids=["full", "filter_only", "transform_only"],
 )
 def test_sample_and_apply_never_sync(config, gen):
@@ -398,7 +407,7 @@ def test_size_only_draws_are_the_sampled_ones():
     """``draw_bev_params`` (what the trainer's stage and the workers call with the batch's sizes) draws exactly
     what ``sample_bev_params`` draws from the points, in the same order."""
     points, _, _ = random_scene("four", torch.Generator().manual_seed(0))
-    for config in (FULL_CONFIG, BevAugConfig(shuffle=False)):
+    for config in (FULL_CONFIG, dataclasses.replace(LIDAR_AUG, shuffle=False)):
         sampled = sample_bev_params(points, config, torch.Generator().manual_seed(5))
         drawn = draw_bev_params(points.batch_shape[0], points.max_size, config, torch.Generator().manual_seed(5))
         for name in BevAugParams.__dataclass_fields__:
@@ -410,13 +419,13 @@ def test_size_only_draws_are_the_sampled_ones():
 def test_draws_respect_ranges_and_probabilities():
     points = RaggedBatch(torch.zeros(64, 3, CHANNELS), torch.full((64,), 3))
     gen = torch.Generator().manual_seed(3)
-    params = sample_bev_params(points, BevAugConfig(flip_horizontal=1.0, flip_vertical=0.0), gen)
+    params = sample_bev_params(points, dataclasses.replace(LIDAR_AUG, flip_horizontal=1.0, flip_vertical=0.0), gen)
     assert params.angle.abs().max() <= 0.3925 and params.angle.std() > 0.1
     assert ((params.scale >= 0.95) & (params.scale <= 1.05)).all()
     assert torch.equal(params.translation.abs(), torch.zeros(64, 3))
     assert params.flip_h.all() and not params.flip_v.any()
     assert ((params.shuffle_keys >= 0) & (params.shuffle_keys < 1)).all()
-    ssn = sample_bev_params(points, BevAugConfig(flip_vertical=0.5, shuffle=False), gen)
+    ssn = sample_bev_params(points, dataclasses.replace(LIDAR_AUG, flip_vertical=0.5, shuffle=False), gen)
     assert 0 < ssn.flip_v.sum() < 64 and 0 < ssn.flip_h.sum() < 64
     assert torch.equal(ssn.shuffle_keys, torch.zeros(64, 3))
 
@@ -441,13 +450,15 @@ def test_draws_respect_ranges_and_probabilities():
 )
 def test_bad_config_raises_value_error_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
-        BevAugConfig(**{field: value})
+        dataclasses.replace(LIDAR_AUG, **{field: value})
 
 
 def test_config_from_a_yaml_mapping_names_the_key_and_field():
-    config = bev_config_from_dict({"rot_range": [-0.1, 0.1], "object_range": None}, "data.augment.lidar")
+    config = bev_config_from_dict(
+        {"rot_range": [-0.1, 0.1], "object_range": None}, "data.augment.lidar", base=LIDAR_AUG
+    )
     assert config.rot_range == (-0.1, 0.1) and config.object_range is None and config.flip_horizontal == 0.5
-    base = BevAugConfig(flip_horizontal=0.0)
+    base = dataclasses.replace(LIDAR_AUG, flip_horizontal=0.0)
     assert bev_config_from_dict({}, "k", base=base) == base  # fields not given keep the base's
     with pytest.raises(ValueError, match=r"^data\.augment\.lidar\.rot_range: lower bound"):
         bev_config_from_dict({"rot_range": [1, 0]}, "data.augment.lidar")
@@ -458,7 +469,7 @@ def test_config_from_a_yaml_mapping_names_the_key_and_field():
 
 
 def test_config_accepts_lists_from_yaml():
-    config = BevAugConfig(rot_range=[-0.1, 0.1], point_range=[-1, -1, -1, 1, 1, 1])
+    config = dataclasses.replace(LIDAR_AUG, rot_range=[-0.1, 0.1], point_range=[-1, -1, -1, 1, 1, 1])
     assert config.rot_range == (-0.1, 0.1) and config.point_range == (-1.0, -1.0, -1.0, 1.0, 1.0, 1.0)
 
 

@@ -15,26 +15,30 @@ import pytest
 import torch
 
 from drivetrain.data.sources import frames
-from drivetrain.detector.spec import keywords
+from drivetrain.detector.spec import ModelSpec, keywords
 from drivetrain.engine import ConfigError, Trainer, load_config
 from drivetrain.engine.compat import upgrade_saved_config
 from drivetrain.engine.config import config_diff, config_to_dict
+from drivetrain.engine.registry import _REGISTERED, register_model
+from drivetrain.models.pointpillars.recipe import LIDAR_AUG
+from drivetrain.models.smoke import SmokeModel
+from drivetrain.models.streampetr.recipe import CAMERA_AUG, IMAGE_AUG
 from drivetrain.pipeline.augment.bev import BevAugConfig, draw_bev_params
-from drivetrain.pipeline.augment.camera import CameraAugConfig
 from drivetrain.pipeline.augment.camera import sample_params as camera_sample_params
-from drivetrain.pipeline.augment.image_ops import ImageAugConfig
 from drivetrain.pipeline.augment.stage import Augmentation, AugmentConfig, apply, sample_params, sample_params_each
 from helpers.nosync import no_host_sync
 
 ROOT = Path(__file__).resolve().parents[1]
 EPS32 = torch.finfo(torch.float32).eps
 # Every step of the lidar recipe on: SSN's vertical flips, a translation, both range filters and the shuffle.
-LIDAR = BevAugConfig(
-    translation_std=(0.2, 0.2, 0.2), flip_vertical=0.5,
+LIDAR = dataclasses.replace(
+    LIDAR_AUG, translation_std=(0.2, 0.2, 0.2), flip_vertical=0.5,
     point_range=(-20.0, -20.0, -5.0, 20.0, 20.0, 3.0), object_range=(-20.0, -20.0, 20.0, 20.0),
 )  # fmt: skip
-CAMERA = CameraAugConfig(
-    image=ImageAugConfig(source_size=(160, 90), final_size=(128, 48), resize_lim=(0.76, 1.1)), bev=None
+CAMERA = dataclasses.replace(
+    CAMERA_AUG,
+    image=dataclasses.replace(IMAGE_AUG, source_size=(160, 90), final_size=(128, 48), resize_lim=(0.76, 1.1)),
+    bev=None,
 )
 POSITION = {"epoch": 1, "step": 3}
 
@@ -234,6 +238,62 @@ def test_saved_configs_of_the_old_spelling_upgrade_to_the_new_one():
         saved = copy.deepcopy(old)
         assert config_diff(old, new) != [] and config_diff(upgrade_saved_config(old), new) == []
         assert old == saved  # the saved config itself is not changed
+
+
+def test_a_section_fills_what_it_leaves_out_from_the_models_recipe():
+    """The published values live in the model's folder: a config's section sets some fields, the rest are the
+    recipe its model's spec offers — the same values the configs trained with when they were the types' defaults."""
+    lidar = load_config(ROOT / "configs" / "pointpillars_tiny.yaml").data.augment.lidar
+    ranges = {"point_range": (-32.0, -32.0, -5.0, 32.0, 32.0, 3.0), "object_range": (-32.0, -32.0, 32.0, 32.0)}
+    assert lidar == dataclasses.replace(LIDAR_AUG, **ranges)
+    assert load_config(ROOT / "configs" / "ssn_tiny.yaml").data.augment.lidar == lidar  # SSN's spec: the same
+    camera = load_config(ROOT / "configs" / "streampetr_tiny_aug.yaml").data.augment.camera
+    sizes = {"source_size": (320, 180), "final_size": (256, 96), "resize_lim": (0.76, 1.1)}
+    assert camera == dataclasses.replace(CAMERA_AUG, image=dataclasses.replace(IMAGE_AUG, **sizes))
+    # the recipe never turns a section on, and a model that publishes none gets the types' defaults: every step off
+    assert load_config(ROOT / "configs" / "pointpillars_tiny.yaml").data.augment.camera is None
+    off = load_config(ROOT / "configs" / "smoke.yaml", ["data.augment={lidar: {}}"]).data.augment.lidar
+    assert off == BevAugConfig() and off.rot_range == (0.0, 0.0) and not off.flip_horizontal and not off.shuffle
+    with pytest.raises(ConfigError, match=r"data\.augment\.camera\.image: required"):
+        load_config(ROOT / "configs" / "smoke.yaml", ["data.augment={camera: {}}"])
+
+
+def test_a_plugin_spec_offers_its_own_recipe_and_a_wrong_one_is_one_line():
+    """A plugin's spec offers its recipe as the built-in ones do; an ``augment`` that is not an AugmentConfig is refused
+    when a config with a ``data.augment`` section loads, naming the model."""
+    own = AugmentConfig(lidar=dataclasses.replace(LIDAR_AUG, flip_vertical=0.5, shuffle=False))
+    for name, augment in (("recipe-plugin", own), ("recipe-bad", {"lidar": {}})):
+        register_model(ModelSpec(name, build=SmokeModel, args=None, modalities=frozenset({"tensor"}), augment=augment))
+    try:
+        cfg = load_config(ROOT / "configs" / "smoke.yaml", ["model.name=recipe-plugin", "data.augment={lidar: {}}"])
+        assert cfg.data.augment == own
+        with pytest.raises(
+            ConfigError, match=r"^.*model\.name: recipe-bad's spec offers augment=.*not an AugmentConfig$"
+        ):
+            load_config(ROOT / "configs" / "smoke.yaml", ["model.name=recipe-bad", "data.augment={lidar: {}}"])
+        assert load_config(ROOT / "configs" / "smoke.yaml", ["model.name=recipe-bad"]).data.augment is None
+    finally:
+        _REGISTERED["model"].pop("recipe-plugin")
+        _REGISTERED["model"].pop("recipe-bad")
+
+
+def test_a_saved_config_that_holds_only_the_fields_it_set_reads_over_the_recipe():
+    """A run's config written when the recipes were the types' defaults kept only the augmentation fields it set: it
+    reads to the same numbers as today's, which holds every field (so such a run resumes)."""
+    sets = {
+        "pointpillars_tiny": {"lidar": {"point_range": [-32, -32, -5, 32, 32, 3], "object_range": [-32, -32, 32, 32]}},
+        "streampetr_tiny_aug": {"camera": {"image": {"source_size": [320, 180], "final_size": [256, 96],
+                                                     "resize_lim": [0.76, 1.1]}}},
+    }  # fmt: skip
+    for name, augment in sets.items():
+        new = config_to_dict(load_config(ROOT / "configs" / f"{name}.yaml"))
+        old = {**new, "data": {**new["data"], "augment": augment}}
+        assert config_diff(old, new) == []
+        section = next(iter(augment))
+        other = {**new, "data": {**new["data"], "augment": {section: {**augment[section], "bev": None}}}}
+        if section == "lidar":
+            other["data"]["augment"] = {"lidar": {**augment["lidar"], "shuffle": False}}
+        assert len(config_diff(other, new)) == 1  # one field set otherwise is a difference
 
 
 def _lidar_run(out: Path, synth_root: Path, *extra: str):

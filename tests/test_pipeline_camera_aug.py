@@ -16,6 +16,7 @@ import torch
 
 from drivetrain.data.sources import frames
 from drivetrain.engine import ConfigError, Trainer, load_config
+from drivetrain.models.streampetr.recipe import CAMERA_AUG, IMAGE_AUG
 from drivetrain.pipeline.augment.camera import (
     CameraAugConfig,
     apply,
@@ -24,7 +25,6 @@ from drivetrain.pipeline.augment.camera import (
     sample_params,
 )
 from drivetrain.pipeline.augment.image_ops import (
-    ImageAugConfig,
     ImageAugParams,
     filter_invisible,
     reference_filter_invisible,
@@ -48,7 +48,10 @@ from helpers.engine import assert_same_weights, final_state
 ROOT = Path(__file__).resolve().parents[1]
 EPS32 = float(np.finfo(np.float32).eps)
 # The test set's 160×90 images, scaled as configs/streampetr_tiny_aug.yaml scales the published recipe.
-CFG = CameraAugConfig(image=ImageAugConfig(source_size=(160, 90), final_size=(128, 48), resize_lim=(0.76, 1.1)))
+CFG = dataclasses.replace(
+    CAMERA_AUG,
+    image=dataclasses.replace(IMAGE_AUG, source_size=(160, 90), final_size=(128, 48), resize_lim=(0.76, 1.1)),
+)
 STAGE = AugmentConfig(camera=CFG)  # the trainer's stage with this camera recipe
 # PIL resizes in two passes and stores the first pass as rounded uint8: ≤ 0.5 level, carried through the second
 # pass's kernel (absolute weight sum ≤ 1 + 2·0.0625 for the bicubic a = −0.5), ≤ 0.63 level; both results are
@@ -141,9 +144,11 @@ def test_parameters_replay_and_the_identity_recipe_changes_nothing(synth_index, 
     first, second = apply(batch, params, CFG), apply(batch, again, CFG)
     assert torch.equal(first.images, second.images) and torch.equal(first.lidar2img, second.lidar2img)
     assert torch.equal(first.gt_boxes.tensor, second.gt_boxes.tensor)
-    identity = CameraAugConfig(
-        image=ImageAugConfig(source_size=(160, 90), final_size=(160, 90), resize_lim=(1.0, 1.0), rand_flip=False),
-        bev=None, normalize=False, filter_invisible=False,
+    image = dataclasses.replace(
+        IMAGE_AUG, source_size=(160, 90), final_size=(160, 90), resize_lim=(1.0, 1.0), rand_flip=False
+    )
+    identity = dataclasses.replace(
+        CAMERA_AUG, image=image, bev=None, normalize=False, filter_invisible=False,
     )  # fmt: skip
     out = apply(batch, sample_params(batch, identity, torch.Generator().manual_seed(2)), identity)
     assert torch.equal(out.images, batch.images.float())
@@ -268,18 +273,18 @@ def test_photometric_distortion_and_normalisation_equal_the_originals():
 
 def test_bad_configs_and_batches_are_named(synth_index, synth_root):
     with pytest.raises(ValueError, match=r"data\.augment\.camera: unknown field"):
-        CameraAugConfig.from_dict({"imag": {}})
+        CameraAugConfig.from_dict({"imag": {}}, CAMERA_AUG)
     with pytest.raises(ValueError, match=r"data\.augment\.camera\.image: .*resize_lim"):
-        CameraAugConfig.from_dict({"image": {"resize_lim": [0, 1]}})
+        CameraAugConfig.from_dict({"image": {"resize_lim": [0, 1]}}, CAMERA_AUG)
     with pytest.raises(ValueError, match="BEV flips"):
-        CameraAugConfig.from_dict({"bev": {"flip_horizontal": 0.5}})
+        CameraAugConfig.from_dict({"bev": {"flip_horizontal": 0.5}}, CAMERA_AUG)
     with pytest.raises(ValueError, match="object_range"):
-        CameraAugConfig.from_dict({"bev": {"object_range": [-50, -50, 50, 50]}})
+        CameraAugConfig.from_dict({"bev": {"object_range": [-50, -50, 50, 50]}}, CAMERA_AUG)
     with pytest.raises(ConfigError, match=r"data\.augment_on"):
         load_config(ROOT / "configs" / "streampetr_tiny_aug.yaml", ["data.augment_on=gpu"])
     batch = _batch(synth_root)
     with pytest.raises(ValueError, match="source_size"):
-        sample_params(batch, CameraAugConfig(), torch.Generator())
+        sample_params(batch, CAMERA_AUG, torch.Generator())
     out = apply(batch, sample_params(batch, CFG, torch.Generator()), CFG)
     with pytest.raises(ValueError, match="augmented already"):
         apply(out, sample_params(batch, CFG, torch.Generator()), CFG)

@@ -23,15 +23,17 @@ from drivetrain.data.sources import frames
 from drivetrain.engine import ConfigError, Trainer, load_config
 from drivetrain.engine.batches import BatchStream
 from drivetrain.engine.config import DataConfig
-from drivetrain.pipeline.augment.camera import CameraAugConfig
-from drivetrain.pipeline.augment.image_ops import ImageAugConfig
+from drivetrain.models.streampetr.recipe import CAMERA_AUG, IMAGE_AUG
 from drivetrain.pipeline.augment.photometric import IMAGENET_MEAN, IMAGENET_STD, PhotometricConfig
 from drivetrain.pipeline.augment.stage import Augmentation, AugmentConfig
 from drivetrain.pipeline.dali import DaliSource, DaliStream
 from helpers.engine import assert_same_weights, final_state
 
 ROOT = Path(__file__).resolve().parents[1]
-CFG = CameraAugConfig(image=ImageAugConfig(source_size=(160, 90), final_size=(128, 48), resize_lim=(0.76, 1.1)))
+CFG = dataclasses.replace(
+    CAMERA_AUG,
+    image=dataclasses.replace(IMAGE_AUG, source_size=(160, 90), final_size=(128, 48), resize_lim=(0.76, 1.1)),
+)
 # Both paths decode with libjpeg-turbo (DALI's CPU decoder and simplejpeg gave identical pixels here); the resize
 # differs: PIL rounds its first pass to uint8 (≤ 0.5 level, ≤ 0.63 after the second pass's kernel, absolute
 # weight sum ≤ 1.125 for the cubic a = −0.5) and both round their result (≤ 0.5 each) — below 2 levels where

@@ -3,6 +3,8 @@ nuScenes- and Lyft-format data."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -13,15 +15,18 @@ from drivetrain.data.index import build_index
 from drivetrain.data.io import read_points
 from drivetrain.data.sweep_cache import build_cache
 from drivetrain.data.synth import SynthConfig, generate
-from drivetrain.pipeline.augment.bev import BevAugConfig
+from drivetrain.models.pointpillars.recipe import LIDAR_AUG
 from drivetrain.pipeline.lidar import lidar_input, reference_lidar_input
 from drivetrain.pipeline.voxelize import VoxelGrid, reference_hard_voxelize_batch
 from helpers.synth import SYNTH_TEST_CONFIG
 
 # A small grid that still drops voxels (max_voxels) and points (max_points) on the synthetic clouds.
 GRID = VoxelGrid((-16.0, -16.0, -5.0, 16.0, 16.0, 3.0), (0.5, 0.5, 8.0), max_points=8, max_voxels=600)
-AUGMENT = BevAugConfig(
-    point_range=(-16.0, -16.0, -5.0, 16.0, 16.0, 3.0), object_range=(-16.0, -16.0, 16.0, 16.0), flip_vertical=0.5
+AUGMENT = dataclasses.replace(
+    LIDAR_AUG,
+    point_range=(-16.0, -16.0, -5.0, 16.0, 16.0, 3.0),
+    object_range=(-16.0, -16.0, 16.0, 16.0),
+    flip_vertical=0.5,
 )
 
 

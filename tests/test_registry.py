@@ -250,7 +250,7 @@ from pathlib import Path
 
 import torch
 
-from drivetrain.engine.smoke import SmokeModel
+from drivetrain.models.smoke import SmokeModel
 
 Path({imported!r}).write_text("imported")
 

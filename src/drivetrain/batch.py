@@ -8,6 +8,11 @@ image), ``P`` max points.
 
 ``drivetrain.data.collate`` builds a ``Batch`` from loaded samples; the pipeline (transfer, augmentation), the
 engine's protocol, the models and the losses read it. It sits below all of them and imports only ``ragged``.
+
+A batch may carry a model's image-encoder output computed ahead (``speed.encoder_overlap``: the engine runs the
+model's frozen encoder for the next batch while this one trains): ``Batch[E]``'s ``encoded`` holds a value of the
+type ``E`` the model's ``encode`` returns (:class:`drivetrain.engine.protocol.FrozenEncoder`), which the engine
+carries without reading it and the model's ``forward`` uses instead of encoding again.
 """
 
 from __future__ import annotations
@@ -15,13 +20,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Generic, NoReturn, TypeAlias, TypeVar
 
 import torch
 
 from drivetrain.ragged import RaggedBatch
 
-__all__ = ["Batch", "BatchFieldError", "ModelBatch", "TensorTree"]
+__all__ = ["Batch", "BatchFieldError", "Encoded", "ModelBatch", "TensorTree"]
+
+Encoded = TypeVar("Encoded")
+"""The type of a model's encoder output that a :class:`Batch` carries (``Batch[Encoded]``), the model's to declare."""
 
 
 class BatchFieldError(AttributeError):
@@ -43,8 +51,9 @@ class BatchFieldError(AttributeError):
 
 
 @dataclass(frozen=True)
-class Batch:
-    """A batch of key frames (all tensors on one device; boxes in each sample's lidar frame)."""
+class Batch(Generic[Encoded]):
+    """A batch of key frames (all tensors on one device; boxes in each sample's lidar frame); ``Batch[E]`` carries a
+    model's encoder output of type ``E`` computed ahead (``encoded``)."""
 
     # (B, N, 3, H, W) uint8 RGB as loaded, float32 after the camera augmentation; None when images are not loaded
     images: torch.Tensor | None
@@ -52,7 +61,7 @@ class Batch:
     lidar2img: torch.Tensor  # (B, N, 4, 4) float32: K_4x4 @ lidar2cam
     cam2ego: torch.Tensor  # (B, N, 4, 4) float32: camera → ego frame of the key frame
     lidar2ego: torch.Tensor  # (B, 4, 4) float32
-    ego_pose: torch.Tensor  # (B, 4, 4) float32: lidar → global (StreamPETR's ego_pose)
+    ego_pose: torch.Tensor  # (B, 4, 4) float32: lidar → global, the pose of the sample's lidar frame in the world
     ego_pose_inv: torch.Tensor  # (B, 4, 4) float32: global → lidar
     timestamps: torch.Tensor  # (B,) float64 seconds
     prev_exists: torch.Tensor  # (B,) bool: the previous step of this batch slot was the previous frame
@@ -69,28 +78,32 @@ class Batch:
     frame_index: torch.Tensor  # (B,) int64 rows of the frame index
     skipped: tuple[str, ...] = ()  # tokens of samples dropped as unreadable (on_error="skip")
     images_normalized: bool = False  # images are mean/std-normalised already (drivetrain.pipeline.augment.camera)
-    encoded: Any = None  # a frozen image encoder's output for these images, computed ahead (speed.encoder_overlap)
+    # the model's frozen image-encoder output for these images, computed ahead by the engine (speed.encoder_overlap;
+    # its type is what the model's encode returns); None: not computed, the model encodes in its forward
+    encoded: Encoded | None = None
 
-    def __getattr__(self, name: str) -> Any:
-        # Called only for a name that normal lookup did not find: a misspelt field in a model's forward or loss.
-        if name.startswith("__"):  # pickle, copy and friends probing for optional dunders: the plain error
-            raise AttributeError(name)
-        import difflib
+    if not TYPE_CHECKING:  # at run time only: a type checker flags a misspelt field itself
 
-        names = [f.name for f in dataclasses.fields(self)]
-        close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
-        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
-        raise BatchFieldError(
-            f"Batch has no field {name!r}{hint}; its fields (drivetrain.batch.Batch): {', '.join(names)}", name=name,
-            obj=self,
-        )  # fmt: skip
+        def __getattr__(self, name: str) -> NoReturn:
+            # Called only for a name that normal lookup did not find: a misspelt field in a model's forward or loss.
+            if name.startswith("__"):  # pickle, copy and friends probing for optional dunders: the plain error
+                raise AttributeError(name)
+            import difflib
+
+            names = [f.name for f in dataclasses.fields(self)]
+            close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+            hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+            raise BatchFieldError(
+                f"Batch has no field {name!r}{hint}; its fields (drivetrain.batch.Batch): {', '.join(names)}",
+                name=name, obj=self,
+            )  # fmt: skip
 
     @property
     def batch_size(self) -> int:
         """Samples in the batch, B."""
         return len(self.sample_tokens)
 
-    def to(self, device: torch.device | str, non_blocking: bool | None = None) -> Batch:
+    def to(self, device: torch.device | str, non_blocking: bool | None = None) -> Batch[Encoded]:
         """A copy with every tensor on ``device``, each copied once (a ragged field: its data, sizes and cached mask).
 
         Args:
@@ -106,14 +119,14 @@ class Batch:
         asynchronous = device.type != "cpu" if non_blocking is None else non_blocking
         return self._map(lambda t: t.to(device, non_blocking=asynchronous))
 
-    def pin_memory(self) -> Batch:
+    def pin_memory(self) -> Batch[Encoded]:
         """Page-locked copy (``DataLoader(pin_memory=True)`` calls this), ragged sizes and masks included; a no-op
         without CUDA."""
         if not torch.cuda.is_available():
             return self
         return self._map(lambda t: t.pin_memory())
 
-    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch[Encoded]:
         """The batch with ``fn`` applied once to every tensor, ragged fields' data, sizes and cached masks too."""
         changes = {}
         for f in dataclasses.fields(self):

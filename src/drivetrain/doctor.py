@@ -118,6 +118,23 @@ def _ms(window: dict[str, Any], part: str) -> float:
     return window["parts"][part]["median_ms"]
 
 
+def _batched_loss_switch(model_cfg: dict[str, Any]) -> list[str]:
+    """The switch to the batched loss path of a run's model on its per-sample path, as the model's spec declares it
+    (:class:`~drivetrain.detector.spec.LossPath`); none for a model that declares no such switch or that the registry
+    does not know here (a plugin the command was not given)."""
+    from drivetrain.engine.config import ConfigError, ModelConfig
+    from drivetrain.engine.registry import model_spec
+
+    try:
+        path = model_spec(model_cfg.get("name", ModelConfig.name)).loss_path
+    except ConfigError:
+        return []
+    args = model_cfg.get("args") or {}
+    if path is None or not isinstance(args, dict) or args.get(path.arg) != path.reference:
+        return []
+    return [f"model.args.{path.arg}={path.batched} (the batched loss path)"]
+
+
 def diagnose(
     summary: dict[str, Any],
     window: dict[str, Any] | None,
@@ -160,12 +177,11 @@ def diagnose(
     if window and window["step_ms"] > 0:
         share = _ms(window, "loss") / window["step_ms"]
         if share >= loss_share:
-            impl = (model_cfg.get("args") or {}).get("impl")
             inner = {k.removeprefix("step/loss/"): v for k, v in window["inner_ms"].items() if k.count("/") == 2
                      and k.startswith("step/loss/")}  # fmt: skip
             largest = max(inner, key=inner.get) if inner else None
             detail = f"; its largest part is {largest!r} ({inner[largest]:.1f} ms)" if largest else ""
-            switches = ["model.args.impl=batched (the batched loss path)"] if impl == "reference" else []
+            switches = _batched_loss_switch(model_cfg)
             findings.append(Finding(
                 "loss-bound",
                 f"the loss takes {share:.0%} of the step ({_ms(window, 'loss'):.1f} of {window['step_ms']:.1f} ms"

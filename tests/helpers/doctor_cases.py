@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from drivetrain.engine.registry import register_dataset, register_model
-from drivetrain.engine.smoke import SmokeDataset, SmokeModel
+from drivetrain.models.smoke import SmokeDataset, SmokeModel
 
 
 @register_dataset("slow-data")

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["MODALITIES", "ModelSpec", "WeightFormat", "changed", "keywords"]
+__all__ = ["MODALITIES", "LossPath", "ModelSpec", "WeightFormat", "changed", "keywords"]
 
 MODALITIES = frozenset({"camera", "lidar", "tensor"})
 """What a model's batches carry: camera images, lidar points, or plain tensors (the engine's smoke model)."""
@@ -59,6 +59,22 @@ class WeightFormat:
 
 
 @dataclass(frozen=True)
+class LossPath:
+    """The argument of ``model.args`` that chooses a model's loss path, and its two values: what ``drivetrain doctor``
+    advises for a loss-bound run on the per-sample path (``model.args.{arg}={batched}``).
+
+    Attributes:
+        arg: the field of the model's args dataclass.
+        reference: its value on the per-sample (original's) path.
+        batched: its value on the batched path.
+    """
+
+    arg: str
+    reference: object
+    batched: object
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """One detector, as the engine sees it.
 
@@ -77,6 +93,12 @@ class ModelSpec:
         moved_args: ``model.args`` keys of older configs that now live elsewhere → ``(new dotted key, hint)``: a
             config that sets one is refused with the hint (one line naming the new spelling, never silently
             ignored); a checkpoint's saved config is upgraded by moving the value to the new key ("": dropped).
+        augment: the model's published training augmentation, a
+            :class:`drivetrain.pipeline.augment.stage.AugmentConfig` (not imported here: this module sits below the
+            pipeline; config loading checks the type): the sections of ``data.augment`` a config gives fill the fields
+            they leave out from it (it never turns a section on). None: the types' defaults (every step off).
+        loss_path: the argument that switches its loss between the per-sample and the batched path (None: it has
+            no such switch, and ``drivetrain doctor`` advises none).
     """
 
     name: str
@@ -86,6 +108,8 @@ class ModelSpec:
     summary: str = ""
     weight_formats: tuple[WeightFormat, ...] = ()
     moved_args: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    augment: object | None = None
+    loss_path: LossPath | None = None
 
     def __post_init__(self) -> None:
         if not self.modalities or not self.modalities <= MODALITIES:

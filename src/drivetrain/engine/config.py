@@ -55,6 +55,7 @@ __all__ = [
     "config_to_dict",
     "from_dict",
     "load_config",
+    "over_model_recipe",
     "resolved_sections",
 ]
 
@@ -469,7 +470,7 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     source = read_config_file(path) if path is not None else None
     data = apply_overrides(source.data if source is not None else {}, list(overrides))
     try:
-        return from_dict(TrainConfig, data)
+        return from_dict(TrainConfig, over_model_recipe(data))
     except ConfigError as err:
         raise (source.explain(err, overrides) if source is not None else err) from None
 
@@ -479,6 +480,39 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
     value, the typed sections' (``model.args``, ``data.args``, ``data.augment``, ``model.init_from``) included —
     nested dataclasses as mappings, tuples as lists. It loads back into the same config."""
     return _plain(cfg)
+
+
+def over_model_recipe(data: dict[str, Any]) -> dict[str, Any]:
+    """The plain config ``data`` with its ``data.augment`` sections spelled in full over the model's published
+    recipe (its spec's ``augment``, looked up by ``model.name`` in the registry): the fields a section leaves out
+    are the recipe's, as every field of the result says. A config, or a checkpoint's saved config, that sets only
+    some fields thus reads as it did when the recipe was the types' defaults. ``data`` is not changed; without a
+    ``data.augment`` mapping, or with a model name the registry does not know (loading then names it), it is
+    returned as it is.
+
+    Raises:
+        ConfigError: a bad field, naming it (``data.augment.lidar.rot_range: ...``); a spec whose ``augment`` is
+            not an :class:`~drivetrain.pipeline.augment.stage.AugmentConfig`.
+    """
+    from drivetrain.engine.registry import model_spec
+
+    section = data.get("data")
+    if not isinstance(section, dict) or not isinstance(section.get("augment"), dict):
+        return data
+    model = data.get("model")
+    name = model.get("name", ModelConfig.name) if isinstance(model, dict) else ModelConfig.name
+    try:
+        recipe = model_spec(name).augment
+    except ConfigError:
+        return data
+    if recipe is not None and not isinstance(recipe, AugmentConfig):
+        raise ConfigError(f"model.name: {name}'s spec offers augment={recipe!r}, not an AugmentConfig")
+    try:
+        augment = AugmentConfig.from_dict(section["augment"], recipe)
+    except (ValueError, TypeError) as err:
+        message = str(err)
+        raise ConfigError(message if message.startswith("data.augment") else f"data.augment: {message}") from None
+    return {**data, "data": {**section, "augment": _plain(augment)}}
 
 
 def _plain(value: Any) -> Any:
@@ -547,6 +581,8 @@ def resolved_sections(data: dict[str, Any]) -> dict[str, Any]:
     from drivetrain.engine.registry import check_args
 
     out = _deepcopy(data)
+    with contextlib.suppress(ConfigError):
+        out = over_model_recipe(out)
     for kind in ("model", "data"):
         section = out.get(kind)
         if isinstance(section, dict) and isinstance(section.get("args"), dict) and "name" in section:

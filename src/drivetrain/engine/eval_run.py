@@ -443,7 +443,7 @@ def model_from_checkpoint(path: str | Path) -> tuple[nn.Module, Any, Path]:
     from drivetrain.engine.build import build_model
     from drivetrain.engine.checkpoint import Checkpointer, CheckpointError, checkpoint_dir
     from drivetrain.engine.compat import drop_own_augmentation_generator, upgrade_saved_config
-    from drivetrain.engine.config import ConfigError, TrainConfig, from_dict
+    from drivetrain.engine.config import ConfigError, TrainConfig, from_dict, over_model_recipe
 
     path = Path(path)
     if not path.exists():
@@ -460,7 +460,8 @@ def model_from_checkpoint(path: str | Path) -> tuple[nn.Module, Any, Path]:
     else:
         state = Checkpointer(path.parent).load(path)
     try:
-        cfg = from_dict(TrainConfig, upgrade_saved_config(state["config"]))  # an older run's spelling too
+        saved = over_model_recipe(upgrade_saved_config(state["config"]))  # an older run's spelling too
+        cfg = from_dict(TrainConfig, saved)
         model = build_model(cfg.model)
         model.load_state_dict(drop_own_augmentation_generator(model, state["model"]))  # compat rule 3
     except (ConfigError, KeyError, RuntimeError) as err:

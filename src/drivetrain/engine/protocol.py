@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
-from drivetrain.batch import Batch, ModelBatch
+from drivetrain.batch import Batch, Encoded, ModelBatch
 
 if TYPE_CHECKING:
     from drivetrain.pipeline.voxelize import VoxelGrid
@@ -114,17 +114,19 @@ class Sensors(Protocol):
 
 
 @runtime_checkable
-class FrozenEncoder(Protocol):
-    """A model whose image encoder can run apart from the trainable rest."""
+class FrozenEncoder(Protocol[Encoded]):
+    """A model whose image encoder can run apart from the trainable rest; ``Encoded`` is the type of its output, the
+    model's own (e.g. features and a padded size), which the engine carries in :attr:`Batch.encoded
+    <drivetrain.batch.Batch.encoded>` without reading it."""
 
     @property
     def frozen_encoder(self) -> bool:
         """Whether :meth:`encode` is a fixed function now (e.g. a backbone frozen by the model's arguments): the
         trainer may then run it for the next batch ahead (``speed.encoder_overlap``)."""
 
-    def encode(self, batch: Batch) -> Any:
-        """The encoder's output for ``batch``; the trainer stores it as ``batch.encoded`` for :meth:`Model.forward`
-        to use instead of encoding again."""
+    def encode(self, batch: Batch[Encoded]) -> Encoded:
+        """The encoder's output for ``batch``; the trainer stores it as ``batch.encoded`` (a ``Batch[Encoded]``) for
+        :meth:`Model.forward` to use instead of encoding again."""
 
 
 @runtime_checkable

@@ -68,14 +68,14 @@ GROUPS = {"model": "drivetrain.models", "data": "drivetrain.datasets"}
 # used. A model's attribute is its spec (drivetrain.detector.spec.ModelSpec, in models/<name>/spec.py): one line here
 # per detector.
 MODELS: dict[str, tuple[str, str, str]] = {
-    "smoke": ("drivetrain.engine.smoke", "SMOKE_SPEC", "a two-layer MLP on generated tensors (engine tests)"),
+    "smoke": ("drivetrain.models.smoke.spec", "SPEC", "a small conv net on generated tensors (engine tests)"),
     "focal2d": ("drivetrain.models.focal2d.spec", "SPEC", "a small 2D detector with StreamPETR's focal head"),
     "streampetr": ("drivetrain.models.streampetr.spec", "SPEC", "StreamPETR camera 3D detector"),
     "pointpillars": ("drivetrain.models.pointpillars.spec", "POINTPILLARS", "PointPillars lidar 3D detector"),
     "ssn": ("drivetrain.models.pointpillars.spec", "SSN", "SSN (shape signature network) lidar 3D detector"),
 }
 DATASETS: dict[str, tuple[str, str, str]] = {
-    "smoke": ("drivetrain.engine.smoke", "SmokeDataset", "generated regression tensors (engine tests)"),
+    "smoke": ("drivetrain.models.smoke.dataset", "SmokeDataset", "generated regression tensors (engine tests)"),
     "synthetic": ("drivetrain.data.sources", "synthetic", "the built-in synthetic nuScenes-format set"),
     "frames": (
         "drivetrain.data.sources",

@@ -12,16 +12,22 @@ The configs (mmdetection3d v1.x names; v0.x: ``configs/_base_/models/hv_pointpil
   ssn_hv_secfpn_sbn-all_16xb2-2x_lyft-3d.py`` (a 7-dim box code, no velocity).
 
 The generic pieces (:mod:`drivetrain.match.max_iou`, :mod:`drivetrain.geometry.delta_coder`) and the model's
-criterion (:mod:`.loss`) take these as arguments; :class:`~.model.PointPillars` and :class:`~.model.SSN` pass
-them. This module holds data, and :func:`code_weights_for` to pick a table by code size.
+criterion (:mod:`.criterion`) take these as arguments; :class:`~.model.PointPillars` and :class:`~.model.SSN` pass
+them. The train pipeline's lidar augmentation (:data:`LIDAR_AUG`, :data:`AUGMENT`) is here too: the specs offer it as
+the models' recipe, which the ``data.augment`` sections of a config fill the fields they leave out from. This module
+holds data, and :func:`code_weights_for` to pick a table by code size.
 """
 
 from __future__ import annotations
 
 from drivetrain.match.max_iou import MaxIoUConfig
 from drivetrain.models.pointpillars.anchors import AnchorConfig
+from drivetrain.pipeline.augment.bev import BevAugConfig
+from drivetrain.pipeline.augment.stage import AugmentConfig
 
 __all__ = [
+    "AUGMENT",
+    "LIDAR_AUG",
     "LOSS_WEIGHTS",
     "LYFT_CODE_WEIGHTS",
     "NUS_CODE_WEIGHTS",
@@ -164,6 +170,21 @@ NUS_TEST_CFG = {"nms_pre": 1000, "score_threshold": 0.05, "nms_threshold": 0.2, 
 """``test_cfg.pts`` of ``pointpillars_hv_fpn_nus.py`` (SSN inherits it): ``nms_pre``, ``score_thr``,
 ``nms_thr``, ``max_num`` (rotated NMS, ``use_rotate_nms=True``), by :class:`~.postprocess.DecodeConfig`'s
 field names."""
+
+
+# ------------------------------------------------------------------------------------------- augmentation
+LIDAR_AUG = BevAugConfig(
+    rot_range=(-0.3925, 0.3925), scale_range=(0.95, 1.05), translation_std=(0.0, 0.0, 0.0),
+    flip_horizontal=0.5, flip_vertical=0.0, point_range=(-50.0, -50.0, -5.0, 50.0, 50.0, 3.0),
+    object_range=(-50.0, -50.0, 50.0, 50.0), shuffle=True,
+)  # fmt: skip
+"""The nuScenes PointPillars train pipeline (``pointpillars_hv_secfpn_sbn-all_8xb4-2x_nus-3d.py``):
+``GlobalRotScaleTrans`` (rotation ±0.3925 rad, scale 0.95–1.05, no translation), ``RandomFlip3D`` (horizontal
+0.5), ``PointsRangeFilter`` and ``ObjectRangeFilter`` on the point cloud range, ``PointShuffle``. SSN's spec offers
+the same (its published config flips vertically with 0.5 too: set ``data.augment.lidar.flip_vertical``)."""
+
+AUGMENT = AugmentConfig(lidar=LIDAR_AUG)
+"""The models' training augmentation (``data.augment``: the lidar section; no camera section)."""
 
 
 def code_weights_for(code_size: int) -> tuple[float, ...]:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 
-from drivetrain.detector.spec import ModelSpec, WeightFormat
+from drivetrain.detector.spec import LossPath, ModelSpec, WeightFormat
 from drivetrain.models.pointpillars.args import PointPillarsArgs, SSNArgs
 from drivetrain.models.pointpillars.keymap import map_mmdet3d
 from drivetrain.models.pointpillars.model import SSN as SSNModel
 from drivetrain.models.pointpillars.model import PointPillars
+from drivetrain.models.pointpillars.recipe import AUGMENT
 
 __all__ = ["MMDET3D", "POINTPILLARS", "SSN", "PointPillarsArgs", "SSNArgs"]
 
@@ -36,6 +37,9 @@ MOVED_ARGS = {
 
 MMDET3D = WeightFormat("mmdet3d", "an mmdetection3d PointPillars / SSN checkpoint", _is_mmdet3d, map_mmdet3d)
 
+IMPL = LossPath("impl", reference="reference", batched="batched")
+"""``model.args.impl``: the loss path (``drivetrain doctor`` advises the batched one)."""
+
 POINTPILLARS = ModelSpec(
     "pointpillars",
     build=PointPillars,
@@ -44,6 +48,8 @@ POINTPILLARS = ModelSpec(
     summary="PointPillars lidar 3D detector",
     weight_formats=(MMDET3D,),
     moved_args=MOVED_ARGS,
+    augment=AUGMENT,
+    loss_path=IMPL,
 )
 """The registry's entry for ``model.name: pointpillars``."""
 SSN = ModelSpec(
@@ -54,5 +60,7 @@ SSN = ModelSpec(
     summary="SSN (shape signature network) lidar 3D detector",
     weight_formats=(MMDET3D,),
     moved_args=MOVED_ARGS,
+    augment=AUGMENT,
+    loss_path=IMPL,
 )
 """The registry's entry for ``model.name: ssn``."""

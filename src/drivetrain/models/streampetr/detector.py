@@ -156,7 +156,7 @@ class StreamPETR(nn.Module):
         # batch's copy to the device, not for the backbone. Nothing before the decoder draws random numbers, so
         # the noise and the dropout masks are those of the original order (backbone first).
         dn = self._dn_queries(batch) if self.training and self.dn["groups"] > 0 else None
-        encoded = getattr(batch, "encoded", None)  # computed ahead by the trainer (frozen backbone only)
+        encoded = batch.encoded  # computed ahead by the trainer (frozen backbone only)
         feats, padded = encoded if encoded is not None else self.encode(batch)  # (B·N, E, h', w')
         fh, fw = feats.shape[-2:]
         tokens = feats.view(b, n, -1, fh * fw).transpose(2, 3).reshape(b, n * fh * fw, -1)  # (B, N·T, E)

@@ -6,15 +6,26 @@ Each is cited from the published config of the StreamPETR repository (``exiawsh/
 ``projects/configs/StreamPETR/stream_petr_r50_flash_704_bs2_seq_24e.py``. The 3D head's loss
 (:class:`~.loss_3d.StreamPETRLoss`) and the generic Hungarian assigners of :mod:`drivetrain.match.assigners` take
 these as required arguments and default to none of them; :mod:`.loss` builds them from this module, for
-:class:`~.detector.StreamPETR` and users' own training code. This module holds data only.
+:class:`~.detector.StreamPETR` and users' own training code. The train pipeline's camera
+augmentation (:data:`CAMERA_AUG`, :data:`AUGMENT`) is here too: the spec offers it as the model's recipe, which the
+``data.augment`` sections of a config fill the fields they leave out from. This module holds data only.
 """
 
 from __future__ import annotations
 
+from drivetrain.pipeline.augment.bev import BevAugConfig
+from drivetrain.pipeline.augment.camera import CameraAugConfig
+from drivetrain.pipeline.augment.image_ops import ImageAugConfig
+from drivetrain.pipeline.augment.stage import AugmentConfig
+
 __all__ = [
+    "AUGMENT",
+    "BEV_AUG",
+    "CAMERA_AUG",
     "CLASSES",
     "CODE_WEIGHTS",
     "DN_SPLIT",
+    "IMAGE_AUG",
     "LOSS_WEIGHTS",
     "MATCH_COSTS",
     "MAX_NUM",
@@ -78,3 +89,28 @@ weights; its ``iou_cost`` weight is 0."""
 DN_SPLIT = 0.75
 """``pts_bbox_head.split``: the noise radius beyond which a denoising query is background (its label), and the
 radius of the ball the denoising classification term is normalised by."""
+
+
+# ------------------------------------------------------------------------------------------- augmentation
+IMAGE_AUG = ImageAugConfig(
+    source_size=(1600, 900), final_size=(704, 256), resize_lim=(0.38, 0.55), bot_pct_lim=(0.0, 0.0),
+    rot_lim=(0.0, 0.0), rand_flip=True,
+)  # fmt: skip
+"""``ida_aug_conf`` of ``ResizeCropFlipRotImage``: nuScenes' 1600×900 images, resized by U(0.38, 0.55), the bottom
+704×256 crop, flipped with probability 0.5, no rotation."""
+
+BEV_AUG = BevAugConfig(
+    rot_range=(-0.3925, 0.3925), scale_range=(0.95, 1.05), translation_std=(0.0, 0.0, 0.0),
+    flip_horizontal=0.0, flip_vertical=0.0, point_range=None, object_range=None, shuffle=False,
+)  # fmt: skip
+"""``GlobalRotScaleTransImage`` (``reverse_angle=True``): rotation ±0.3925 rad, scale 0.95–1.05, no translation or
+flip; no point or object range filter follows it (``ObjectRangeFilter`` runs before it)."""
+
+CAMERA_AUG = CameraAugConfig(
+    image=IMAGE_AUG, bev=BEV_AUG, photometric=None, normalize=True, mean=MEAN, std=STD, filter_invisible=True
+)
+"""The train pipeline's camera augmentation: ``ResizeCropFlipRotImage`` (with the invisible-box filter),
+``GlobalRotScaleTransImage``, ``NormalizeMultiviewImage``; PETR's photometric distortion is off."""
+
+AUGMENT = AugmentConfig(camera=CAMERA_AUG)
+"""The model's training augmentation (``data.augment``: the camera section; no lidar section)."""

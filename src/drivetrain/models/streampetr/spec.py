@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from drivetrain.detector.spec import ModelSpec
+from drivetrain.detector.spec import LossPath, ModelSpec
 from drivetrain.models.streampetr.args import StreamPETRArgs
 from drivetrain.models.streampetr.detector import StreamPETR
 from drivetrain.models.streampetr.keymap import STREAMPETR_WEIGHTS, TORCHVISION_RESNET50
+from drivetrain.models.streampetr.recipe import AUGMENT
 
 __all__ = ["SPEC", "StreamPETRArgs"]
 
+
+IMPL = LossPath("impl", reference="reference", batched="batched")
+"""``model.args.impl``: the loss path (``drivetrain doctor`` advises the batched one)."""
 
 SPEC = ModelSpec(
     "streampetr",
@@ -17,5 +21,7 @@ SPEC = ModelSpec(
     modalities=frozenset({"camera"}),
     summary="StreamPETR camera 3D detector",
     weight_formats=(TORCHVISION_RESNET50, STREAMPETR_WEIGHTS),
+    augment=AUGMENT,
+    loss_path=IMPL,
 )
 """The registry's entry for ``model.name: streampetr``."""

@@ -75,23 +75,25 @@ def _limit_period(val: torch.Tensor, offset: float, period: float) -> torch.Tens
 
 @dataclass(frozen=True)
 class BevAugConfig:
-    """BEV augmentation settings; the defaults are mmdet3d's nuScenes PointPillars train pipeline.
+    """BEV augmentation settings; the defaults turn every step off (the identity), a model's published values
+    live in its recipe (e.g. ``drivetrain.models.pointpillars.recipe.LIDAR_AUG``, mmdet3d's nuScenes PointPillars
+    train pipeline).
 
-    Every step can be turned off: ``rot_range=(0, 0)``, ``scale_range=(1, 1)``, ``translation_std=(0, 0, 0)``,
+    Each step is off at its default: ``rot_range=(0, 0)``, ``scale_range=(1, 1)``, ``translation_std=(0, 0, 0)``,
     a flip probability of 0, ``point_range=None``, ``object_range=None`` (which also skips ``limit_yaw``, as it
     belongs to ``ObjectRangeFilter``), ``shuffle=False``.
     """
 
-    rot_range: tuple[float, float] = (-0.3925, 0.3925)  # θ ~ U(lo, hi), radians about +z
-    scale_range: tuple[float, float] = (0.95, 1.05)  # s ~ U(lo, hi), lo > 0
+    rot_range: tuple[float, float] = (0.0, 0.0)  # θ ~ U(lo, hi), radians about +z
+    scale_range: tuple[float, float] = (1.0, 1.0)  # s ~ U(lo, hi), lo > 0
     translation_std: tuple[float, float, float] = (0.0, 0.0, 0.0)  # t ~ N(0, std²) per axis, metres
-    flip_horizontal: float = 0.5  # probability of y → −y (RandomFlip3D flip_ratio_bev_horizontal)
-    flip_vertical: float = 0.0  # probability of x → −x (flip_ratio_bev_vertical; SSN uses 0.5)
+    flip_horizontal: float = 0.0  # probability of y → −y (RandomFlip3D flip_ratio_bev_horizontal)
+    flip_vertical: float = 0.0  # probability of x → −x (flip_ratio_bev_vertical)
     # PointsRangeFilter (x_min, y_min, z_min, x_max, y_max, z_max), strict; None keeps every point
-    point_range: tuple[float, float, float, float, float, float] | None = (-50.0, -50.0, -5.0, 50.0, 50.0, 3.0)
+    point_range: tuple[float, float, float, float, float, float] | None = None
     # ObjectRangeFilter on the BEV centre (x_min, y_min, x_max, y_max), strict, then limit_yaw; None skips both
-    object_range: tuple[float, float, float, float] | None = (-50.0, -50.0, 50.0, 50.0)
-    shuffle: bool = True  # PointShuffle: permute each sample's kept points
+    object_range: tuple[float, float, float, float] | None = None
+    shuffle: bool = False  # PointShuffle: permute each sample's kept points
 
     def __post_init__(self) -> None:
         lo, hi = finite_numbers(self, "rot_range", 2)
@@ -256,12 +258,13 @@ def draw_bev_params(
 
 
 def bev_config_from_dict(values: dict[str, Any], key: str, base: BevAugConfig | None = None) -> BevAugConfig:
-    """A :class:`BevAugConfig` from a YAML mapping, each given field replacing ``base``'s (default: the defaults).
+    """A :class:`BevAugConfig` from a YAML mapping, each given field replacing ``base``'s (default: the identity).
 
     Args:
         values: field → value (ranges as lists; ``null`` turns a range filter off).
         key: where the mapping sits in the run config (``data.augment.lidar``), for the error messages.
-        base: the config whose fields the mapping overrides.
+        base: the config whose fields the mapping overrides (a model's recipe; None: :class:`BevAugConfig`'s
+            defaults, every step off).
 
     Raises:
         ValueError: ``{key}.{field}: ...`` for a bad value, ``{key}: unknown field(s)`` for a name that is none.

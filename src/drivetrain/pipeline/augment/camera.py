@@ -31,7 +31,7 @@ the test-time parameters (scale ``max(fH/H, fW/W)``, centred bottom crop, no fli
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -75,11 +75,11 @@ from drivetrain.ragged import RaggedBatch
 from drivetrain.seeding import mix_seed
 
 __all__ = [
-    "STREAMPETR_BEV",
     "CameraAugConfig",
     "CameraAugParams",
     "apply",
     "augment_seeds",
+    "camera_bev_from_dict",
     "cat_params",
     "draw_params",
     "reference_apply",
@@ -88,31 +88,29 @@ __all__ = [
     "sample_params_each",
 ]
 
-# GlobalRotScaleTransImage in StreamPETR's configs: rotation ±0.3925 rad, scale 0.95–1.05, no translation or flip;
-# no point or object range filter follows it (ObjectRangeFilter runs before it).
-STREAMPETR_BEV = BevAugConfig(
-    rot_range=(-0.3925, 0.3925), scale_range=(0.95, 1.05), translation_std=(0.0, 0.0, 0.0),
-    flip_horizontal=0.0, flip_vertical=0.0, point_range=None, object_range=None, shuffle=False,
-)  # fmt: skip
+_DEFAULT_BEV = BevAugConfig()  # the camera section's BEV step when neither it nor the model's recipe sets one
 _SALT = 0xCA3  # keeps the augmentation seeds apart from the loader's (seed, rank, epoch, step) seeds
 _GLOBAL_SALT = 0xCA4  # seeds by a sample's place in the epoch's global order (augment_seeds)
 
 
 @dataclass(frozen=True)
 class CameraAugConfig:
-    """``data.augment.camera``: the camera augmentation (defaults: StreamPETR's nuScenes 704×256 recipe).
+    """``data.augment.camera``: the camera augmentation. A model's published recipe is an instance of this in its
+    folder (e.g. ``drivetrain.models.streampetr.recipe.CAMERA_AUG``, StreamPETR's nuScenes 704×256 recipe), which
+    :meth:`from_dict` takes as the base a config's fields override.
 
     Attributes:
         image: ``ida_aug_conf`` (:class:`~.image_ops.ImageAugConfig`).
-        bev: the BEV step (None: off). Flips and an object range filter are refused: the original's
-            ``GlobalRotScaleTransImage`` has neither, and dropping 3D boxes would orphan their 2D boxes.
-        photometric: PETR's photometric distortion (None: off, as in StreamPETR).
+        bev: the BEV step (None: off; default: a step whose draws are all neutral, which a recipe gives its ranges).
+            Flips and an object range filter are refused: the original's ``GlobalRotScaleTransImage`` has neither,
+            and dropping 3D boxes would orphan their 2D boxes.
+        photometric: PETR's photometric distortion (None: off).
         normalize: normalise with ``mean``/``std`` (RGB, 0–255); the model then uses the images as they are.
         filter_invisible: drop 2D boxes hidden behind nearer ones (training only).
     """
 
-    image: ImageAugConfig = field(default_factory=ImageAugConfig)
-    bev: BevAugConfig | None = STREAMPETR_BEV
+    image: ImageAugConfig
+    bev: BevAugConfig | None = field(default_factory=BevAugConfig)
     photometric: PhotometricConfig | None = None
     normalize: bool = True
     mean: tuple[float, float, float] = IMAGENET_MEAN
@@ -120,15 +118,7 @@ class CameraAugConfig:
     filter_invisible: bool = True
 
     def __post_init__(self) -> None:
-        if self.bev is not None:
-            if self.bev.flip_horizontal or self.bev.flip_vertical:
-                raise ValueError(
-                    "data.augment.camera.bev: the camera recipe has no BEV flips (set both probabilities to 0)"
-                )
-            if self.bev.object_range is not None:
-                raise ValueError(
-                    "data.augment.camera.bev.object_range: must be null (a dropped 3D box orphans its 2D boxes)"
-                )
+        _check_bev(self.bev)
         for name in ("mean", "std"):
             value = tuple(float(v) for v in getattr(self, name))
             if len(value) != 3 or (name == "std" and min(value) <= 0):
@@ -136,30 +126,60 @@ class CameraAugConfig:
             object.__setattr__(self, name, value)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> CameraAugConfig:
-        """From the YAML mapping ``data.augment.camera`` (nested ``image``, ``bev``, ``photometric`` mappings; ``bev``
-        overrides the StreamPETR defaults field by field; ``photometric: {}`` turns on PETR's defaults)."""
-        if not isinstance(values, dict):
-            raise ValueError(f"data.augment.camera: expected a mapping, got {type(values).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"data.augment.camera: unknown field(s) {unknown}; known: {sorted(known)}")
-        args = dict(values)
-        sections = {"image": ImageAugConfig, "photometric": PhotometricConfig}
-        for name, kind in sections.items():
-            if args.get(name) is None:
-                continue
+    def from_dict(cls, values: dict[str, Any], base: CameraAugConfig | None = None) -> CameraAugConfig:
+        """From the YAML mapping ``data.augment.camera`` (nested ``image``, ``bev``, ``photometric`` mappings), each
+        given field replacing ``base``'s (the model's recipe): ``image`` and ``bev`` field by field (a ``bev``
+        mapping over the base's step, or over the identity when the base has none); ``photometric: {}`` turns on
+        PETR's defaults. Without a base every field not given is the type's default (``image.source_size`` and
+        ``image.final_size`` must then be given)."""
+        bev = camera_bev_from_dict(values, base)  # first: the section's keys, then its BEV step
+        args = {f.name: getattr(base, f.name) for f in fields(cls)} if base is not None else {}
+        args.update(values)
+        args["bev"] = bev
+        if values.get("image") is not None:
             try:
-                section = dict(args[name])
-                if name == "image":
-                    section = {k: tuple(v) if isinstance(v, list) else v for k, v in section.items()}
-                args[name] = kind(**section)
+                image = {k: tuple(v) if isinstance(v, list) else v for k, v in dict(values["image"]).items()}
+                args["image"] = replace(base.image, **image) if base is not None else ImageAugConfig(**image)
             except (TypeError, ValueError) as err:
-                raise ValueError(f"data.augment.camera.{name}: {err}") from None
-        if args.get("bev") is not None:
-            args["bev"] = bev_config_from_dict(args["bev"], "data.augment.camera.bev", base=STREAMPETR_BEV)
+                raise ValueError(f"data.augment.camera.image: {err}") from None
+        elif "image" not in args:
+            raise ValueError("data.augment.camera.image: required (source_size and final_size at least)")
+        if values.get("photometric") is not None:
+            try:
+                args["photometric"] = PhotometricConfig(**dict(values["photometric"]))
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"data.augment.camera.photometric: {err}") from None
         return cls(**args)
+
+
+def camera_bev_from_dict(values: dict[str, Any], base: CameraAugConfig | None = None) -> BevAugConfig | None:
+    """The BEV step of the camera section ``values`` (a mapping over ``base``'s step, or over the default step),
+    checked as :class:`CameraAugConfig` checks it — after the section's keys, ahead of its other fields, so that a
+    config learns first what no camera recipe can hold."""
+    if not isinstance(values, dict):
+        raise ValueError(f"data.augment.camera: expected a mapping, got {type(values).__name__}")
+    known = {f.name for f in fields(CameraAugConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"data.augment.camera: unknown field(s) {unknown}; known: {sorted(known)}")
+    below = base.bev if base is not None else _DEFAULT_BEV
+    if "bev" not in values:
+        bev = below
+    elif values["bev"] is None:
+        bev = None
+    else:
+        bev = bev_config_from_dict(values["bev"], "data.augment.camera.bev", base=below or _DEFAULT_BEV)
+    _check_bev(bev)
+    return bev
+
+
+def _check_bev(bev: BevAugConfig | None) -> None:
+    if bev is None:
+        return
+    if bev.flip_horizontal or bev.flip_vertical:
+        raise ValueError("data.augment.camera.bev: the camera recipe has no BEV flips (set both probabilities to 0)")
+    if bev.object_range is not None:
+        raise ValueError("data.augment.camera.bev.object_range: must be null (a dropped 3D box orphans its 2D boxes)")
 
 
 @dataclass(frozen=True)

@@ -76,23 +76,25 @@ MIN_BOX_SIZE = 2.0  # pixels: ResizeCropFlipRotImage.min_size
 
 @dataclass(frozen=True)
 class ImageAugConfig:
-    """StreamPETR's ``ida_aug_conf`` (defaults: the published nuScenes 704×256 values).
+    """The image step's settings, as StreamPETR's ``ida_aug_conf`` names them. The sizes are the data's and the
+    model's; the other fields default to no augmentation (scale 1, no bottom cut, rotation or flip): a model's
+    published values live in its recipe (e.g. ``drivetrain.models.streampetr.recipe.CAMERA_AUG``).
 
     Attributes:
-        source_size: ``(W, H)`` of the loaded images (nuScenes 1600×900).
-        final_size: ``(fW, fH)`` of the model's input (704×256).
+        source_size: ``(W, H)`` of the loaded images.
+        final_size: ``(fW, fH)`` of the model's input.
         resize_lim: range of the scale ``s`` in training.
         bot_pct_lim: range of the fraction cut from the bottom.
         rot_lim: rotation range in degrees.
         rand_flip: flip half of the samples in training.
     """
 
-    source_size: tuple[int, int] = (1600, 900)
-    final_size: tuple[int, int] = (704, 256)
-    resize_lim: tuple[float, float] = (0.38, 0.55)
+    source_size: tuple[int, int]
+    final_size: tuple[int, int]
+    resize_lim: tuple[float, float] = (1.0, 1.0)
     bot_pct_lim: tuple[float, float] = (0.0, 0.0)
     rot_lim: tuple[float, float] = (0.0, 0.0)
-    rand_flip: bool = True
+    rand_flip: bool = False
 
     def __post_init__(self) -> None:
         for name in ("source_size", "final_size"):

@@ -7,6 +7,10 @@ Configured once, as ``data.augment`` (:class:`AugmentConfig`)::
         camera: {image: {...}, bev: {...}, photometric: null, normalize: true}   # CameraAugConfig fields
         lidar: {rot_range: [-0.3925, 0.3925], point_range: [...], object_range: [...]}   # BevAugConfig fields
 
+A section's fields not given come from the model's published recipe (its spec's ``augment``, e.g.
+``drivetrain.models.pointpillars.recipe.AUGMENT``; config loading passes it to :meth:`AugmentConfig.from_dict`),
+or from the types' defaults (every step off) for a model that publishes none.
+
 Random draws are separate from the deterministic apply (kornia's scheme; docs/design.md):
 
 - :func:`sample_params` draws an :class:`AugmentParams` for a batch (its sizes only) from a CPU ``torch.Generator``
@@ -50,7 +54,13 @@ from drivetrain.pipeline.augment.bev import (
     draw_bev_params,
     reference_bev_aug,
 )
-from drivetrain.pipeline.augment.camera import CameraAugConfig, CameraAugParams, augment_seeds, cat_params
+from drivetrain.pipeline.augment.camera import (
+    CameraAugConfig,
+    CameraAugParams,
+    augment_seeds,
+    camera_bev_from_dict,
+    cat_params,
+)
 from drivetrain.pipeline.augment.camera import apply as camera_apply
 from drivetrain.pipeline.augment.camera import reference_apply as camera_reference_apply
 from drivetrain.pipeline.augment.camera import sample_params as camera_sample_params
@@ -88,16 +98,7 @@ class AugmentConfig:
 
     def __post_init__(self) -> None:
         if self.camera is not None and self.lidar is not None:
-            if self.camera.bev is not None:
-                raise ValueError(
-                    "data.augment.camera.bev: must be null with data.augment.lidar (the lidar step is the BEV step "
-                    "of both: it moves the points, the boxes and the camera matrices)"
-                )
-            if self.lidar.object_range is not None:
-                raise ValueError(
-                    "data.augment.lidar.object_range: must be null with data.augment.camera (a dropped 3D box "
-                    "orphans its 2D boxes)"
-                )
+            _check_both(self.camera.bev, self.lidar)
 
     @property
     def active(self) -> bool:
@@ -105,8 +106,15 @@ class AugmentConfig:
         return self.camera is not None or self.lidar is not None
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> AugmentConfig:
+    def from_dict(cls, values: dict[str, Any], base: AugmentConfig | None = None) -> AugmentConfig:
         """From the YAML mapping ``data.augment`` (``camera`` and ``lidar`` sections; null or absent: off).
+
+        Args:
+            values: the mapping.
+            base: the model's published recipe (its spec's ``augment``): a section given fills the fields it does
+                not set from the base's section (:meth:`.camera.CameraAugConfig.from_dict`,
+                :func:`.bev.bev_config_from_dict`); None, or a section the base lacks: from the types' defaults.
+                The base never turns a section on: what ``values`` leaves out or sets null stays off.
 
         Raises:
             ValueError: naming the field (``data.augment.lidar.rot_range: ...``); a camera field at the top level
@@ -119,9 +127,27 @@ class AugmentConfig:
                 raise ValueError(f"data.augment.{name}: {moved_augment_key(str(name))}")
         camera = values.get("camera")
         lidar = values.get("lidar")
-        return cls(
-            CameraAugConfig.from_dict(camera) if camera is not None else None,
-            bev_config_from_dict(lidar, "data.augment.lidar") if lidar is not None else None,
+        below = base if base is not None else cls()
+        camera_bev = camera_bev_from_dict(camera, below.camera) if camera is not None else None  # its keys first
+        lidar_config = None
+        if lidar is not None:
+            lidar_config = bev_config_from_dict(lidar, "data.augment.lidar", base=below.lidar)
+            if camera is not None:
+                _check_both(camera_bev, lidar_config)  # ahead of the camera's other fields
+        return cls(CameraAugConfig.from_dict(camera, below.camera) if camera is not None else None, lidar_config)
+
+
+def _check_both(camera_bev: BevAugConfig | None, lidar: BevAugConfig) -> None:
+    """With both sections, the lidar step is the BEV step of both."""
+    if camera_bev is not None:
+        raise ValueError(
+            "data.augment.camera.bev: must be null with data.augment.lidar (the lidar step is the BEV step "
+            "of both: it moves the points, the boxes and the camera matrices)"
+        )
+    if lidar.object_range is not None:
+        raise ValueError(
+            "data.augment.lidar.object_range: must be null with data.augment.camera (a dropped 3D box "
+            "orphans its 2D boxes)"
         )
 
 

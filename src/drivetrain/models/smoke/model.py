@@ -1,20 +1,21 @@
-"""The built-in smoke model and its generated-tensor dataset: trains in seconds on a CPU.
+"""The smoke model: a small conv net that trains in seconds on a CPU, on the generated tensors of
+:class:`~.dataset.SmokeDataset` (the engine's tests and the ``smoke`` config).
 
-The task is learnable and cheap: an image ``(C, H, W)`` (or a volume ``(C, S, H, W)`` with ``dims=3``) of
-Gaussian noise plus a per-sample pattern; the model classifies which channel carries the brightest pattern
-and regresses four box-like numbers derived from it. The model follows the engine protocol
+The task is learnable and cheap: the model classifies which channel of an image (or volume) carries the brightest
+pattern and regresses four box-like numbers derived from it. It follows the engine protocol
 (``forward(batch) -> outputs``, ``loss(outputs, batch) -> {name: scalar}``) and has what a real detector
 has that matters to the engine: a named ``backbone`` (for lr multipliers, activation checkpointing and
 compile), GroupNorm, dropout (so RNG state matters) and optionally a streaming memory (a buffer updated
 every training forward plus a frame counter kept through ``get_extra_state``), so checkpoints must carry
 non-parameter state.
 
-Both take ``dtype`` ("float32" or "float64"): the equivalence tests train in float64, where two runs that do
-the same arithmetic in another order (data-parallel ranks vs one process, accumulation vs one batch) agree
-to rounding that AdamW cannot amplify past the tests' bounds (see tests/helpers/engine.py).
+``dtype`` ("float32" or "float64"): the equivalence tests train in float64, where two runs that do the same
+arithmetic in another order (data-parallel ranks vs one process, accumulation vs one batch) agree to rounding that
+AdamW cannot amplify past the tests' bounds (see tests/helpers/engine.py).
 
-Per-sample data comes from a generator seeded by ``(seed, index)`` only: any sample can be produced in any
-order, in any worker, after any resume.
+Its spec (:mod:`.spec`) declares no args dataclass: the builder is the class, its keyword arguments are
+``model.args`` as a config writes them, checked against this signature (the engine tests' model of a builder without
+typed arguments, as a plugin may register one).
 """
 
 from __future__ import annotations
@@ -24,64 +25,10 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import Dataset
 
-from drivetrain.detector.spec import ModelSpec
-from drivetrain.seeding import mix_seed
+from drivetrain.models.smoke.dataset import torch_dtype
 
-__all__ = ["SmokeDataset", "SmokeModel"]
-
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-
-def _dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {name!r}")
-    return DTYPES[name]
-
-
-class SmokeDataset(Dataset):
-    """Generated samples ``{"image": (C, [S,] H, W), "label": int64 (), "target": (4,)}``, floats in ``dtype``.
-
-    Args:
-        num_samples: dataset length.
-        channels, size: image channels and spatial size (H = W = S = size).
-        dims: 2 for images, 3 for volumes.
-        seed: data seed.
-        dtype: "float32" or "float64"; the values are drawn in float32 either way, so both hold the same data.
-    """
-
-    def __init__(
-        self,
-        num_samples: int = 256,
-        channels: int = 3,
-        size: int = 16,
-        dims: int = 2,
-        seed: int = 0,
-        dtype: str = "float32",
-    ):
-        if num_samples < 1 or channels < 2 or size < 4 or dims not in (2, 3):
-            raise ValueError("SmokeDataset: need num_samples ≥ 1, channels ≥ 2, size ≥ 4, dims in (2, 3)")
-        self.num_samples, self.channels, self.size, self.dims, self.seed = num_samples, channels, size, dims, seed
-        self.dtype = _dtype(dtype)
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        if not 0 <= index < self.num_samples:
-            raise IndexError(f"index {index} outside [0, {self.num_samples})")
-        gen = torch.Generator().manual_seed(mix_seed(self.seed, index))
-        shape = (self.channels, *([self.size] * self.dims))
-        image = 0.5 * torch.randn(shape, generator=gen)
-        label = int(torch.randint(0, self.channels, (), generator=gen))
-        center = torch.rand(self.dims, generator=gen) * 0.6 + 0.2  # pattern centre in [0.2, 0.8]
-        extent = torch.rand((), generator=gen) * 0.2 + 0.1
-        axes = torch.meshgrid(*[torch.linspace(0, 1, self.size)] * self.dims, indexing="ij")
-        dist2 = sum((ax - c) ** 2 for ax, c in zip(axes, center.tolist(), strict=True))
-        image[label] += torch.exp(-dist2 / (2 * extent**2)) * 4.0
-        target = torch.cat([center[:2], extent.view(1), image[label].mean().view(1)])
-        return {"image": image.to(self.dtype), "label": torch.tensor(label), "target": target.to(self.dtype)}
+__all__ = ["SmokeModel"]
 
 
 class SmokeModel(nn.Module):
@@ -108,7 +55,7 @@ class SmokeModel(nn.Module):
         dtype: str = "float32",
     ) -> None:
         super().__init__()
-        param_dtype = _dtype(dtype)
+        param_dtype = torch_dtype(dtype)
         if dims not in (2, 3):
             raise ValueError(f"dims: must be 2 or 3, got {dims}")
         if depth < 1 or channels < 2 or width < 4 or width % 4:
@@ -170,13 +117,3 @@ class SmokeModel(nn.Module):
     def set_extra_state(self, state: dict[str, Any]) -> None:
         """Restore ``frames_seen`` from :meth:`get_extra_state`'s dict."""
         self.frames_seen = int(state["frames_seen"])
-
-
-SMOKE_SPEC = ModelSpec(
-    "smoke",
-    build=SmokeModel,
-    args=None,
-    modalities=frozenset({"tensor"}),
-    summary="a small conv net on generated tensors",
-)
-"""The engine tests' model (registered as ``smoke``); its arguments are checked against its signature."""
