@@ -58,9 +58,10 @@ counted, and a region that did nothing else has no cost (shown "–").
 about the kernels' own run time — a lower bound for launch-bound work. The two constants are the least-squares
 fit of ``reference_ms = kernels × PER_KERNEL_US + syncs × PER_SYNC_US`` over the reference path's leaf rows of the
 recorded H200 loss result (``benchmarks/results/loss-cuda.json``: NVIDIA H200, torch 2.11.0+cu130, CUDA 13.0, batch 8,
-6 layers, 900 queries, 10 denoising groups, seed 0, 2026-11-26), with the counts that run recorded beside its times
-(:data:`CALIBRATION`). ``loss backward`` is left out: on CUDA the autograd engine runs the backward ops on its
-device thread, which the counter does not see (87 counted kernels for 19.1 ms), so its count is no launch count:
+6 layers, 900 queries, 10 denoising groups, seed 0; its date is in the file), with the counts that run recorded
+beside its times (:data:`CALIBRATION`). ``loss backward`` is left out: on CUDA the autograd engine runs the backward
+ops on its device thread, which the counter does not see (87 counted kernels for 19.1 ms), so its count is no
+launch count:
 
 =============================================  =======  =====  ==========
 row (reference path)                           kernels  syncs  H200 ms
