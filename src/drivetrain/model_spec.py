@@ -24,8 +24,8 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -69,9 +69,6 @@ class ModelSpec:
         modalities: what its batches carry, a subset of :data:`MODALITIES`.
         summary: one line for ``drivetrain configs`` and errors.
         weight_formats: the originals' weight formats it imports (``drivetrain``, our own names, is always read).
-        moved_args: ``model.args`` keys of older configs that now live elsewhere → ``(new dotted key, hint)``: a
-            config that sets one is refused with the hint (one line naming the new spelling, never silently
-            ignored); a checkpoint's saved config is upgraded by moving the value to the new key ("": dropped).
     """
 
     name: str
@@ -80,7 +77,6 @@ class ModelSpec:
     modalities: frozenset[str]
     summary: str = ""
     weight_formats: tuple[WeightFormat, ...] = ()
-    moved_args: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.modalities or not self.modalities <= MODALITIES:

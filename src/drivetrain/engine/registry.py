@@ -18,8 +18,8 @@ ours, ``register_dataset(..., args=...)`` for a plugin's), as a model's spec dec
 ``args`` are then read into it when the config is loaded (:func:`check_args`: unknown keys, types, values, each error
 naming ``SECTION.args.KEY``), and the loaded config holds that dataclass.
 
-Older configs spelled our builders as ``package.module:Name``; those spellings map through the fixed :data:`ALIASES`
-table (no import is derived from the text), any other ``a.b:c`` is refused.
+Older configs spelled our builders as ``package.module:Name``; those spellings map through the fixed table
+:data:`drivetrain.engine.old_spellings.ALIASES` (no import is derived from the text), any other ``a.b:c`` is refused.
 
 The engine reads a model only through its spec (builder, typed ``model.args``, modalities, weight formats) and the
 protocol of :mod:`drivetrain.engine.protocol`; a model registered by a bare builder gets a spec without typed
@@ -43,11 +43,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from drivetrain.engine.errors import ConfigError
+from drivetrain.engine.old_spellings import ALIASES, moved_args
 from drivetrain.engine.typed import from_dict
 from drivetrain.model_spec import MODALITIES, ModelSpec, WeightFormat
 
 __all__ = [
-    "ALIASES",
     "DATASETS",
     "MODELS",
     "args_type",
@@ -91,29 +91,6 @@ ARGS: dict[str, dict[str, tuple[str, str]]] = {
     "data": {
         "frames": ("drivetrain.data.sources", "FramesArgs"),
         "synthetic": ("drivetrain.data.sources", "SyntheticArgs"),
-    },
-}
-
-# The spellings configs and run directories used before the registry, mapped to short names (a fixed table).
-ALIASES: dict[str, dict[str, str]] = {
-    "model": {
-        "drivetrain.models:StreamPETR": "streampetr",
-        "drivetrain.models.streampetr:StreamPETR": "streampetr",
-        "drivetrain.models.streampetr.detector:StreamPETR": "streampetr",
-        "drivetrain.models:PointPillars": "pointpillars",
-        "drivetrain.models.pointpillars:PointPillars": "pointpillars",
-        "drivetrain.models.pointpillars.model:PointPillars": "pointpillars",
-        "drivetrain.models:SSN": "ssn",
-        "drivetrain.models.pointpillars:SSN": "ssn",
-        "drivetrain.models.pointpillars.model:SSN": "ssn",
-        "drivetrain.models:FocalDetector2D": "focal2d",
-        "drivetrain.models.focal2d:FocalDetector2D": "focal2d",
-        "drivetrain.engine.smoke:SmokeModel": "smoke",
-    },
-    "data": {
-        "drivetrain.data.sources:synthetic": "synthetic",
-        "drivetrain.data.sources:frames": "frames",
-        "drivetrain.engine.smoke:SmokeDataset": "smoke",
     },
 }
 
@@ -194,7 +171,7 @@ def check_args(kind: str, name: str, args: Any) -> Any:
     checked (nor imported) and ``args`` comes back as it is: its builder's signature is checked when it is built."""
     section = "model" if kind == "model" else "data"
     if kind == "model" and isinstance(args, dict) and canonical_name("model", name) in known_names("model"):
-        moved = model_spec(name).moved_args  # an older config's key: say where it lives now
+        moved = moved_args(canonical_name("model", name))  # an older config's key: say where it lives now
         for key in args:
             if key in moved:
                 raise ConfigError(f"model.args.{key}: {moved[key][1]}")
