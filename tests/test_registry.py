@@ -132,6 +132,17 @@ def test_old_module_spellings_of_our_builders_resolve_through_the_fixed_alias_ta
     assert registry.lookup(kind, alias) is registry.lookup(kind, old_spellings.ALIASES[kind][alias])
 
 
+def test_our_models_are_described_by_their_specs_summary_and_named_once():
+    rows = {name: (where, purpose) for name, where, purpose in registry.describe("model")}
+    for name in registry.MODELS:
+        assert rows[name] == ("drivetrain", registry.model_spec(name).summary)
+        assert registry.model_spec(name).summary  # every spec of ours has one
+        assert registry.origin("model", name) == "drivetrain"
+    assert registry.origin("model", "drivetrain.models:StreamPETR") == "drivetrain"  # an old spelling: the same
+    assert registry.origin("model", "fancy") == "unknown"
+    assert all(len(entry) == 2 for entry in registry.MODELS.values())  # (module, spec): the spec says the rest
+
+
 def test_an_unknown_name_is_one_line_listing_the_known_names():
     with pytest.raises(ConfigError) as err:
         registry.lookup("model", "fancy")
