@@ -78,8 +78,8 @@ heatmap drawing (48 images, 0-20 boxes each)       941  1,455      48.968
 
 → ``PER_KERNEL_US`` = 17.2 µs, ``PER_SYNC_US`` = 28.4 µs (the reference ``loss forward`` as a whole: 10,259
 kernels and 2,071 syncs, 327.4 ms measured, 235.3 ms estimated; the rest is the SciPy solves and transfers). The
-fit before it (H100, 2026-11, the reference paths before they were rewritten op by op after the originals) gave
-18.9 and 10.1 µs. ``tests/test_profile_costmodel.py`` refits them from the committed JSON and :data:`CALIBRATION`,
+fit before it (H100, the reference paths before they were rewritten op by op after the originals) gave 18.9 and
+10.1 µs. ``tests/test_profile_costmodel.py`` refits them from the committed JSON and :data:`CALIBRATION`,
 and (a slow test) recounts :data:`CALIBRATION` on the CPU, so neither can drift silently.
 
 Example:
