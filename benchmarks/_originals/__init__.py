@@ -1,4 +1,4 @@
-"""Ports of the original implementations' op sequences, one module per original (:mod:`benchmarks.originals` counts
+"""Ports of the original implementations' op sequences, one module per original (``benchmarks/originals.py`` counts
 their kernels beside our reference paths; its docstring says why and how).
 
 - :mod:`.streampetr`: StreamPETR's 3D head and 2D focal head losses (exiawsh/StreamPETR);
