@@ -16,7 +16,8 @@ matrices 4×4 and 3×3, float64 timestamps, int64 indices, bool flags, ragged bo
 
 On a CPU every copy is a ``clone()`` (``.to("cpu")`` would copy nothing; pinned memory needs CUDA) and the copier
 runs with ``always=True``: the rows measure the host work per call, which is what decides the race on a GPU (the
-2026-11-26 H200 run: per-tensor 6.85 µs a tensor of host time; the packing's Python work cost more and lost).
+H200 run, ``benchmarks/results/copy-cuda.md``: per-tensor 6.85 µs a tensor of host time; the packing's Python work
+cost more and lost).
 Every variant ends with the device synchronised; outputs are checked equal to the sources first. Also timed: the
 structure walk alone (flatten + rebuild), the part of the packed path that grows with the tensor count in Python.
 

@@ -315,10 +315,14 @@ if __name__ == "__main__":
 
 # ------------------------------------------------------------------ the engine and the command line name no model
 # A detector is known to them by its spec (registry) and the protocol only; its name appears in one place, its line
-# of the registry's MODELS table (and the fixed table of old spellings beside it). Case-insensitive, in code,
-# strings, docstrings and comments alike: an example in --help names a placeholder, not a shipped detector.
+# of the registry's MODELS table (and the fixed tables of old builder spellings and moved model arguments,
+# engine/old_spellings.py). Case-insensitive, in code, strings, docstrings and comments alike: an example in --help
+# names a placeholder, not a shipped detector.
 MODEL_WORDS = re.compile(r"streampetr|petr3d|pointpillars|point pillars|\bssn\b|focal2d|voxelnet", re.IGNORECASE)
-NAMING_TABLES = {"drivetrain.engine.registry": ("MODELS", "ALIASES")}
+NAMING_TABLES = {
+    "drivetrain.engine.registry": ("MODELS",),
+    "drivetrain.engine.old_spellings": ("ALIASES", "MOVED_ARGS"),
+}
 
 
 def _table_lines(module: str, path: Path) -> set[int]:

@@ -205,7 +205,8 @@ def test_suggested_workers_keep_up_with_headroom_unless_the_cores_run_out(cores:
 
 
 def test_the_published_lidar_loader_needs_four_workers_on_an_h200_host() -> None:
-    # bench iteration, PointPillars full, H200 (2026-11-26): 111.6 ms data wait without workers, 156.5 ms iteration
+    # bench iteration, PointPillars full, H200 (benchmarks/results/iteration-pointpillars-full-cuda.md): 111.6 ms data
+    # wait without workers, 156.5 ms iteration
     assert suggest_num_workers(16, 111.6, 156.5 - 111.6) == 4
     assert suggest_num_workers(2, 111.6, 156.5 - 111.6) == 1  # a 2-core machine: the cap
     assert loader_wait_ms(1, 111.6, 44.9) == pytest.approx(111.6 - 44.9)

@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from drivetrain.cli.main import main
-from drivetrain.engine import registry
+from drivetrain.engine import old_spellings, registry
 from drivetrain.engine.build import build_dataset, build_model
 from drivetrain.engine.checkpoint import Checkpointer
 from drivetrain.engine.config import ConfigError, DataConfig, ModelConfig, config_diff
@@ -127,9 +127,20 @@ def test_builtin_names_resolve_to_our_builders(kind, name, attr):
     assert registry.lookup(kind, name).__name__ == attr
 
 
-@pytest.mark.parametrize(("kind", "alias"), [(k, a) for k, table in registry.ALIASES.items() for a in table])
+@pytest.mark.parametrize(("kind", "alias"), [(k, a) for k, table in old_spellings.ALIASES.items() for a in table])
 def test_old_module_spellings_of_our_builders_resolve_through_the_fixed_alias_table(kind, alias):
-    assert registry.lookup(kind, alias) is registry.lookup(kind, registry.ALIASES[kind][alias])
+    assert registry.lookup(kind, alias) is registry.lookup(kind, old_spellings.ALIASES[kind][alias])
+
+
+def test_our_models_are_described_by_their_specs_summary_and_named_once():
+    rows = {name: (where, purpose) for name, where, purpose in registry.describe("model")}
+    for name in registry.MODELS:
+        assert rows[name] == ("drivetrain", registry.model_spec(name).summary)
+        assert registry.model_spec(name).summary  # every spec of ours has one
+        assert registry.origin("model", name) == "drivetrain"
+    assert registry.origin("model", "drivetrain.models:StreamPETR") == "drivetrain"  # an old spelling: the same
+    assert registry.origin("model", "fancy") == "unknown"
+    assert all(len(entry) == 2 for entry in registry.MODELS.values())  # (module, spec): the spec says the rest
 
 
 def test_an_unknown_name_is_one_line_listing_the_known_names():

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -90,9 +90,6 @@ class ModelSpec:
         modalities: what its batches carry, a subset of :data:`MODALITIES`.
         summary: one line for ``drivetrain configs`` and errors.
         weight_formats: the originals' weight formats it imports (``drivetrain``, our own names, is always read).
-        moved_args: ``model.args`` keys of older configs that now live elsewhere → ``(new dotted key, hint)``: a
-            config that sets one is refused with the hint (one line naming the new spelling, never silently
-            ignored); a checkpoint's saved config is upgraded by moving the value to the new key ("": dropped).
         augment: the model's published training augmentation, a
             :class:`drivetrain.pipeline.augment.stage.AugmentConfig` (not imported here: this module sits below the
             pipeline; config loading checks the type): the sections of ``data.augment`` a config gives fill the fields
@@ -107,7 +104,6 @@ class ModelSpec:
     modalities: frozenset[str]
     summary: str = ""
     weight_formats: tuple[WeightFormat, ...] = ()
-    moved_args: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     augment: object | None = None
     loss_path: LossPath | None = None
 

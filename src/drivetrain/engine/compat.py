@@ -1,5 +1,8 @@
 """What older runs left behind, read in today's terms: every rule that exists only so that an older drivetrain's
-checkpoints and configs keep working (or are refused in one line naming today's spelling), in one place.
+checkpoints and configs keep working (or are refused in one line naming today's spelling), in one place. Their
+data (old builder spellings, moved keys) is in :mod:`drivetrain.engine.old_spellings`, a leaf the registry reads too.
+What is read, and until which version: docs/design.md, "Compatibility policy"
+(:data:`~drivetrain.engine.old_spellings.READ_UNTIL`).
 
 Rules (old form → what it maps to):
 
@@ -7,9 +10,11 @@ Rules (old form → what it maps to):
    ``data.augment`` had ``camera`` and ``lidar`` sections) → ``data.augment: {camera: {image: ..., bev: ...},
    lidar: null}``. The draws are the same (the camera draws first from the same seeds), so such a run
    resumes exactly (:func:`upgrade_saved_config`).
-2. **Model arguments that moved out of a model.** Each model's spec lists them (``ModelSpec.moved_args``: old key
-   → new dotted key, or dropped): e.g. the lidar models' ``model.args.augment`` → ``data.augment.lidar`` and
-   ``model.args.seed`` dropped (:func:`upgrade_saved_config`).
+2. **Model arguments that moved out of a model.** ``old_spellings.MOVED_ARGS`` lists them per model (old key → new
+   dotted key, or dropped, and the hint): the lidar models' ``model.args.augment`` → ``data.augment.lidar`` and
+   ``model.args.seed`` dropped. A saved config is upgraded (:func:`upgrade_saved_config`); a config that sets one
+   today is refused with the hint (:func:`drivetrain.engine.registry.check_args` through
+   :func:`~drivetrain.engine.old_spellings.moved_args`).
 3. **The lidar models' own generator in a checkpoint.** A model state with a top-level ``_extra_state`` (that
    generator) for a model that keeps no extra state: ``--resume`` is refused in one line (its draws came from
    that generator, today's from run.seed, the rank and the batch position, so the run cannot continue exactly;
@@ -33,18 +38,20 @@ Rules (old form → what it maps to):
    resumes with those (every rank starts from rank 0's memory, as it did then); read in
    :func:`drivetrain.engine.resume.resume_run`, which lets the component load ``None``.
 
+6. **Builder spellings.** Configs and run directories before the registry named our builders
+   ``package.module:Name``: ``old_spellings.ALIASES`` maps each to its short name, a fixed table (no import is
+   derived from the text; :func:`drivetrain.engine.registry.canonical_name` reads it).
+
 The saved config is upgraded wherever a checkpoint's config is read: the resume check against the run's config
 (:mod:`drivetrain.engine.resume`) and ``drivetrain eval --checkpoint`` (:mod:`drivetrain.engine.eval_run`).
 
-Four older forms are read beside the code that reads the current form, not here (besides rule 4's):
+Three older forms are read beside the code that reads the current form, not here (besides rule 4's):
 
 - a checkpoint's ``format: 1`` field → format version 1 or 2, told by its data position
   (:func:`drivetrain.engine.state.format_version`: the checkpointer reads it, and importing this module there
   would close an import cycle through the config);
-- builder spellings ``package.module:Name`` → short names (:data:`drivetrain.engine.registry.ALIASES`);
-- a spec's moved ``model.args`` keys and the flat camera keys in a current config → refused in one line naming
-  their new place (:func:`drivetrain.engine.registry.check_args` with ``ModelSpec.moved_args``,
-  ``moved_augment_key`` of :mod:`drivetrain.pipeline.augment.stage`);
+- the flat camera keys in a current config → refused in one line naming their new place (``moved_augment_key`` of
+  :mod:`drivetrain.pipeline.augment.stage`);
 - a run directory of a drivetrain from before the run marker → refused in one line saying how to adopt it
   (:func:`drivetrain.engine.resume.check_run_dir`).
 """
@@ -60,6 +67,7 @@ from typing import Any
 
 from torch import nn
 
+from drivetrain.engine.old_spellings import moved_args
 from drivetrain.engine.typed import ConfigError
 
 __all__ = ["drop_own_augmentation_generator", "refuse_own_augmentation_generator", "upgrade_saved_config"]
@@ -77,7 +85,7 @@ def upgrade_saved_config(saved: dict[str, Any]) -> dict[str, Any]:
         A copy in today's spelling; a config already in it comes back equal.
     """
     from drivetrain.engine.config import _deepcopy
-    from drivetrain.engine.registry import canonical_name, known_names, model_spec
+    from drivetrain.engine.registry import canonical_name, known_names
 
     out = _deepcopy(saved)
     data, model = out.get("data"), out.get("model")
@@ -87,7 +95,7 @@ def upgrade_saved_config(saved: dict[str, Any]) -> dict[str, Any]:
     args = model.get("args") if isinstance(model, dict) else None
     name = model.get("name") if isinstance(model, dict) else None
     if isinstance(args, dict) and isinstance(name, str) and canonical_name("model", name) in known_names("model"):
-        for key, (target, _) in model_spec(name).moved_args.items():  # the spec says where its old keys went
+        for key, (target, _) in moved_args(canonical_name("model", name)).items():  # where its old keys went
             value = args.pop(key, None)
             if value is not None and target:
                 _set_dotted(out, target, value)

@@ -18,8 +18,8 @@ ours, ``register_dataset(..., args=...)`` for a plugin's), as a model's spec dec
 ``args`` are then read into it when the config is loaded (:func:`check_args`: unknown keys, types, values, each error
 naming ``SECTION.args.KEY``), and the loaded config holds that dataclass.
 
-Older configs spelled our builders as ``package.module:Name``; those spellings map through the fixed :data:`ALIASES`
-table (no import is derived from the text), any other ``a.b:c`` is refused.
+Older configs spelled our builders as ``package.module:Name``; those spellings map through the fixed table
+:data:`drivetrain.engine.old_spellings.ALIASES` (no import is derived from the text), any other ``a.b:c`` is refused.
 
 The engine reads a model only through its spec (builder, typed ``model.args``, modalities, weight formats) and the
 protocol of :mod:`drivetrain.engine.protocol`; a model registered by a bare builder gets a spec without typed
@@ -43,10 +43,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from drivetrain.detector.spec import MODALITIES, ModelSpec, WeightFormat
+from drivetrain.engine.old_spellings import ALIASES, moved_args
 from drivetrain.engine.typed import ConfigError, from_dict
 
 __all__ = [
-    "ALIASES",
     "DATASETS",
     "MODELS",
     "args_type",
@@ -64,16 +64,17 @@ __all__ = [
 # kind → entry-point group
 GROUPS = {"model": "drivetrain.models", "data": "drivetrain.datasets"}
 
-# Our own models and datasets: short name → (module, attribute, one-line purpose), imported only when the name is
-# used. A model's attribute is its spec (drivetrain.detector.spec.ModelSpec, in models/<name>/spec.py): one line here
-# per detector.
-MODELS: dict[str, tuple[str, str, str]] = {
-    "smoke": ("drivetrain.models.smoke.spec", "SPEC", "a small conv net on generated tensors (engine tests)"),
-    "focal2d": ("drivetrain.models.focal2d.spec", "SPEC", "a small 2D detector with StreamPETR's focal head"),
-    "streampetr": ("drivetrain.models.streampetr.spec", "SPEC", "StreamPETR camera 3D detector"),
-    "pointpillars": ("drivetrain.models.pointpillars.spec", "POINTPILLARS", "PointPillars lidar 3D detector"),
-    "ssn": ("drivetrain.models.pointpillars.spec", "SSN", "SSN (shape signature network) lidar 3D detector"),
+# Our own models: short name → (module, attribute), imported only when the name is used. The attribute is the
+# model's spec (drivetrain.detector.spec.ModelSpec, in models/<name>/spec.py), which says everything else about it, its
+# one-line summary included: one line here per detector.
+MODELS: dict[str, tuple[str, str]] = {
+    "smoke": ("drivetrain.models.smoke.spec", "SPEC"),
+    "focal2d": ("drivetrain.models.focal2d.spec", "SPEC"),
+    "streampetr": ("drivetrain.models.streampetr.spec", "SPEC"),
+    "pointpillars": ("drivetrain.models.pointpillars.spec", "POINTPILLARS"),
+    "ssn": ("drivetrain.models.pointpillars.spec", "SSN"),
 }
+# Our own datasets: short name → (module, attribute, one-line purpose), imported only when the name is used.
 DATASETS: dict[str, tuple[str, str, str]] = {
     "smoke": ("drivetrain.models.smoke.dataset", "SmokeDataset", "generated regression tensors (engine tests)"),
     "synthetic": ("drivetrain.data.sources", "synthetic", "the built-in synthetic nuScenes-format set"),
@@ -83,36 +84,13 @@ DATASETS: dict[str, tuple[str, str, str]] = {
         "frames of an indexed nuScenes- or Lyft-format root (drivetrain data index)",
     ),
 }
-_BUILTIN = {"model": MODELS, "data": DATASETS}
+_BUILTIN: dict[str, dict[str, tuple[str, ...]]] = {"model": MODELS, "data": DATASETS}
 # The typed arguments of our builders: short name → (module, dataclass); data.args maps onto it (check_args).
 # (A model's typed arguments are its spec's ``args``.)
 ARGS: dict[str, dict[str, tuple[str, str]]] = {
     "data": {
         "frames": ("drivetrain.data.sources", "FramesArgs"),
         "synthetic": ("drivetrain.data.sources", "SyntheticArgs"),
-    },
-}
-
-# The spellings configs and run directories used before the registry, mapped to short names (a fixed table).
-ALIASES: dict[str, dict[str, str]] = {
-    "model": {
-        "drivetrain.models:StreamPETR": "streampetr",
-        "drivetrain.models.streampetr:StreamPETR": "streampetr",
-        "drivetrain.models.streampetr.detector:StreamPETR": "streampetr",
-        "drivetrain.models:PointPillars": "pointpillars",
-        "drivetrain.models.pointpillars:PointPillars": "pointpillars",
-        "drivetrain.models.pointpillars.model:PointPillars": "pointpillars",
-        "drivetrain.models:SSN": "ssn",
-        "drivetrain.models.pointpillars:SSN": "ssn",
-        "drivetrain.models.pointpillars.model:SSN": "ssn",
-        "drivetrain.models:FocalDetector2D": "focal2d",
-        "drivetrain.models.focal2d:FocalDetector2D": "focal2d",
-        "drivetrain.engine.smoke:SmokeModel": "smoke",
-    },
-    "data": {
-        "drivetrain.data.sources:synthetic": "synthetic",
-        "drivetrain.data.sources:frames": "frames",
-        "drivetrain.engine.smoke:SmokeDataset": "smoke",
     },
 }
 
@@ -151,23 +129,35 @@ def known_names(kind: str) -> list[str]:
 
 
 def describe(kind: str) -> list[tuple[str, str, str]]:
-    """``(name, origin, purpose)`` of every known name of ``kind`` (entry points are described without loading)."""
-    rows = [(name, "drivetrain", summary) for name, (_, _, summary) in _BUILTIN[kind].items()]
+    """``(name, origin, purpose)`` of every known name of ``kind``. Our models' purpose is their spec's summary (our
+    model modules are imported); entry points are described without loading."""
+    if kind == "model":
+        rows = [(name, "drivetrain", model_spec(name).summary) for name in MODELS]
+    else:
+        rows = [(name, "drivetrain", summary) for name, (_, _, summary) in DATASETS.items()]
     rows += [(name, r.origin, r.summary) for name, r in _REGISTERED[kind].items()]
     eps = _entry_points(kind)
-    rows += [
-        (name, f"entry point {ep.dist.name if ep.dist else '?'}", ep.value)
-        for name, ep in eps.items()
-        if name not in _BUILTIN[kind] and name not in _REGISTERED[kind]
-    ]
+    rows += [(name, _entry_point_origin(ep), ep.value) for name, ep in eps.items() if name not in _origins(kind)]
     return sorted(rows)
+
+
+def _entry_point_origin(ep: importlib.metadata.EntryPoint) -> str:
+    return f"entry point {ep.dist.name if ep.dist else '?'}"
+
+
+def _origins(kind: str) -> dict[str, str]:
+    """Our names and the registered ones → where their builders come from (nothing is imported)."""
+    return {**dict.fromkeys(_BUILTIN[kind], "drivetrain"), **{n: r.origin for n, r in _REGISTERED[kind].items()}}
 
 
 def origin(kind: str, name: str) -> str:
     """Where the builder of ``name`` comes from, for messages: ``drivetrain``, ``plugin MODULE``, ``entry point
-    DIST`` (or ``unknown``)."""
+    DIST`` (or ``unknown``). Nothing is imported."""
     short = canonical_name(kind, name)
-    return next((where for found, where, _ in describe(kind) if found == short), "unknown")
+    found = _origins(kind).get(short)
+    if found is None and short in (eps := _entry_points(kind)):
+        found = _entry_point_origin(eps[short])
+    return found or "unknown"
 
 
 def args_type(kind: str, name: str) -> type | None:
@@ -193,7 +183,7 @@ def check_args(kind: str, name: str, args: Any) -> Any:
     checked (nor imported) and ``args`` comes back as it is: its builder's signature is checked when it is built."""
     section = "model" if kind == "model" else "data"
     if kind == "model" and isinstance(args, dict) and canonical_name("model", name) in known_names("model"):
-        moved = model_spec(name).moved_args  # an older config's key: say where it lives now
+        moved = moved_args(canonical_name("model", name))  # an older config's key: say where it lives now
         for key in args:
             if key in moved:
                 raise ConfigError(f"model.args.{key}: {moved[key][1]}")
@@ -217,12 +207,12 @@ def model_spec(name: str) -> ModelSpec:
         raise ConfigError(f"model.name: expected a registered name, got {type(name).__name__}")
     short = canonical_name("model", name)
     if short in _BUILTIN["model"]:
-        module, attr, _ = _BUILTIN["model"][short]
+        module, attr = MODELS[short]
         return getattr(importlib.import_module(module), attr)
     if short not in _REGISTERED["model"] and short in _entry_points("model"):
         found = _load_entry_point("model", short, name)
         ep = _entry_points("model")[short]
-        origin = f"entry point {ep.dist.name if ep.dist else '?'}"
+        origin = _entry_point_origin(ep)
         spec = found if isinstance(found, ModelSpec) else _plain_spec(short, found, "")
         _REGISTERED["model"][short] = _Registered(spec.build, origin, spec.summary, spec.args, spec)
     if short in _REGISTERED["model"]:
@@ -258,8 +248,8 @@ def lookup(kind: str, name: str) -> Callable[..., Any]:
     if not isinstance(name, str):
         raise ConfigError(f"data.name: expected a registered name, got {type(name).__name__}")
     short = canonical_name(kind, name)
-    if short in _BUILTIN[kind]:
-        module, attr, _ = _BUILTIN[kind][short]
+    if short in DATASETS:
+        module, attr, _ = DATASETS[short]
         return getattr(importlib.import_module(module), attr)
     if short in _REGISTERED[kind]:
         return _REGISTERED[kind][short].builder

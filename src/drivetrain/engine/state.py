@@ -14,7 +14,7 @@ checkpointer can import it.
 Format versions (:data:`FORMAT_VERSION` is the one this drivetrain writes and reads):
 
 - **1** — the sampler position counted in samples (``data`` held ``position`` and ``num_replicas``); written by
-  drivetrain until 2026-11-22, with the field ``format: 1``.
+  drivetrain 0.1.0 before the sampler counted batches, with the field ``format: 1``.
 - **2** — the sampler position in batches (``epoch``, ``step``), the components above. Checkpoints written until
   this field was named ``format_version`` say ``format: 1`` as well: drivetrain did not raise the number when the
   sampler changed, so :func:`format_version` tells the two apart by their data position, once, here.

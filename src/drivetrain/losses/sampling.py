@@ -13,8 +13,9 @@ time through the same two mmdet steps, and so do the reference paths, op for op:
 
 The sampler also gathers what its callers never read (the negatives' boxes, ``pos_is_gt``), and the original
 assigners compute labels nobody reads: they are computed here all the same, because the reference's job is to cost
-what the original costs. ``benchmarks/originals.py`` ports
-the originals for counting, and ``tests/test_reference_costs.py`` holds the two counts in their stated relation.
+what the original costs. ``benchmarks/_originals/`` ports the originals (one module each),
+``benchmarks/originals.py`` counts them, and ``tests/test_reference_costs.py`` holds the two counts in their stated
+relation.
 """
 
 from __future__ import annotations

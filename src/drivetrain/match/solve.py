@@ -23,8 +23,8 @@ Backends:
 
 **Shape buckets.** The Triton kernel takes its row and column counts as compile-time constants, so every new
 padded target count ``G`` (a batch's largest ground-truth count) would compile a new kernel (0.3–0.75 s on an
-H200, measured 2026-11-26) — inside a training step. The ``gpu`` backend therefore pads ``G`` up to a fixed
-bucket (:func:`padded_target_count`: 8, 16, 32, 64, then multiples of 64) with the same constant padding
+H200: docs/benchmarks.md, "GPU results") — inside a training step. The ``gpu`` backend therefore pads ``G`` up to a
+fixed bucket (:func:`padded_target_count`: 8, 16, 32, 64, then multiples of 64) with the same constant padding
 cost, and slices the pairs back: ``G`` from 1 to 64 reaches at most 4 kernel shapes per ``Q``. The extra columns
 cost the kernel at most twice the rows it would solve unpadded (at least 8 in all); the batch
 size is a run-time argument of the kernel and needs no bucket. :func:`warm_gpu_solver` compiles the buckets of a

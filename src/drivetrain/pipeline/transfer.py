@@ -22,9 +22,10 @@ allocator does not hand them out while the consumer still reads them. Staging bu
 pinned allocator, which reuses them across batches once their copies have completed. Device→host (``to_host``) is
 the same in reverse, into one pinned host buffer.
 
-**The two thresholds, measured** (CPU, 2 cores, AMD EPYC, torch 2.13, one thread; the 2026-11-26 H200 run of
-``bench copy``). Per-tensor ``.to(non_blocking=True)`` from pinned memory cost 6.85 µs of host time a tensor on
-the H200's host (3.615 ms for 528). The packed path's host work is the same code on any device: fitted over
+**The two thresholds, measured** (CPU, 2 cores, AMD EPYC, torch 2.13, one thread; the H200 run of ``bench copy``:
+``benchmarks/results/copy-cuda.md``; the fits below: docs/benchmarks.md, ``copy``). Per-tensor
+``.to(non_blocking=True)`` from pinned memory cost 6.85 µs of host time a tensor on the H200's host (3.615 ms for
+528). The packed path's host work is the same code on any device: fitted over
 4–528 tensors it costs 22.3 µs + 1.68 µs a tensor on this CPU; the previous packed path (reshape/split/view per
 tensor in Python) cost 43 µs + 4.0 µs a tensor here and 4.305 ms for 528 on the H200, so that host runs this
 code 2.0× slower. Packing wins where 2.0 × (22.3 + 1.68 n) < 6.85 n, from n ≈ 13 tensors, and for a host up to

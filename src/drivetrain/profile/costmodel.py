@@ -58,9 +58,10 @@ counted, and a region that did nothing else has no cost (shown "–").
 about the kernels' own run time — a lower bound for launch-bound work. The two constants are the least-squares
 fit of ``reference_ms = kernels × PER_KERNEL_US + syncs × PER_SYNC_US`` over the reference path's leaf rows of the
 recorded H200 loss result (``benchmarks/results/loss-cuda.json``: NVIDIA H200, torch 2.11.0+cu130, CUDA 13.0, batch 8,
-6 layers, 900 queries, 10 denoising groups, seed 0, 2026-11-26), with the counts that run recorded beside its times
-(:data:`CALIBRATION`). ``loss backward`` is left out: on CUDA the autograd engine runs the backward ops on its
-device thread, which the counter does not see (87 counted kernels for 19.1 ms), so its count is no launch count:
+6 layers, 900 queries, 10 denoising groups, seed 0; its date is in the file), with the counts that run recorded
+beside its times (:data:`CALIBRATION`). ``loss backward`` is left out: on CUDA the autograd engine runs the backward
+ops on its device thread, which the counter does not see (87 counted kernels for 19.1 ms), so its count is no
+launch count:
 
 =============================================  =======  =====  ==========
 row (reference path)                           kernels  syncs  H200 ms
@@ -77,8 +78,8 @@ heatmap drawing (48 images, 0-20 boxes each)       941  1,455      48.968
 
 → ``PER_KERNEL_US`` = 17.2 µs, ``PER_SYNC_US`` = 28.4 µs (the reference ``loss forward`` as a whole: 10,259
 kernels and 2,071 syncs, 327.4 ms measured, 235.3 ms estimated; the rest is the SciPy solves and transfers). The
-fit before it (H100, 2026-11, the reference paths before they were rewritten op by op after the originals) gave
-18.9 and 10.1 µs. ``tests/test_profile_costmodel.py`` refits them from the committed JSON and :data:`CALIBRATION`,
+fit before it (H100, the reference paths before they were rewritten op by op after the originals) gave 18.9 and
+10.1 µs. ``tests/test_profile_costmodel.py`` refits them from the committed JSON and :data:`CALIBRATION`,
 and (a slow test) recounts :data:`CALIBRATION` on the CPU, so neither can drift silently.
 
 Example:

@@ -136,8 +136,9 @@ FULL_ROOT = "data/synth-full-704"  # the root of configs/{streampetr_full,pointp
 # The run book, highest priority first: name, priority, part, benchmark (None: pytest), then (expected s, cap s,
 # options) on CUDA and in the CPU dry run (None: not in the dry run). {data} is the work folder's data/: the dry
 # run generates 4 scenes there instead of the presets under the checkout's data/.
-# Expected CUDA seconds: the 2026-11-26 H200 run (its steps.json) where a step ran then, with a margin; the new
-# steps (solve, train) are estimates until a run measures them.
+# Expected CUDA seconds: the first H200 run of the run book (its steps.json; the seconds are in docs/benchmarks.md,
+# "On a borrowed GPU", and its results in benchmarks/results/*-cuda.*) where a step ran then, with a margin; the
+# new steps (solve, train) are estimates until a run measures them.
 # The CUDA tests, from that run's 16 tests: 31 s in all, of which 8.3 s in the tests, so ~22 s to start, import and
 # collect; the first CUDA call 2.6 s; a device test ~0.13 s (the median ones 0.006–0.74 s); 2 trainer runs 3.9 s.
 # Step 1, the device tests (85 now; `cuda and not heavy`): 22 + 2.6 + 85 × 0.13 + ~10 cold solver kernels × 0.75 s

@@ -22,19 +22,6 @@ def _is_mmdet3d(names: Collection[str]) -> bool:
     return any(_MMDET3D_NAME.match(name) for name in names)
 
 
-# Before the augmentation stage, the lidar models took their own augmentation and generator seed.
-MOVED_ARGS = {
-    "augment": (
-        "data.augment.lidar",
-        "moved to data.augment.lidar (the same BevAugConfig fields; the trainer augments every model's batches)",
-    ),
-    "seed": (
-        "",
-        "the lidar models draw no random numbers any more; remove it (their augmentation, data.augment.lidar, "
-        "is seeded by run.seed, the rank and the batch position)",
-    ),
-}
-
 MMDET3D = WeightFormat("mmdet3d", "an mmdetection3d PointPillars / SSN checkpoint", _is_mmdet3d, map_mmdet3d)
 
 IMPL = LossPath("impl", reference="reference", batched="batched")
@@ -47,7 +34,6 @@ POINTPILLARS = ModelSpec(
     modalities=frozenset({"lidar"}),
     summary="PointPillars lidar 3D detector",
     weight_formats=(MMDET3D,),
-    moved_args=MOVED_ARGS,
     augment=AUGMENT,
     loss_path=IMPL,
 )
@@ -59,7 +45,6 @@ SSN = ModelSpec(
     modalities=frozenset({"lidar"}),
     summary="SSN (shape signature network) lidar 3D detector",
     weight_formats=(MMDET3D,),
-    moved_args=MOVED_ARGS,
     augment=AUGMENT,
     loss_path=IMPL,
 )
