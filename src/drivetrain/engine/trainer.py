@@ -2,10 +2,11 @@
 
 One optimizer iteration (:meth:`Trainer._iteration`, read top to bottom): for each of ``train.accumulation``
 micro-batches fetch → forward (autocast) → loss (fp32) → scaled backward (gradient all-reduce only on the last);
-then unscale → clip → the one host read (skip on non-finite gradients, stop signals:
-:mod:`~drivetrain.engine.step_outcome`) → schedule → step → loss-scale update → zero_grad → log. The learning rate is
-a pure function of the number of applied updates, so a skipped step moves neither the optimizer's step counter nor
-the schedule.
+then unscale → clip → the decision on the device (skip on non-finite gradients, stop signals:
+:mod:`~drivetrain.engine.step_outcome`) → schedule → step, masked by that decision on the device
+(:mod:`~drivetrain.engine.masked_update`) → loss-scale update → zero_grad → the one host read, after the update →
+log. The learning rate is a pure function of the number of applied updates, known on the host after every read, so a
+skipped step moves neither the optimizer's step counter nor the schedule.
 
 A checkpoint (every ``checkpoint.every`` iterations, at the end, and on SIGTERM/SIGINT) holds the state of
 :attr:`Trainer.components` — model, optimizer, loss scaler, loop counters, schedule, data position, every
@@ -57,7 +58,7 @@ from drivetrain.engine.state import (
     StreamState,
     TrainState,
 )
-from drivetrain.engine.step_outcome import MicroBatches, decide, step_record
+from drivetrain.engine.step_outcome import MicroBatches, decide_on_device, step_record
 from drivetrain.engine.stop_signals import StopSignals
 from drivetrain.engine.strategy import build_strategy
 from drivetrain.engine.term_weights import TermWeights
@@ -289,15 +290,19 @@ class Trainer:
                 micro.add(i, loss, terms, self.model.loss_counts if self.counts_losses else {})  # counts: optional
             with region("optimizer"):
                 grad_norm, grads_bad = self.strategy.unscale_and_clip()  # unscale → clip
-                decision = decide(  # the step's one host read: skip (non-finite), stop (a signal on any rank)
-                    grads_bad, micro, self.signals.received, self.ctx,
-                    stop_on_nonfinite=cfg.precision.nonfinite == "stop", iteration=self.state.iteration, data=self.data,
-                    save_due=self._clock_due(),
-                )  # fmt: skip
-                self._save_due = decision.save_due  # agreed across ranks: every rank saves after this step
+                pending = decide_on_device(  # skip (non-finite), stop (a signal on any rank): no host read
+                    grads_bad, micro, self.signals.received, self.ctx, save_due=self._clock_due()
+                )
                 lr = self._set_lr(self.state.step)  # the schedule: a function of the updates applied
                 overflow = grads_bad & ~micro.loss_bad.any()  # a bad loss is not an fp16 overflow
-                grad_norm, scale, applied = self.strategy.step(decision.apply, overflow, grad_norm)  # + zero_grad
+                grad_norm, scale, applied = self.strategy.step(pending.apply, overflow, grad_norm)  # + zero_grad
+                decision = pending.read(  # the iteration's one host read, after the update
+                    micro, self.ctx, stop_on_nonfinite=cfg.precision.nonfinite == "stop",
+                    iteration=self.state.iteration, data=self.data,
+                )  # fmt: skip
+                if isinstance(applied, torch.Tensor):  # masked on the device: the host side of a skip
+                    applied = self.strategy.settle(decision.apply)
+                self._save_due = decision.save_due  # agreed across ranks: every rank saves after this step
         step_active()
         self.state.advance(applied, decision.loss_bad)
         samples, elapsed = accum * cfg.data.batch_size * self.ctx.world_size, time.perf_counter() - t_start
