@@ -12,7 +12,7 @@ Parts of the trainer's ``step`` region, medians and maxima over the timed steps 
 - **data wait**: blocked on the loader (with the prefetcher: waiting for its side stream too);
 - **copy**: the host → device copy of the batch (a pass-through for a batch the prefetcher already copied);
 - **forward** (the network), **loss**, **backward**, **optimizer** (unscale, clip, the skip decision
-  on the device, the masked update, the read of the step's outcome);
+  on the device, the update, the read of the step's outcome, which keeps or undoes it);
 - **other**: each step minus its parts (the median of those remainders; part medians need not add up exactly).
 
 ``overhead_share = 1 − (forward + backward) / step`` (medians): the share of the trainer's step that is not the

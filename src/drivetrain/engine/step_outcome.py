@@ -5,10 +5,10 @@ them, and the record the metric log gets.
   iteration's micro-batches, which of them had a non-finite loss, their dataset indices and the data wait (device
   tensors: nothing is read here).
 - :func:`decide_on_device`: apply or skip the update (non-finite gradients or loss) and stop (a signal received here
-  or on another rank), agreed across ranks on the device; its ``apply`` flag masks the update
-  (:mod:`~drivetrain.engine.masked_update`), and :meth:`PendingDecision.read`, after the update, is the iteration's
-  one host sync. With ``precision.nonfinite=stop`` a non-finite loss then raises :class:`NonFiniteLossError` naming
-  the batch.
+  or on another rank), agreed across ranks on the device (the loss scaler moves by it there); the update is taken at
+  once, undoably (:mod:`~drivetrain.engine.undoable_update`), and :meth:`PendingDecision.read`, after it, is the
+  iteration's one host sync, which keeps or undoes it. With ``precision.nonfinite=stop`` a non-finite loss then
+  raises :class:`NonFiniteLossError` naming the batch.
 - :func:`step_record`: the device and host values of the iteration's ``metrics.jsonl`` entry
   (:mod:`drivetrain.engine.metrics`).
 """
@@ -137,8 +137,7 @@ def decide_on_device(
             rank saves after the same step.
 
     Returns:
-        The decision on the device; its ``apply`` flag masks the update, :meth:`PendingDecision.read` brings it to
-        the host after the step.
+        The decision on the device; :meth:`PendingDecision.read` brings it to the host after the update.
     """
     any_bad = micro.loss_bad.any().to(torch.int64)
     stop_flag = any_bad.new_full((), int(stop_signal is not None))  # a fill, not a host copy

@@ -8,8 +8,8 @@ timed ones, under a :class:`~drivetrain.profile.Profiler` that receives the trai
 - ``data``: blocked on the loader (``next(batch)``; with the prefetcher this includes waiting for its side stream),
 - ``copy``: the host → device copy (``to_device``; a pass-through for a batch the prefetcher already copied),
 - ``forward`` (the network, under autocast), ``loss``, ``backward``,
-- ``optimizer`` (unscale, clip, the skip decision on the device, schedule, the masked update, then the iteration's
-  one documented host read, of its outcome),
+- ``optimizer`` (unscale, clip, the skip decision on the device, schedule, the update taken undoably, then the
+  iteration's one documented host read, of its outcome),
 - ``other``: the rest of the ``step`` region (per step: the step minus its parts; gradient bookkeeping).
 
 Times are medians over the timed steps (and their maxima); on CUDA they are CUDA-event times on the training

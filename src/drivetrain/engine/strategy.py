@@ -8,8 +8,9 @@ answers the step's five questions:
 - ``backward(loss)``;
 - ``unscale_and_clip()`` → ``(grad_norm, grads_bad)`` on the device, no sync;
 - ``step(apply, overflow)`` → ``(grad_norm, loss_scale, applied)``: apply the update (or skip it), move the
-  loss scaler, zero the gradients; ``apply`` may be a device flag (the update is then masked on the device,
-  :mod:`~drivetrain.engine.masked_update`) and ``settle(applied)`` completes it once the host has read the flag;
+  loss scaler, zero the gradients; ``apply`` may be a device flag: the update is then taken at once, undoably
+  (:mod:`~drivetrain.engine.undoable_update`), and ``settle(applied)`` keeps or undoes it once the host has read
+  the flag;
 - ``sharded_state()`` / ``load_sharded_state()``: this rank's model and optimizer state (parameters by name,
   FSDP's DTensor shards) for checkpoints written through ``torch.distributed.checkpoint``, which reshards on
   load, so a run resumes under another strategy or number of ranks;
@@ -36,8 +37,8 @@ from torch import nn
 
 from drivetrain.engine.config import ConfigError, TrainConfig
 from drivetrain.engine.distributed import DistContext
-from drivetrain.engine.masked_update import MaskedUpdate
 from drivetrain.engine.precision import LossScaler, unscale_clip_
+from drivetrain.engine.undoable_update import UndoableUpdate
 
 __all__ = ["Strategy", "build_strategy"]
 
@@ -60,7 +61,7 @@ class Strategy:
         self.optimizer = make_optimizer(model)
         self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.scaler = LossScaler(cfg.precision, ctx.device)
-        self._masked = MaskedUpdate(self.optimizer)
+        self._update = UndoableUpdate(self.optimizer)
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         return model.to(self.ctx.device)
@@ -84,11 +85,11 @@ class Strategy:
     def step(
         self, apply: bool | torch.Tensor, overflow: torch.Tensor, grad_norm: torch.Tensor
     ) -> tuple[torch.Tensor, Any, bool | torch.Tensor]:
-        """Apply the update if ``apply`` (a bool, or a () bool device flag: masked on the device, no host read, and
+        """Apply the update if ``apply`` (a bool; or a () bool device flag, not read: the update is taken undoably and
         :meth:`settle` follows); back the fp16 loss scale off on ``overflow``; zero the gradients."""
         scale = self.scaler.scale.clone()
         if isinstance(apply, torch.Tensor):
-            self._masked.step(apply)
+            self._update.step()
         elif apply:
             self.optimizer.step()
         self.scaler.update(overflow)
@@ -96,8 +97,9 @@ class Strategy:
         return grad_norm, scale, apply
 
     def settle(self, applied: bool) -> bool:
-        """After the host read of a device ``apply`` flag: complete a skipped update's put-back; returns ``applied``."""
-        self._masked.settle(applied)
+        """After the host read of a device ``apply`` flag: keep the update taken, or undo it exactly; returns
+        ``applied``."""
+        self._update.settle(applied)
         return applied
 
     def full_state(self) -> tuple[dict, dict]:

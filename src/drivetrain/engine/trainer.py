@@ -3,8 +3,8 @@
 One optimizer iteration (:meth:`Trainer._iteration`, read top to bottom): for each of ``train.accumulation``
 micro-batches fetch → forward (autocast) → loss (fp32) → scaled backward (gradient all-reduce only on the last);
 then unscale → clip → the decision on the device (skip on non-finite gradients, stop signals:
-:mod:`~drivetrain.engine.step_outcome`) → schedule → step, masked by that decision on the device
-(:mod:`~drivetrain.engine.masked_update`) → loss-scale update → zero_grad → the one host read, after the update →
+:mod:`~drivetrain.engine.step_outcome`) → schedule → step, taken undoably (:mod:`~drivetrain.engine.undoable_update`)
+→ loss-scale update → zero_grad → the one host read, after the update, which keeps the update or undoes it exactly →
 log. The learning rate is a pure function of the number of applied updates, known on the host after every read, so a
 skipped step moves neither the optimizer's step counter nor the schedule.
 
@@ -300,7 +300,7 @@ class Trainer:
                     micro, self.ctx, stop_on_nonfinite=cfg.precision.nonfinite == "stop",
                     iteration=self.state.iteration, data=self.data,
                 )  # fmt: skip
-                if isinstance(applied, torch.Tensor):  # masked on the device: the host side of a skip
+                if isinstance(applied, torch.Tensor):  # taken undoably: kept, or undone now
                     applied = self.strategy.settle(decision.apply)
                 self._save_due = decision.save_due  # agreed across ranks: every rank saves after this step
         step_active()
