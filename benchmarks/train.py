@@ -25,7 +25,7 @@ JSON: the standard rows (one path: each row's ``reference_ms`` and ``batched_ms`
 counts in the batched column) and the top-level keys ``train_device``, ``steps``, ``warmup``, ``step_ms``,
 ``step_max_ms``, ``parts`` ({part: ``median_ms``, ``max_ms``, ``share``, ``kernels``, ``syncs``}),
 ``data_wait_ms``, ``overhead_share``, ``skipped_steps`` (timed steps whose update was skipped: an fp16 loss scale
-still settling makes the optimizer part a skip decision, so its share is understated), ``syncs_per_step``,
+still settling: the update is taken and undone, so the optimizer's share is a little overstated), ``syncs_per_step``,
 ``syncs_source``, ``counted_syncs_per_step``, ``kernels_per_step``, ``region_syncs``, ``logged``, ``inner_ms``,
 ``gpu_solver`` (the GPU assignment solver's ``fallbacks`` to SciPy and ``wrapper_calls`` in this process); with
 ``--profile``, ``profile`` ({``steps``, ``file``, ``chrome_trace``, ``syncs_per_step``, ``gpu_idle_share``}).
@@ -259,8 +259,8 @@ def _result(name: str, device: torch.device, config: dict[str, Any], split: Step
     ]
     if split.skipped_steps:
         result.notes.append(f"{split.skipped_steps} of the {split.steps} timed steps skipped the optimizer's update "
-                            "(non-finite gradients, e.g. an fp16 loss scale still settling): the optimizer share "
-                            "is understated.")  # fmt: skip
+                            "(non-finite gradients, e.g. an fp16 loss scale still settling): taken and undone, "
+                            "their optimizer part is a little overstated.")  # fmt: skip
     return result
 
 

@@ -27,8 +27,8 @@ metric log's flush every ``log.every`` steps included), which is then the report
 
 ``overhead_share = 1 − (forward + backward) / step``: the share of the step that is not the network's own work.
 ``skipped_steps``: the timed steps whose update was skipped (non-finite gradients: an fp16 loss scale still too high
-for the model) — such a step's optimizer part is a skip decision, not an update, so a split with many of them
-understates the optimizer.
+for the model) — such a step's optimizer part is an update taken and undone (a copy back), so a split with many of
+them overstates the optimizer a little.
 
 Compilations: ``graph_breaks`` and ``compiles_in_steps`` come from ``torch._dynamo``'s counters (process-wide,
 taken as differences over this run): the graph breaks over the whole run, and the graphs dynamo compiled (first
