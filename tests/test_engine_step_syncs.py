@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
-from drivetrain.engine import Trainer, load_config
+from drivetrain.engine import NonFiniteLossError, Trainer, load_config
 from helpers.engine import SMOKE, metrics, overrides
 from helpers.nosync import allow_host_sync, no_host_sync
 
@@ -61,3 +62,17 @@ def test_an_iteration_reads_the_device_once_after_the_update(tmp_path: Path, ext
         assert record["passed"][0].site.startswith("drivetrain/engine/step_outcome.py"), record
     if extra:  # skipped steps among the watched ones made no other read
         assert metrics(tmp_path)[-1]["skipped_steps"] >= 2, metrics(tmp_path)
+
+
+def test_a_nonfinite_loss_that_stops_the_run_leaves_the_weights_from_before_the_step(tmp_path: Path) -> None:
+    # the update is taken before the read that raises: it is undone first
+    cfg = load_config(SMOKE, overrides(tmp_path, "train.steps=2", "precision.nonfinite=stop",
+                                       "model.loss_weights.cls=1.0e+39", *SMALL))  # fmt: skip
+    trainer = Trainer(cfg)
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items() if isinstance(v, torch.Tensor)}
+    with pytest.raises(NonFiniteLossError, match="non-finite loss at step 1"):
+        trainer.fit()
+    trainer.close()
+    after = trainer.model.state_dict()
+    assert all(torch.equal(value, after[key]) for key, value in before.items() if key != "memory")
+    assert trainer.optimizer.state_dict()["state"] == {}

@@ -58,7 +58,7 @@ from drivetrain.engine.state import (
     StreamState,
     TrainState,
 )
-from drivetrain.engine.step_outcome import MicroBatches, decide_on_device, step_record
+from drivetrain.engine.step_outcome import MicroBatches, NonFiniteLossError, decide_on_device, step_record
 from drivetrain.engine.stop_signals import StopSignals
 from drivetrain.engine.strategy import build_strategy
 from drivetrain.engine.term_weights import TermWeights
@@ -296,10 +296,15 @@ class Trainer:
                 lr = self._set_lr(self.state.step)  # the schedule: a function of the updates applied
                 overflow = grads_bad & ~micro.loss_bad.any()  # a bad loss is not an fp16 overflow
                 grad_norm, scale, applied = self.strategy.step(pending.apply, overflow, grad_norm)  # + zero_grad
-                decision = pending.read(  # the iteration's one host read, after the update
-                    micro, self.ctx, stop_on_nonfinite=cfg.precision.nonfinite == "stop",
-                    iteration=self.state.iteration, data=self.data,
-                )  # fmt: skip
+                try:
+                    decision = pending.read(  # the iteration's one host read, after the update
+                        micro, self.ctx, stop_on_nonfinite=cfg.precision.nonfinite == "stop",
+                        iteration=self.state.iteration, data=self.data,
+                    )  # fmt: skip
+                except NonFiniteLossError:
+                    if isinstance(applied, torch.Tensor):  # the run stops with the weights from before the step
+                        self.strategy.settle(False)
+                    raise
                 if isinstance(applied, torch.Tensor):  # taken undoably: kept, or undone now
                     applied = self.strategy.settle(decision.apply)
                 self._save_due = decision.save_due  # agreed across ranks: every rank saves after this step
