@@ -11,7 +11,8 @@ Parts of the trainer's ``step`` region, medians and maxima over the timed steps 
 
 - **data wait**: blocked on the loader (with the prefetcher: waiting for its side stream too);
 - **copy**: the host → device copy of the batch (a pass-through for a batch the prefetcher already copied);
-- **forward** (the network), **loss**, **backward**, **optimizer** (unscale, clip, the skip decision, step);
+- **forward** (the network), **loss**, **backward**, **optimizer** (unscale, clip, the skip decision
+  on the device, the update, the read of the step's outcome, which keeps or undoes it);
 - **other**: each step minus its parts (the median of those remainders; part medians need not add up exactly).
 
 ``overhead_share = 1 − (forward + backward) / step`` (medians): the share of the trainer's step that is not the
@@ -24,7 +25,7 @@ JSON: the standard rows (one path: each row's ``reference_ms`` and ``batched_ms`
 counts in the batched column) and the top-level keys ``train_device``, ``steps``, ``warmup``, ``step_ms``,
 ``step_max_ms``, ``parts`` ({part: ``median_ms``, ``max_ms``, ``share``, ``kernels``, ``syncs``}),
 ``data_wait_ms``, ``overhead_share``, ``skipped_steps`` (timed steps whose update was skipped: an fp16 loss scale
-still settling makes the optimizer part a skip decision, so its share is understated), ``syncs_per_step``,
+still settling: the update is taken and undone, so the optimizer's share is a little overstated), ``syncs_per_step``,
 ``syncs_source``, ``counted_syncs_per_step``, ``kernels_per_step``, ``region_syncs``, ``logged``, ``inner_ms``,
 ``gpu_solver`` (the GPU assignment solver's ``fallbacks`` to SciPy and ``wrapper_calls`` in this process); with
 ``--profile``, ``profile`` ({``steps``, ``file``, ``chrome_trace``, ``syncs_per_step``, ``gpu_idle_share``}).
@@ -35,10 +36,28 @@ steps are written before their summary is made, then again with the ``profile`` 
 CPU time, GPU idle time between kernels per step, each host sync with its Python call site) and the Chrome trace
 (``.trace.json``) when it is at most 4 MB.
 
+Every split also carries ``graph_breaks`` (dynamo's graph breaks over the run), ``compiles_in_steps`` (graphs dynamo
+compiled during the timed steps: 0 once a compiled step is warm) and ``batch_indices`` (the dataset indices of each
+timed step).
+
+``--compare KEY=VALUE ...`` (last on the line: it takes every ``KEY=VALUE`` after it) measures the config a second
+time in the same process with those overrides on top of the others — the same data, seed and steps, so the same
+batches — and reports both splits side by side: the top level is the configured run's split as above, plus
+``step_speedup`` (its median step / the compared run's), ``step_max_speedup`` (the same of the maxima),
+``part_speedups`` ({part: median / compared median}), ``same_batches`` (both runs' timed steps trained on the same
+dataset indices) and ``compare_overrides``; ``compared`` holds the compared run's full report (its own ``step_ms``,
+``step_max_ms``, ``parts`` with kernels and syncs, ``syncs_per_step``, ``kernels_per_step``, ``graph_breaks``,
+``compiles_in_steps``, ...). A speedup above 1 means the compared run is faster. Not with ``--profile``.
+
 Run: ``drivetrain bench train --config configs/streampetr_tiny.yaml [--steps N] [--warmup N] [--device cpu|cuda]
-[--profile N] [KEY=VALUE ...] [--save]``; ``--save`` writes
+[--profile N] [KEY=VALUE ...] [--compare KEY=VALUE ...] [--save]``; ``--save`` writes
 ``benchmarks/results/train-<model>-<size>-<device>.{json,md}`` (size: the config's name after the model's, ``nus``
-named ``full`` as ``bench iteration`` names it).
+named ``full`` as ``bench iteration`` names it; ``train-<model>-<size>-compare-<device>`` with ``--compare``).
+
+Examples::
+
+    drivetrain bench train --config configs/smoke.yaml --steps 3 data.batch_size=4
+    drivetrain bench train --config configs/pointpillars_tiny.yaml --steps 5 --compare "speed.compile=['']"
 """
 
 from __future__ import annotations
@@ -104,18 +123,28 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                         help="then N more steps under torch.profiler → profile-<model>-<size>-<device>.md beside the "
                         "JSON (and its Chrome trace when ≤ 4 MB); default 0: none")  # fmt: skip
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, as drivetrain train")
+    parser.add_argument("--compare", nargs="+", default=None, metavar="KEY=VALUE",
+                        help="measure again with these overrides on top (last on the line) and report both splits "
+                        "and their ratio (step_speedup: first median / compared median)")  # fmt: skip
     args = parser.parse_args(argv)
     device = setup_bench(args)
     steps = args.steps if args.steps is not None else args.repeat
     if steps < 1 or args.warmup < 1 or args.profile < 0:
         raise SystemExit("bench train: --steps and --warmup must be ≥ 1 (the last warm-up step is counted), "
                          "--profile ≥ 0")  # fmt: skip
+    if args.compare is not None and args.profile:
+        raise SystemExit("bench train: --compare and --profile: profile one configuration at a time")
     overrides = [*args.overrides, *([f"run.seed={args.seed}"] if args.seed is not None else [])]
     try:
         cfg = load_config(args.config, [*overrides, f"train.device={device}"])
     except ConfigError as err:
         raise SystemExit(f"bench train: --config: {err}") from None
-    name = result_name(args.config, cfg.model.name)
+    if args.compare is not None:
+        try:
+            load_config(args.config, [*overrides, *args.compare, f"train.device={device}"])
+        except ConfigError as err:
+            raise SystemExit(f"bench train: --compare: {err}") from None
+    name = result_name(args.config, cfg.model.name) + ("-compare" if args.compare is not None else "")
     profile_md = _profile_path(name, device, args) if args.profile else None
     trace_file = profile_md.with_suffix(".trace.json") if profile_md is not None else None
     if trace_file is not None:
@@ -150,11 +179,54 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     result = _result(name, device, config, split)
     if split.trace is not None:
         result.extra["profile"] = _write_profile(split, result, profile_md, trace_file)
-    written = emit(result, args, chart=False)
     lines = table_lines(split.as_dict())
+    if args.compare is not None:
+        print(f"bench train: again with {' '.join(args.compare)} ...", flush=True)
+        other = measure_steps(args.config, [*overrides, *args.compare], steps=steps, warmup=args.warmup,
+                              device=str(device), nvtx=args.nvtx)  # fmt: skip
+        compared = _result(name, device, {**config, "overrides": [*overrides, *args.compare]}, other)
+        result.extra.update(comparison(split, other, args.compare))
+        result.extra["compared"] = compared.as_dict()
+        result.notes.append("--compare: the top-level split is the configured run's; `compared` is the run with "
+                            f"{' '.join(args.compare)} on top; step_speedup = step_ms / compared step_ms.")  # fmt: skip
+        lines += ["", f"### With {' '.join(args.compare)}", "", *table_lines(other.as_dict()), "",
+                  *comparison_lines(result.extra)]  # fmt: skip
+    written = emit(result, args, chart=False)
     print("\n".join(lines))
     _append_step_table(written, lines)
     return 0
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 4) if b > 0 else None
+
+
+def comparison(first: StepSplit, other: StepSplit, compare: list[str]) -> dict[str, Any]:
+    """The top-level keys ``--compare`` adds: the ratios of ``first``'s times to ``other``'s and whether both trained
+    on the same batches."""
+    return {
+        "compare_overrides": list(compare),
+        "step_speedup": _ratio(first.step.median, other.step.median),
+        "step_max_speedup": _ratio(first.step.max, other.step.max),
+        "part_speedups": {part: _ratio(s.median, other.parts[part].median) for part, s in first.parts.items()},
+        "same_batches": first.batch_indices == other.batch_indices,
+    }
+
+
+def comparison_lines(extra: dict[str, Any]) -> list[str]:
+    """Markdown lines of a comparison: the step's and each part's median, both runs, and their ratio."""
+    other = extra["compared"]
+    lines = ["| part | median ms | compared median ms | speedup |", "|---|---:|---:|---:|",
+             f"| step | {extra['step_ms']:.2f} | {other['step_ms']:.2f} | {extra['step_speedup']} |"]  # fmt: skip
+    for part, ratio in extra["part_speedups"].items():
+        ms, cms = extra["parts"][part]["median_ms"], other["parts"][part]["median_ms"]
+        lines.append(f"| {LABELS[part]} | {ms:.2f} | {cms:.2f} | {ratio} |")
+    lines.append(f"\n- step max: {extra['step_max_ms']:.2f} → {other['step_max_ms']:.2f} ms "
+                 f"(speedup {extra['step_max_speedup']}); same batches: {extra['same_batches']}; graph breaks "
+                 f"{extra['graph_breaks']} → {other['graph_breaks']}; compiles in the timed steps "
+                 f"{extra['compiles_in_steps']} → {other['compiles_in_steps']}; host syncs per step "
+                 f"{extra['syncs_per_step']} → {other['syncs_per_step']}")  # fmt: skip
+    return lines
 
 
 def _append_step_table(written: list[Path], lines: list[str]) -> None:
@@ -187,8 +259,8 @@ def _result(name: str, device: torch.device, config: dict[str, Any], split: Step
     ]
     if split.skipped_steps:
         result.notes.append(f"{split.skipped_steps} of the {split.steps} timed steps skipped the optimizer's update "
-                            "(non-finite gradients, e.g. an fp16 loss scale still settling): the optimizer share "
-                            "is understated.")  # fmt: skip
+                            "(non-finite gradients, e.g. an fp16 loss scale still settling): taken and undone, "
+                            "their optimizer part is a little overstated.")  # fmt: skip
     return result
 
 

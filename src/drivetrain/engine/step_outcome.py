@@ -4,9 +4,11 @@ them, and the record the metric log gets.
 - :class:`MicroBatches`: the weighted loss, the unweighted terms and the model's counters summed over the
   iteration's micro-batches, which of them had a non-finite loss, their dataset indices and the data wait (device
   tensors: nothing is read here).
-- :func:`decide`: apply or skip the update (non-finite gradients or loss) and stop (a signal received here or on
-  another rank), agreed across ranks in one device read — the step's one host sync. With
-  ``precision.nonfinite=stop`` a non-finite loss raises :class:`NonFiniteLossError` naming the batch.
+- :func:`decide_on_device`: apply or skip the update (non-finite gradients or loss) and stop (a signal received here
+  or on another rank), agreed across ranks on the device (the loss scaler moves by it there); the update is taken at
+  once, undoably (:mod:`~drivetrain.engine.undoable_update`), and :meth:`PendingDecision.read`, after it, is the
+  iteration's one host sync, which keeps or undoes it. With ``precision.nonfinite=stop`` a non-finite loss then
+  raises :class:`NonFiniteLossError` naming the batch.
 - :func:`step_record`: the device and host values of the iteration's ``metrics.jsonl`` entry
   (:mod:`drivetrain.engine.metrics`).
 """
@@ -22,7 +24,14 @@ from drivetrain.engine.distributed import DistContext
 from drivetrain.engine.metrics import peak_memory_mb
 from drivetrain.engine.state import TrainState
 
-__all__ = ["MicroBatches", "NonFiniteLossError", "StepDecision", "decide", "step_record"]
+__all__ = [
+    "MicroBatches",
+    "NonFiniteLossError",
+    "PendingDecision",
+    "StepDecision",
+    "decide_on_device",
+    "step_record",
+]
 
 
 class NonFiniteLossError(RuntimeError):
@@ -73,36 +82,62 @@ class StepDecision:
     save_due: bool = False  # some rank's clock says a checkpoint is due (checkpoint.every_minutes)
 
 
-def decide(
-    grads_bad: torch.Tensor,
-    micro: MicroBatches,
-    stop_signal: str | None,
-    ctx: DistContext,
-    *,
-    stop_on_nonfinite: bool,
-    iteration: int,
-    data: Any,
-    save_due: bool = False,
-) -> StepDecision:
-    """Skip, non-finite loss and stop, agreed across ranks in one device read (the step's one sync).
+@dataclass(frozen=True)
+class PendingDecision:
+    """The step's decision on the device, before the host reads it (:func:`decide_on_device`)."""
+
+    apply: torch.Tensor  # () bool: gradients and losses finite on every rank: the update is applied
+    flags: torch.Tensor  # (5,) int64: gradients bad, a loss bad (any rank), stop (any rank), first bad micro, save due
+    stop_signal: str | None  # the stop signal this process received, if any
+
+    def read(
+        self, micro: MicroBatches, ctx: DistContext, *, stop_on_nonfinite: bool, iteration: int, data: Any
+    ) -> StepDecision:
+        """The step's one host read, after the update: the decision on the host.
+
+        Args:
+            micro: the iteration's micro-batches.
+            ctx: this process's place in the process group.
+            stop_on_nonfinite: ``precision.nonfinite == "stop"``: a non-finite loss raises.
+            iteration: optimizer iterations done before this one (for the message).
+            data: the batch stream (its epoch, for the message).
+
+        Raises:
+            NonFiniteLossError: a non-finite loss with ``stop_on_nonfinite``; names the micro-batch, rank, epoch and
+                dataset indices.
+        """
+        skip, loss_bad, stop, bad_micro, due = self.flags.tolist()  # sync: the host learns the step's outcome
+        if loss_bad and stop_on_nonfinite:
+            local_bad = bool(micro.loss_bad[bad_micro])  # sync: error path only, the run stops here
+            where = (
+                f"micro-batch {bad_micro} on rank {ctx.rank}, epoch {data.state_dict()['epoch']}, "
+                f"dataset indices {micro.indices[bad_micro].tolist()}"
+                if local_bad
+                else f"a micro-batch on another rank than {ctx.rank}"
+            )
+            raise NonFiniteLossError(
+                f"non-finite loss at step {iteration + 1}: {where} "
+                "(precision.nonfinite=stop; set it to skip to skip and count such steps)"
+            )
+        stop_name = self.stop_signal or ("a stop signal (on another rank)" if stop else None)
+        return StepDecision(apply=not (skip or loss_bad), loss_bad=bool(loss_bad), stop=stop_name, save_due=bool(due))
+
+
+def decide_on_device(
+    grads_bad: torch.Tensor, micro: MicroBatches, stop_signal: str | None, ctx: DistContext, *, save_due: bool = False
+) -> PendingDecision:
+    """Skip, non-finite loss and stop, agreed across ranks on the device (one small all-reduce): nothing is read.
 
     Args:
         grads_bad: () bool, the gradients after unscaling are not all finite.
         micro: the iteration's micro-batches.
         stop_signal: the name of a stop signal this process received, if any.
         ctx: this process's place in the process group.
-        stop_on_nonfinite: ``precision.nonfinite == "stop"``: a non-finite loss raises.
-        iteration: optimizer iterations done before this one (for the message).
-        data: the batch stream (its epoch, for the message).
         save_due: this rank's clock says a checkpoint is due; agreed like a stop signal (any rank's), so every
             rank saves after the same step.
 
     Returns:
-        The decision.
-
-    Raises:
-        NonFiniteLossError: a non-finite loss with ``stop_on_nonfinite``; names the micro-batch, rank, epoch and
-            dataset indices.
+        The decision on the device; :meth:`PendingDecision.read` brings it to the host after the update.
     """
     any_bad = micro.loss_bad.any().to(torch.int64)
     stop_flag = any_bad.new_full((), int(stop_signal is not None))  # a fill, not a host copy
@@ -110,23 +145,9 @@ def decide(
     if ctx.initialized:  # every rank takes the same decisions
         any_bad, stop_flag, due_flag = ctx.all_reduce_max(torch.stack([any_bad, stop_flag, due_flag]))
     first_bad = micro.loss_bad.to(torch.int64).argmax()
-    skip, loss_bad, stop, bad_micro, due = torch.stack(  # sync: skipping the step is a host decision
-        [grads_bad.to(torch.int64), any_bad, stop_flag, first_bad, due_flag]
-    ).tolist()
-    if loss_bad and stop_on_nonfinite:
-        local_bad = bool(micro.loss_bad[bad_micro])  # sync: error path only, the run stops here
-        where = (
-            f"micro-batch {bad_micro} on rank {ctx.rank}, epoch {data.state_dict()['epoch']}, "
-            f"dataset indices {micro.indices[bad_micro].tolist()}"
-            if local_bad
-            else f"a micro-batch on another rank than {ctx.rank}"
-        )
-        raise NonFiniteLossError(
-            f"non-finite loss at step {iteration + 1}: {where} "
-            "(precision.nonfinite=stop; set it to skip to skip and count such steps)"
-        )
-    stop_name = stop_signal or ("a stop signal (on another rank)" if stop else None)
-    return StepDecision(apply=not (skip or loss_bad), loss_bad=bool(loss_bad), stop=stop_name, save_due=bool(due))
+    flags = torch.stack([grads_bad.to(torch.int64), any_bad, stop_flag, first_bad, due_flag])
+    apply = (flags[:2] == 0).all()
+    return PendingDecision(apply=apply, flags=flags, stop_signal=stop_signal)
 
 
 def step_record(

@@ -8,7 +8,8 @@ timed ones, under a :class:`~drivetrain.profile.Profiler` that receives the trai
 - ``data``: blocked on the loader (``next(batch)``; with the prefetcher this includes waiting for its side stream),
 - ``copy``: the host → device copy (``to_device``; a pass-through for a batch the prefetcher already copied),
 - ``forward`` (the network, under autocast), ``loss``, ``backward``,
-- ``optimizer`` (unscale, clip, the skip decision — the step's one documented host read —, step, schedule),
+- ``optimizer`` (unscale, clip, the skip decision on the device, schedule, the update taken undoably, then the
+  iteration's one documented host read, of its outcome),
 - ``other``: the rest of the ``step`` region (per step: the step minus its parts; gradient bookkeeping).
 
 Times are medians over the timed steps (and their maxima); on CUDA they are CUDA-event times on the training
@@ -26,8 +27,14 @@ metric log's flush every ``log.every`` steps included), which is then the report
 
 ``overhead_share = 1 − (forward + backward) / step``: the share of the step that is not the network's own work.
 ``skipped_steps``: the timed steps whose update was skipped (non-finite gradients: an fp16 loss scale still too high
-for the model) — such a step's optimizer part is a skip decision, not an update, so a split with many of them
-understates the optimizer.
+for the model) — such a step's optimizer part is an update taken and undone (a copy back), so a split with many of
+them overstates the optimizer a little.
+
+Compilations: ``graph_breaks`` and ``compiles_in_steps`` come from ``torch._dynamo``'s counters (process-wide,
+taken as differences over this run): the graph breaks over the whole run, and the graphs dynamo compiled (first
+compilations and recompilations) during the timed steps — after warm-up a compiled step should compile nothing.
+``batch_indices``: the dataset indices each timed step trained on (its micro-batches' in order), so two
+measurements can show that they saw the same batches.
 
 With ``trace_steps``, that many more steps follow the timed ones under ``torch.profiler`` (``with_stack``; no region
 is timed there): :func:`drivetrain.profile.trace.summarize` gives their top ops, GPU idle time between kernels and
@@ -119,6 +126,9 @@ class StepSplit:
             wait includes the copy), and the run's ``peak_memory_mb``.
         trace: :func:`drivetrain.profile.trace.summarize` of the traced steps after the timed ones (None without).
         skipped_steps: timed steps that skipped the optimizer's update (None: the trainer's log had no record).
+        graph_breaks: dynamo's graph breaks over the run (warm-up included).
+        compiles_in_steps: graphs dynamo compiled during the timed steps.
+        batch_indices: per timed step, the dataset indices it trained on.
     """
 
     device: str
@@ -136,6 +146,9 @@ class StepSplit:
     logged: dict[str, float]
     trace: dict[str, Any] | None = None
     skipped_steps: int | None = None
+    graph_breaks: int = 0
+    compiles_in_steps: int = 0
+    batch_indices: list[list[int]] = dataclasses.field(default_factory=list)
 
     @property
     def data_wait_ms(self) -> float:
@@ -175,6 +188,9 @@ class StepSplit:
             "counted_syncs_per_step": self.counted_syncs_per_step,
             "kernels_per_step": self.kernels_per_step,
             "region_syncs": self.region_syncs,
+            "graph_breaks": self.graph_breaks,
+            "compiles_in_steps": self.compiles_in_steps,
+            "batch_indices": self.batch_indices,
             "logged": {k: round(v, 6) for k, v in self.logged.items()},
             "inner_ms": {k: round(v, 6) for k, v in self.inner.items()},
         }
@@ -191,6 +207,7 @@ class _StepMarks(Profiler):
         super().__init__(device, warmup=warmup, nvtx=nvtx, host_regions=HOST_REGIONS)
         self.limit, self.caught, self.trace_steps = limit, caught, trace_steps
         self.marks: list[int] = []
+        self.compiled = [_dynamo_counts()]  # (graphs compiled, graph breaks) so far: at the start, then per step
         self.trace: Any = None
         self._traced = 0  # steps closed under the trace
         self._tracing = False
@@ -203,6 +220,7 @@ class _StepMarks(Profiler):
         if self.num_steps < self.limit:
             super().step()
             self.marks.append(len(self.caught))
+            self.compiled.append(_dynamo_counts())
         else:
             self._traced += 1
         if self.trace_steps and self.num_steps == self.limit and self.trace is None:
@@ -218,6 +236,13 @@ class _StepMarks(Profiler):
         if self._tracing:
             self._tracing = False
             self.trace.stop()
+
+
+def _dynamo_counts() -> tuple[int, int]:
+    """``(graphs compiled, graph breaks)`` in this process so far, from ``torch._dynamo``'s counters."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"]), int(sum(counters["graph_break"].values()))
 
 
 MIN_WARMUP = 2  # warm-up steps run at least: the last is counted, and it must not be the run's first (see the module)
@@ -279,6 +304,7 @@ def measure_steps(
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 profiler = _StepMarks(trainer.device, warmup, total, caught, nvtx=nvtx, trace_steps=trace_steps)
+                fetched = _noting_indices(trainer, profiler)
                 if cuda:
                     torch.cuda.set_sync_debug_mode("warn")
                 try:
@@ -311,6 +337,10 @@ def measure_steps(
     if counted is not None:
         kernels = counted.kernels - sum(c.kernels for c in part_costs.values() if c is not None)
         part_costs["other"] = Cost(kernels, counted.syncs - sum(c.syncs for c in part_costs.values() if c is not None))
+    compiled = profiler.compiled
+    end = compiled[min(total, len(compiled) - 1)]
+    timed_indices = [[int(i) for t in fetched if t[0] == step for i in t[1].flatten().tolist()]
+                     for step in range(warmup, total)]  # fmt: skip
     split = StepSplit(
         device=str(trainer.device),
         steps=steps,
@@ -326,6 +356,9 @@ def measure_steps(
         part_costs=part_costs,
         logged=logged,
         skipped_steps=skipped,
+        graph_breaks=end[1] - compiled[0][1],
+        compiles_in_steps=end[0] - compiled[min(warmup, len(compiled) - 1)][0],
+        batch_indices=timed_indices,
     )
     if profiler.trace is None:
         return split
@@ -337,6 +370,21 @@ def measure_steps(
             profiler.trace.export_chrome_trace(str(Path(fresh) / Path(trace_file).name))
             os.replace(Path(fresh) / Path(trace_file).name, trace_file)  # (a link there replaced, not followed)
     return dataclasses.replace(split, trace=traced)
+
+
+def _noting_indices(trainer: Trainer, profiler: Profiler) -> list[tuple[int, torch.Tensor]]:
+    """Make ``trainer`` note each batch's ``(step number, dataset indices)`` as it fetches it (read afterwards: no
+    host read in the step); returns the list it fills."""
+    fetched: list[tuple[int, torch.Tensor]] = []
+    fetch = trainer.data.next
+
+    def next_batch() -> Any:
+        batch, indices = fetch()
+        fetched.append((profiler.num_steps, indices))
+        return batch, indices
+
+    trainer.data.next = next_batch
+    return fetched
 
 
 def _own_syncs(profiler: Profiler) -> dict[str, int]:

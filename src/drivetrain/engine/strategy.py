@@ -8,7 +8,9 @@ answers the step's five questions:
 - ``backward(loss)``;
 - ``unscale_and_clip()`` → ``(grad_norm, grads_bad)`` on the device, no sync;
 - ``step(apply, overflow)`` → ``(grad_norm, loss_scale, applied)``: apply the update (or skip it), move the
-  loss scaler, zero the gradients;
+  loss scaler, zero the gradients; ``apply`` may be a device flag: the update is then taken at once, undoably
+  (:mod:`~drivetrain.engine.undoable_update`), and ``settle(applied)`` keeps or undoes it once the host has read
+  the flag;
 - ``sharded_state()`` / ``load_sharded_state()``: this rank's model and optimizer state (parameters by name,
   FSDP's DTensor shards) for checkpoints written through ``torch.distributed.checkpoint``, which reshards on
   load, so a run resumes under another strategy or number of ranks;
@@ -36,6 +38,7 @@ from torch import nn
 from drivetrain.engine.config import ConfigError, TrainConfig
 from drivetrain.engine.distributed import DistContext
 from drivetrain.engine.precision import LossScaler, unscale_clip_
+from drivetrain.engine.undoable_update import UndoableUpdate
 
 __all__ = ["Strategy", "build_strategy"]
 
@@ -58,6 +61,7 @@ class Strategy:
         self.optimizer = make_optimizer(model)
         self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.scaler = LossScaler(cfg.precision, ctx.device)
+        self._update = UndoableUpdate(self.optimizer)
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         return model.to(self.ctx.device)
@@ -78,14 +82,25 @@ class Strategy:
         """Unscale and clip the gradients in place: ``(grad_norm, grads_bad)`` (see ``unscale_clip_``)."""
         return unscale_clip_(self.params, self.scaler, self.cfg.optim.clip_norm)
 
-    def step(self, apply: bool, overflow: torch.Tensor, grad_norm: torch.Tensor) -> tuple[torch.Tensor, Any, bool]:
-        """Apply the update if ``apply``; back the fp16 loss scale off on ``overflow``; zero the gradients."""
+    def step(
+        self, apply: bool | torch.Tensor, overflow: torch.Tensor, grad_norm: torch.Tensor
+    ) -> tuple[torch.Tensor, Any, bool | torch.Tensor]:
+        """Apply the update if ``apply`` (a bool; or a () bool device flag, not read: the update is taken undoably and
+        :meth:`settle` follows); back the fp16 loss scale off on ``overflow``; zero the gradients."""
         scale = self.scaler.scale.clone()
-        if apply:
+        if isinstance(apply, torch.Tensor):
+            self._update.step()
+        elif apply:
             self.optimizer.step()
         self.scaler.update(overflow)
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm, scale, apply
+
+    def settle(self, applied: bool) -> bool:
+        """After the host read of a device ``apply`` flag: keep the update taken, or undo it exactly; returns
+        ``applied``."""
+        self._update.settle(applied)
+        return applied
 
     def full_state(self) -> tuple[dict, dict]:
         """Full model and optimizer state dicts on CPU (complete on rank 0)."""
@@ -159,7 +174,9 @@ class DDPStrategy(Strategy):
             with self.wrapped.no_sync():
                 yield
 
-    def step(self, apply: bool, overflow: torch.Tensor, grad_norm: torch.Tensor) -> tuple[torch.Tensor, Any, bool]:
+    def step(
+        self, apply: bool | torch.Tensor, overflow: torch.Tensor, grad_norm: torch.Tensor
+    ) -> tuple[torch.Tensor, Any, bool | torch.Tensor]:
         self._first_iteration = False
         return super().step(apply, overflow, grad_norm)
 

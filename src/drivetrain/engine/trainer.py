@@ -2,10 +2,11 @@
 
 One optimizer iteration (:meth:`Trainer._iteration`, read top to bottom): for each of ``train.accumulation``
 micro-batches fetch → forward (autocast) → loss (fp32) → scaled backward (gradient all-reduce only on the last);
-then unscale → clip → the one host read (skip on non-finite gradients, stop signals:
-:mod:`~drivetrain.engine.step_outcome`) → schedule → step → loss-scale update → zero_grad → log. The learning rate is
-a pure function of the number of applied updates, so a skipped step moves neither the optimizer's step counter nor
-the schedule.
+then unscale → clip → the decision on the device (skip on non-finite gradients, stop signals:
+:mod:`~drivetrain.engine.step_outcome`) → schedule → step, taken undoably (:mod:`~drivetrain.engine.undoable_update`)
+→ loss-scale update → zero_grad → the one host read, after the update, which keeps the update or undoes it exactly →
+log. The learning rate is a pure function of the number of applied updates, known on the host after every read, so a
+skipped step moves neither the optimizer's step counter nor the schedule.
 
 A checkpoint (every ``checkpoint.every`` iterations, at the end, and on SIGTERM/SIGINT) holds the state of
 :attr:`Trainer.components` — model, optimizer, loss scaler, loop counters, schedule, data position, every
@@ -72,7 +73,7 @@ from drivetrain.engine.state import (
     TrainState,
     seed_all,
 )
-from drivetrain.engine.step_outcome import MicroBatches, decide, step_record
+from drivetrain.engine.step_outcome import MicroBatches, NonFiniteLossError, decide_on_device, step_record
 from drivetrain.engine.stops import StopSignals, TrainingDataError, data_error_line, dead_worker
 from drivetrain.engine.strategy import build_strategy
 from drivetrain.losses.term_weights import weighted_total
@@ -302,15 +303,24 @@ class Trainer:
                 micro.add(i, loss, terms, self.model.loss_counts if self.counts_losses else {})  # counts: optional
             with region("optimizer"):
                 grad_norm, grads_bad = self.strategy.unscale_and_clip()  # unscale → clip
-                decision = decide(  # the step's one host read: skip (non-finite), stop (a signal on any rank)
-                    grads_bad, micro, self.signals.received, self.ctx,
-                    stop_on_nonfinite=cfg.precision.nonfinite == "stop", iteration=self.state.iteration, data=self.data,
-                    save_due=self._clock_due(),
-                )  # fmt: skip
-                self._save_due = decision.save_due  # agreed across ranks: every rank saves after this step
+                pending = decide_on_device(  # skip (non-finite), stop (a signal on any rank): no host read
+                    grads_bad, micro, self.signals.received, self.ctx, save_due=self._clock_due()
+                )
                 lr = self._set_lr(self.state.step)  # the schedule: a function of the updates applied
                 overflow = grads_bad & ~micro.loss_bad.any()  # a bad loss is not an fp16 overflow
-                grad_norm, scale, applied = self.strategy.step(decision.apply, overflow, grad_norm)  # + zero_grad
+                grad_norm, scale, applied = self.strategy.step(pending.apply, overflow, grad_norm)  # + zero_grad
+                try:
+                    decision = pending.read(  # the iteration's one host read, after the update
+                        micro, self.ctx, stop_on_nonfinite=cfg.precision.nonfinite == "stop",
+                        iteration=self.state.iteration, data=self.data,
+                    )  # fmt: skip
+                except NonFiniteLossError:
+                    if isinstance(applied, torch.Tensor):  # the run stops with the weights from before the step
+                        self.strategy.settle(False)
+                    raise
+                if isinstance(applied, torch.Tensor):  # taken undoably: kept, or undone now
+                    applied = self.strategy.settle(decision.apply)
+                self._save_due = decision.save_due  # agreed across ranks: every rank saves after this step
         step_active()
         self.state.advance(applied, decision.loss_bad)
         samples, elapsed = accum * cfg.data.batch_size * self.ctx.world_size, time.perf_counter() - t_start
