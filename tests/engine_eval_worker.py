@@ -1,5 +1,5 @@
 """Run under ``torchrun --nproc_per_node 2``: evaluation during training over both ranks
-(test_engine_sharded_evaluation.py).
+(test_engine_eval_shards.py).
 
 Usage: ``torchrun ... tests/engine_eval_worker.py OUT_ROOT INDEX camera,lidar`` trains, in one process group, a
 small StreamPETR (``camera``: streaming memory, whole scenes per rank) and PointPillars tiny (``lidar``: batch

@@ -45,8 +45,6 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"models"}),
     # the trainer: models only through the protocol and the registry (by name, never by import: see FORBIDDEN)
     frozenset({"engine"}),
-    # diagnosis of runs, on the engine
-    frozenset({"doctor"}),
     # the command line wires everything
     frozenset({"cli"}),
 )

@@ -20,7 +20,7 @@ from drivetrain.pipeline.augment.photometric import (
     sample_photometric_params,
 )
 from test_pipeline_augment_bev import rotation_atol
-from test_pipeline_camera_aug import CFG, EPS32, FLOAT_PATH_LEVELS, _assert_ragged_equal, _batch
+from test_pipeline_augment_camera import CFG, EPS32, FLOAT_PATH_LEVELS, _assert_ragged_equal, _batch
 
 pytestmark = [
     pytest.mark.cuda,
@@ -146,7 +146,7 @@ def test_rotation_warp_on_cuda_equals_the_cpu_one(gen):
 def test_photometric_distortion_on_cuda_equals_the_cpu_one(gen):
     """Every draw of PETR's distortion on identical float images: about 10 float32 operations per value on each
     device (the HSV round trip; divisions by a scalar become multiplications by its reciprocal on CUDA), so 16 ulps
-    of the largest magnitude, as against OpenCV (tests/test_pipeline_camera_aug.py)."""
+    of the largest magnitude, as against OpenCV (tests/test_pipeline_augment_camera.py)."""
     images = torch.randint(0, 256, (4, 6, 3, 24, 40), generator=gen).float()  # (B, N, 3, H, W): resized levels
     params = sample_photometric_params(4, 6, PhotometricConfig(), gen)
     cpu = photometric_distort(images, params)

@@ -25,10 +25,10 @@ from drivetrain.match.max_iou import (
 )
 from drivetrain.models.pointpillars.anchors import grid_anchors, grid_layout, per_class_anchors, per_class_layout
 from drivetrain.models.pointpillars.recipe import NUS_PP_ASSIGNER
+from test_geometry_heatmap import MAX_R, initial_heatmap, random_targets
+from test_geometry_heatmap import reference as reference_heatmap
 from test_geometry_rotated_iou import _random_boxes
 from test_geometry_rotated_nms import _lidar_scene, _reference_mask, _scene, _tie_free_scores
-from test_heatmap import MAX_R, initial_heatmap, random_targets
-from test_heatmap import reference as reference_heatmap
 from test_match_anchor_window import CONFIGS, ROTATED, _awkward
 from test_match_max_iou import PER_CLASS_SIZES, SSN_CFGS, TINY, batch_of, scene
 

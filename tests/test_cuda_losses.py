@@ -96,7 +96,7 @@ def _pointpillars_terms(model: PointPillars, heads: dict, gt_boxes, gt_labels, f
 @pytest.mark.parametrize("sizes", [LIDAR_BATCHES[0], LIDAR_BATCHES[2]], ids=str)
 def test_anchor_head_loss_batched_on_cuda_equals_the_reference_on_the_cpu(sizes, gen):
     """PointPillars' assignment and loss: the anchor windows and the pair loss on CUDA against the per-sample
-    assigner and loss on the CPU (tests/test_models_pointpillars_criterion.py derives 1e-5 between the two formulas; the
+    assigner and loss on the CPU (tests/test_models_pointpillars_loss.py derives 1e-5 between the two formulas; the
     devices add ≤ 2 ulps per library result, inside it)."""
     feature_size = (8, 8)
     batched, reference = PointPillars().to(DEVICE), PointPillars(impl="reference")

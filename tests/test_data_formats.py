@@ -1,5 +1,5 @@
 """The dataset format record: chosen at indexing, kept by the index, and the one thing eval asks (the Lyft side of
-each check is in test_data_lyft.py, beside its synthetic root)."""
+each check is in test_data_formats_lyft.py, beside its synthetic root)."""
 
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ def test_shuffled_batches_read_an_older_per_rank_position_on_the_same_split() ->
 
 def test_shuffled_batches_refuse_a_state_without_a_batch_position_in_one_line() -> None:
     """The sample-counted position of format-version-1 checkpoints is no longer read (the trainer refuses those
-    checkpoints by their version first, tests/test_engine_stateful.py); a sampler given one names the field."""
+    checkpoints by their version first, tests/test_engine_state.py); a sampler given one names the field."""
     sampler = ShuffledBatches(10, 2)
     with pytest.raises(
         ValueError, match=r"^sampler: the state has no 'step' \(it holds epoch, position, num_replicas\)$"

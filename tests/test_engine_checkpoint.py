@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from drivetrain.engine import Checkpointer, CheckpointError, CheckpointWarning, LossScaler, lr_factor
+from drivetrain.engine.build import one_cycle
 from drivetrain.engine.checkpoint import MARKER
 from drivetrain.engine.config import PrecisionConfig, ScheduleConfig
-from drivetrain.engine.schedule import one_cycle
 from drivetrain.engine.state import capture_rng, restore_rng
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from drivetrain.engine import NonFiniteLossError, Trainer, load_config
-from drivetrain.engine.schedule import lr_factor
+from drivetrain.engine.build import lr_factor
 from helpers.engine import (
     FLOAT64,
     NO_BATCH_COUPLING,

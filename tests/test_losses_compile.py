@@ -252,7 +252,7 @@ def test_anchor_assignment_and_loss_are_one_graph_and_equal_eager(model_class, g
         compiled = model_loss(model, heads, gt_boxes, gt_labels, feature_size)
         model.set_path(compile_loss=False)
         # the graph holds the dense assignment and loss; eager runs the same ops bit for bit (the default windowed
-        # path's pair loss sums in another order: tests/test_models_pointpillars_criterion.py compares it)
+        # path's pair loss sums in another order: tests/test_models_pointpillars_loss.py compares it)
         model.set_path(window=False)
         eager = model_loss(model, heads, gt_boxes, gt_labels, feature_size)
         model.set_path(window=True)

@@ -79,7 +79,7 @@ def test_tiny_config_forward_shapes_in_training_and_eval(train_frames):
 
 
 # ~4 s; the shapes: the tiny config's test above; the published model builds (ResNet-50 trunk) and loads:
-# tests/test_models_init_from.py
+# tests/test_engine_init_from.py
 @pytest.mark.slow
 def test_full_config_forward_shapes_at_batch_one(train_frames):
     args = config_args("full")

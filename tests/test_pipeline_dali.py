@@ -2,7 +2,7 @@
 projected with the augmented ``lidar2img`` lands on its moved pixel and everything but the pixels equals the worker path
 (the pixels within PIL's rounding); it walks the same frames in the same order, shards ranks disjointly, resumes the
 same stream, and the trainer resumes bit-exactly with it (slow set); a bad image is named at the batch the PyTorch
-loader names it (tests/test_engine_data_failure.py runs the trainer on one). Skipped without DALI."""
+loader names it (tests/test_engine_step_outcome_data.py runs the trainer on one). Skipped without DALI."""
 
 from __future__ import annotations
 
@@ -161,7 +161,8 @@ def test_ranks_take_disjoint_frames_in_the_pytorch_loaders_order(synth_index, sy
     assert len(seen) == len(set(seen)) == len(dataset)  # every frame once per epoch across the two ranks
 
 
-@pytest.mark.slow  # ~7 s; DALI's stream resumes: the test above; a DALI run resumed: tests/test_engine_data_failure.py
+# ~7 s; DALI's stream resumes: the test above; a DALI run resumed: tests/test_engine_step_outcome_data.py
+@pytest.mark.slow
 def test_training_with_dali_resumes_bit_exactly(synth_index, synth_root, tmp_path):
     config = ROOT / "configs" / "streampetr_tiny_aug.yaml"
     index = synth_root / "drivetrain_index.npz"

@@ -5,7 +5,8 @@ drawn by ``viz frame`` (its ``detect`` returns plain tensors) and measured by ``
 train in the slow set). The two files are
 written alone into an empty project folder, named with ``--plugin`` and found through ``PYTHONPATH``, as the page
 says; the commands get fewer steps and a smaller synthetic set (overrides), nothing else. Beside them, the mistake a
-plugin author makes first: a misspelt batch field (a plugin folder left off the import path: tests/test_registry.py).
+plugin author makes first: a misspelt batch field (a plugin folder left off the import path:
+tests/test_engine_registry.py).
 """
 
 from __future__ import annotations

@@ -5,13 +5,12 @@ The engine knows a model only through ``forward(batch) -> outputs`` and
 """
 
 from drivetrain.engine.batches import BatchStream, ShuffledBatches, brings_own_batching
+from drivetrain.engine.build import lr_factor
 from drivetrain.engine.checkpoint import Checkpointer, CheckpointError, CheckpointWarning
 from drivetrain.engine.config import ConfigError, TrainConfig, load_config
 from drivetrain.engine.precision import LossScaler
-from drivetrain.engine.schedule import lr_factor
 from drivetrain.engine.state import TrainState
-from drivetrain.engine.step_outcome import NonFiniteLossError
-from drivetrain.engine.stops import TrainingDataError
+from drivetrain.engine.step_outcome import NonFiniteLossError, TrainingDataError
 from drivetrain.engine.trainer import Trainer
 
 __all__ = [

@@ -121,6 +121,7 @@ from typing import IO, Any
 import yaml
 
 import drivetrain
+from drivetrain.engine.build import lr_factor
 from drivetrain.engine.checkpoint import (
     CORRUPT,
     SUPERSEDED,
@@ -135,7 +136,6 @@ from drivetrain.engine.checkpoint import (
 from drivetrain.engine.compat import refuse_own_augmentation_generator, upgrade_saved_config
 from drivetrain.engine.config import ConfigError, TrainConfig, config_diff, config_to_dict
 from drivetrain.engine.distributed import DistContext
-from drivetrain.engine.schedule import lr_factor
 from drivetrain.engine.state import Stateful, TrainState
 from drivetrain.safeio import json_files
 from drivetrain.safeio.files import LinkedFolderError, open_output, real_dir, replace_text

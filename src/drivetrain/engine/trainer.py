@@ -17,7 +17,7 @@ restores every component in that order (RNG last, after the data pipeline is bui
 The parts the loop calls live beside it: the batches (:mod:`~drivetrain.engine.batches`), the loss-term
 weights (:mod:`~drivetrain.engine.build`), evaluation during training
 (:mod:`~drivetrain.engine.eval_hook`), the solver warm-up (:mod:`~drivetrain.engine.build`), stop
-signals (:mod:`~drivetrain.engine.stops`), unreadable data (:mod:`~drivetrain.engine.stops`) and what
+signals (:mod:`~drivetrain.engine.step_outcome`), unreadable data (:mod:`~drivetrain.engine.step_outcome`) and what
 exists only for older runs (:mod:`~drivetrain.engine.compat`).
 """
 
@@ -41,6 +41,7 @@ from drivetrain.engine.build import (
     build_dataset,
     build_model,
     build_optimizer,
+    lr_factor,
     warm_known_shapes,
     warm_met_shapes,
 )
@@ -62,7 +63,6 @@ from drivetrain.engine.resume import (
     set_aside_unusable,
     write_run_marker,
 )
-from drivetrain.engine.schedule import lr_factor
 from drivetrain.engine.state import (
     FixedState,
     RngState,
@@ -73,8 +73,16 @@ from drivetrain.engine.state import (
     TrainState,
     seed_all,
 )
-from drivetrain.engine.step_outcome import MicroBatches, NonFiniteLossError, decide_on_device, step_record
-from drivetrain.engine.stops import StopSignals, TrainingDataError, data_error_line, dead_worker
+from drivetrain.engine.step_outcome import (
+    MicroBatches,
+    NonFiniteLossError,
+    StopSignals,
+    TrainingDataError,
+    data_error_line,
+    dead_worker,
+    decide_on_device,
+    step_record,
+)
 from drivetrain.engine.strategy import build_strategy
 from drivetrain.losses.term_weights import weighted_total
 from drivetrain.pipeline.transfer import to_device

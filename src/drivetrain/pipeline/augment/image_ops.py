@@ -273,7 +273,7 @@ def _resize_to_levels(images: torch.Tensor, size: tuple[int, int]) -> torch.Tens
 
     Returns:
         float32 ``(N, 3, new_h, new_w)`` holding integers in [0, 255]. The float path differs from the integer
-        kernels by at most 2 levels (tests/test_pipeline_camera_aug.py derives the bound), from their weights'
+        kernels by at most 2 levels (tests/test_pipeline_augment_camera.py derives the bound), from their weights'
         rounding to int16.
     """
     if images.dtype == torch.uint8 and images.device.type == "cpu":  # ATen's integer kernels (CPU only)

@@ -309,7 +309,7 @@ def test_an_installed_entry_point_registers_a_model_imported_only_when_named(tmp
     assert metrics[-1]["step"] == 2
 
 
-@pytest.mark.slow  # ~8 s; an entry point: the test above; typed args checked at load: tests/test_models_spec.py
+@pytest.mark.slow  # ~8 s; an entry point: the test above; typed args checked at load: tests/test_detector_spec.py
 def test_an_entry_point_may_name_a_spec_whose_typed_args_are_checked_when_the_config_loads(tmp_path):
     site, _ = _plugin_site(tmp_path, entry_point=True)
     (site / "dtplugin" / "spec.py").write_text(

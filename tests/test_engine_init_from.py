@@ -596,7 +596,7 @@ def test_unreadable_sources_are_named(tmp_path: Path) -> None:
     (tmp_path / "text.pt").write_text("not weights")
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
     cases = {
-        "pickled.pt": "holds pickled Python objects (it needs test_models_init_from.Opaque), which are never loaded",
+        "pickled.pt": "holds pickled Python objects (it needs test_engine_init_from.Opaque), which are never loaded",
         "list.pt": "not a state dict (a list, expected a mapping of names to tensors)",
         "mixed.pt": "not a state dict (step holds a int, expected a tensor)",
         "unknown.pt": "cannot tell the format from its names (foo.weight); pass one of drivetrain, torchvision",

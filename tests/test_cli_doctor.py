@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from drivetrain import doctor
+from drivetrain.cli import doctor
 from drivetrain.cli.main import main
 from drivetrain.engine import Trainer, load_config
 from drivetrain.engine.stepsplit import LABELS, PARTS
