@@ -1,0 +1,307 @@
+"""PointPillars' (and SSN's) training forward, assignment and loss at static shapes: the step that
+``torch.compile(fullgraph=True)`` takes in one graph (issue 46, deliverables 1 and 3; a prototype).
+
+The eager step (:meth:`~.model.PointPillars.forward` then :meth:`~.model.PointPillars.loss`) has four
+data-dependent sizes and two host reads:
+
+- ``P``, points per sample (the collated batch's padded length): a shape, known on the host;
+- ``G``, ground truths per sample (the padded ``gt_boxes``): a shape, known on the host;
+- ``V``, voxels in the batch (:func:`~drivetrain.pipeline.voxelize.hard_voxelize`: ``# sync:`` one read) and
+  ``R = Σ num_points``, the points stored (the same read; the compact ``HardVFE`` path's row count);
+- the windowed assignment's pair count (:func:`~drivetrain.match.anchor_window.windowed_max_iou_assign`: one read).
+
+Here every one of them is padded to a bucket of :class:`Buckets` (decided from the config at start) and masked, so
+that the padded step computes what the unpadded one does:
+
+- points: padded to ``P_b`` with the batch's mask; padding sorts last in the voxelization and lands in no voxel;
+- voxels: sample ``b``'s voxels fill slots ``b·V_b … b·V_b + V_b − 1`` (:func:`~drivetrain.pipeline.voxelize.
+  hard_voxelize_padded`'s layout with the cap ``V_b``) in the order of :func:`hard_voxelize`; the padded slots hold
+  no point (``num_points`` 0), weigh 0 in ``HardVFE``'s BatchNorm (whose statistics average over the real
+  ``V·T`` slots, a device tensor), and scatter into a spare canvas row that is cut off;
+- stored points: the compact rows padded to ``R_b`` with weight 0, excluded from the max, zero gradient;
+- ground truth: padded to ``G_b`` (the solver's buckets, :func:`~drivetrain.match.solve.padded_target_count`) with
+  the sizes; the assignment and the loss read the sizes' mask already;
+- the assignment is the dense ``(B, A, G_b)`` one (:func:`~drivetrain.match.max_iou.batched_max_iou_assign`: the
+  same assignments as the windowed one, no host read) and the loss takes every anchor (``pairs=None``).
+
+The one host read left is the voxel and stored-point counts that choose ``V_b`` and ``R_b``, before the graph
+(:meth:`StaticPillarStep.shapes`, ``# sync:``); it reads the same numbers as :func:`hard_voxelize`'s read, which the
+graph no longer makes. A batch beyond the largest bucket is one :class:`ValueError` naming the config key.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from drivetrain.match.max_iou import batched_max_iou_assign
+from drivetrain.match.solve import padded_target_count
+from drivetrain.models.pointpillars.criterion_batched import batched_anchor_head_loss
+from drivetrain.models.pointpillars.voxel_encoder import HardVFE, _Rows
+from drivetrain.pipeline.voxelize import VoxelGrid, _assign, _write
+from drivetrain.ragged import RaggedBatch
+
+__all__ = ["Buckets", "StaticPillarStep", "StaticShapes", "geometric_buckets", "static_loss"]
+
+ALIGN = 64  # every bucket of V, R and P is a multiple of this (vector widths; 64 divides the solver's G buckets)
+
+
+def geometric_buckets(low: int, high: int, step: float = 1.25, align: int = ALIGN) -> tuple[int, ...]:
+    """Buckets from ``high`` down by factors of ``step`` to ``low``, each rounded up to ``align``: consecutive
+    buckets differ by at most ``step`` (a padded size is at most 25 % above the real one at ``step = 1.25``).
+
+    Example:
+        >>> geometric_buckets(1000, 8000)
+        (1024, 1280, 1600, 2048, 2560, 3200, 4096, 5120, 6400, 8000)
+    """
+    if not 0 < low <= high or step <= 1.0:
+        raise ValueError(f"buckets: expected 0 < low <= high and step > 1, got {low}, {high}, {step}")
+    out = {high}
+    size = float(high)
+    while size > low:
+        size /= step
+        out.add(max(align, -(-math.floor(size) // align) * align))
+    return tuple(sorted(b for b in out if b <= high))
+
+
+def _pick(value: int, buckets: tuple[int, ...], key: str) -> int:
+    """The smallest bucket holding ``value``; a ValueError naming the config key when none does."""
+    for b in buckets:
+        if value <= b:
+            return b
+    raise ValueError(f"{key}: a batch needs {value}, above the largest bucket {buckets[-1]}")
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """The static sizes a compiled step is built for, decided at start from the config.
+
+    Args:
+        voxels: per-sample voxel slots ``V_b`` (≤ 25 % apart, the largest the config's ``max_voxels``).
+        rows: stored points of the batch ``R_b`` (compact ``HardVFE`` rows).
+        points: per-sample point slots ``P_b``.
+        max_targets: the largest ``G`` (``model.args.max_targets`` in a config that would set it).
+    """
+
+    voxels: tuple[int, ...]
+    rows: tuple[int, ...]
+    points: tuple[int, ...]
+    max_targets: int = 256
+
+    @classmethod
+    def for_grid(cls, grid: VoxelGrid, batch_size: int, max_points_per_sample: int, low: int = 1024) -> Buckets:
+        """Buckets for a grid: voxels from ``low`` to ``max_voxels``, rows up to ``B·max_voxels·T`` (capped at the
+        points), points up to ``max_points_per_sample``."""
+        top_rows = batch_size * min(grid.max_voxels * grid.max_points, max_points_per_sample)
+        return cls(
+            voxels=geometric_buckets(min(low, grid.max_voxels), grid.max_voxels),
+            rows=geometric_buckets(min(batch_size * low, top_rows), top_rows),
+            points=geometric_buckets(min(low, max_points_per_sample), max_points_per_sample),
+        )
+
+    def targets(self, count: int) -> int:
+        """``G_b``: the solver's bucket of ``count`` (at least 8: a batch without ground truth keeps one shape)."""
+        if count > self.max_targets:
+            raise ValueError(f"model.args.max_targets: a sample has {count} ground truths, above {self.max_targets}")
+        return max(padded_target_count(count), padded_target_count(1))
+
+
+@dataclass(frozen=True)
+class StaticShapes:
+    """One bucket of the step: ``(P_b, V_b, R_b, G_b)``; one compiled graph each."""
+
+    points: int
+    voxels: int
+    rows: int
+    targets: int
+
+
+def _pad_dim1(tensor: torch.Tensor, size: int, fill: float = 0.0) -> torch.Tensor:
+    """``tensor`` ``(B, S, ...)`` padded along dim 1 to ``size`` with ``fill``."""
+    extra = size - tensor.shape[1]
+    if extra == 0:
+        return tensor
+    pad = tensor.new_full((tensor.shape[0], extra, *tensor.shape[2:]), fill)
+    return torch.cat([tensor, pad], dim=1)
+
+
+def static_vfe(
+    vfe: HardVFE, voxels: torch.Tensor, num_points: torch.Tensor, coors: torch.Tensor, real: torch.Tensor, rows: int
+) -> torch.Tensor:
+    """``HardVFE``'s compact path over ``S`` voxel slots of which ``real`` hold voxels, with ``rows`` rows.
+
+    Args:
+        vfe: the encoder.
+        voxels: ``(S, T, C)`` zero padded; padded slots all zero.
+        num_points: int ``(S,)``, 0 in padded slots.
+        coors: int ``(S, 4)`` ``(b, z, y, x)``.
+        real: bool ``(S,)``: the slot holds a voxel.
+        rows: ``R_b ≥ Σ num_points``.
+
+    Returns:
+        ``(S, out)``: the real slots' features are those of ``vfe(..., num_stored=R)`` on the real voxels
+        (the same rows in the same order, then weight-0 padding rows; see the module docstring).
+    """
+    slots, depth, channels = voxels.shape
+    device = voxels.device
+    counts = num_points.long()  # (S,)
+    first = counts.cumsum(0) - counts  # (S,) each slot's first row
+    t = torch.arange(depth, device=device)  # (T,)
+    valid = t.unsqueeze(0) < counts.unsqueeze(1)  # (S, T)
+    dump = rows
+    row_of = torch.where(valid, first.unsqueeze(1) + t, dump).flatten()  # (S·T,)
+    flat_src = torch.arange(slots * depth, device=device)  # (S·T,)
+    src = torch.zeros(rows + 1, dtype=torch.long, device=device).index_put_((row_of,), flat_src)[:rows]  # (R_b,)
+    slot_ids = torch.arange(slots, device=device)  # (S,)
+    voxel = src // depth  # (R_b,) each row's slot; padding rows read slot 0, weight 0
+    row_valid = torch.arange(rows, device=device) < counts.sum()  # (R_b,)
+    points = voxels.reshape(-1, channels).index_select(0, src)  # (R_b, C)
+    mean, centre = vfe._voxel_terms(voxels, num_points.clamp(min=1), coors)  # padded slots: mean 0, not 0/0
+    feats = vfe._decorate(
+        points,
+        None if mean is None else mean.squeeze(1).index_select(0, voxel),
+        None if centre is None else centre.index_select(0, voxel),
+    )  # (R_b, in)
+    x = torch.cat([feats, feats.new_zeros(slots, feats.shape[1])])  # (R_b + S, in): stand-ins are zero
+    stand_in = torch.where(real, depth - counts, 0).to(torch.float32)  # (S,): padded slots weigh 0
+    weight = torch.cat([row_valid.to(torch.float32), stand_in])  # (R_b + S,)
+    used = torch.cat([row_valid, (stand_in > 0) | ~real])  # a padded slot's stand-in gives its (discarded) max
+    total = real.sum().to(torch.float32) * depth  # () N = V·T, on the device
+    layout = _Rows(torch.cat([voxel, slot_ids]), weight, used, total, slots)  # type: ignore[arg-type]
+    for layer in vfe.layers:
+        x = layer.forward_rows(x, layout)
+    return x  # (S, out)
+
+
+def static_scatter(feats: torch.Tensor, coors: torch.Tensor, real: torch.Tensor, batch: int, grid: VoxelGrid):
+    """:func:`~drivetrain.pipeline.voxelize.scatter_to_bev` of the real slots; padded slots go to a spare row."""
+    nx, ny, _ = grid.grid_size
+    cells = batch * ny * nx
+    cell = coors[:, 0].long() * (ny * nx) + coors[:, 2].long() * nx + coors[:, 3].long()  # (S,)
+    cell = torch.where(real, cell, cells)  # (S,)
+    canvas = feats.new_zeros(cells + 1, feats.shape[1]).index_put((cell,), feats)[:cells]  # (B·ny·nx, C)
+    return canvas.view(batch, ny, nx, -1).permute(0, 3, 1, 2).contiguous()  # (B, C, ny, nx)
+
+
+def static_loss(
+    model: nn.Module,
+    points: torch.Tensor,
+    point_sizes: torch.Tensor,
+    gt_boxes: torch.Tensor,
+    gt_labels: torch.Tensor,
+    gt_sizes: torch.Tensor,
+    anchors: torch.Tensor,
+    thresholds: Any,
+    anchor_classes: torch.Tensor | None,
+    voxels_per_sample: int,
+    rows: int,
+) -> dict[str, torch.Tensor]:
+    """The training forward, the dense assignment and the batched loss at static shapes (the compiled step).
+
+    Args:
+        model: a PointPillars or SSN in training mode.
+        points: ``(B, P_b, C)`` zero padded, ``point_sizes`` int64 ``(B,)``.
+        gt_boxes: ``(B, G_b, 9)``, ``gt_labels`` int64 ``(B, G_b)`` (dataset order), ``gt_sizes`` ``(B,)``.
+        anchors, thresholds, anchor_classes: :meth:`~.model.PointPillars.anchor_set` of the neck's map.
+        voxels_per_sample: ``V_b``; rows: ``R_b``.
+
+    Returns:
+        The unweighted terms of :meth:`~.model.PointPillars.loss` and ``"total"`` (their weighted sum).
+    """
+    grid = model.grid
+    batch = points.shape[0]
+    cloud = RaggedBatch.unchecked(points, point_sizes)
+    plan = _assign(cloud, grid)
+    fits = plan.voxel < voxels_per_sample  # (B·P,) always, given a V_b holding every sample's count
+    plan = plan._replace(keep=plan.keep & fits, head=plan.head & fits)
+    slot = plan.sample * voxels_per_sample + plan.voxel  # (B·P,)
+    slots = batch * voxels_per_sample
+    voxels, coors, num_points = _write(cloud, grid, plan, slot, slots, with_sample=True)  # (S, T, C), (S, 4), (S,)
+    real = (torch.arange(voxels_per_sample, device=points.device) < plan.num_voxels.unsqueeze(1)).flatten()  # (S,)
+    feats = static_vfe(model.vfe, voxels, num_points, coors, real, rows)  # (S, C)
+    canvas = static_scatter(feats, coors, real, batch, grid)  # (B, C, ny, nx)
+    if model.middle is not None:
+        raise ValueError("model.args.middle: the static step covers the BEV scatter only (PointPillars, SSN)")
+    neck = model.neck(model.backbone(canvas))
+    out = model.head(neck)
+    code = model.code_size
+    boxes = RaggedBatch.unchecked(gt_boxes[..., :code], gt_sizes)
+    labels = RaggedBatch.unchecked(model._to_model[gt_labels.clamp(min=0)], gt_sizes)
+    assigned = batched_max_iou_assign(anchors, boxes, labels, thresholds, anchor_classes=anchor_classes)  # (B, A)
+    terms = batched_anchor_head_loss(
+        out["cls_logits"], out["box_preds"], out["dir_logits"], anchors, assigned, boxes, labels,
+        **model.criterion.options,
+    )  # fmt: skip
+    return {**terms, "total": model.criterion.total(terms)}
+
+
+class StaticPillarStep:
+    """The padded, bucketed training forward + loss of a PointPillars/SSN, eager or compiled in one graph.
+
+    Args:
+        model: the model (training mode).
+        buckets: the static sizes.
+        compile: ``torch.compile`` keyword arguments (``fullgraph=True`` is always set), or None for eager.
+    """
+
+    def __init__(self, model: nn.Module, buckets: Buckets, compile: dict[str, Any] | None = None) -> None:
+        self.model, self.buckets = model, buckets
+        self.fn = static_loss if compile is None else torch.compile(static_loss, fullgraph=True, **compile)
+        self.seen: set[StaticShapes] = set()
+
+    def shapes(self, batch: Any) -> StaticShapes:
+        """The bucket of a batch (points, voxels, stored points, ground truth)."""
+        plan = _assign(batch.points, self.model.grid)
+        # sync: the largest per-sample voxel count and the points stored choose V_b and R_b (hard_voxelize's read)
+        voxels, rows = torch.stack([plan.num_voxels.max(), plan.keep.sum()]).tolist()
+        return StaticShapes(
+            points=_pick(batch.points.shape[1], self.buckets.points, "bucket points"),
+            voxels=_pick(voxels, self.buckets.voxels, "model.args.max_voxels"),
+            rows=_pick(rows, self.buckets.rows, "bucket rows"),
+            targets=self.buckets.targets(batch.gt_boxes.shape[1]),
+        )
+
+    def __call__(self, batch: Any, shapes: StaticShapes | None = None) -> dict[str, torch.Tensor]:
+        """The terms and ``total`` of ``batch`` (a collated Batch on the model's device)."""
+        shapes = shapes or self.shapes(batch)
+        self.seen.add(shapes)
+        model = self.model
+        feature = _feature_size(model)
+        anchors, classes, thresholds = model.anchor_set(feature, batch.points.device)
+        return self.fn(
+            model,
+            _pad_dim1(batch.points.tensor, shapes.points),
+            batch.points.sizes,
+            _pad_dim1(batch.gt_boxes.tensor, shapes.targets),
+            _pad_dim1(batch.gt_labels.tensor, shapes.targets),
+            batch.gt_boxes.sizes,
+            anchors,
+            thresholds,
+            classes,
+            shapes.voxels,
+            shapes.rows,
+        )
+
+
+def _feature_size(model: nn.Module) -> tuple[int, int]:
+    """The neck's map size for the model's grid: one forward of a one-sample zero canvas in eval mode (the
+    running statistics untouched), cached on the model."""
+    cached = getattr(model, "_static_feature_size", None)
+    if cached is None:
+        nx, ny, _ = model.grid.grid_size
+        channels = model.vfe.layers[-1].linear.out_features
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                canvas = model.vfe.voxel_size.new_zeros(1, channels, ny, nx)
+                shape = model.neck(model.backbone(canvas)).shape
+        finally:
+            model.train(was_training)
+        cached = (int(shape[2]), int(shape[3]))
+        model._static_feature_size = cached
+    return cached
