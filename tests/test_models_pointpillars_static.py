@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from drivetrain.models.pointpillars.static import (
     geometric_buckets,
     static_loss,
 )
+from helpers.nosync import no_host_sync
 
 TINY = dict(
     point_cloud_range=(-32.0, -32.0, -5.0, 32.0, 32.0, 3.0),
@@ -58,15 +60,16 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def test_buckets_are_at_most_a_quarter_apart_and_end_at_the_cap():
-    buckets = geometric_buckets(1000, 8000)
-    assert buckets[-1] == 8000 and buckets[0] <= 1024 and all(b % 64 == 0 for b in buckets)
-    assert all(hi <= 1.25 * lo + 64 for lo, hi in zip(buckets, buckets[1:], strict=False))  # + the rounding
+    for low, high in ((1000, 8000), (256, 30000), (1024, 1100)):
+        buckets = geometric_buckets(low, high)
+        assert buckets[0] >= low and buckets[-1] == high and all(b % 64 == 0 for b in buckets[:-1])
+        assert all(lo < hi <= 1.25 * lo for lo, hi in itertools.pairwise(buckets))
 
 
 def test_a_batch_beyond_the_largest_bucket_names_the_key(batch):
     model = PointPillars(**TINY).double().train()
-    small = Buckets(voxels=(64,), rows=(1 << 20,), points=(1 << 20,))
-    with pytest.raises(ValueError, match=r"^model\.args\.max_voxels: a batch needs \d+, above the largest bucket 64$"):
+    small = Buckets(voxels=(64, 128), points=(1 << 20,))
+    with pytest.raises(ValueError, match=r"^model\.args\.max_voxels: a batch needs \d+, above the largest bucket 128$"):
         StaticPillarStep(model, small).shapes(batch)
     with pytest.raises(ValueError, match=r"^model\.args\.max_targets: "):
         dataclasses.replace(small, max_targets=1).targets(batch.gt_boxes.shape[1])
@@ -87,7 +90,7 @@ def test_the_padded_step_gives_the_eager_terms_and_gradients_at_any_bucket(batch
     terms = eager.loss(out, batch)
     eager.criterion.total(terms).backward()
     want = _grads(eager)
-    step = StaticPillarStep(padded, Buckets.for_grid(padded.grid, 2, 1 << 15))
+    step = StaticPillarStep(padded, Buckets.for_grid(padded.grid, 1 << 15))
     tight = step.shapes(batch)
     loose = StaticShapes(tight.points + 640, tight.voxels + 320, tight.rows + 1280, 64)  # padding in every dim
     num_summands = out["cls_logits"].shape[0] * out["cls_logits"].shape[1]
@@ -108,7 +111,7 @@ def test_one_graph_without_a_break_and_one_compile_per_bucket(batch):
     from torch._dynamo.testing import CompileCounter
 
     model = PointPillars(**TINY).double().train()
-    step = StaticPillarStep(model, Buckets.for_grid(model.grid, 2, 1 << 15))
+    step = StaticPillarStep(model, Buckets.for_grid(model.grid, 1 << 15))
     shapes = step.shapes(batch)
     anchors, classes, thresholds = model.anchor_set(_feature_size(model), batch.points.device)
     args = (
@@ -134,3 +137,13 @@ def test_one_graph_without_a_break_and_one_compile_per_bucket(batch):
     for s in (shapes, shapes, other, shapes, other):  # crossing buckets and back
         step(batch, s)["total"].backward()
     assert counter.frame_count == 2  # one per bucket, none again on return
+
+
+@pytest.mark.parametrize("voxel_buckets", [False, True])
+def test_the_padded_step_reads_the_host_once_with_voxel_buckets_and_never_without(batch, voxel_buckets):
+    model = PointPillars(**TINY).double().train()
+    step = StaticPillarStep(model, Buckets.for_grid(model.grid, 1 << 15, voxel_buckets=voxel_buckets))
+    step(batch)["total"].backward()  # the anchors and the feature size are cached before the step
+    with no_host_sync(documented=1) as documented:
+        step(batch)["total"].backward()
+    assert len(documented) == int(voxel_buckets)

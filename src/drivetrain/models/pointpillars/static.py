@@ -18,15 +18,17 @@ that the padded step computes what the unpadded one does:
   hard_voxelize_padded`'s layout with the cap ``V_b``) in the order of :func:`hard_voxelize`; the padded slots hold
   no point (``num_points`` 0), weigh 0 in ``HardVFE``'s BatchNorm (whose statistics average over the real
   ``V·T`` slots, a device tensor), and scatter into a spare canvas row that is cut off;
-- stored points: the compact rows padded to ``R_b`` with weight 0, excluded from the max, zero gradient;
+- stored points: the compact rows padded to ``R_b = B·P_b`` (every point may be stored) with weight 0, excluded
+  from the max, zero gradient;
 - ground truth: padded to ``G_b`` (the solver's buckets, :func:`~drivetrain.match.solve.padded_target_count`) with
   the sizes; the assignment and the loss read the sizes' mask already;
 - the assignment is the dense ``(B, A, G_b)`` one (:func:`~drivetrain.match.max_iou.batched_max_iou_assign`: the
   same assignments as the windowed one, no host read) and the loss takes every anchor (``pairs=None``).
 
-The one host read left is the voxel and stored-point counts that choose ``V_b`` and ``R_b``, before the graph
-(:meth:`StaticPillarStep.shapes`, ``# sync:``); it reads the same numbers as :func:`hard_voxelize`'s read, which the
-graph no longer makes. A batch beyond the largest bucket is one :class:`ValueError` naming the config key.
+The one host read left is the largest per-sample voxel count that chooses ``V_b``, before the graph
+(:meth:`StaticPillarStep.shapes`, ``# sync:``), the number :func:`hard_voxelize` read, which the graph no longer
+makes; with one voxel bucket (``max_voxels``) nothing is read: ``P_b`` and ``G_b`` are shapes.
+A batch beyond the largest bucket is one :class:`ValueError` naming the config key.
 """
 
 from __future__ import annotations
@@ -51,21 +53,27 @@ ALIGN = 64  # every bucket of V, R and P is a multiple of this (vector widths; 6
 
 
 def geometric_buckets(low: int, high: int, step: float = 1.25, align: int = ALIGN) -> tuple[int, ...]:
-    """Buckets from ``high`` down by factors of ``step`` to ``low``, each rounded up to ``align``: consecutive
-    buckets differ by at most ``step`` (a padded size is at most 25 % above the real one at ``step = 1.25``).
+    """Buckets from ``low`` up to ``high``, multiples of ``align`` (``high`` itself last), each at most ``step``
+    times the one before: a padded size is at most 25 % above the real one at ``step = 1.25``.
+
+    Args:
+        low: the smallest bucket, rounded up to ``align`` (at least ``4·align``, so that a step of ``align`` is
+            at most 25 %).
+        high: the largest (a config's cap, e.g. ``max_voxels``).
+        step: the largest ratio of consecutive buckets.
+        align: every bucket but ``high`` is a multiple of it.
 
     Example:
         >>> geometric_buckets(1000, 8000)
-        (1024, 1280, 1600, 2048, 2560, 3200, 4096, 5120, 6400, 8000)
+        (1024, 1280, 1600, 1984, 2432, 3008, 3712, 4608, 5760, 7168, 8000)
     """
-    if not 0 < low <= high or step <= 1.0:
-        raise ValueError(f"buckets: expected 0 < low <= high and step > 1, got {low}, {high}, {step}")
-    out = {high}
-    size = float(high)
-    while size > low:
-        size /= step
-        out.add(max(align, -(-math.floor(size) // align) * align))
-    return tuple(sorted(b for b in out if b <= high))
+    start = max(-(-low // align) * align, 4 * align)
+    if start > high or step <= 1.0 or align < 1:
+        raise ValueError(f"buckets: expected 4·align <= low <= high and step > 1, got {low}, {high}, {step}")
+    out = [start]
+    while out[-1] < high:
+        out.append(min(high, max(out[-1] + align, math.floor(out[-1] * step / align) * align)))
+    return tuple(out)
 
 
 def _pick(value: int, buckets: tuple[int, ...], key: str) -> int:
@@ -81,27 +89,27 @@ class Buckets:
     """The static sizes a compiled step is built for, decided at start from the config.
 
     Args:
-        voxels: per-sample voxel slots ``V_b`` (≤ 25 % apart, the largest the config's ``max_voxels``).
-        rows: stored points of the batch ``R_b`` (compact ``HardVFE`` rows).
+        voxels: per-sample voxel slots ``V_b`` (≤ 25 % apart, the largest the config's ``max_voxels``); one
+            bucket, ``(max_voxels,)``, needs no host read at all.
         points: per-sample point slots ``P_b``.
+        rows: stored points of the batch ``R_b`` (compact ``HardVFE`` rows); empty: ``B·P_b`` (every point may be
+            stored; no bucket axis and no read of its own).
         max_targets: the largest ``G`` (``model.args.max_targets`` in a config that would set it).
     """
 
     voxels: tuple[int, ...]
-    rows: tuple[int, ...]
     points: tuple[int, ...]
+    rows: tuple[int, ...] = ()
     max_targets: int = 256
 
     @classmethod
-    def for_grid(cls, grid: VoxelGrid, batch_size: int, max_points_per_sample: int, low: int = 1024) -> Buckets:
-        """Buckets for a grid: voxels from ``low`` to ``max_voxels``, rows up to ``B·max_voxels·T`` (capped at the
-        points), points up to ``max_points_per_sample``."""
-        top_rows = batch_size * min(grid.max_voxels * grid.max_points, max_points_per_sample)
-        return cls(
-            voxels=geometric_buckets(min(low, grid.max_voxels), grid.max_voxels),
-            rows=geometric_buckets(min(batch_size * low, top_rows), top_rows),
-            points=geometric_buckets(min(low, max_points_per_sample), max_points_per_sample),
-        )
+    def for_grid(
+        cls, grid: VoxelGrid, max_points_per_sample: int, low: int = 1024, voxel_buckets: bool = True
+    ) -> Buckets:
+        """Buckets for a grid: voxels from ``low`` to ``max_voxels`` (only ``max_voxels`` without
+        ``voxel_buckets``), points from ``low`` to ``max_points_per_sample``, rows ``B·P_b``."""
+        voxels = geometric_buckets(min(low, grid.max_voxels), grid.max_voxels) if voxel_buckets else (grid.max_voxels,)
+        return cls(voxels=voxels, points=geometric_buckets(min(low, max_points_per_sample), max_points_per_sample))
 
     def targets(self, count: int) -> int:
         """``G_b``: the solver's bucket of ``count`` (at least 8: a batch without ground truth keeps one shape)."""
@@ -205,9 +213,15 @@ def static_loss(
     Args:
         model: a PointPillars or SSN in training mode.
         points: ``(B, P_b, C)`` zero padded, ``point_sizes`` int64 ``(B,)``.
-        gt_boxes: ``(B, G_b, 9)``, ``gt_labels`` int64 ``(B, G_b)`` (dataset order), ``gt_sizes`` ``(B,)``.
-        anchors, thresholds, anchor_classes: :meth:`~.model.PointPillars.anchor_set` of the neck's map.
-        voxels_per_sample: ``V_b``; rows: ``R_b``.
+        point_sizes: int64 ``(B,)`` points per sample.
+        gt_boxes: ``(B, G_b, 9)`` zero padded.
+        gt_labels: int64 ``(B, G_b)`` in the dataset's class order.
+        gt_sizes: int64 ``(B,)`` ground truths per sample.
+        anchors: ``(A, D)``, :meth:`~.model.PointPillars.anchor_set` of the neck's map.
+        thresholds: the assigner's per-anchor thresholds (the same call).
+        anchor_classes: SSN's int64 ``(A,)`` class per anchor; None for PointPillars.
+        voxels_per_sample: ``V_b``.
+        rows: ``R_b``.
 
     Returns:
         The unweighted terms of :meth:`~.model.PointPillars.loss` and ``"total"`` (their weighted sum).
@@ -254,16 +268,18 @@ class StaticPillarStep:
         self.seen: set[StaticShapes] = set()
 
     def shapes(self, batch: Any) -> StaticShapes:
-        """The bucket of a batch (points, voxels, stored points, ground truth)."""
-        plan = _assign(batch.points, self.model.grid)
-        # sync: the largest per-sample voxel count and the points stored choose V_b and R_b (hard_voxelize's read)
-        voxels, rows = torch.stack([plan.num_voxels.max(), plan.keep.sum()]).tolist()
-        return StaticShapes(
-            points=_pick(batch.points.shape[1], self.buckets.points, "bucket points"),
-            voxels=_pick(voxels, self.buckets.voxels, "model.args.max_voxels"),
-            rows=_pick(rows, self.buckets.rows, "bucket rows"),
-            targets=self.buckets.targets(batch.gt_boxes.shape[1]),
-        )
+        """The bucket of a batch (points, voxels, stored points, ground truth); reads the host only when there
+        is more than one voxel bucket or rows have buckets of their own."""
+        buckets = self.buckets
+        size, points = batch.points.shape[0], _pick(batch.points.shape[1], buckets.points, "bucket points")
+        voxels, rows = buckets.voxels[-1], size * points
+        if len(buckets.voxels) > 1 or buckets.rows:
+            plan = _assign(batch.points, self.model.grid)
+            # sync: the largest per-sample voxel count (and the points stored) choose V_b (and R_b)
+            most, stored = torch.stack([plan.num_voxels.max(), plan.keep.sum()]).tolist()
+            voxels = _pick(most, buckets.voxels, "model.args.max_voxels")
+            rows = _pick(stored, buckets.rows, "bucket rows") if buckets.rows else rows
+        return StaticShapes(points, voxels, rows, buckets.targets(batch.gt_boxes.shape[1]))
 
     def __call__(self, batch: Any, shapes: StaticShapes | None = None) -> dict[str, torch.Tensor]:
         """The terms and ``total`` of ``batch`` (a collated Batch on the model's device)."""
