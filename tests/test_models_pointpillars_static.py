@@ -75,8 +75,9 @@ def test_a_batch_beyond_the_largest_bucket_names_the_key(batch):
         dataclasses.replace(small, max_targets=1).targets(batch.gt_boxes.shape[1])
 
 
+@pytest.mark.parametrize("windowed", [False, True], ids=["dense", "windowed"])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_the_padded_step_gives_the_eager_terms_and_gradients_at_any_bucket(batch, name):
+def test_the_padded_step_gives_the_eager_terms_and_gradients_at_any_bucket(batch, name, windowed):
     """The network runs in float64 (the loss is float32 either way: ``fp32``), so that what differs between the
     two layouts — the order of HardVFE's BatchNorm sums over ``N`` rows, the box and direction sums over window
     pairs instead of anchors — is rounding, bounded by recursive summation's ``γ_n = n·ε``: float32 terms
@@ -90,9 +91,10 @@ def test_the_padded_step_gives_the_eager_terms_and_gradients_at_any_bucket(batch
     terms = eager.loss(out, batch)
     eager.criterion.total(terms).backward()
     want = _grads(eager)
-    step = StaticPillarStep(padded, Buckets.for_grid(padded.grid, 1 << 15))
+    step = StaticPillarStep(padded, Buckets.for_grid(padded.grid, 1 << 15), windowed=windowed)
     tight = step.shapes(batch)
-    loose = StaticShapes(tight.points + 640, tight.voxels + 320, tight.rows + 1280, 64)  # padding in every dim
+    assert (tight.pairs > 0) == windowed
+    loose = StaticShapes(tight.points + 640, tight.voxels + 320, tight.rows + 1280, 64, 2 * tight.pairs)  # all dims
     num_summands = out["cls_logits"].shape[0] * out["cls_logits"].shape[1]
     for shapes in (tight, loose):
         padded.zero_grad(set_to_none=True)
@@ -150,11 +152,12 @@ def test_one_compile_per_bucket_and_none_on_return(batch):
     assert counter.frame_count == 2  # one per bucket, none again on return
 
 
-@pytest.mark.parametrize("voxel_buckets", [False, True])
-def test_the_padded_step_reads_the_host_once_with_voxel_buckets_and_never_without(batch, voxel_buckets):
+@pytest.mark.parametrize(("voxel_buckets", "windowed"), [(False, False), (True, False), (False, True)])
+def test_the_padded_step_reads_the_host_once_with_buckets_to_choose_and_never_without(batch, voxel_buckets, windowed):
     model = PointPillars(**TINY).double().train()
-    step = StaticPillarStep(model, Buckets.for_grid(model.grid, 1 << 15, voxel_buckets=voxel_buckets))
+    buckets = Buckets.for_grid(model.grid, 1 << 15, voxel_buckets=voxel_buckets)
+    step = StaticPillarStep(model, buckets, windowed=windowed)
     step(batch)["total"].backward()  # the anchors and the feature size are cached before the step
     with no_host_sync(documented=1) as documented:
         step(batch)["total"].backward()
-    assert len(documented) == int(voxel_buckets)
+    assert len(documented) == int(voxel_buckets or windowed)

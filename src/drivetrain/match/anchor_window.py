@@ -211,6 +211,7 @@ def windowed_max_iou_assign(
     anchor_classes: torch.Tensor | None = None,
     prepared: WindowedAnchors | None = None,
     with_pairs: bool = False,
+    pair_width: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, WindowPairs | None]:
     """Assign the anchors of every sample, comparing each GT only with the anchors its window reaches.
 
@@ -225,6 +226,9 @@ def windowed_max_iou_assign(
             None; a training loop keeps it with its anchors).
         with_pairs: also return the compared pairs (:class:`WindowPairs`), or None when positives may lie
             outside them (:attr:`WindowedAnchors.positives_in_windows` is False).
+        pair_width: static shapes, no host read: every window gets ``pair_width`` pair slots (at least its cell
+            count; the caller's bucket), the unused ones compare nothing and their ``flat`` is ``B·A`` (a spare
+            anchor); None: exactly the windows' pairs, counted on the host (one read).
 
     Returns:
         int64 ``(B, A)``: −1 ignored, 0 negative, ``k ≥ 1`` GT ``k − 1``; equal to
@@ -269,21 +273,31 @@ def windowed_max_iou_assign(
     width = (high - low + 1).clamp(min=0)  # (B, G, T, 2) cells per axis
     compared = in_range[..., None] & (gt_group[..., None] == types[:, 5] if per_class else True)  # (B, G, T)
     counts = torch.where(compared, width[..., 0] * width[..., 1], 0).flatten()  # (S,) S = B·G·T
-    num_pairs = int(counts.sum())  # sync: the number of window pairs sizes the pair tensors
-
     # the pairs, segment by segment: pair j of segment (b, g, t) is cell (low_x + j mod w_x, low_y + j div w_x)
     num_types = grid.num_types
-    segment = torch.repeat_interleave(torch.arange(counts.shape[0], device=device), counts, output_size=num_pairs)
     columns = torch.stack([low[..., 0].flatten(), low[..., 1].flatten(), width[..., 0].flatten()], dim=-1)  # (S, 3)
     columns = torch.cat([columns, (counts.cumsum(0) - counts)[:, None]], dim=-1)  # (S, 4) + first pair
-    low_x, low_y, width_x, first_pair = columns.index_select(0, segment).unbind(-1)  # 4 × (P,)
-    local = torch.arange(num_pairs, device=device) - first_pair  # (P,)
+    pair_valid = None
+    if pair_width is None:
+        num_pairs = int(counts.sum())  # sync: the number of window pairs sizes the pair tensors
+        segment = torch.repeat_interleave(torch.arange(counts.shape[0], device=device), counts, output_size=num_pairs)
+        low_x, low_y, width_x, first_pair = columns.index_select(0, segment).unbind(-1)  # 4 × (P,)
+        local = torch.arange(num_pairs, device=device) - first_pair  # (P,)
+    else:  # static: pair_width slots per segment, the first counts[s] of them used
+        segment = torch.arange(counts.shape[0], device=device).repeat_interleave(pair_width)  # (S·W,)
+        local = torch.arange(pair_width, device=device).repeat(counts.shape[0])  # (S·W,)
+        pair_valid = local < counts.index_select(0, segment)  # (S·W,)
+        local = torch.where(pair_valid, local, 0)  # (S·W,)
+        low_x, low_y, width_x, _ = columns.index_select(0, segment).unbind(-1)  # 3 × (S·W,)
+        width_x = width_x.clamp(min=1)  # (S·W,): an empty window's unused slots divide by 1
     kind = segment % num_types  # (P,) anchor type
     gt_slot = segment // num_types  # (P,) b·G + g
     pair_sample = gt_slot // num_gts  # (P,)
     of_type = types.index_select(0, kind)  # (P, 6)
     iy, ix = low_y + local // width_x, low_x + local % width_x  # (P,), (P,)
     anchor_index = of_type[:, 2] + iy * of_type[:, 4] + ix * of_type[:, 3]  # (P,)
+    if pair_valid is not None:  # unused slots read anchor 0 and compare nothing (IoU 0, a spare anchor below)
+        anchor_index = torch.where(pair_valid, anchor_index, 0)  # (P,)
 
     # IoU of each pair, by the dense path's float32 operations (the anchor's rectangle: centre ± half size)
     of_anchor = prepared.pair_table.index_select(0, anchor_index)  # (P, 9) PAIR_COLUMNS
@@ -297,6 +311,8 @@ def windowed_max_iou_assign(
     overlap_h = (torch.minimum(a[:, 3], b[:, 3]) - torch.maximum(a[:, 1], b[:, 1])).clamp_(min=0)  # (P,)
     overlap = overlap_w.mul_(overlap_h)  # (P,)
     pair_iou = overlap / (area_a + area_b).sub_(overlap).clamp_(min=IOU_EPS)  # (P,)
+    if pair_valid is not None:
+        pair_iou = torch.where(pair_valid, pair_iou, 0.0)  # (P,): 0 changes no maximum (they start at 0)
 
     # per (sample, class): whether it has a GT, its first GT, and its last GT that overlaps no anchor at all
     gt_number = torch.arange(1, num_gts + 1, device=device).expand(num_samples, -1)  # (B, G) 1-based
@@ -332,17 +348,20 @@ def windowed_max_iou_assign(
 
     # anchors some window reaches: reductions over their pairs into per-anchor buffers
     flat = pair_sample * num_anchors + anchor_index  # (P,)
-    max_iou = torch.zeros(num_samples * num_anchors, device=device).scatter_reduce_(0, flat, pair_iou, "amax")
+    spare = 0 if pair_valid is None else 1  # static pairs: unused slots write to a spare anchor B·A, cut off
+    if pair_valid is not None:
+        flat = torch.where(pair_valid, flat, num_samples * num_anchors)  # (P,)
+    max_iou = torch.zeros(num_samples * num_anchors + spare, device=device).scatter_reduce_(0, flat, pair_iou, "amax")
     pair_max = max_iou.index_select(0, flat)  # (P,) the best IoU of each pair's anchor
     pair_number = gt_slot % num_gts + 1  # (P,) 1-based GT
     big = num_gts + 1
     reaches = pair_iou == pair_max  # (P,)
-    best = torch.full((num_samples * num_anchors,), big, device=device).scatter_reduce_(
+    best = torch.full((num_samples * num_anchors + spare,), big, device=device).scatter_reduce_(
         0, flat, torch.where(reaches, pair_number, big), "amin"
     )  # (B·A,) 1-based first GT at the anchor's best IoU (among window pairs)
     low = (pair_iou == pair_gt_max) & (pair_gt_max > 0)  # (P,)
     low &= (pair_gt_max >= of_anchor[:, 5]) & (of_anchor[:, 6] > 0)  # (P,): min_pos, low_quality
-    last = torch.zeros(num_samples * num_anchors, dtype=torch.long, device=device).scatter_reduce_(
+    last = torch.zeros(num_samples * num_anchors + spare, dtype=torch.long, device=device).scatter_reduce_(
         0, flat, torch.where(low, pair_number, 0), "amax"
     )  # (B·A,) 1-based last GT whose best IoU the anchor reaches
 
@@ -360,7 +379,10 @@ def windowed_max_iou_assign(
     final_last = torch.maximum(last.index_select(0, flat), zero_claim)  # (P,) the loop's last writer wins
     value = torch.where(final_last > 0, final_last, value)  # (P,)
     value = torch.where(pair_has_gt > 0, value, 0)  # (P,)
-    assigned = assigned.flatten().scatter_(0, flat, value).view(num_samples, num_anchors)  # (B, A)
+    if spare:
+        assigned = torch.cat([assigned.flatten(), assigned.new_zeros(1)])  # (B·A + 1,)
+    assigned = assigned.flatten().scatter_(0, flat, value)[: num_samples * num_anchors]  # (B·A,)
+    assigned = assigned.view(num_samples, num_anchors)  # (B, A)
     if not with_pairs:
         return assigned
     return assigned, WindowPairs(flat, pair_number - 1) if pairs_wanted else None

@@ -40,9 +40,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from drivetrain.constants import constant
+from drivetrain.geometry.delta_coder import direction_target, encode_delta_xyzwlhr
+from drivetrain.losses.functional import fp32, sigmoid_focal_loss_sum
+from drivetrain.match.anchor_window import WindowedAnchors, nearest_bev_boxes, windowed_max_iou_assign
 from drivetrain.match.max_iou import batched_max_iou_assign
 from drivetrain.match.solve import padded_target_count
-from drivetrain.models.pointpillars.criterion_batched import batched_anchor_head_loss
+from drivetrain.models.pointpillars.criterion_batched import _BoxDirSum, _padded, batched_anchor_head_loss
+from drivetrain.models.pointpillars.criterion_reference import AVG_EPS
 from drivetrain.models.pointpillars.voxel_encoder import HardVFE, _Rows
 from drivetrain.pipeline.voxelize import VoxelGrid, _assign, _write
 from drivetrain.ragged import RaggedBatch
@@ -95,12 +100,14 @@ class Buckets:
         rows: stored points of the batch ``R_b`` (compact ``HardVFE`` rows); empty: ``B·P_b`` (every point may be
             stored; no bucket axis and no read of its own).
         max_targets: the largest ``G`` (``model.args.max_targets`` in a config that would set it).
+        pairs: pair slots per window of the windowed assignment (its bound, :func:`window_cells`).
     """
 
     voxels: tuple[int, ...]
     points: tuple[int, ...]
     rows: tuple[int, ...] = ()
     max_targets: int = 256
+    pairs: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096)
 
     @classmethod
     def for_grid(
@@ -126,6 +133,7 @@ class StaticShapes:
     voxels: int
     rows: int
     targets: int
+    pairs: int = 0  # pair slots per window (the windowed assignment); 0: the dense (B, A, G_b) assignment
 
 
 def _pad_dim1(tensor: torch.Tensor, size: int, fill: float = 0.0) -> torch.Tensor:
@@ -207,6 +215,8 @@ def static_loss(
     anchor_classes: torch.Tensor | None,
     voxels_per_sample: int,
     rows: int,
+    prepared: WindowedAnchors | None = None,
+    pair_width: int = 0,
 ) -> dict[str, torch.Tensor]:
     """The training forward, the dense assignment and the batched loss at static shapes (the compiled step).
 
@@ -222,6 +232,9 @@ def static_loss(
         anchor_classes: SSN's int64 ``(A,)`` class per anchor; None for PointPillars.
         voxels_per_sample: ``V_b``.
         rows: ``R_b``.
+        prepared: :meth:`~.model.PointPillars.windowed_anchors` of the map (with ``pair_width``).
+        pair_width: pair slots per window (:func:`window_cells` bounds it): the windowed assignment and the box
+            and direction terms on its pairs; 0: the dense assignment and every anchor.
 
     Returns:
         The unweighted terms of :meth:`~.model.PointPillars.loss` and ``"total"`` (their weighted sum).
@@ -245,12 +258,116 @@ def static_loss(
     code = model.code_size
     boxes = RaggedBatch.unchecked(gt_boxes[..., :code], gt_sizes)
     labels = RaggedBatch.unchecked(model._to_model[gt_labels.clamp(min=0)], gt_sizes)
-    assigned = batched_max_iou_assign(anchors, boxes, labels, thresholds, anchor_classes=anchor_classes)  # (B, A)
-    terms = batched_anchor_head_loss(
-        out["cls_logits"], out["box_preds"], out["dir_logits"], anchors, assigned, boxes, labels,
-        **model.criterion.options,
-    )  # fmt: skip
+    head = (out["cls_logits"], out["box_preds"], out["dir_logits"], anchors)
+    if pair_width:
+        assigned, pairs = windowed_max_iou_assign(
+            anchors, prepared.grid, boxes, labels, thresholds, anchor_classes=anchor_classes, prepared=prepared,
+            with_pairs=True, pair_width=pair_width,
+        )  # fmt: skip
+        terms = pair_loss(*head, assigned, boxes, labels, pairs.flat, pairs.gt, **model.criterion.options)
+    else:
+        assigned = batched_max_iou_assign(anchors, boxes, labels, thresholds, anchor_classes=anchor_classes)  # (B, A)
+        terms = batched_anchor_head_loss(*head, assigned, boxes, labels, **model.criterion.options)
     return {**terms, "total": model.criterion.total(terms)}
+
+
+def window_cells(prepared: WindowedAnchors, gt_boxes: torch.Tensor) -> torch.Tensor:
+    """An upper bound of the cells any window of each ground truth holds (what ``pair_width`` must reach).
+
+    Per axis a window spans ``⌊(hi − lo + 2·half)/step + 2·margin⌋ + 1`` cells with ``margin`` ≤ 0.125 + ulps
+    (:func:`~drivetrain.match.anchor_window.windowed_max_iou_assign`); bounded here by ``⌈(hi − lo + 2·half)/step
+    + 0.5⌉ + 1``, clipped to the grid, multiplied over x and y, the largest over the anchor types.
+
+    Args:
+        prepared: the windowed anchors.
+        gt_boxes: ``(B, G, ≥7)`` padded ground truth.
+
+    Returns:
+        int64 ``(B, G)``.
+    """
+    grid = prepared.grid
+    types = grid.index(gt_boxes.device)  # (T, 6) nx, ny, ...
+    reach = grid.reach(gt_boxes.device)  # float64 (T, 8) half_x, half_y, step_x, step_y, ...
+    rect = nearest_bev_boxes(gt_boxes).double()[:, :, None, :]  # (B, G, 1, 4)
+    extent = rect[..., 2:] - rect[..., :2] + 2 * reach[:, 0:2]  # (B, G, T, 2)
+    cells = torch.ceil(extent / reach[:, 2:4] + 0.5).long() + 1  # (B, G, T, 2)
+    cells = torch.minimum(cells, types[:, :2])  # (B, G, T, 2)
+    return (cells[..., 0] * cells[..., 1]).amax(-1)  # (B, G)
+
+
+@fp32
+def pair_loss(
+    pred_cls: torch.Tensor,
+    pred_boxes: torch.Tensor,
+    pred_dir: torch.Tensor,
+    anchors: torch.Tensor,
+    assigned: torch.Tensor,
+    gt_boxes: RaggedBatch,
+    gt_labels: RaggedBatch,
+    flat: torch.Tensor,
+    gt: torch.Tensor,
+    *,
+    code_weights: tuple[float, ...],
+    dir_offset: float,
+    alpha: float,
+    gamma: float,
+    beta: float,
+    dir_limit_offset: float,
+    num_dir_bins: int,
+) -> dict[str, torch.Tensor]:
+    """:func:`~.criterion_batched.batched_anchor_head_loss` with the window pairs of a static assignment: the same
+    operations, the unused pair slots (``flat`` = ``B·A``) read anchor 0 and GT 0 and are masked out of the sums.
+
+    Args:
+        pred_cls: ``(B, A, C)`` logits.
+        pred_boxes: ``(B, A, D)`` deltas.
+        pred_dir: ``(B, A, bins)`` direction logits.
+        anchors: ``(A, D)``.
+        assigned: int64 ``(B, A)`` as the assignment gives it.
+        gt_boxes: RaggedBatch ``(B, G, D)``.
+        gt_labels: RaggedBatch ``(B, G)`` in ``[0, C)``.
+        flat: int64 ``(P,)`` ``b·A + a``, ``B·A`` for an unused slot.
+        gt: int64 ``(P,)`` the pair's GT within its sample.
+        code_weights: per-dim weights of the code.
+        dir_offset: direction bin offset.
+        alpha: focal weight.
+        gamma: focal exponent.
+        beta: smooth-L1 transition.
+        dir_limit_offset: direction target's limit offset.
+        num_dir_bins: direction bins.
+
+    Returns:
+        ``{"loss_cls", "loss_bbox", "loss_dir"}``, unweighted.
+    """
+    batch, num_anchors, num_classes = pred_cls.shape
+    has_gt = (gt_boxes.sizes > 0).unsqueeze(-1)  # (B, 1)
+    positive = (assigned > 0) & has_gt  # (B, A)
+    negative = (assigned == 0) | ~has_gt  # (B, A)
+    label_weights = (positive | negative).float()  # (B, A)
+    gt_index = (assigned - 1).clamp(min=0)  # (B, A)
+    gt_table = _padded(gt_boxes, 1.0).float()  # (B, G', D)
+    num_slots = gt_table.shape[1]
+    row = (torch.arange(batch, device=assigned.device)[:, None] * num_slots + gt_index).flatten()  # (B·A,)
+    label_table = _padded(gt_labels, num_classes).long()  # (B, G')
+    labels = torch.where(positive, label_table.flatten().index_select(0, row).view_as(gt_index), num_classes)
+    avg_factor = positive.sum(-1).clamp(min=1).sum().float() + AVG_EPS  # ()
+    loss_cls = sigmoid_focal_loss_sum(pred_cls, labels, label_weights, alpha, gamma) / avg_factor  # ()
+    used = flat < batch * num_anchors  # (P,)
+    flat, gt = torch.where(used, flat, 0), torch.where(used, gt, 0)  # (P,) each
+    pair_row = (flat // num_anchors) * num_slots + gt  # (P,)
+    anchor_rows = anchors.index_select(0, flat % num_anchors)  # (P, D)
+    matched = gt_table.flatten(0, 1).index_select(0, pair_row)  # (P, D)
+    box_pred = pred_boxes.flatten(0, 1).index_select(0, flat)  # (P, D)
+    dir_pred = pred_dir.flatten(0, 1).index_select(0, flat)  # (P, bins)
+    owned = assigned.flatten().index_select(0, flat) == gt + 1  # (P,)
+    pair_label = label_table.flatten().index_select(0, pair_row)  # (P,)
+    box_mask = used & owned & (pair_label >= 0) & (pair_label < num_classes)  # (P,)
+    with torch.no_grad():
+        deltas = encode_delta_xyzwlhr(anchor_rows, matched)  # (P, D)
+        dir_targets = direction_target(deltas[..., 6] + anchor_rows[..., 6], dir_offset, dir_limit_offset, num_dir_bins)
+    weights = constant(tuple(code_weights), dtype=torch.float32, device=pred_boxes.device)  # (D,)
+    loss_bbox, loss_dir = _BoxDirSum.apply(box_pred, dir_pred, deltas, dir_targets, box_mask, weights, beta)
+    return {"loss_cls": loss_cls, "loss_bbox": loss_bbox / avg_factor, "loss_dir": loss_dir / avg_factor}
 
 
 class StaticPillarStep:
@@ -262,8 +379,10 @@ class StaticPillarStep:
         compile: ``torch.compile`` keyword arguments (``fullgraph=True`` is always set), or None for eager.
     """
 
-    def __init__(self, model: nn.Module, buckets: Buckets, compile: dict[str, Any] | None = None) -> None:
-        self.model, self.buckets = model, buckets
+    def __init__(
+        self, model: nn.Module, buckets: Buckets, compile: dict[str, Any] | None = None, windowed: bool = False
+    ) -> None:
+        self.model, self.buckets, self.windowed = model, buckets, windowed
         self.fn = static_loss if compile is None else torch.compile(static_loss, fullgraph=True, **compile)
         self.seen: set[StaticShapes] = set()
 
@@ -272,14 +391,19 @@ class StaticPillarStep:
         is more than one voxel bucket or rows have buckets of their own."""
         buckets = self.buckets
         size, points = batch.points.shape[0], _pick(batch.points.shape[1], buckets.points, "bucket points")
-        voxels, rows = buckets.voxels[-1], size * points
-        if len(buckets.voxels) > 1 or buckets.rows:
+        voxels, rows, pairs = buckets.voxels[-1], size * points, 0
+        if len(buckets.voxels) > 1 or buckets.rows or self.windowed:
             plan = _assign(batch.points, self.model.grid)
-            # sync: the largest per-sample voxel count (and the points stored) choose V_b (and R_b)
-            most, stored = torch.stack([plan.num_voxels.max(), plan.keep.sum()]).tolist()
+            cells = plan.num_voxels.new_zeros(())
+            if self.windowed:
+                prepared = self.model.windowed_anchors(_feature_size(self.model), batch.points.device)
+                cells = torch.where(batch.gt_boxes.mask, window_cells(prepared, batch.gt_boxes.tensor), 0).max()
+            # sync: the largest per-sample voxel count, the points stored and the largest window choose the buckets
+            most, stored, widest = torch.stack([plan.num_voxels.max(), plan.keep.sum(), cells]).tolist()
             voxels = _pick(most, buckets.voxels, "model.args.max_voxels")
             rows = _pick(stored, buckets.rows, "bucket rows") if buckets.rows else rows
-        return StaticShapes(points, voxels, rows, buckets.targets(batch.gt_boxes.shape[1]))
+            pairs = _pick(widest, buckets.pairs, "bucket pairs") if self.windowed else 0
+        return StaticShapes(points, voxels, rows, buckets.targets(batch.gt_boxes.shape[1]), pairs)
 
     def __call__(self, batch: Any, shapes: StaticShapes | None = None) -> dict[str, torch.Tensor]:
         """The terms and ``total`` of ``batch`` (a collated Batch on the model's device)."""
@@ -300,6 +424,8 @@ class StaticPillarStep:
             classes,
             shapes.voxels,
             shapes.rows,
+            model.windowed_anchors(feature, batch.points.device) if shapes.pairs else None,
+            shapes.pairs,
         )
 
 
