@@ -3,7 +3,9 @@
 One process, the same four batches of the tiny synthetic set, the modes interleaved round by round (so that a
 loaded machine slows them alike): ``eager`` (the model's forward + loss), ``netc`` (``speed.compile=['']``: the
 model's forward compiled), ``static_eager`` (:mod:`drivetrain.models.pointpillars.static`, padded and bucketed,
-eager) and ``static_compiled`` (the same under ``torch.compile(fullgraph=True)``, backward by AOTAutograd); each
+eager) and ``static_compiled`` (the same under ``torch.compile(fullgraph=True)``, backward by AOTAutograd), both
+with the dense assignment; ``window_eager`` and ``window_compiled`` the same with the static windowed assignment
+(``--pairs`` slots per window) and the loss on its pairs; each
 step is forward + loss, backward, clipping and AdamW, split into those three parts. Every mode is warmed on the
 four batches first (its compile seconds); graphs compiled during the timed rounds are counted.
 
@@ -36,13 +38,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--shape", required=True, help="P_b,V_b,R_b,G_b")
+    parser.add_argument("--pairs", type=int, default=0, help="pair slots per window (the window modes)")
     parser.add_argument("--rounds", type=int, default=16)
     parser.add_argument("--modes", default="eager,netc,static_eager,static_compiled")
     parser.add_argument("--json", type=Path)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     retain_freed_memory()
-    shape = StaticShapes(*[int(v) for v in args.shape.split(",")])
+    dense = StaticShapes(*[int(v) for v in args.shape.split(",")])
+    windowed = StaticShapes(*[int(v) for v in args.shape.split(",")], args.pairs)
     modes = args.modes.split(",")
     cfg = load_config(args.config, args.overrides)
     torch.manual_seed(cfg.run.seed)
@@ -55,16 +59,20 @@ def main() -> None:
         if mode == "netc":
             model.forward = torch.compile(model.forward)
         step = None
-        if mode.startswith("static"):
-            step = StaticPillarStep(
-                model, Buckets.for_grid(model.grid, 1 << 15), {} if mode == "static_compiled" else None
-            )
+        if mode.startswith(("static", "window")):
+            options = {} if mode.endswith("compiled") else None
+            buckets = Buckets.for_grid(model.grid, 1 << 15)
+            step = StaticPillarStep(model, buckets, options, windowed=mode.startswith("window"))
+            print(mode, "buckets of the batches:", [step.shapes(b) for b in batches], flush=True)
         runs[mode] = (model, build_optimizer(model, cfg.optim), step)
 
     def one(mode: str, batch) -> tuple[float, float, float]:
         model, opt, step = runs[mode]
         t0 = time.perf_counter()
-        loss = model.criterion.total(model.loss(model(batch), batch)) if step is None else step(batch, shape)["total"]
+        if step is None:
+            loss = model.criterion.total(model.loss(model(batch), batch))
+        else:
+            loss = step(batch, windowed if step.windowed else dense)["total"]
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
@@ -92,7 +100,7 @@ def main() -> None:
 
     result = {
         "config": args.config,
-        "shape": vars(shape),
+        "shape": vars(windowed),
         "rounds": args.rounds,
         "device": f"cpu: {platform.processor() or platform.machine()}, {torch.get_num_threads()} thread(s)",
         "loadavg_end": Path("/proc/loadavg").read_text().split()[:3],

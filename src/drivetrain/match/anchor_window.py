@@ -211,7 +211,8 @@ def windowed_max_iou_assign(
     anchor_classes: torch.Tensor | None = None,
     prepared: WindowedAnchors | None = None,
     with_pairs: bool = False,
-    pair_width: int | None = None,
+    num_pairs: int | None = None,
+    _count_only: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, WindowPairs | None]:
     """Assign the anchors of every sample, comparing each GT only with the anchors its window reaches.
 
@@ -226,9 +227,10 @@ def windowed_max_iou_assign(
             None; a training loop keeps it with its anchors).
         with_pairs: also return the compared pairs (:class:`WindowPairs`), or None when positives may lie
             outside them (:attr:`WindowedAnchors.positives_in_windows` is False).
-        pair_width: static shapes, no host read: every window gets ``pair_width`` pair slots (at least its cell
-            count; the caller's bucket), the unused ones compare nothing and their ``flat`` is ``B·A`` (a spare
-            anchor); None: exactly the windows' pairs, counted on the host (one read).
+        num_pairs: static shapes, no host read: ``num_pairs`` pair slots (at least the windows' pairs,
+            :func:`window_pair_total`; the caller's bucket), the pairs in the same order as without it, then the
+            unused slots, which compare nothing and whose ``flat`` is ``B·A`` (a spare anchor); None: exactly the
+            windows' pairs, counted on the host (one read).
 
     Returns:
         int64 ``(B, A)``: −1 ignored, 0 negative, ``k ≥ 1`` GT ``k − 1``; equal to
@@ -277,19 +279,22 @@ def windowed_max_iou_assign(
     num_types = grid.num_types
     columns = torch.stack([low[..., 0].flatten(), low[..., 1].flatten(), width[..., 0].flatten()], dim=-1)  # (S, 3)
     columns = torch.cat([columns, (counts.cumsum(0) - counts)[:, None]], dim=-1)  # (S, 4) + first pair
+    if _count_only:
+        return counts.sum()  # () on the device
     pair_valid = None
-    if pair_width is None:
+    if num_pairs is None:
         num_pairs = int(counts.sum())  # sync: the number of window pairs sizes the pair tensors
         segment = torch.repeat_interleave(torch.arange(counts.shape[0], device=device), counts, output_size=num_pairs)
         low_x, low_y, width_x, first_pair = columns.index_select(0, segment).unbind(-1)  # 4 × (P,)
         local = torch.arange(num_pairs, device=device) - first_pair  # (P,)
-    else:  # static: pair_width slots per segment, the first counts[s] of them used
-        segment = torch.arange(counts.shape[0], device=device).repeat_interleave(pair_width)  # (S·W,)
-        local = torch.arange(pair_width, device=device).repeat(counts.shape[0])  # (S·W,)
-        pair_valid = local < counts.index_select(0, segment)  # (S·W,)
-        local = torch.where(pair_valid, local, 0)  # (S·W,)
-        low_x, low_y, width_x, _ = columns.index_select(0, segment).unbind(-1)  # 3 × (S·W,)
-        width_x = width_x.clamp(min=1)  # (S·W,): an empty window's unused slots divide by 1
+    else:  # static: slot j holds pair j (the segment whose run of pairs covers j), the slots past the pairs unused
+        ends = counts.cumsum(0)  # (S,)
+        slot = torch.arange(num_pairs, device=device)  # (P_b,)
+        pair_valid = slot < ends[-1]  # (P_b,)
+        segment = torch.searchsorted(ends, slot, right=True).clamp_(max=counts.shape[0] - 1)  # (P_b,)
+        low_x, low_y, width_x, first_pair = columns.index_select(0, segment).unbind(-1)  # 4 × (P_b,)
+        local = torch.where(pair_valid, slot - first_pair, 0)  # (P_b,)
+        width_x = width_x.clamp(min=1)  # (P_b,): an unused slot of an empty window divides by 1
     kind = segment % num_types  # (P,) anchor type
     gt_slot = segment // num_types  # (P,) b·G + g
     pair_sample = gt_slot // num_gts  # (P,)
@@ -386,3 +391,23 @@ def windowed_max_iou_assign(
     if not with_pairs:
         return assigned
     return assigned, WindowPairs(flat, pair_number - 1) if pairs_wanted else None
+
+
+def window_pair_total(
+    anchors: torch.Tensor,
+    grid: AnchorGrid,
+    gt_boxes: RaggedBatch,
+    gt_labels: RaggedBatch,
+    thresholds: AnchorThresholds,
+    *,
+    anchor_classes: torch.Tensor | None = None,
+    prepared: WindowedAnchors | None = None,
+) -> torch.Tensor:
+    """The number of pairs :func:`windowed_max_iou_assign` compares for these arguments, as a ``()`` int64 tensor
+    on the device (no host read): what a static ``num_pairs`` must reach."""
+    if gt_boxes.shape[1] == 0 or anchors.shape[0] == 0:
+        return torch.zeros((), dtype=torch.long, device=anchors.device)
+    return windowed_max_iou_assign(
+        anchors, grid, gt_boxes, gt_labels, thresholds, anchor_classes=anchor_classes, prepared=prepared,
+        _count_only=True,
+    )  # fmt: skip

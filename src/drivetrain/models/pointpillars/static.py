@@ -43,7 +43,7 @@ from torch import nn
 from drivetrain.constants import constant
 from drivetrain.geometry.delta_coder import direction_target, encode_delta_xyzwlhr
 from drivetrain.losses.functional import fp32, sigmoid_focal_loss_sum
-from drivetrain.match.anchor_window import WindowedAnchors, nearest_bev_boxes, windowed_max_iou_assign
+from drivetrain.match.anchor_window import WindowedAnchors, window_pair_total, windowed_max_iou_assign
 from drivetrain.match.max_iou import batched_max_iou_assign
 from drivetrain.match.solve import padded_target_count
 from drivetrain.models.pointpillars.criterion_batched import _BoxDirSum, _padded, batched_anchor_head_loss
@@ -100,14 +100,14 @@ class Buckets:
         rows: stored points of the batch ``R_b`` (compact ``HardVFE`` rows); empty: ``B·P_b`` (every point may be
             stored; no bucket axis and no read of its own).
         max_targets: the largest ``G`` (``model.args.max_targets`` in a config that would set it).
-        pairs: pair slots per window of the windowed assignment (its bound, :func:`window_cells`).
+        pairs: pair slots of the windowed assignment (≤ 25 % apart).
     """
 
     voxels: tuple[int, ...]
     points: tuple[int, ...]
     rows: tuple[int, ...] = ()
     max_targets: int = 256
-    pairs: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096)
+    pairs: tuple[int, ...] = geometric_buckets(1024, 1 << 20)
 
     @classmethod
     def for_grid(
@@ -133,7 +133,7 @@ class StaticShapes:
     voxels: int
     rows: int
     targets: int
-    pairs: int = 0  # pair slots per window (the windowed assignment); 0: the dense (B, A, G_b) assignment
+    pairs: int = 0  # pair slots P_b of the windowed assignment; 0: the dense (B, A, G_b) assignment
 
 
 def _pad_dim1(tensor: torch.Tensor, size: int, fill: float = 0.0) -> torch.Tensor:
@@ -216,7 +216,7 @@ def static_loss(
     voxels_per_sample: int,
     rows: int,
     prepared: WindowedAnchors | None = None,
-    pair_width: int = 0,
+    num_pairs: int = 0,
 ) -> dict[str, torch.Tensor]:
     """The training forward, the dense assignment and the batched loss at static shapes (the compiled step).
 
@@ -232,9 +232,9 @@ def static_loss(
         anchor_classes: SSN's int64 ``(A,)`` class per anchor; None for PointPillars.
         voxels_per_sample: ``V_b``.
         rows: ``R_b``.
-        prepared: :meth:`~.model.PointPillars.windowed_anchors` of the map (with ``pair_width``).
-        pair_width: pair slots per window (:func:`window_cells` bounds it): the windowed assignment and the box
-            and direction terms on its pairs; 0: the dense assignment and every anchor.
+        prepared: :meth:`~.model.PointPillars.windowed_anchors` of the map (with ``num_pairs``).
+        num_pairs: ``P_b``, pair slots (at least the windows' pairs): the windowed assignment and the box and
+            direction terms on its pairs; 0: the dense assignment and every anchor.
 
     Returns:
         The unweighted terms of :meth:`~.model.PointPillars.loss` and ``"total"`` (their weighted sum).
@@ -259,40 +259,16 @@ def static_loss(
     boxes = RaggedBatch.unchecked(gt_boxes[..., :code], gt_sizes)
     labels = RaggedBatch.unchecked(model._to_model[gt_labels.clamp(min=0)], gt_sizes)
     head = (out["cls_logits"], out["box_preds"], out["dir_logits"], anchors)
-    if pair_width:
+    if num_pairs:
         assigned, pairs = windowed_max_iou_assign(
             anchors, prepared.grid, boxes, labels, thresholds, anchor_classes=anchor_classes, prepared=prepared,
-            with_pairs=True, pair_width=pair_width,
+            with_pairs=True, num_pairs=num_pairs,
         )  # fmt: skip
         terms = pair_loss(*head, assigned, boxes, labels, pairs.flat, pairs.gt, **model.criterion.options)
     else:
         assigned = batched_max_iou_assign(anchors, boxes, labels, thresholds, anchor_classes=anchor_classes)  # (B, A)
         terms = batched_anchor_head_loss(*head, assigned, boxes, labels, **model.criterion.options)
     return {**terms, "total": model.criterion.total(terms)}
-
-
-def window_cells(prepared: WindowedAnchors, gt_boxes: torch.Tensor) -> torch.Tensor:
-    """An upper bound of the cells any window of each ground truth holds (what ``pair_width`` must reach).
-
-    Per axis a window spans ``⌊(hi − lo + 2·half)/step + 2·margin⌋ + 1`` cells with ``margin`` ≤ 0.125 + ulps
-    (:func:`~drivetrain.match.anchor_window.windowed_max_iou_assign`); bounded here by ``⌈(hi − lo + 2·half)/step
-    + 0.5⌉ + 1``, clipped to the grid, multiplied over x and y, the largest over the anchor types.
-
-    Args:
-        prepared: the windowed anchors.
-        gt_boxes: ``(B, G, ≥7)`` padded ground truth.
-
-    Returns:
-        int64 ``(B, G)``.
-    """
-    grid = prepared.grid
-    types = grid.index(gt_boxes.device)  # (T, 6) nx, ny, ...
-    reach = grid.reach(gt_boxes.device)  # float64 (T, 8) half_x, half_y, step_x, step_y, ...
-    rect = nearest_bev_boxes(gt_boxes).double()[:, :, None, :]  # (B, G, 1, 4)
-    extent = rect[..., 2:] - rect[..., :2] + 2 * reach[:, 0:2]  # (B, G, T, 2)
-    cells = torch.ceil(extent / reach[:, 2:4] + 0.5).long() + 1  # (B, G, T, 2)
-    cells = torch.minimum(cells, types[:, :2])  # (B, G, T, 2)
-    return (cells[..., 0] * cells[..., 1]).amax(-1)  # (B, G)
 
 
 @fp32
@@ -394,16 +370,26 @@ class StaticPillarStep:
         voxels, rows, pairs = buckets.voxels[-1], size * points, 0
         if len(buckets.voxels) > 1 or buckets.rows or self.windowed:
             plan = _assign(batch.points, self.model.grid)
-            cells = plan.num_voxels.new_zeros(())
+            pair_total = plan.num_voxels.new_zeros(())
             if self.windowed:
-                prepared = self.model.windowed_anchors(_feature_size(self.model), batch.points.device)
-                cells = torch.where(batch.gt_boxes.mask, window_cells(prepared, batch.gt_boxes.tensor), 0).max()
-            # sync: the largest per-sample voxel count, the points stored and the largest window choose the buckets
-            most, stored, widest = torch.stack([plan.num_voxels.max(), plan.keep.sum(), cells]).tolist()
+                pair_total = self._pair_total(batch)
+            # sync: the largest per-sample voxel count, the points stored and the window pairs choose the buckets
+            most, stored, widest = torch.stack([plan.num_voxels.max(), plan.keep.sum(), pair_total]).tolist()
             voxels = _pick(most, buckets.voxels, "model.args.max_voxels")
             rows = _pick(stored, buckets.rows, "bucket rows") if buckets.rows else rows
             pairs = _pick(widest, buckets.pairs, "bucket pairs") if self.windowed else 0
         return StaticShapes(points, voxels, rows, buckets.targets(batch.gt_boxes.shape[1]), pairs)
+
+    def _pair_total(self, batch: Any) -> torch.Tensor:
+        """The window pairs of the batch's ground truth (``()`` on the device)."""
+        model, device = self.model, batch.points.device
+        feature = _feature_size(model)
+        anchors, classes, thresholds = model.anchor_set(feature, device)
+        boxes, labels = model.gt_targets(batch)
+        prepared = model.windowed_anchors(feature, device)
+        return window_pair_total(
+            anchors, prepared.grid, boxes, labels, thresholds, anchor_classes=classes, prepared=prepared
+        )
 
     def __call__(self, batch: Any, shapes: StaticShapes | None = None) -> dict[str, torch.Tensor]:
         """The terms and ``total`` of ``batch`` (a collated Batch on the model's device)."""
