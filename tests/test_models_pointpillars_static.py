@@ -123,14 +123,17 @@ def _static_args(model: torch.nn.Module, batch, shapes: StaticShapes) -> tuple:
         classes,
         shapes.voxels,
         shapes.rows,
+        model.windowed_anchors(_feature_size(model), batch.points.device) if shapes.pairs else None,
+        shapes.pairs,
     )
 
 
+@pytest.mark.parametrize("windowed", [False, True], ids=["dense", "windowed"])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_the_step_is_one_graph_without_a_break(batch, name):
+def test_the_step_is_one_graph_without_a_break(batch, name, windowed):
     cls, args = MODELS[name]
     model = cls(**args).double().train()
-    step = StaticPillarStep(model, Buckets.for_grid(model.grid, 1 << 15))
+    step = StaticPillarStep(model, Buckets.for_grid(model.grid, 1 << 15), windowed=windowed)
     torch._dynamo.reset()
     explained = torch._dynamo.explain(static_loss)(*_static_args(model, batch, step.shapes(batch)))
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
