@@ -18,16 +18,21 @@ that the padded step computes what the unpadded one does:
   hard_voxelize_padded`'s layout with the cap ``V_b``) in the order of :func:`hard_voxelize`; the padded slots hold
   no point (``num_points`` 0), weigh 0 in ``HardVFE``'s BatchNorm (whose statistics average over the real
   ``V·T`` slots, a device tensor), and scatter into a spare canvas row that is cut off;
-- stored points: the compact rows padded to ``R_b = B·P_b`` (every point may be stored) with weight 0, excluded
-  from the max, zero gradient;
+- stored points: the compact rows padded to ``R_b`` (a bucket of its own, or ``B·P_b``: every point may be
+  stored) with weight 0, excluded from the max, zero gradient;
 - ground truth: padded to ``G_b`` (the solver's buckets, :func:`~drivetrain.match.solve.padded_target_count`) with
   the sizes; the assignment and the loss read the sizes' mask already;
-- the assignment is the dense ``(B, A, G_b)`` one (:func:`~drivetrain.match.max_iou.batched_max_iou_assign`: the
-  same assignments as the windowed one, no host read) and the loss takes every anchor (``pairs=None``).
+- window pairs (``windowed=True``): padded to ``P_b`` pair slots (``num_pairs`` of
+  :func:`~drivetrain.match.anchor_window.windowed_max_iou_assign`: the pairs in their order, then unused slots
+  writing a spare anchor) and the box and direction terms on them (:func:`pair_loss`, unused slots masked); or
+  (``windowed=False``) the dense ``(B, A, G_b)`` assignment (:func:`~drivetrain.match.max_iou.
+  batched_max_iou_assign`, no count at all) and the loss on every anchor, which costs ~15× the windowed
+  assignment at the tiny size.
 
-The one host read left is the largest per-sample voxel count that chooses ``V_b``, before the graph
-(:meth:`StaticPillarStep.shapes`, ``# sync:``), the number :func:`hard_voxelize` read, which the graph no longer
-makes; with one voxel bucket (``max_voxels``) nothing is read: ``P_b`` and ``G_b`` are shapes.
+The one host read left chooses the buckets, before the graph (:meth:`StaticPillarStep.shapes`, ``# sync:``): the
+largest per-sample voxel count and the window pairs, the numbers :func:`hard_voxelize` and the windowed assignment
+read, which the graph no longer does; with one voxel bucket (``max_voxels``) and the dense assignment nothing is
+read: ``P_b`` and ``G_b`` are shapes.
 A batch beyond the largest bucket is one :class:`ValueError` naming the config key.
 """
 
