@@ -38,6 +38,7 @@ A batch beyond the largest bucket is one :class:`ValueError` naming the config k
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -57,8 +58,11 @@ from drivetrain.models.pointpillars.voxel_encoder import HardVFE, _Rows
 from drivetrain.pipeline.voxelize import VoxelGrid, hard_voxelize_slots, voxel_counts
 from drivetrain.ragged import RaggedBatch
 
-__all__ = ["Buckets", "StaticPillarStep", "StaticShapes", "geometric_buckets", "static_loss"]
+BOX_DIMS = 9  # a batch's gt_boxes: (x, y, z, dx, dy, dz, yaw, vx, vy)
 
+__all__ = ["PAIRS_LADDER", "Buckets", "StaticPillarStep", "StaticShapes", "geometric_buckets", "static_loss"]
+
+PAIRS_LADDER = tuple(1 << k for k in range(12, 21, 2))  # the compiled step's pair buckets: 4096 … 1048576
 ALIGN = 64  # every bucket of V, R and P is a multiple of this (vector widths; 64 divides the solver's G buckets)
 
 
@@ -104,8 +108,10 @@ class Buckets:
         points: per-sample point slots ``P_b``.
         rows: stored points of the batch ``R_b`` (compact ``HardVFE`` rows); empty: ``B·P_b`` (every point may be
             stored; no bucket axis and no read of its own).
-        max_targets: the largest ``G`` (``model.args.max_targets`` in a config that would set it).
+        max_targets: the largest ``G`` (``model.args.max_targets``).
         pairs: pair slots of the windowed assignment (≤ 25 % apart).
+        targets_ladder: the ``G_b`` to choose from (each at most ``max_targets``, the last equal to it); empty: the
+            solver's buckets (:func:`~drivetrain.match.solve.padded_target_count`, at least 8).
     """
 
     voxels: tuple[int, ...]
@@ -113,6 +119,7 @@ class Buckets:
     rows: tuple[int, ...] = ()
     max_targets: int = 256
     pairs: tuple[int, ...] = geometric_buckets(1024, 1 << 20)
+    targets_ladder: tuple[int, ...] = ()
 
     @classmethod
     def for_grid(
@@ -123,11 +130,44 @@ class Buckets:
         voxels = geometric_buckets(min(low, grid.max_voxels), grid.max_voxels) if voxel_buckets else (grid.max_voxels,)
         return cls(voxels=voxels, points=geometric_buckets(min(low, max_points_per_sample), max_points_per_sample))
 
+    @classmethod
+    def for_compiled_step(cls, args: Any, grid: VoxelGrid) -> Buckets:
+        """The few buckets of the compiled training step (``speed.compile_step``), all compiled before step 1:
+        one point bucket (``args.max_points_per_sample``, 0: every pillar full, ``max_voxels·max_points``), one
+        voxel bucket (``max_voxels``: no host read for it), rows ``B·P_b``, ground truth ``64`` and
+        ``args.max_targets`` (one if ``max_targets ≤ 64``), window pairs ``2^12, 2^14, …, 2^20`` (:data:`PAIRS_LADDER`,
+        at most 4× apart: the pairs are a small part of the step)."""
+        points = args.max_points_per_sample or grid.max_voxels * grid.max_points
+        if points < 1 or args.max_targets < 1:
+            raise ValueError(
+                f"model.args.max_points_per_sample, max_targets: expected >= 0 and >= 1, got "
+                f"{args.max_points_per_sample} and {args.max_targets}"
+            )
+        ladder = (64, args.max_targets) if args.max_targets > 64 else (args.max_targets,)
+        return cls(
+            voxels=(grid.max_voxels,), points=(points,), max_targets=args.max_targets, pairs=PAIRS_LADDER,
+            targets_ladder=ladder,
+        )  # fmt: skip
+
     def targets(self, count: int) -> int:
-        """``G_b``: the solver's bucket of ``count`` (at least 8: a batch without ground truth keeps one shape)."""
+        """``G_b``: the bucket of ``count`` (:attr:`targets_ladder`, or the solver's, at least 8: a batch without
+        ground truth keeps one shape)."""
         if count > self.max_targets:
             raise ValueError(f"model.args.max_targets: a sample has {count} ground truths, above {self.max_targets}")
+        if self.targets_ladder:
+            return _pick(count, self.targets_ladder, "model.args.max_targets")
         return max(padded_target_count(count), padded_target_count(1))
+
+    def all_shapes(self, batch_size: int, windowed: bool) -> tuple[StaticShapes, ...]:
+        """Every bucket a batch of ``batch_size`` samples can meet (rows ``B·P_b``; needs :attr:`targets_ladder`
+        and no rows buckets: the solver's ladder and rows buckets are open-ended)."""
+        if not self.targets_ladder or self.rows:
+            raise ValueError("buckets: all_shapes needs a targets_ladder and rows of B·P_b")
+        pairs = self.pairs if windowed else (0,)
+        return tuple(
+            StaticShapes(p, v, batch_size * p, g, n)
+            for p, v, g, n in itertools.product(self.points, self.voxels, self.targets_ladder, pairs)
+        )
 
 
 @dataclass(frozen=True)
@@ -370,7 +410,8 @@ class StaticPillarStep:
         """The bucket of a batch (points, voxels, stored points, ground truth); reads the host only when there
         is more than one voxel bucket or rows have buckets of their own."""
         buckets = self.buckets
-        size, points = batch.points.shape[0], _pick(batch.points.shape[1], buckets.points, "bucket points")
+        size = batch.points.shape[0]
+        points = _pick(batch.points.shape[1], buckets.points, "model.args.max_points_per_sample")
         voxels, rows, pairs = buckets.voxels[-1], size * points, 0
         if len(buckets.voxels) > 1 or buckets.rows or self.windowed:
             num_voxels, num_stored = voxel_counts(batch.points, self.model.grid)  # (B,), ()
@@ -381,6 +422,34 @@ class StaticPillarStep:
             rows = _pick(stored, buckets.rows, "bucket rows") if buckets.rows else rows
             pairs = _pick(widest, buckets.pairs, "bucket pairs") if self.windowed else 0
         return StaticShapes(points, voxels, rows, buckets.targets(batch.gt_boxes.shape[1]), pairs)
+
+    def inputs(self, batch: Any | None, shapes: StaticShapes, batch_size: int, device: torch.device) -> tuple:
+        """The arguments of :func:`static_loss` after the model, for ``batch`` padded to ``shapes``; None: an
+        empty batch of ``batch_size`` samples at ``shapes`` (one point in the grid's centre, no ground truth: the same
+        shapes, dtypes and devices, for compiling a bucket before the first step)."""
+        model = self.model
+        feature = _feature_size(model)
+        anchors, classes, thresholds = model.anchor_set(feature, device)
+        if batch is None:
+            dtype = next(model.parameters()).dtype
+            channels = model.args.point_dims
+            centre = torch.tensor(model.grid.point_cloud_range, dtype=dtype, device=device).view(2, 3).mean(0)  # (3,)
+            points = torch.zeros(batch_size, shapes.points, channels, dtype=dtype, device=device)
+            points[:, 0, :3] = centre  # one point a sample, in range: every statistic has a voxel to average
+            sizes = torch.ones(batch_size, dtype=torch.long, device=device)
+            boxes = torch.zeros(batch_size, shapes.targets, BOX_DIMS, device=device)
+            labels = torch.zeros(batch_size, shapes.targets, dtype=torch.long, device=device)
+            gt_sizes = torch.zeros(batch_size, dtype=torch.long, device=device)
+        else:
+            points, sizes = _pad_dim1(batch.points.tensor, shapes.points), batch.points.sizes
+            boxes = _pad_dim1(batch.gt_boxes.tensor, shapes.targets)
+            labels = _pad_dim1(batch.gt_labels.tensor, shapes.targets)
+            gt_sizes = batch.gt_boxes.sizes
+        prepared = model.windowed_anchors(feature, device) if shapes.pairs else None
+        return (
+            points, sizes, boxes, labels, gt_sizes, anchors, thresholds, classes, shapes.voxels, shapes.rows,
+            prepared, shapes.pairs,
+        )  # fmt: skip
 
     def _pair_total(self, batch: Any) -> torch.Tensor:
         """The window pairs of the batch's ground truth (``()`` on the device)."""
@@ -397,24 +466,7 @@ class StaticPillarStep:
         """The unweighted terms of ``batch`` (a collated Batch on the model's device)."""
         shapes = shapes or self.shapes(batch)
         self.seen.add(shapes)
-        model = self.model
-        feature = _feature_size(model)
-        anchors, classes, thresholds = model.anchor_set(feature, batch.points.device)
-        return self.fn(
-            model,
-            _pad_dim1(batch.points.tensor, shapes.points),
-            batch.points.sizes,
-            _pad_dim1(batch.gt_boxes.tensor, shapes.targets),
-            _pad_dim1(batch.gt_labels.tensor, shapes.targets),
-            batch.gt_boxes.sizes,
-            anchors,
-            thresholds,
-            classes,
-            shapes.voxels,
-            shapes.rows,
-            model.windowed_anchors(feature, batch.points.device) if shapes.pairs else None,
-            shapes.pairs,
-        )
+        return self.fn(self.model, *self.inputs(batch, shapes, batch.points.shape[0], batch.points.device))
 
 
 def _feature_size(model: nn.Module) -> tuple[int, int]:
