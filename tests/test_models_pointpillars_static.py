@@ -79,6 +79,18 @@ def test_a_batch_beyond_the_largest_bucket_names_the_key(batch):
         dataclasses.replace(small, max_targets=1).targets(batch.gt_boxes.shape[1])
 
 
+def test_the_compiled_steps_buckets_are_few_and_a_batch_beyond_them_names_the_argument(batch):
+    model = PointPillars(**TINY, max_points_per_sample=1 << 15, step_voxels=64, max_targets=100).double().train()
+    buckets = Buckets.for_compiled_step(model.args, model.grid)
+    assert buckets.voxels == (64,) and buckets.points == (1 << 15,) and buckets.targets_ladder == (64, 100)
+    assert len(buckets.all_shapes(2, windowed=False)) == 2 and len(buckets.all_shapes(2, windowed=True)) == 10
+    with pytest.raises(ValueError, match=r"^model\.args\.step_voxels: a batch needs \d+, above the largest bucket 64$"):
+        StaticPillarStep(model, buckets).shapes(batch)
+    small = PointPillars(**TINY, max_points_per_sample=64).double().train()
+    with pytest.raises(ValueError, match=r"^model\.args\.max_points_per_sample: a batch needs \d+, above the "):
+        StaticPillarStep(small, Buckets.for_compiled_step(small.args, small.grid)).shapes(batch)
+
+
 @pytest.mark.parametrize("windowed", [False, True], ids=["dense", "windowed"])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_the_padded_step_gives_the_eager_terms_and_gradients_at_any_bucket(batch, name, windowed):

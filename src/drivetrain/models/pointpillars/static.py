@@ -134,18 +134,20 @@ class Buckets:
     def for_compiled_step(cls, args: Any, grid: VoxelGrid) -> Buckets:
         """The few buckets of the compiled training step (``speed.compile_step``), all compiled before step 1:
         one point bucket (``args.max_points_per_sample``, 0: every pillar full, ``max_voxels·max_points``), one
-        voxel bucket (``max_voxels``: no host read for it), rows ``B·P_b``, ground truth ``64`` and
+        voxel bucket (``args.step_voxels``, 0: ``max_voxels``, which needs no host read; below it the batch's voxel
+        count is read with the bucket choice), rows ``B·P_b``, ground truth ``64`` and
         ``args.max_targets`` (one if ``max_targets ≤ 64``), window pairs ``2^12, 2^14, …, 2^20`` (:data:`PAIRS_LADDER`,
         at most 4× apart: the pairs are a small part of the step)."""
         points = args.max_points_per_sample or grid.max_voxels * grid.max_points
-        if points < 1 or args.max_targets < 1:
+        voxels = min(args.step_voxels or grid.max_voxels, grid.max_voxels)
+        if points < 1 or voxels < 1 or args.max_targets < 1:
             raise ValueError(
-                f"model.args.max_points_per_sample, max_targets: expected >= 0 and >= 1, got "
-                f"{args.max_points_per_sample} and {args.max_targets}"
+                f"model.args.max_points_per_sample, step_voxels, max_targets: expected >= 0, >= 0 and >= 1, got "
+                f"{args.max_points_per_sample}, {args.step_voxels} and {args.max_targets}"
             )
         ladder = (64, args.max_targets) if args.max_targets > 64 else (args.max_targets,)
         return cls(
-            voxels=(grid.max_voxels,), points=(points,), max_targets=args.max_targets, pairs=PAIRS_LADDER,
+            voxels=(voxels,), points=(points,), max_targets=args.max_targets, pairs=PAIRS_LADDER,
             targets_ladder=ladder,
         )  # fmt: skip
 
@@ -413,12 +415,13 @@ class StaticPillarStep:
         size = batch.points.shape[0]
         points = _pick(batch.points.shape[1], buckets.points, "model.args.max_points_per_sample")
         voxels, rows, pairs = buckets.voxels[-1], size * points, 0
-        if len(buckets.voxels) > 1 or buckets.rows or self.windowed:
+        capped = buckets.voxels[-1] < self.model.grid.max_voxels  # a sample may have more voxels than the slots
+        if len(buckets.voxels) > 1 or capped or buckets.rows or self.windowed:
             num_voxels, num_stored = voxel_counts(batch.points, self.model.grid)  # (B,), ()
             pair_total = self._pair_total(batch) if self.windowed else num_stored.new_zeros(())
             # sync: the largest per-sample voxel count, the points stored and the window pairs choose the buckets
             most, stored, widest = torch.stack([num_voxels.max(), num_stored, pair_total]).tolist()
-            voxels = _pick(most, buckets.voxels, "model.args.max_voxels")
+            voxels = _pick(most, buckets.voxels, "model.args.step_voxels" if capped else "model.args.max_voxels")
             rows = _pick(stored, buckets.rows, "bucket rows") if buckets.rows else rows
             pairs = _pick(widest, buckets.pairs, "bucket pairs") if self.windowed else 0
         return StaticShapes(points, voxels, rows, buckets.targets(batch.gt_boxes.shape[1]), pairs)
