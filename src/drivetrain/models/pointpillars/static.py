@@ -112,6 +112,7 @@ class Buckets:
         pairs: pair slots of the windowed assignment (≤ 25 % apart).
         targets_ladder: the ``G_b`` to choose from (each at most ``max_targets``, the last equal to it); empty: the
             solver's buckets (:func:`~drivetrain.match.solve.padded_target_count`, at least 8).
+        voxel_key: the config key a batch beyond the largest voxel bucket names.
     """
 
     voxels: tuple[int, ...]
@@ -120,6 +121,7 @@ class Buckets:
     max_targets: int = 256
     pairs: tuple[int, ...] = geometric_buckets(1024, 1 << 20)
     targets_ladder: tuple[int, ...] = ()
+    voxel_key: str = "model.args.max_voxels"
 
     @classmethod
     def for_grid(
@@ -148,7 +150,7 @@ class Buckets:
         ladder = (64, args.max_targets) if args.max_targets > 64 else (args.max_targets,)
         return cls(
             voxels=(voxels,), points=(points,), max_targets=args.max_targets, pairs=PAIRS_LADDER,
-            targets_ladder=ladder,
+            targets_ladder=ladder, voxel_key="model.args.step_voxels" if args.step_voxels else "model.args.max_voxels",
         )  # fmt: skip
 
     def targets(self, count: int) -> int:
@@ -421,7 +423,7 @@ class StaticPillarStep:
             pair_total = self._pair_total(batch) if self.windowed else num_stored.new_zeros(())
             # sync: the largest per-sample voxel count, the points stored and the window pairs choose the buckets
             most, stored, widest = torch.stack([num_voxels.max(), num_stored, pair_total]).tolist()
-            voxels = _pick(most, buckets.voxels, "model.args.step_voxels" if capped else "model.args.max_voxels")
+            voxels = _pick(most, buckets.voxels, buckets.voxel_key)
             rows = _pick(stored, buckets.rows, "bucket rows") if buckets.rows else rows
             pairs = _pick(widest, buckets.pairs, "bucket pairs") if self.windowed else 0
         return StaticShapes(points, voxels, rows, buckets.targets(batch.gt_boxes.shape[1]), pairs)
