@@ -17,6 +17,7 @@ from drivetrain.cli.main import main
 from drivetrain.engine.config import ConfigError, load_config
 from drivetrain.engine.trainer import Trainer
 from helpers.engine import final_state, losses
+from test_engine_step_syncs import _watched
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "pointpillars_tiny.yaml"
@@ -56,6 +57,18 @@ def test_the_compiled_step_compiles_before_step_one_and_resumes_exactly(synth_ro
     _train(capfd, _argv(eager, synth_root, "train.steps=1", "model.args.window=false"))
     rtol = 2 * 64 * 64 * 6 * torch.finfo(torch.float32).eps
     torch.testing.assert_close(losses(straight)[0], losses(eager)[0], rtol=rtol, atol=0.0)
+
+
+def test_the_compiled_dense_step_adds_no_host_read(synth_root, synth_index, tmp_path):
+    """With the dense assignment the bucket is the batch's shapes: the iteration keeps its one read, after the update
+    (the windowed step reads its pair total once more, before the graph)."""
+    argv = _argv(tmp_path, synth_root, "train.steps=4", *STEP_GRAPH)
+    trainer = Trainer(load_config(TINY, argv[3:]))
+    seen = _watched(trainer)
+    trainer.fit()
+    trainer.close()
+    assert len(seen) == 3 and trainer.step_graph.compiles_in_steps == 0
+    assert all(len(record["passed"]) == 1 and record["before_update"] == 0 for record in seen), seen
 
 
 def test_compile_step_without_the_capability_is_one_line_naming_the_model(tmp_path):

@@ -103,8 +103,8 @@ class Buckets:
     """The static sizes a compiled step is built for, decided at start from the config.
 
     Args:
-        voxels: per-sample voxel slots ``V_b`` (≤ 25 % apart, the largest the config's ``max_voxels``); one
-            bucket, ``(max_voxels,)``, needs no host read at all.
+        voxels: per-sample voxel slots ``V_b`` (≤ 25 % apart, the largest the config's ``max_voxels`` or below it);
+            one bucket, ``(max_voxels,)``, needs no host read at all.
         points: per-sample point slots ``P_b``.
         rows: stored points of the batch ``R_b`` (compact ``HardVFE`` rows); empty: ``B·P_b`` (every point may be
             stored; no bucket axis and no read of its own).
