@@ -96,7 +96,7 @@ class StepGraph:
         module: torch.nn.Module = self.model  # type: ignore[assignment]
         buffers = [buffer.detach().clone() for buffer in module.buffers()]
         cpu_rng = torch.get_rng_state()
-        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        cuda_rng = torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None  # no context on a CPU run
         try:
             for shapes in self.buckets:
                 start = time.perf_counter()
