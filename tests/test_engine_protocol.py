@@ -22,6 +22,7 @@ from drivetrain.engine.protocol import (
     MatchedQueries,
     Model,
     Sensors,
+    StaticStep,
     TTADetector,
     VoxelModel,
     WeightedLoss,
@@ -33,7 +34,8 @@ from drivetrain.models.smoke import SmokeModel
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
 CAPABILITIES = (
-    Model, WeightedLoss, LossCounts, Detector, Sensors, FrozenEncoder, TTADetector, VoxelModel, MatchedQueries
+    Model, WeightedLoss, LossCounts, Detector, Sensors, FrozenEncoder, TTADetector, VoxelModel, MatchedQueries,
+    StaticStep,
 )  # fmt: skip
 
 
@@ -50,8 +52,8 @@ def _model(config: str, *overrides: str) -> torch.nn.Module:
             (),
             {Model, WeightedLoss, LossCounts, Detector, Sensors, FrozenEncoder, MatchedQueries},
         ),
-        ("pointpillars_tiny.yaml", (), {Model, WeightedLoss, Detector, Sensors, TTADetector, VoxelModel}),
-        ("ssn_tiny.yaml", (), {Model, WeightedLoss, Detector, Sensors, TTADetector, VoxelModel}),
+        ("pointpillars_tiny.yaml", (), {Model, WeightedLoss, Detector, Sensors, TTADetector, VoxelModel, StaticStep}),
+        ("ssn_tiny.yaml", (), {Model, WeightedLoss, Detector, Sensors, TTADetector, VoxelModel, StaticStep}),
     ],
 )
 def test_each_reference_model_declares_exactly_its_capabilities(config, overrides, declared):

@@ -9,7 +9,11 @@ import pytest
 import torch
 
 from drivetrain.geometry.bev_iou import nearest_bev_boxes
-from drivetrain.match.anchor_window import windowed_max_iou_assign, windowed_max_iou_assign_with_pairs
+from drivetrain.match.anchor_window import (
+    window_pair_total,
+    windowed_max_iou_assign,
+    windowed_max_iou_assign_with_pairs,
+)
 from drivetrain.match.max_iou import (
     MaxIoUConfig,
     anchor_thresholds,
@@ -224,6 +228,33 @@ def test_per_class_window_pairs_hold_every_positive_and_the_host_is_read_once(ge
         anchors, grid, empty_boxes, empty_labels, th, anchor_classes=classes
     )
     assert not bool(got.any()) and pairs is not None and pairs.flat.numel() == 0
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_static_pair_slots_give_the_same_assignment_and_pairs_then_unused_slots(cfg, gen):
+    """``num_pairs`` at or above :func:`window_pair_total`: the host path's assignment, its pairs first in their
+    order, the unused slots on the spare anchor ``B·A``; and no host read."""
+    anchors = grid_anchors(ROTATED, (8, 8))
+    gt_boxes, gt_labels = batch_of([scene(anchors, n, 3, gen) for n in (5, 0, 9)] + [_awkward(anchors, gen)])
+    th = anchor_thresholds(cfg, num_anchors=anchors.shape[0])
+    grid = grid_layout(ROTATED, (8, 8))
+    want, want_pairs = windowed_max_iou_assign_with_pairs(anchors, grid, gt_boxes, gt_labels, th)
+    total = window_pair_total(anchors, grid, gt_boxes, gt_labels, th)
+    spare = gt_boxes.shape[0] * anchors.shape[0]
+    for extra in (0, 37):
+        slots = int(total) + extra
+        with count_host_syncs() as calls:
+            got, pairs = windowed_max_iou_assign_with_pairs(anchors, grid, gt_boxes, gt_labels, th, num_pairs=slots)
+        assert calls == [] and torch.equal(got, want)
+        assert torch.equal(windowed_max_iou_assign(anchors, grid, gt_boxes, gt_labels, th, num_pairs=int(total)), want)
+        if want_pairs is None:
+            assert pairs is None
+            continue
+        assert int(total) == want_pairs.flat.numel() > 0 and pairs.flat.numel() == int(total) + extra
+        assert torch.equal(pairs.flat[: int(total)], want_pairs.flat) and torch.equal(
+            pairs.gt[: int(total)], want_pairs.gt
+        )
+        assert (pairs.flat[int(total) :] == spare).all()
 
 
 def test_a_threshold_that_rounds_to_zero_in_float32_counts_as_zero():

@@ -14,6 +14,7 @@ from drivetrain.pipeline.voxelize import (
     dynamic_voxelize,
     hard_voxelize,
     hard_voxelize_padded,
+    hard_voxelize_slots,
     per_sample_hard_voxelize,
     reference_dynamic_voxelize,
     reference_dynamic_voxelize_batch,
@@ -23,6 +24,7 @@ from drivetrain.pipeline.voxelize import (
     reference_scatter_to_bev,
     scatter_points,
     scatter_to_bev,
+    voxel_counts,
 )
 from drivetrain.ragged import RaggedBatch
 from helpers.nosync import count_host_syncs, no_host_sync
@@ -126,6 +128,35 @@ def test_padded_voxelize_matches_the_flat_rows(gen):
     assert torch.equal(torch.cat(coors.to_list()), flat.coors[:, 1:])
     assert torch.equal(torch.cat(num_points.to_list()), flat.num_points)
     assert not voxels.tensor[~voxels.mask].any() and not num_points.tensor[~num_points.mask].any()  # zero padding
+
+
+@pytest.mark.parametrize("extra", [0, 7], ids=["tight", "loose"])
+def test_slot_voxelize_matches_the_flat_rows_at_any_cap_holding_every_sample(gen, extra):
+    grid = GRIDS["cube"]
+    batch = RaggedBatch.from_list(make_batch(gen, grid, torch.float32, 4, 4))
+    flat = hard_voxelize(batch, grid)
+    num_voxels, num_stored = voxel_counts(batch, grid)
+    assert torch.equal(num_voxels, flat.num_voxels) and int(num_stored) == flat.num_stored
+    cap = int(num_voxels.max()) + extra
+    out = hard_voxelize_slots(batch, grid, cap)
+    real = (torch.arange(cap) < num_voxels[:, None]).flatten()  # (B·cap,)
+    assert out.voxels.shape[0] == 4 * cap and torch.equal(out.num_voxels, flat.num_voxels)
+    assert torch.equal(out.voxels[real], flat.voxels) and torch.equal(out.coors[real], flat.coors)
+    assert torch.equal(out.num_points[real], flat.num_points)
+    assert not out.voxels[~real].any() and not out.num_points[~real].any()  # zero slots
+
+
+def test_slot_voxelize_below_the_counts_keeps_each_samples_first_voxels(gen):
+    grid = GRIDS["cube"]
+    batch = RaggedBatch.from_list(make_batch(gen, grid, torch.float32, 4, 4))
+    flat = hard_voxelize(batch, grid)
+    out = hard_voxelize_slots(batch, grid, 3)
+    assert out.num_voxels.tolist() == flat.num_voxels.clamp(max=3).tolist()
+    first = torch.cat([torch.arange(3) + start for start in (flat.num_voxels.cumsum(0) - flat.num_voxels).tolist()])
+    kept = torch.cat([torch.arange(3) < n for n in flat.num_voxels.tolist()])  # (B·3,)
+    assert torch.equal(out.voxels[kept], flat.voxels[first[kept]])
+    with pytest.raises(ValueError, match=r"^voxels_per_sample: expected >= 1, got 0$"):
+        hard_voxelize_slots(batch, grid, 0)
 
 
 def test_padding_points_are_never_voxelized(gen):
@@ -376,6 +407,8 @@ def test_padded_and_dynamic_voxelize_never_sync_and_flat_syncs_once(gen):
     hard_voxelize_padded(batch, grid)  # warm-up: the grid's constants are copied once per device
     with no_host_sync():
         hard_voxelize_padded(batch, grid)
+        hard_voxelize_slots(batch, grid, 64)
+        voxel_counts(batch, grid)
         dynamic_voxelize(batch, grid)
     with count_host_syncs() as calls:
         hard_voxelize(batch, grid)

@@ -292,6 +292,15 @@ class SpeedConfig:
     # a frozen image encoder (model.encode, e.g. a frozen backbone) runs for batch n+1 while batch n trains:
     # on CUDA on the prefetcher's side stream (needs data.prefetch), on a CPU right after the batch is read
     encoder_overlap: bool = False
+    # the training forward and loss as one graph per shape bucket (a model with the StaticStep capability), every
+    # bucket compiled before step 1 (engine/build.py); one process only for now
+    compile_step: bool = False
+    # torch.compile backend of compile_step: "inductor" (generated kernels, minutes per bucket on a CPU), "aot_eager"
+    # (the graph with its backward, no code generation: the tests), "eager"
+    compile_step_backend: str = "inductor"
+
+    def __post_init__(self) -> None:
+        _check(bool(self.compile_step_backend), "speed.compile_step_backend", "must name a torch.compile backend")
 
 
 @dataclass(frozen=True)
@@ -393,6 +402,17 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _check(
+            not self.speed.compile_step or self.distributed.strategy == "none",
+            "speed.compile_step",
+            f"needs distributed.strategy none, got {self.distributed.strategy}: the compiled step calls the model "
+            "around the data-parallel wrapper, whose forward prepares the gradient all-reduce (not yet supported)",
+        )
+        _check(
+            not (self.speed.compile_step and self.speed.compile),
+            "speed.compile_step",
+            "not with speed.compile: the step's one graph holds every module already",
+        )
+        _check(
             (self.eval.every == 0 and not self.eval.at_start) or self.distributed.strategy in ("none", "ddp"),
             "eval.every",
             "evaluation during training needs distributed.strategy none or ddp (whole weights on every rank); "
@@ -433,6 +453,8 @@ RESUME_MUTABLE = (
     "eval.",
     "speed.cudnn_benchmark",
     "speed.compile",
+    "speed.compile_step",  # the same step, compiled or not
+    "speed.compile_step_backend",
 )
 
 

@@ -15,7 +15,9 @@ it — and call the member through the protocol, never probing the model for a n
 - :class:`TTADetector` — ``enable_tta``: ``drivetrain eval --tta``;
 - :class:`MatchedQueries` — ``matched_queries``: the trainer (the GPU solver's kernels compiled before step 1);
 - :class:`StreamMemory` — ``stream_state``, ``load_stream_state``: the trainer (checkpoints every rank's streams);
-- :class:`VoxelModel` — ``grid_test``: ``drivetrain viz frame`` (the extent it draws).
+- :class:`VoxelModel` — ``grid_test``: ``drivetrain viz frame`` (the extent it draws);
+- :class:`StaticStep` — ``step_buckets``, ``step_shapes``, ``step_inputs``, ``step_loss``: ``speed.compile_step``
+  (:mod:`drivetrain.engine.build`).
 
 Members must be methods, properties, class attributes or plain instance attributes: Python 3.12+ checks protocol
 members without running ``__getattr__``, so a submodule, parameter or buffer does not count as one.
@@ -34,7 +36,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
@@ -52,6 +54,7 @@ __all__ = [
     "MatchedQueries",
     "Model",
     "Sensors",
+    "StaticStep",
     "StreamMemory",
     "TTADetector",
     "VoxelModel",
@@ -204,3 +207,28 @@ _REQUIRED = ((_Forward, "forward(batch)"), (_Loss, "loss(outputs, batch)"))
 def missing_members(model: Any) -> list[str]:
     """The required members of :class:`Model` that ``model`` lacks, as calls (``["loss(outputs, batch)"]``)."""
     return [call for member, call in _REQUIRED if not isinstance(model, member)]
+
+
+@runtime_checkable
+class StaticStep(Protocol):
+    """A model whose training forward and loss run at a few static shapes ("buckets"), each one graph without a break
+    under ``torch.compile(fullgraph=True)``: ``speed.compile_step`` compiles every bucket before the first step and
+    runs each step through it (:mod:`drivetrain.engine.build`)."""
+
+    def step_buckets(self, batch_size: int) -> Sequence[Hashable]:
+        """Every bucket a batch of ``batch_size`` samples can meet (few: each is compiled before the first step)."""
+
+    def step_shapes(self, batch: Batch) -> Hashable:
+        """The bucket of ``batch`` (one of :meth:`step_buckets`; at most one host read, ``# sync:`` marked); a
+        ValueError naming the config key to raise for a batch beyond the largest bucket."""
+
+    def step_inputs(
+        self, batch: Batch | None, shapes: Hashable, batch_size: int, device: torch.device
+    ) -> tuple[Any, ...]:
+        """The arguments of :meth:`step_loss` for ``batch`` padded to the bucket ``shapes``, or (``batch`` None) for an
+        empty batch of ``batch_size`` samples at ``shapes`` on ``device``: the same shapes, dtypes and devices, for
+        compiling the bucket before the first step."""
+
+    def step_loss(self, *inputs: Any) -> Mapping[str, torch.Tensor]:
+        """The training forward and the unweighted loss terms of :meth:`step_inputs`' arguments (the terms
+        :meth:`Model.forward` then :meth:`Model.loss` give), in one function without a graph break or host read."""

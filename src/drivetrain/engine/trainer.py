@@ -41,6 +41,7 @@ from drivetrain.engine.build import (
     build_dataset,
     build_model,
     build_optimizer,
+    build_step_graph,
     lr_factor,
     warm_known_shapes,
     warm_met_shapes,
@@ -162,6 +163,8 @@ class Trainer:
                 init_model(model, cfg.model.init_from, verbose=self.ctx.is_main)  # prints the report on rank 0
         self.model = apply_speed(model, cfg.speed)
         self.term_weights = TermWeights(self.model, cfg.model.loss_weights)  # ConfigError for an unknown term
+        # speed.compile_step: forward + loss, one graph per bucket (None when off; ConfigError without the capability)
+        self.step_graph = build_step_graph(self.model, cfg.speed, cfg.model.name, cfg.data.batch_size, self.device)
         self.counts_losses = isinstance(self.model, LossCounts)  # device counters logged beside the loss terms
         self.streams = isinstance(self.model, StreamMemory)  # every rank's stream state is checkpointed
         self.strategy = build_strategy(self.model, cfg, self.ctx, lambda model: build_optimizer(model, cfg.optim))
@@ -233,6 +236,9 @@ class Trainer:
         elif self._resume_note is not None:
             log.message(self._resume_note)
         warm_known_shapes(self.model, self.device, log)  # the GPU solver's kernels for the model's known Q
+        reported = 0  # graphs compiled inside steps already logged (speed.compile_step)
+        if self.step_graph is not None:  # every bucket of the compiled step, before the first step
+            self.step_graph.compile_all(log.message, lambda: autocast(cfg.precision.mode, self.device))
         saved_at = self.state.iteration if self.resumed_from is not None else -1
         self._saved_clock = time.monotonic()  # checkpoint.every_minutes counts from here and from each save
         try:
@@ -249,6 +255,9 @@ class Trainer:
                         except DataError as err:
                             raise self._data_failure(err, data_state) from None
                         warm_met_shapes(self.state.iteration, log)  # GPU solver shapes the step met uncompiled
+                        if self.step_graph is not None and self.step_graph.compiles_in_steps > reported:
+                            reported = self.step_graph.compiles_in_steps
+                            log.message(f"speed.compile_step: {reported} graph(s) compiled inside steps so far")
                         if self._step_delay:
                             time.sleep(self._step_delay)
                         done = self.state.iteration
@@ -301,11 +310,16 @@ class Trainer:
                     batch = to_device(batch, self.device, cfg.speed.channels_last)
                 micro.fetched(indices, time.perf_counter() - t0)  # its dataset indices and the wait
                 with self.strategy.sync_grads(enabled=i == accum - 1):  # gradients reduced on the last one only
-                    with region("forward"), autocast(cfg.precision.mode, self.device):
-                        outputs = self.strategy.wrapped(batch)
-                    with region("loss"):  # in fp32, outside autocast
-                        terms = self.model.loss(fp32_outputs(outputs), batch)
+                    if self.step_graph is not None:  # speed.compile_step: forward and loss in one compiled graph
+                        with region("forward"), autocast(cfg.precision.mode, self.device):
+                            terms = dict(self.step_graph(batch))
                         loss = weighted_total(terms, self.term_weights(terms)).float()
+                    else:
+                        with region("forward"), autocast(cfg.precision.mode, self.device):
+                            outputs = self.strategy.wrapped(batch)
+                        with region("loss"):  # in fp32, outside autocast
+                            terms = self.model.loss(fp32_outputs(outputs), batch)
+                            loss = weighted_total(terms, self.term_weights(terms)).float()
                     with region("backward"):
                         self.strategy.backward(loss / accum)
                 micro.add(i, loss, terms, self.model.loss_counts if self.counts_losses else {})  # counts: optional

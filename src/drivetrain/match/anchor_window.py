@@ -47,6 +47,7 @@ __all__ = [
     "AnchorGrid",
     "WindowPairs",
     "WindowedAnchors",
+    "window_pair_total",
     "windowed_max_iou_assign",
     "windowed_max_iou_assign_with_pairs",
 ]
@@ -206,74 +207,18 @@ class WindowPairs:
     gt: torch.Tensor  # int64 (P,): 0-based GT index within the sample
 
 
-@torch.no_grad()
-def windowed_max_iou_assign(
-    anchors: torch.Tensor,
-    grid: AnchorGrid,
-    gt_boxes: RaggedBatch,
-    gt_labels: RaggedBatch,
-    thresholds: AnchorThresholds,
-    *,
-    anchor_classes: torch.Tensor | None = None,
-    prepared: WindowedAnchors | None = None,
-) -> torch.Tensor:
-    """Assign the anchors of every sample, comparing each GT only with the anchors its window reaches.
-
-    Args:
-        anchors: ``(A, ≥7)`` anchors laid out as ``grid`` says.
-        grid: the anchors' layout; its groups are classes when ``anchor_classes`` is given, else all 0.
-        gt_boxes: RaggedBatch ``(B, G, ≥7)`` padded ground-truth boxes.
-        gt_labels: RaggedBatch ``(B, G)`` int classes.
-        thresholds: per-anchor thresholds (:func:`~drivetrain.match.max_iou.anchor_thresholds`).
-        anchor_classes: int ``(A,)`` class per anchor for per-class assignment; None: class-agnostic.
-        prepared: :meth:`WindowedAnchors.build` of these anchors, grid, thresholds and classes (built here if
-            None; a training loop keeps it with its anchors).
+def _windows(
+    grid: AnchorGrid, gt_boxes: RaggedBatch, gt_labels: RaggedBatch, per_class: bool
+) -> tuple[torch.Tensor, ...]:
+    """Each (sample, GT, type)'s window of cells (device ops only).
 
     Returns:
-        int64 ``(B, A)``: −1 ignored, 0 negative, ``k ≥ 1`` GT ``k − 1``; equal to
-        :func:`~drivetrain.match.max_iou.batched_max_iou_assign`. :func:`windowed_max_iou_assign_with_pairs` also
-        returns the pairs it compared.
-
-    Example:
-        >>> grid = AnchorGrid(...)  # where the model's anchor generator puts its anchors, on a 200 × 200 map
-        >>> assigned = windowed_max_iou_assign(anchors, grid, gt_boxes, gt_labels, thresholds)  # (B, A)
+        ``(gt_rect, gt_group, in_range, low, width, counts)``: the GTs' float32 ``(B, G, 4)`` nearest-BEV
+        rectangles, their int64 ``(B, G)`` groups and bool ``(B, G)`` whether they are compared at all, the int64
+        ``(B, G, T, 2)`` first cell and cells per axis of each window, and the int64 ``(B·G·T,)`` pairs of each.
     """
-    return windowed_max_iou_assign_with_pairs(
-        anchors, grid, gt_boxes, gt_labels, thresholds, anchor_classes=anchor_classes, prepared=prepared
-    )[0]
-
-
-@torch.no_grad()
-def windowed_max_iou_assign_with_pairs(
-    anchors: torch.Tensor,
-    grid: AnchorGrid,
-    gt_boxes: RaggedBatch,
-    gt_labels: RaggedBatch,
-    thresholds: AnchorThresholds,
-    *,
-    anchor_classes: torch.Tensor | None = None,
-    prepared: WindowedAnchors | None = None,
-) -> tuple[torch.Tensor, WindowPairs | None]:
-    """:func:`windowed_max_iou_assign` (arguments as there) and the pairs it compared, for a loss that needs only
-    the positives.
-
-    Returns:
-        ``(assigned, pairs)``: the int64 ``(B, A)`` assignment and the compared pairs (:class:`WindowPairs`), or
-        None as pairs when positives may lie outside them (:attr:`WindowedAnchors.positives_in_windows` is False).
-    """
-    _check_inputs(anchors, gt_boxes, gt_labels, thresholds, anchor_classes)
-    if prepared is None:
-        prepared = WindowedAnchors.build(anchors, grid, thresholds, anchor_classes)
-    device = anchors.device
-    num_samples, num_gts = gt_boxes.shape[:2]
-    num_anchors = anchors.shape[0]
-    pairs_wanted = prepared.positives_in_windows
-    if num_gts == 0 or num_anchors == 0:
-        assigned = torch.zeros(num_samples, num_anchors, dtype=torch.long, device=device)  # (B, A)
-        none = torch.zeros(0, dtype=torch.long, device=device)  # (0,)
-        return assigned, WindowPairs(none, none) if pairs_wanted else None
-    per_class = anchor_classes is not None
     num_groups = max(grid.group) + 1
+    device = gt_boxes.tensor.device
     valid = gt_boxes.mask  # (B, G)
     gt_rect = nearest_bev_boxes(gt_boxes.tensor)  # (B, G, 4)
     gt_group = gt_labels.tensor.clamp(0, num_groups - 1) if per_class else torch.zeros_like(gt_labels.tensor)
@@ -296,21 +241,113 @@ def windowed_max_iou_assign_with_pairs(
     width = (high - low + 1).clamp(min=0)  # (B, G, T, 2) cells per axis
     compared = in_range[..., None] & (gt_group[..., None] == types[:, 5] if per_class else True)  # (B, G, T)
     counts = torch.where(compared, width[..., 0] * width[..., 1], 0).flatten()  # (S,) S = B·G·T
-    num_pairs = int(counts.sum())  # sync: the number of window pairs sizes the pair tensors
+    return gt_rect, gt_group, in_range, low, width, counts
 
+
+@torch.no_grad()
+def windowed_max_iou_assign(
+    anchors: torch.Tensor,
+    grid: AnchorGrid,
+    gt_boxes: RaggedBatch,
+    gt_labels: RaggedBatch,
+    thresholds: AnchorThresholds,
+    *,
+    anchor_classes: torch.Tensor | None = None,
+    prepared: WindowedAnchors | None = None,
+    num_pairs: int | None = None,
+) -> torch.Tensor:
+    """Assign the anchors of every sample, comparing each GT only with the anchors its window reaches.
+
+    Args:
+        anchors: ``(A, ≥7)`` anchors laid out as ``grid`` says.
+        grid: the anchors' layout; its groups are classes when ``anchor_classes`` is given, else all 0.
+        gt_boxes: RaggedBatch ``(B, G, ≥7)`` padded ground-truth boxes.
+        gt_labels: RaggedBatch ``(B, G)`` int classes.
+        thresholds: per-anchor thresholds (:func:`~drivetrain.match.max_iou.anchor_thresholds`).
+        anchor_classes: int ``(A,)`` class per anchor for per-class assignment; None: class-agnostic.
+        prepared: :meth:`WindowedAnchors.build` of these anchors, grid, thresholds and classes (built here if
+            None; a training loop keeps it with its anchors).
+        num_pairs: static shapes, no host read: ``num_pairs`` pair slots (at least the windows' pairs,
+            :func:`window_pair_total`; the caller's bucket), the pairs in the same order as without it, then the
+            unused slots, which compare nothing and whose ``flat`` is ``B·A`` (a spare anchor); None: exactly the
+            windows' pairs, counted on the host (one read).
+
+    Returns:
+        int64 ``(B, A)``: −1 ignored, 0 negative, ``k ≥ 1`` GT ``k − 1``; equal to
+        :func:`~drivetrain.match.max_iou.batched_max_iou_assign`. :func:`windowed_max_iou_assign_with_pairs` also
+        returns the pairs it compared.
+
+    Example:
+        >>> grid = AnchorGrid(...)  # where the model's anchor generator puts its anchors, on a 200 × 200 map
+        >>> assigned = windowed_max_iou_assign(anchors, grid, gt_boxes, gt_labels, thresholds)  # (B, A)
+    """
+    return windowed_max_iou_assign_with_pairs(
+        anchors, grid, gt_boxes, gt_labels, thresholds, anchor_classes=anchor_classes, prepared=prepared,
+        num_pairs=num_pairs,
+    )[0]  # fmt: skip
+
+
+@torch.no_grad()
+def windowed_max_iou_assign_with_pairs(
+    anchors: torch.Tensor,
+    grid: AnchorGrid,
+    gt_boxes: RaggedBatch,
+    gt_labels: RaggedBatch,
+    thresholds: AnchorThresholds,
+    *,
+    anchor_classes: torch.Tensor | None = None,
+    prepared: WindowedAnchors | None = None,
+    num_pairs: int | None = None,
+) -> tuple[torch.Tensor, WindowPairs | None]:
+    """:func:`windowed_max_iou_assign` (arguments as there) and the pairs it compared, for a loss that needs only
+    the positives.
+
+    Returns:
+        ``(assigned, pairs)``: the int64 ``(B, A)`` assignment and the compared pairs (:class:`WindowPairs`), or
+        None as pairs when positives may lie outside them (:attr:`WindowedAnchors.positives_in_windows` is False).
+        With ``num_pairs``, the pairs have ``num_pairs`` slots; the unused ones have ``flat = B·A``.
+    """
+    _check_inputs(anchors, gt_boxes, gt_labels, thresholds, anchor_classes)
+    if prepared is None:
+        prepared = WindowedAnchors.build(anchors, grid, thresholds, anchor_classes)
+    device = anchors.device
+    num_samples, num_gts = gt_boxes.shape[:2]
+    num_anchors = anchors.shape[0]
+    pairs_wanted = prepared.positives_in_windows
+    if num_gts == 0 or num_anchors == 0:
+        assigned = torch.zeros(num_samples, num_anchors, dtype=torch.long, device=device)  # (B, A)
+        none = torch.zeros(0, dtype=torch.long, device=device)  # (0,)
+        return assigned, WindowPairs(none, none) if pairs_wanted else None
+    per_class = anchor_classes is not None
+    num_groups = max(grid.group) + 1
+    gt_rect, gt_group, in_range, low, width, counts = _windows(grid, gt_boxes, gt_labels, per_class)
+    types = grid.index(device)  # (T, 6) nx, ny, base, stride_x, stride_y, group
     # the pairs, segment by segment: pair j of segment (b, g, t) is cell (low_x + j mod w_x, low_y + j div w_x)
     num_types = grid.num_types
-    segment = torch.repeat_interleave(torch.arange(counts.shape[0], device=device), counts, output_size=num_pairs)
     columns = torch.stack([low[..., 0].flatten(), low[..., 1].flatten(), width[..., 0].flatten()], dim=-1)  # (S, 3)
     columns = torch.cat([columns, (counts.cumsum(0) - counts)[:, None]], dim=-1)  # (S, 4) + first pair
-    low_x, low_y, width_x, first_pair = columns.index_select(0, segment).unbind(-1)  # 4 × (P,)
-    local = torch.arange(num_pairs, device=device) - first_pair  # (P,)
+    pair_valid = None
+    if num_pairs is None:
+        num_pairs = int(counts.sum())  # sync: the number of window pairs sizes the pair tensors
+        segment = torch.repeat_interleave(torch.arange(counts.shape[0], device=device), counts, output_size=num_pairs)
+        low_x, low_y, width_x, first_pair = columns.index_select(0, segment).unbind(-1)  # 4 × (P,)
+        local = torch.arange(num_pairs, device=device) - first_pair  # (P,)
+    else:  # static: slot j holds pair j (the segment whose run of pairs covers j), the slots past the pairs unused
+        ends = counts.cumsum(0)  # (S,)
+        slot = torch.arange(num_pairs, device=device)  # (P_b,)
+        pair_valid = slot < ends[-1]  # (P_b,)
+        segment = torch.searchsorted(ends, slot, right=True).clamp_(max=counts.shape[0] - 1)  # (P_b,)
+        low_x, low_y, width_x, first_pair = columns.index_select(0, segment).unbind(-1)  # 4 × (P_b,)
+        local = torch.where(pair_valid, slot - first_pair, 0)  # (P_b,)
+        width_x = width_x.clamp(min=1)  # (P_b,): an unused slot of an empty window divides by 1
     kind = segment % num_types  # (P,) anchor type
     gt_slot = segment // num_types  # (P,) b·G + g
     pair_sample = gt_slot // num_gts  # (P,)
     of_type = types.index_select(0, kind)  # (P, 6)
     iy, ix = low_y + local // width_x, low_x + local % width_x  # (P,), (P,)
     anchor_index = of_type[:, 2] + iy * of_type[:, 4] + ix * of_type[:, 3]  # (P,)
+    if pair_valid is not None:  # unused slots read anchor 0 and compare nothing (IoU 0, a spare anchor below)
+        anchor_index = torch.where(pair_valid, anchor_index, 0)  # (P,)
 
     # IoU of each pair, by the dense path's float32 operations (the anchor's rectangle: centre ± half size)
     of_anchor = prepared.pair_table.index_select(0, anchor_index)  # (P, 9) PAIR_COLUMNS
@@ -324,6 +361,8 @@ def windowed_max_iou_assign_with_pairs(
     overlap_h = (torch.minimum(a[:, 3], b[:, 3]) - torch.maximum(a[:, 1], b[:, 1])).clamp_(min=0)  # (P,)
     overlap = overlap_w.mul_(overlap_h)  # (P,)
     pair_iou = overlap / (area_a + area_b).sub_(overlap).clamp_(min=IOU_EPS)  # (P,)
+    if pair_valid is not None:
+        pair_iou = torch.where(pair_valid, pair_iou, 0.0)  # (P,): 0 changes no maximum (they start at 0)
 
     # per (sample, class): whether it has a GT, its first GT, and its last GT that overlaps no anchor at all
     gt_number = torch.arange(1, num_gts + 1, device=device).expand(num_samples, -1)  # (B, G) 1-based
@@ -359,17 +398,20 @@ def windowed_max_iou_assign_with_pairs(
 
     # anchors some window reaches: reductions over their pairs into per-anchor buffers
     flat = pair_sample * num_anchors + anchor_index  # (P,)
-    max_iou = torch.zeros(num_samples * num_anchors, device=device).scatter_reduce_(0, flat, pair_iou, "amax")
+    spare = 0 if pair_valid is None else 1  # static pairs: unused slots write to a spare anchor B·A, cut off
+    if pair_valid is not None:
+        flat = torch.where(pair_valid, flat, num_samples * num_anchors)  # (P,)
+    max_iou = torch.zeros(num_samples * num_anchors + spare, device=device).scatter_reduce_(0, flat, pair_iou, "amax")
     pair_max = max_iou.index_select(0, flat)  # (P,) the best IoU of each pair's anchor
     pair_number = gt_slot % num_gts + 1  # (P,) 1-based GT
     big = num_gts + 1
     reaches = pair_iou == pair_max  # (P,)
-    best = torch.full((num_samples * num_anchors,), big, device=device).scatter_reduce_(
+    best = torch.full((num_samples * num_anchors + spare,), big, device=device).scatter_reduce_(
         0, flat, torch.where(reaches, pair_number, big), "amin"
     )  # (B·A,) 1-based first GT at the anchor's best IoU (among window pairs)
     low = (pair_iou == pair_gt_max) & (pair_gt_max > 0)  # (P,)
     low &= (pair_gt_max >= of_anchor[:, 5]) & (of_anchor[:, 6] > 0)  # (P,): min_pos, low_quality
-    last = torch.zeros(num_samples * num_anchors, dtype=torch.long, device=device).scatter_reduce_(
+    last = torch.zeros(num_samples * num_anchors + spare, dtype=torch.long, device=device).scatter_reduce_(
         0, flat, torch.where(low, pair_number, 0), "amax"
     )  # (B·A,) 1-based last GT whose best IoU the anchor reaches
 
@@ -387,5 +429,26 @@ def windowed_max_iou_assign_with_pairs(
     final_last = torch.maximum(last.index_select(0, flat), zero_claim)  # (P,) the loop's last writer wins
     value = torch.where(final_last > 0, final_last, value)  # (P,)
     value = torch.where(pair_has_gt > 0, value, 0)  # (P,)
-    assigned = assigned.flatten().scatter_(0, flat, value).view(num_samples, num_anchors)  # (B, A)
+    if spare:
+        assigned = torch.cat([assigned.flatten(), assigned.new_zeros(1)])  # (B·A + 1,)
+    assigned = assigned.flatten().scatter_(0, flat, value)[: num_samples * num_anchors]  # (B·A,)
+    assigned = assigned.view(num_samples, num_anchors)  # (B, A)
     return assigned, WindowPairs(flat, pair_number - 1) if pairs_wanted else None
+
+
+def window_pair_total(
+    anchors: torch.Tensor,
+    grid: AnchorGrid,
+    gt_boxes: RaggedBatch,
+    gt_labels: RaggedBatch,
+    thresholds: AnchorThresholds,
+    *,
+    anchor_classes: torch.Tensor | None = None,
+    prepared: WindowedAnchors | None = None,
+) -> torch.Tensor:
+    """The number of pairs :func:`windowed_max_iou_assign` compares for these arguments, as a ``()`` int64 tensor
+    on the device (no host read): what a static ``num_pairs`` must reach."""
+    _check_inputs(anchors, gt_boxes, gt_labels, thresholds, anchor_classes)
+    if gt_boxes.shape[1] == 0 or anchors.shape[0] == 0:
+        return torch.zeros((), dtype=torch.long, device=anchors.device)
+    return _windows(grid, gt_boxes, gt_labels, anchor_classes is not None)[-1].sum()  # () on the device

@@ -62,6 +62,7 @@ __all__ = [
     "dynamic_voxelize",
     "hard_voxelize",
     "hard_voxelize_padded",
+    "hard_voxelize_slots",
     "per_sample_hard_voxelize",
     "reference_dynamic_voxelize",
     "reference_dynamic_voxelize_batch",
@@ -71,6 +72,7 @@ __all__ = [
     "reference_scatter_to_bev",
     "scatter_points",
     "scatter_to_bev",
+    "voxel_counts",
 ]
 
 _REDUCTIONS = ("max", "sum", "mean")
@@ -309,6 +311,56 @@ def hard_voxelize_padded(points: RaggedBatch, grid: VoxelGrid) -> tuple[RaggedBa
         RaggedBatch(coors.view(num_samples, cap, 3), sizes, validate=False),  # (B, max_voxels, 3)
         RaggedBatch(counts.view(num_samples, cap), sizes, validate=False),  # (B, max_voxels)
     )
+
+
+def voxel_counts(points: RaggedBatch, grid: VoxelGrid) -> tuple[torch.Tensor, torch.Tensor]:
+    """How many voxels each sample fills and how many points the batch stores, on the device (no host read): the
+    numbers that size :func:`hard_voxelize`'s outputs, for a caller choosing a static size before
+    :func:`hard_voxelize_slots`.
+
+    Args:
+        points: float RaggedBatch ``(B, P, C)``, ``x, y, z`` first.
+        grid: a hard grid.
+
+    Returns:
+        ``(num_voxels, num_stored)``: int64 ``(B,)`` voxels per sample (at most ``max_voxels``) and the int64
+        ``()`` total of :attr:`HardVoxels.num_points`.
+    """
+    _check_batch(points, grid)
+    _check_hard_grid(grid)
+    plan = _assign(points, grid)
+    return plan.num_voxels, plan.keep.sum()  # (B,), ()
+
+
+def hard_voxelize_slots(points: RaggedBatch, grid: VoxelGrid, voxels_per_sample: int) -> HardVoxels:
+    """Hard voxelization into ``voxels_per_sample`` slots per sample, at static shapes and without any host sync.
+
+    Sample ``b``'s voxels fill rows ``b·V_s … b·V_s + num_voxels[b] − 1`` (``V_s = voxels_per_sample``) in the
+    order of :func:`hard_voxelize`, which they equal row for row when ``V_s`` holds every sample's voxel count
+    (:func:`voxel_counts`); a sample with more keeps its first ``V_s``. The other rows are zero (``num_points``
+    0, ``coors`` 0): the caller masks them with ``arange(V_s) < num_voxels[b]``.
+
+    Args:
+        points: float RaggedBatch ``(B, P, C)``, ``x, y, z`` first.
+        grid: a hard grid.
+        voxels_per_sample: ``V_s``, slots per sample (``1 ≤ V_s``; ``max_voxels`` holds every sample).
+
+    Returns:
+        :class:`HardVoxels` with ``B·V_s`` rows: ``voxels (B·V_s, T, C)``, int32 ``coors (B·V_s, 4)``
+        ``(b, z, y, x)``, int32 ``num_points (B·V_s,)``, int64 ``num_voxels (B,)`` (at most ``V_s``) and
+        ``num_stored`` None.
+    """
+    _check_batch(points, grid)
+    _check_hard_grid(grid)
+    if voxels_per_sample < 1:
+        raise ValueError(f"voxels_per_sample: expected >= 1, got {voxels_per_sample}")
+    plan = _assign(points, grid)
+    fits = plan.voxel < voxels_per_sample  # (B*P,)
+    plan = plan._replace(keep=plan.keep & fits, head=plan.head & fits)
+    slot = plan.sample * voxels_per_sample + plan.voxel  # (B*P,): garbage where not kept, masked in _write
+    slots = points.shape[0] * voxels_per_sample
+    voxels, coors, counts = _write(points, grid, plan, slot, slots, with_sample=True)
+    return HardVoxels(voxels, coors, counts, plan.num_voxels.clamp(max=voxels_per_sample))
 
 
 def dynamic_voxelize(points: RaggedBatch, grid: VoxelGrid, *, with_batch_index: bool = True) -> RaggedBatch:

@@ -42,7 +42,7 @@ from drivetrain.models.pointpillars.backbone import SECOND, SECONDFPN
 from drivetrain.models.pointpillars.head import Anchor3DHead, ShapeAwareHead
 from drivetrain.models.pointpillars.loss import AnchorHeadLoss
 from drivetrain.models.pointpillars.middle import DenseMiddleEncoder, scatter_to_volume
-from drivetrain.models.pointpillars.paths import model_path
+from drivetrain.models.pointpillars.paths import BatchedPath, model_path
 from drivetrain.models.pointpillars.postprocess import DecodeConfig
 from drivetrain.models.pointpillars.recipe import (
     LOSS_WEIGHTS,
@@ -51,6 +51,7 @@ from drivetrain.models.pointpillars.recipe import (
     NUS_PP_ASSIGNER,
     code_weights_for,
 )
+from drivetrain.models.pointpillars.static import Buckets, StaticPillarStep, StaticShapes, static_loss
 from drivetrain.models.pointpillars.tta import TTAConfig, detect_tta
 from drivetrain.models.pointpillars.voxel_encoder import HardVFE
 from drivetrain.pipeline.lidar import lidar_input
@@ -292,6 +293,47 @@ class PointPillars(nn.Module):
         """The unweighted terms ``loss_cls``, ``loss_bbox``, ``loss_dir``, on the model's path."""
         gt_boxes, gt_labels = self.gt_targets(batch)
         return self.path.loss(self, outputs, gt_boxes, gt_labels)
+
+    # -------------------------------------------------------------------------------------- compiled step
+    def _static_step(self) -> StaticPillarStep:
+        """The static step (:mod:`.static`) at :meth:`~.static.Buckets.for_compiled_step`'s buckets, windowed as the
+        path assigns (:class:`~.paths.BatchedPath` with ``window``); rebuilt when the path changes. A ValueError
+        naming ``model.args.middle`` for a model with a dense middle encoder."""
+        if self.middle is not None:
+            raise ValueError(
+                "model.args.middle: the static step covers PointPillars' BEV scatter, not a dense middle encoder"
+            )
+        windowed = isinstance(self.path, BatchedPath) and self.path.window
+        step = self.__dict__.get("_static")
+        if step is None or step.windowed != windowed:
+            step = StaticPillarStep(self, Buckets.for_compiled_step(self.args, self.grid), windowed=windowed)
+            self.__dict__["_static"] = step  # not a submodule: it holds this model
+        return step
+
+    def step_buckets(self, batch_size: int) -> tuple[StaticShapes, ...]:
+        """Every bucket of the static training step for batches of ``batch_size`` samples (what ``speed.compile_step``
+        compiles before step 1): one point and one voxel bucket, ground truth 64 and ``max_targets``, and with the
+        windowed assignment five pair buckets."""
+        step = self._static_step()
+        return step.buckets.all_shapes(batch_size, step.windowed)
+
+    def step_shapes(self, batch: Batch) -> StaticShapes:
+        """The bucket of ``batch``: one host read with the windowed assignment (its pair count; ``# sync:`` in
+        :meth:`~.static.StaticPillarStep.shapes`), none without; a ValueError naming
+        ``model.args.max_points_per_sample`` or ``model.args.max_targets`` for a batch beyond the largest."""
+        return self._static_step().shapes(batch)
+
+    def step_inputs(
+        self, batch: Batch | None, shapes: StaticShapes, batch_size: int, device: torch.device
+    ) -> tuple[Any, ...]:
+        """The arguments of :meth:`step_loss` for ``batch`` padded to ``shapes``, or for an empty batch of
+        ``batch_size`` samples at ``shapes`` (None: for compiling the bucket before the first step)."""
+        return self._static_step().inputs(batch, shapes, batch_size, device)
+
+    def step_loss(self, *inputs: Any) -> dict[str, torch.Tensor]:
+        """The training forward and the unweighted loss terms at static shapes (:func:`~.static.static_loss`): one
+        graph without a break, the same terms as :meth:`forward` then :meth:`loss`."""
+        return static_loss(self, *inputs)
 
     # --------------------------------------------------------------------------------------------- detect
     def enable_tta(self) -> None:

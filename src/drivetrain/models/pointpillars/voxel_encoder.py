@@ -127,7 +127,9 @@ def _weighted_batch_norm(y: torch.Tensor, rows: _Rows, norm: nn.BatchNorm1d) -> 
                 momentum = norm.momentum
                 if momentum is None:  # a cumulative average
                     momentum = 1.0 / float(norm.num_batches_tracked)  # a CPU buffer unless on a device
-                unbiased = var * (rows.total / max(rows.total - 1, 1))  # (C,)
+                total = rows.total  # an int, or a device tensor (the static step's real V·T: no host read)
+                below = (total - 1).clamp(min=1) if isinstance(total, torch.Tensor) else max(total - 1, 1)
+                unbiased = var * (total / below)  # (C,)
                 norm.running_mean.mul_(1 - momentum).add_(mean.to(norm.running_mean.dtype), alpha=momentum)
                 norm.running_var.mul_(1 - momentum).add_(unbiased.to(norm.running_var.dtype), alpha=momentum)
         return out

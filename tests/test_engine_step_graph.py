@@ -1,0 +1,98 @@
+"""``speed.compile_step`` (:mod:`drivetrain.engine.build`): PointPillars' forward and loss as one compiled graph
+per bucket, every bucket compiled before step 1, none inside the steps, exact resume; the one-line refusals.
+
+The runs use ``torch.compile``'s ``aot_eager`` backend (``speed.compile_step_backend``): the same graph capture, the
+forward and backward graphs, without code generation (inductor's minutes per bucket belong in the benchmarks), and
+the dense assignment at one ground-truth bucket (``window=false``, ``max_targets=64``): one bucket to compile."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from drivetrain.cli.main import main
+from drivetrain.engine.config import ConfigError, load_config
+from drivetrain.engine.trainer import Trainer
+from helpers.engine import final_state, losses
+from test_engine_step_syncs import _watched
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "pointpillars_tiny.yaml"
+QUIET = ["run.threads=1", "log.progress=false", "log.tensorboard=false", "eval.every=0", "eval.at_start=false"]
+STEP_GRAPH = ["speed.compile_step=true", "speed.compile_step_backend=aot_eager", "model.args.window=false",
+              "model.args.max_targets=64"]  # fmt: skip
+
+
+def _argv(out: Path, synth_root: Path, *extra: str) -> list[str]:
+    data = {"index": str(synth_root / "drivetrain_index.npz"), "split": "mini_train", "load_images": False,
+            "load_points": True, "num_sweeps": 1, "use_dim": [0, 1, 2, 4]}  # fmt: skip
+    return ["train", "--config", str(TINY), f"run.out_dir={out}", *QUIET, "data.name=frames",
+            f"data.args={json.dumps(data)}", "data.batch_size=2", "checkpoint.every=2", "train.device=cpu",
+            "run.deterministic=true", *extra]  # fmt: skip
+
+
+def _train(capfd, argv: list[str]) -> str:
+    capfd.readouterr()
+    assert main(argv) == 0
+    return capfd.readouterr().err
+
+
+def test_the_compiled_step_compiles_before_step_one_and_resumes_exactly(synth_root, synth_index, tmp_path, capfd):
+    straight, split, eager = tmp_path / "straight", tmp_path / "split", tmp_path / "eager"
+    err = _train(capfd, _argv(straight, synth_root, "train.steps=4", *STEP_GRAPH))
+    buckets = [line for line in err.splitlines() if line.startswith("speed.compile_step: bucket ")]
+    assert len(buckets) == 1 and buckets[0].endswith(" s"), err  # one line per bucket, with its seconds
+    assert "inside steps" not in err  # no graph compiled during the 4 steps
+    first = _train(capfd, _argv(split, synth_root, "train.steps=2", *STEP_GRAPH))
+    resumed = _train(capfd, [*_argv(split, synth_root, "train.steps=4", *STEP_GRAPH), "--resume", "auto"])
+    assert "inside steps" not in first + resumed
+    assert losses(split) == losses(straight)
+    want, got = final_state(straight)["model"], final_state(split)["model"]
+    assert all(torch.equal(got[key], value) for key, value in want.items())
+    # the compiled step computes the eager forward + loss: the first step's loss (same weights, same batch) within
+    # float32 summation over the loss's B·A anchors (2 samples × a 64 × 64 map × 6 anchors)
+    _train(capfd, _argv(eager, synth_root, "train.steps=1", "model.args.window=false"))
+    rtol = 2 * 64 * 64 * 6 * torch.finfo(torch.float32).eps
+    torch.testing.assert_close(losses(straight)[0], losses(eager)[0], rtol=rtol, atol=0.0)
+
+
+def test_the_compiled_dense_step_adds_no_host_read(synth_root, synth_index, tmp_path):
+    """With the dense assignment the bucket is the batch's shapes: the iteration keeps its one read, after the update
+    (the windowed step reads its pair total once more, before the graph)."""
+    argv = _argv(tmp_path, synth_root, "train.steps=4", *STEP_GRAPH)
+    trainer = Trainer(load_config(TINY, argv[3:]))
+    seen = _watched(trainer)
+    trainer.fit()
+    trainer.close()
+    assert len(seen) == 3 and trainer.step_graph.compiles_in_steps == 0
+    assert all(len(record["passed"]) == 1 and record["before_update"] == 0 for record in seen), seen
+
+
+def test_compile_step_without_the_capability_is_one_line_naming_the_model(tmp_path):
+    cfg = load_config(ROOT / "configs" / "smoke.yaml", [f"run.out_dir={tmp_path}", *QUIET, "speed.compile_step=true"])
+    with pytest.raises(ConfigError, match=r"^speed\.compile_step: model 'smoke' has no static training step") as err:
+        Trainer(cfg)
+    assert "\n" not in str(err.value) and not any(tmp_path.iterdir())  # nothing written
+
+
+def test_compile_step_names_the_argument_a_model_cannot_compile_with(tmp_path):
+    cfg = load_config(ROOT / "configs" / "voxelnet_tiny.yaml", [f"run.out_dir={tmp_path}", *QUIET, *STEP_GRAPH])
+    with pytest.raises(ConfigError, match=r"^speed\.compile_step: model\.args\.middle: the static step covers "):
+        Trainer(cfg)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["distributed.strategy=ddp"], r"speed\.compile_step: needs distributed\.strategy none, got ddp: "),
+        (["speed.compile=['']"], r"speed\.compile_step: not with speed\.compile: "),
+        (["speed.compile_step_backend="], r"speed\.compile_step_backend: must name a torch\.compile backend$"),
+    ],
+)
+def test_compile_step_refuses_what_it_cannot_do_yet_in_one_line(extra, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        load_config(TINY, ["speed.compile_step=true", *extra])
+    assert "\n" not in str(err.value)

@@ -1,0 +1,182 @@
+"""The padded, bucketed PointPillars/SSN training step (:mod:`drivetrain.models.pointpillars.static`): the same
+terms and gradients as the eager forward + loss, at any bucket holding the batch; one graph per bucket with no
+graph break under ``torch.compile(fullgraph=True)``."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+
+import pytest
+import torch
+
+from drivetrain.data import DatasetConfig, FrameDataset, collate
+from drivetrain.models.pointpillars.model import SSN, PointPillars
+from drivetrain.models.pointpillars.static import (
+    Buckets,
+    StaticPillarStep,
+    StaticShapes,
+    _feature_size,
+    _pad_dim1,
+    geometric_buckets,
+    static_loss,
+)
+from helpers.nosync import no_host_sync
+
+TINY = dict(
+    point_cloud_range=(-16.0, -16.0, -5.0, 16.0, 16.0, 3.0),  # a 64×64 canvas: a quarter of the tiny config's
+    voxel_size=(0.5, 0.5, 8.0),
+    max_points=16,
+    max_voxels=4000,
+    max_voxels_test=4000,
+    vfe_channels=(32,),
+    backbone_channels=(32, 64, 128),
+    layer_nums=(1, 2, 2),
+    neck_channels=(32, 32, 32),
+    anchor_ranges=[(-15.75, -15.75, -1.84, 15.75, 15.75, -1.84)],
+    anchor_sizes=[(4.6, 1.95, 1.72), (0.73, 0.66, 1.76), (0.49, 2.49, 0.98)],
+)
+TINY_SSN = {
+    **{k: v for k, v in TINY.items() if k not in ("anchor_ranges", "anchor_sizes")},
+    "anchor_ranges": [(-16.0, -16.0, -1.84, 16.0, 16.0, -1.84)] * 10,
+    "tasks": [(2, (32,), (1,)), (1, (32,), (1,)), (2, (32,), (1,)), (1, (32,), (2,)), (4, (32,), (2,))],
+}
+MODELS = {"pointpillars": (PointPillars, TINY), "ssn": (SSN, TINY_SSN)}
+EPS32 = torch.finfo(torch.float32).eps
+EPS64 = torch.finfo(torch.float64).eps
+
+
+@pytest.fixture(scope="module")
+def batch(synth_index, synth_root):
+    config = DatasetConfig(load_images=False, load_points=True, num_sweeps=1, use_dim=(0, 1, 2, 4))
+    dataset = FrameDataset(synth_index, config, synth_root)
+    out = collate([dataset[i] for i in (1, 4)])
+    return dataclasses.replace(out, points=out.points.apply(lambda t: t.double()))  # float64: see below
+
+
+def _total(model: torch.nn.Module, terms: dict[str, torch.Tensor]) -> torch.Tensor:
+    return sum(model.criterion.weights[name] * value for name, value in terms.items())
+
+
+def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_buckets_are_at_most_a_quarter_apart_and_end_at_the_cap():
+    for low, high in ((1000, 8000), (256, 30000), (1024, 1100)):
+        buckets = geometric_buckets(low, high)
+        assert buckets[0] >= low and buckets[-1] == high and all(b % 64 == 0 for b in buckets[:-1])
+        assert all(lo < hi <= 1.25 * lo for lo, hi in itertools.pairwise(buckets))
+
+
+def test_a_batch_beyond_the_largest_bucket_names_the_key(batch):
+    model = PointPillars(**TINY).double().train()
+    small = Buckets(voxels=(64, 128), points=(1 << 20,))
+    with pytest.raises(ValueError, match=r"^model\.args\.max_voxels: a batch needs \d+, above the largest bucket 128$"):
+        StaticPillarStep(model, small).shapes(batch)
+    with pytest.raises(ValueError, match=r"^model\.args\.max_targets: "):
+        dataclasses.replace(small, max_targets=1).targets(batch.gt_boxes.shape[1])
+
+
+def test_the_compiled_steps_buckets_are_few_and_a_batch_beyond_them_names_the_argument(batch):
+    model = PointPillars(**TINY, max_points_per_sample=1 << 15, step_voxels=64, max_targets=100).double().train()
+    buckets = Buckets.for_compiled_step(model.args, model.grid)
+    assert buckets.voxels == (64,) and buckets.points == (1 << 15,) and buckets.targets_ladder == (64, 100)
+    assert len(buckets.all_shapes(2, windowed=False)) == 2 and len(buckets.all_shapes(2, windowed=True)) == 10
+    with pytest.raises(ValueError, match=r"^model\.args\.step_voxels: a batch needs \d+, above the largest bucket 64$"):
+        StaticPillarStep(model, buckets).shapes(batch)
+    small = PointPillars(**TINY, max_points_per_sample=64).double().train()
+    with pytest.raises(ValueError, match=r"^model\.args\.max_points_per_sample: a batch needs \d+, above the "):
+        StaticPillarStep(small, Buckets.for_compiled_step(small.args, small.grid)).shapes(batch)
+
+
+@pytest.mark.parametrize("windowed", [False, True], ids=["dense", "windowed"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_the_padded_step_gives_the_eager_terms_and_gradients_at_any_bucket(batch, name, windowed):
+    """The network runs in float64 (the loss is float32 either way: ``fp32``), so that what differs between the
+    two layouts — the order of HardVFE's BatchNorm sums over ``N`` rows, the box and direction sums over window
+    pairs instead of anchors — is rounding, bounded by recursive summation's ``γ_n = n·ε``: float32 terms
+    within ``n·ε₃₂`` (``n = B·A`` summands), float64 gradients within ``64·N·ε₆₄`` (the slot sums of every
+    BatchNorm the difference crosses; in float32 the backbone's near-empty BEV channels amplify ulps to ~1 %)."""
+    cls, args = MODELS[name]
+    torch.manual_seed(0)
+    eager = cls(**args).double().train()
+    padded = copy.deepcopy(eager)
+    out = eager(batch)
+    terms = eager.loss(out, batch)
+    _total(eager, terms).backward()
+    want = _grads(eager)
+    step = StaticPillarStep(padded, Buckets.for_grid(padded.grid, 1 << 15), windowed=windowed)
+    tight = step.shapes(batch)
+    assert (tight.pairs > 0) == windowed
+    loose = StaticShapes(tight.points + 640, tight.voxels + 320, tight.rows + 1280, 64, 2 * tight.pairs)  # all dims
+    num_summands = out["cls_logits"].shape[0] * out["cls_logits"].shape[1]
+    for shapes in (tight, loose):
+        padded.zero_grad(set_to_none=True)
+        got = step(batch, shapes)
+        _total(padded, got).backward()
+        for key, value in terms.items():
+            torch.testing.assert_close(got[key], value, rtol=num_summands * EPS32, atol=0.0, msg=key)
+        rows = 2 * shapes.voxels * padded.grid.max_points
+        for key, grad in _grads(padded).items():
+            scale = want[key].abs().max().item()
+            torch.testing.assert_close(grad, want[key], rtol=0.0, atol=64 * rows * EPS64 * scale, msg=key)
+        assert set(_grads(padded)) == set(want)
+
+
+def _static_args(model: torch.nn.Module, batch, shapes: StaticShapes) -> tuple:
+    anchors, classes, thresholds = model.anchor_set(_feature_size(model), batch.points.device)
+    return (
+        model,
+        _pad_dim1(batch.points.tensor, shapes.points),
+        batch.points.sizes,
+        _pad_dim1(batch.gt_boxes.tensor, shapes.targets),
+        _pad_dim1(batch.gt_labels.tensor, shapes.targets),
+        batch.gt_boxes.sizes,
+        anchors,
+        thresholds,
+        classes,
+        shapes.voxels,
+        shapes.rows,
+        model.windowed_anchors(_feature_size(model), batch.points.device) if shapes.pairs else None,
+        shapes.pairs,
+    )
+
+
+@pytest.mark.parametrize("windowed", [False, True], ids=["dense", "windowed"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_the_step_is_one_graph_without_a_break(batch, name, windowed):
+    cls, args = MODELS[name]
+    model = cls(**args).double().train()
+    step = StaticPillarStep(model, Buckets.for_grid(model.grid, 1 << 15), windowed=windowed)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(static_loss)(*_static_args(model, batch, step.shapes(batch)))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+@pytest.mark.slow
+def test_one_compile_per_bucket_and_none_on_return(batch):
+    from torch._dynamo.testing import CompileCounter
+
+    model = PointPillars(**TINY).double().train()
+    step = StaticPillarStep(model, Buckets.for_grid(model.grid, 1 << 15))
+    shapes = step.shapes(batch)
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    step.fn = torch.compile(static_loss, backend=counter, fullgraph=True, dynamic=False)
+    other = StaticShapes(shapes.points, shapes.voxels, shapes.rows, shapes.targets * 2)
+    for s in (shapes, shapes, other, shapes, other):  # crossing buckets and back
+        _total(model, step(batch, s)).backward()
+    assert counter.frame_count == 2  # one per bucket, none again on return
+
+
+@pytest.mark.parametrize(("voxel_buckets", "windowed"), [(False, False), (True, False), (False, True)])
+def test_the_padded_step_reads_the_host_once_with_buckets_to_choose_and_never_without(batch, voxel_buckets, windowed):
+    model = PointPillars(**TINY).double().train()
+    buckets = Buckets.for_grid(model.grid, 1 << 15, voxel_buckets=voxel_buckets)
+    step = StaticPillarStep(model, buckets, windowed=windowed)
+    _total(model, step(batch)).backward()  # the anchors and the feature size are cached before the step
+    with no_host_sync(documented=1) as documented:
+        _total(model, step(batch)).backward()
+    assert len(documented) == int(voxel_buckets or windowed)
