@@ -53,6 +53,7 @@ from drivetrain.models.streampetr.memory import MemoryBank
 from drivetrain.models.streampetr.position import PositionEmbedding3D
 from drivetrain.models.streampetr.postprocess import decode
 from drivetrain.models.streampetr.recipe import MAX_NUM, MEAN, POST_CENTER_RANGE, SIZE_DIVISOR, STD
+from drivetrain.models.streampetr.static import buckets
 from drivetrain.ragged import RaggedBatch
 
 __all__ = ["StreamPETR"]
@@ -84,6 +85,8 @@ class StreamPETR(nn.Module):
         args = dataclasses.replace(args, **changes)
         self.args = args
         self.path = path_of(args.impl, args.static_targets)  # the one choice: a ValueError names a wrong impl
+        if args.static_targets:
+            buckets(args.max_targets)  # a ValueError names model.args.max_targets below 1
         if args.embed_dims % 2:
             raise ValueError(
                 f"embed_dims: must be even (the 3D sine embedding has 3E/2 features), got {args.embed_dims}"
