@@ -39,13 +39,17 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dropout", type=float, default=None, help="replace the config's decoder dropout (0.1)")
     parser.add_argument("--save", default=None)
     opts = parser.parse_args()
     torch.set_num_threads(opts.threads)
     args = yaml.safe_load((ROOT / "configs" / "streampetr_tiny.yaml").read_text())["model"]["args"]
+    if opts.dropout is not None:
+        args["dropout"] = opts.dropout
     ds = frames(str(Path(opts.root) / "drivetrain_index.npz"), split="mini_train")
     batches = [ds.collate([ds[2 * i], ds[2 * i + 1]]) for i in range(opts.batches)]
     report: dict = {"device": f"cpu ({platform.processor() or platform.machine()}), {opts.threads} thread(s)"}
+    report["dropout"] = args["dropout"]
     report["G"] = [b.gt_boxes.max_size for b in batches]
     report["G_2d"] = [b.gt_boxes_2d.max_size for b in batches]
 
