@@ -17,7 +17,7 @@ from drivetrain.losses.term_weights import weighted_total
 from drivetrain.models.streampetr import StreamPETR
 from drivetrain.models.streampetr.denoising import make_dn_queries, make_static_dn_queries, padded_noise
 from drivetrain.models.streampetr.loss import BATCHED, STATIC
-from drivetrain.models.streampetr.static import buckets, pad_targets, target_bucket
+from drivetrain.models.streampetr.static import buckets, pad_ragged, pad_targets, target_bucket
 from drivetrain.ragged import RaggedBatch
 from helpers.nosync import allow_host_sync, no_host_sync
 from helpers.streampetr import SMALL
@@ -166,12 +166,16 @@ def test_padding_rows_neither_attend_nor_are_attended_and_real_rows_are_the_eage
 def test_the_padded_forward_and_loss_are_one_graph_with_the_solvers_inside(train_frames):
     """``torch._dynamo.explain`` of forward + loss: the eager path breaks at the DN queries' host read (its frames
     split into several graphs); the static one is one graph without a break, both SciPy solver calls in it as the
-    custom operator."""
+    custom operator — also when a bucket (the 2D boxes' 64) exceeds the tokens (60), where the eager loss warns
+    once (a ``warnings.warn`` dynamo cannot trace)."""
     batch = batch_with(train_frames, (0, 3), (13, 9))
     explained = {}
     for static in (False, True):
         model = model_of(static_targets=static)
-        feed = pad_targets(batch, 64) if static else batch  # what the compiled step is fed: G at its bucket
+        feed = batch
+        if static:  # what the compiled step is fed: G at its bucket; the 2D boxes at 64, above the 60 tokens
+            feed = pad_targets(batch, 64)
+            feed = dataclasses.replace(feed, **{name: pad_ragged(getattr(feed, name), 64) for name in FIELDS_2D})
 
         def step(b, model=model):
             return weighted_total(model.loss(model(b), b), model.loss_weights)
