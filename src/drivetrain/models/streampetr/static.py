@@ -23,8 +23,10 @@ maps an eager draw into the static layout for the equality tests.
 A batch whose ``G`` is beyond the largest bucket (the bucket of ``model.args.max_targets``) is one ``ValueError``
 naming ``model.args.max_targets``; it is raised from the shape alone (no host read).
 
-For a compiled step (``speed.compile_step``), the trainer pads the batch before the graph (:func:`pad_targets` is
-then a no-op inside it): the graph's inputs have bucket shapes only, one graph per bucket.
+A compiled step (``speed.compile_step``) should be fed batches padded before the graph (:func:`pad_targets` is then
+a no-op inside it): its inputs then have bucket shapes only, one graph per bucket (plus one for the memory bank's
+first, empty frame). Padding inside the graph traces too, without a break, but the input's raw ``G`` is then a
+shape dynamo guards: a graph per distinct ``G``.
 """
 
 from __future__ import annotations
