@@ -197,7 +197,8 @@ class FocalHeadLoss(torch.nn.Module):
             raise TypeError(f"gt_boxes_2d: expected a RaggedBatch (B, N, G, 4), got {type(gt_boxes).__name__}")
         padded = gt_boxes.max_size  # the shape, known on the host: no image holds more
         self.counts = {"unassigned_gt_2d": num_unassigned(gt_boxes.sizes, num_tokens, padded)}
-        if padded > num_tokens and not self._warned_unassigned:
+        # not while dynamo traces a whole step (the padded length is then a bucket, a bound; the count stays exact)
+        if padded > num_tokens and not self._warned_unassigned and not torch.compiler.is_compiling():
             self._warned_unassigned = True
             warnings.warn(
                 f"gt_boxes_2d: a batch holds up to {padded} 2D ground truths per image, more than the {num_tokens} "

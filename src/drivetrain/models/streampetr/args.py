@@ -44,3 +44,5 @@ class StreamPETRArgs:
     sync_cls_avg_factor: bool = False  # average classification counts over ranks (False, as published)
     freeze_backbone: bool = False  # a fixed image encoder, so speed.encoder_overlap can run it ahead
     compile_loss: bool | dict[str, Any] = False  # both criteria's batched paths through torch.compile (or its args)
+    static_targets: bool = False  # pad G, the DN queries and the 2D boxes to buckets (.static; needs impl batched)
+    max_targets: int = 64  # static_targets: ground truths per sample (2D boxes per image) the largest bucket holds

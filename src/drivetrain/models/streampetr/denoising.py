@@ -15,7 +15,9 @@ row, and, for a DN row of group ``g``, the DN columns of every other group. Ever
 :func:`reference_make_dn_queries` mirrors ``StreamPETRHead.prepare_for_dn`` of StreamPETR
 (``projects/mmdet3d_plugin/models/dense_heads/streampetr_head.py``): the concatenated ground truths, the
 per-sample index lists and the loop over groups for the mask. :func:`make_dn_queries` builds the same
-tensors at once, with a single host sync (``S`` and ``T`` are shapes). Deviations of both, each for a
+tensors at once, with a single host sync (``S`` and ``T`` are shapes). :func:`make_static_dn_queries` (the static
+path, :mod:`.static`) takes ``S'``, the bucket the ground truth is padded to, as rows per group, with no host
+read: the rows past ``S`` are padding that no other query sees and that sees only itself. Deviations of both, each for a
 stated reason:
 
 - the gravity centre is the box code's ``z`` already (our boxes carry it), not read from an mmdet3d box;
@@ -39,7 +41,7 @@ import torch
 from drivetrain.constants import constant
 from drivetrain.ragged import RaggedBatch
 
-__all__ = ["DNQueries", "make_dn_queries", "reference_make_dn_queries"]
+__all__ = ["DNQueries", "make_dn_queries", "make_static_dn_queries", "padded_noise", "reference_make_dn_queries"]
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,107 @@ def make_dn_queries(
     row, col = group_of[:rows_n], group_of[:cols_n]  # (P+Q+Np,), (P+Q+M,)
     attn_mask = (col < groups).unsqueeze(0) & (row.unsqueeze(1) != col.unsqueeze(0))  # (P+Q+Np, P+Q+M)
     return DNQueries(reference, background, labels, groups, single_pad, attn_mask)
+
+
+def make_static_dn_queries(
+    gt_boxes: RaggedBatch,
+    gt_labels: RaggedBatch,
+    *,
+    groups: int,
+    noise_scale: float,
+    split: float,
+    pc_range: tuple[float, ...],
+    num_classes: int,
+    num_query: int,
+    num_propagated: int,
+    memory_len: int,
+    noise: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> DNQueries:
+    """DN queries of a batch padded to a bucket (:mod:`.static`): ``S'`` = the padded length of ``gt_boxes`` rows
+    per group, no host read.
+
+    Row ``g·S' + i`` of sample ``b`` denoises ground truth ``i`` while ``i < M_b``; the rows with
+    ``M_b ≤ i < S`` (``S = max_b M_b``, a device value) are the eager layout's padding and stay visible to their
+    group as there; the rows with ``i ≥ S`` are the bucket's padding: no query may attend to them and each
+    attends to itself only (a row that sees nothing would give NaN), and they are background past every sample's
+    count, so the loss leaves them out. The queries and mask of every real row are those of
+    :func:`make_dn_queries` given the same ``r`` (:func:`padded_noise`).
+
+    Args:
+        gt_boxes: RaggedBatch ``(B, S', 9)`` as :func:`make_dn_queries`', padded to the bucket ``S'``
+            (:func:`~.static.pad_targets`).
+        gt_labels: RaggedBatch ``(B, S')``, sizes as ``gt_boxes``.
+        groups: DN groups; 0 disables DN.
+        noise_scale: centre noise in half box sizes; must be positive.
+        split: noise radius beyond which the label becomes background.
+        pc_range: ``(x_min, y_min, z_min, x_max, y_max, z_max)`` metres the centres are normalised by.
+        num_classes: ``C``; the background label.
+        num_query: learned (matching) queries.
+        num_propagated: queries propagated from the memory, after the matching ones.
+        memory_len: memory entries, the key columns after the matching ones.
+        noise: ``(B, groups, S', 3)`` float32 ``r`` in this layout, or None to draw it.
+        generator: draws ``r`` when ``noise`` is None.
+
+    Returns:
+        :class:`DNQueries` with ``P' = groups·S'`` rows per sample and ``single_pad = S'``.
+    """
+    _check(gt_boxes, gt_labels, groups, noise_scale, split, pc_range, num_query, num_propagated, memory_len)
+    boxes, sizes = gt_boxes.tensor.float(), gt_boxes.sizes  # (B, S', 9), (B,)
+    batch, s, device = boxes.shape[0], boxes.shape[1], boxes.device
+    if groups == 0 or s == 0:
+        return _empty(batch, groups, s, device)
+    p = groups * s
+    if noise is None:
+        noise = torch.rand((batch, groups, s, 3), generator=generator, dtype=torch.float32, device=device) * 2 - 1.0
+    elif tuple(noise.shape) != (batch, groups, s, 3):
+        raise ValueError(f"noise: expected (B, groups, S', 3) = {(batch, groups, s, 3)}, got {tuple(noise.shape)}")
+    noise = noise.to(device=device, dtype=torch.float32)  # (B, groups, S', 3)
+    index = torch.arange(s, device=device)  # (S',)
+    exists = (index < sizes.unsqueeze(1)).unsqueeze(1)  # (B, 1, S')
+    centre, half = boxes[:, None, :, :3], boxes[:, None, :, 3:6] / 2  # (B, 1, S', 3), (B, 1, S', 3)
+    noised = centre + (noise * half) * noise_scale  # (B, groups, S', 3) metres
+    low = constant(pc_range[:3], dtype=torch.float32, device=device)  # (3,)
+    high = constant(pc_range[3:], dtype=torch.float32, device=device)  # (3,)
+    normalised = ((noised - low) / (high - low)).clamp(min=0.0, max=1.0)  # (B, groups, S', 3)
+    reference = torch.where(exists.unsqueeze(-1), normalised, 0.0).reshape(batch, p, 3)  # (B, P', 3)
+    outside = torch.norm(noise, 2, -1) > split  # (B, groups, S')
+    background = (outside | ~exists).reshape(batch, p)  # (B, P')
+    gt_label = gt_labels.tensor[:, :s].long().unsqueeze(1).expand(batch, groups, s).reshape(batch, p)  # (B, P')
+    labels = torch.where(background, num_classes, gt_label)  # (B, P')
+    rows_n, cols_n = p + num_query + num_propagated, p + num_query + memory_len
+    position = torch.arange(max(rows_n, cols_n), device=device)  # (K,)
+    group_of = torch.div(position, s, rounding_mode="floor").clamp(max=groups)  # (K,): `groups` = not DN
+    padding = (position < p) & (position % s >= sizes.max())  # (K,): the bucket's rows, past S
+    row, col = group_of[:rows_n], group_of[:cols_n]  # (P'+Q+Np,), (P'+Q+M,)
+    blocked = (col < groups).unsqueeze(0) & (row.unsqueeze(1) != col.unsqueeze(0))  # the eager mask
+    blocked = blocked | padding[:cols_n].unsqueeze(0) | padding[:rows_n].unsqueeze(1)  # (P'+Q+Np, P'+Q+M)
+    itself = position[:rows_n].unsqueeze(1) == position[:cols_n].unsqueeze(0)  # (P'+Q+Np, P'+Q+M)
+    attn_mask = blocked & ~(itself & padding[:rows_n].unsqueeze(1))  # a padding row sees itself only
+    return DNQueries(reference, background, labels, groups, s, attn_mask)
+
+
+def padded_noise(noise: torch.Tensor, sizes: list[int], groups: int, length: int) -> torch.Tensor:
+    """An eager draw ``r`` ``(groups·T, 3)`` (:func:`make_dn_queries`' row order) at the static layout
+    ``(B, groups, length, 3)`` of :func:`make_static_dn_queries`, zeros in the padding rows: the same noise for
+    both paths (the equality tests).
+
+    Args:
+        noise: ``(groups·T, 3)``, ``T = Σ sizes``.
+        sizes: ``M_b`` per sample (host ints).
+        groups: DN groups.
+        length: ``S'``, the bucket (≥ every size).
+    """
+    total = sum(sizes)
+    if tuple(noise.shape) != (groups * total, 3) or max(sizes, default=0) > length:
+        raise ValueError(f"noise: expected ({groups * total}, 3) for sizes {sizes} within {length}")
+    out = noise.new_zeros(len(sizes), groups, length, 3)  # (B, groups, S', 3)
+    first = 0
+    for b, m in enumerate(sizes):
+        for g in range(groups):
+            out[b, g, :m] = noise[g * total + first : g * total + first + m]
+        first += m
+    return out
 
 
 def reference_make_dn_queries(

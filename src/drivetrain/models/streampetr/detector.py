@@ -53,6 +53,7 @@ from drivetrain.models.streampetr.memory import MemoryBank
 from drivetrain.models.streampetr.position import PositionEmbedding3D
 from drivetrain.models.streampetr.postprocess import decode
 from drivetrain.models.streampetr.recipe import MAX_NUM, MEAN, POST_CENTER_RANGE, SIZE_DIVISOR, STD
+from drivetrain.models.streampetr.static import buckets
 from drivetrain.ragged import RaggedBatch
 
 __all__ = ["StreamPETR"]
@@ -72,8 +73,9 @@ class StreamPETR(nn.Module):
 
     A frozen backbone (``freeze_backbone``: backbone and neck without gradients, normalisation in evaluation mode)
     makes :meth:`encode` run apart from the trainable rest, so the trainer can run it for the next batch while this
-    one trains (``speed.encoder_overlap``). The path (``impl``: reference or batched losses and denoising queries)
-    is chosen here, once, as a :class:`~.loss.Path`.
+    one trains (``speed.encoder_overlap``). The path (``impl``: reference or batched losses and denoising queries;
+    ``static_targets``: the batched path on ground truth padded to buckets, :mod:`.static`) is chosen here, once, as
+    a :class:`~.loss.Path`.
     """
 
     input_modalities: tuple[str, ...] = ("camera",)
@@ -82,7 +84,9 @@ class StreamPETR(nn.Module):
         super().__init__()
         args = dataclasses.replace(args, **changes)
         self.args = args
-        self.path = path_of(args.impl)  # the one choice of the path: a ValueError names an unknown impl
+        self.path = path_of(args.impl, args.static_targets)  # the one choice: a ValueError names a wrong impl
+        if args.static_targets:
+            buckets(args.max_targets)  # a ValueError names model.args.max_targets below 1
         if args.embed_dims % 2:
             raise ValueError(
                 f"embed_dims: must be even (the 3D sine embedding has 3E/2 features), got {args.embed_dims}"
@@ -226,6 +230,7 @@ class StreamPETR(nn.Module):
         return self.backbone(x), (pw, ph)
 
     def _dn_queries(self, batch: Batch) -> DNQueries:
+        batch = self.path.targets(batch, self.args.max_targets)  # padded to buckets on the static path
         return self.path.make_dn_queries(
             batch.gt_boxes,
             batch.gt_labels,
@@ -305,6 +310,7 @@ class StreamPETR(nn.Module):
 
     def loss(self, outputs: dict[str, Any], batch: Batch) -> dict[str, torch.Tensor]:
         """Unweighted terms of the 3D head (every layer, denoising) and of the focal head."""
+        batch = self.path.targets(batch, self.args.max_targets)  # padded to buckets on the static path
         terms = self.path.loss_3d(self.criterion, outputs, batch)
         if self.focal_criterion is not None:
             padded = dataclasses.replace(batch, image_size=outputs["padded_size"])  # the original's pad_shape

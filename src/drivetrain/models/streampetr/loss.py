@@ -26,38 +26,51 @@ from typing import Any, Literal
 
 import torch
 
+from drivetrain.batch import Batch
 from drivetrain.losses.focal_head import FocalHeadLoss
 from drivetrain.losses.inputs import Targets
 from drivetrain.match import HungarianAssigner3D
 from drivetrain.models.streampetr.box_code import encode_boxes
-from drivetrain.models.streampetr.denoising import DNQueries, make_dn_queries, reference_make_dn_queries
+from drivetrain.models.streampetr.denoising import (
+    DNQueries,
+    make_dn_queries,
+    make_static_dn_queries,
+    reference_make_dn_queries,
+)
 from drivetrain.models.streampetr.loss_3d import StreamPETRLoss
 from drivetrain.models.streampetr.recipe import CLASSES, CODE_WEIGHTS, DN_SPLIT, LOSS_WEIGHTS, MATCH_COSTS
+from drivetrain.models.streampetr.static import as_given, pad_targets
 
-__all__ = ["BATCHED", "PATHS", "REFERENCE", "Path", "hungarian_3d", "path_of", "streampetr_loss"]
+__all__ = ["BATCHED", "PATHS", "REFERENCE", "STATIC", "Path", "hungarian_3d", "path_of", "streampetr_loss"]
 
 Terms = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
 class Path:
-    """One of StreamPETR's two training paths: the denoising-query builder and both criteria's entry points.
+    """One of StreamPETR's training paths: the targets' padding, the denoising-query builder and both criteria's entry
+    points.
 
     The entries are unbound (the criterion is an argument), so a model holding a path copies with
     ``copy.deepcopy`` and the path follows the copy's criteria.
 
     Attributes:
-        name: ``batched`` or ``reference`` (the ``impl`` it was chosen by).
-        make_dn_queries: :func:`~.denoising.make_dn_queries` or :func:`~.denoising.reference_make_dn_queries`.
+        name: ``batched`` or ``reference`` (the ``impl`` it was chosen by), or ``static`` (``impl: batched`` with
+            ``static_targets``).
+        make_dn_queries: :func:`~.denoising.make_dn_queries`, :func:`~.denoising.reference_make_dn_queries` or
+            :func:`~.denoising.make_static_dn_queries`.
         loss_3d: ``(criterion, outputs, targets) → terms`` of :class:`~.loss_3d.StreamPETRLoss`.
         loss_focal_head: ``(criterion, outputs, targets) → terms`` of
             :class:`~drivetrain.losses.focal_head.FocalHeadLoss`.
+        targets: ``(batch, max_targets) → batch`` the forward and the loss read: the batch as given, or its ground
+            truth padded to buckets (:func:`~.static.pad_targets`).
     """
 
-    name: Literal["batched", "reference"]
+    name: Literal["batched", "reference", "static"]
     make_dn_queries: Callable[..., DNQueries]
     loss_3d: Callable[[StreamPETRLoss, Mapping[str, Any], Targets], Terms]
     loss_focal_head: Callable[[FocalHeadLoss, Mapping[str, Any], Targets], Terms]
+    targets: Callable[[Batch, int], Batch] = as_given
 
 
 BATCHED = Path("batched", make_dn_queries, StreamPETRLoss.__call__, FocalHeadLoss.__call__)
@@ -66,14 +79,22 @@ BATCHED = Path("batched", make_dn_queries, StreamPETRLoss.__call__, FocalHeadLos
 REFERENCE = Path("reference", reference_make_dn_queries, StreamPETRLoss.reference, FocalHeadLoss.reference)
 """Op for op as the original: per layer, sample and image."""
 
+STATIC = Path("static", make_static_dn_queries, StreamPETRLoss.__call__, FocalHeadLoss.__call__, pad_targets)
+"""The batched path on static shapes (:mod:`.static`): ground truth, DN queries and 2D boxes padded to buckets."""
+
 PATHS = {path.name: path for path in (BATCHED, REFERENCE)}
 """The paths by the name ``model.args.impl`` gives."""
 
 
-def path_of(impl: str) -> Path:
-    """The path named ``impl`` (``batched`` or ``reference``); a ValueError names any other."""
+def path_of(impl: str, static_targets: bool = False) -> Path:
+    """The path named ``impl`` (``batched`` or ``reference``), or :data:`STATIC` for ``batched`` with
+    ``static_targets``; a ValueError names any other ``impl``, and ``static_targets`` with ``reference``."""
     if impl not in PATHS:
         raise ValueError(f"impl: expected 'batched' or 'reference', got {impl!r}")
+    if static_targets:
+        if impl != "batched":
+            raise ValueError(f"static_targets: needs impl 'batched' (the padded path is batched), got {impl!r}")
+        return STATIC
     return PATHS[impl]
 
 

@@ -184,7 +184,8 @@ class StreamPETRLoss(torch.nn.Module):
             raise TypeError(f"gt_boxes: expected a RaggedBatch (B, G, 9), got {type(gt_boxes).__name__}")
         padded = gt_boxes.max_size  # the shape, known on the host: no sample holds more
         self.counts = {"unassigned_gt": num_unassigned(gt_boxes.sizes, num_queries, padded)}
-        if padded > num_queries and not self._warned_unassigned:
+        # not while dynamo traces a whole step (the padded length is then a bucket, a bound; the count stays exact)
+        if padded > num_queries and not self._warned_unassigned and not torch.compiler.is_compiling():
             self._warned_unassigned = True
             warnings.warn(
                 f"gt_boxes: a batch holds up to {padded} ground truths per sample, more than the {num_queries} "

@@ -1,0 +1,115 @@
+"""StreamPETR's static training shapes: every data-dependent size of the step padded to a bucket chosen from the
+config, so that a compiled step sees one of a few shapes (issue 46, deliverable 1).
+
+The sizes that follow the data in the eager step are the padded ground-truth length ``G`` (samples' 3D boxes), the
+denoising (DN) query count ``P = groups · S`` (``S = max_b M_b``, read on the host) and the focal head's padded 2D
+box length per image. On the static path (``model.args.static_targets``):
+
+- ``G`` becomes its bucket (:func:`target_bucket`: the solver's :data:`~drivetrain.match.solve.TARGET_BUCKETS`
+  8, 16, 32, 64, then multiples of 64, as :func:`~drivetrain.match.solve.padded_target_count`; an empty batch
+  takes the smallest), the 2D boxes' ``G`` likewise; both by zero columns the ragged sizes leave out
+  (:func:`pad_targets`), so the assigners and both losses mask them as any padding;
+- the DN queries take ``S'`` = the bucket as rows per group (:func:`~.denoising.make_static_dn_queries`):
+  ``P' = groups · S'`` depends on the bucket only, the noise is drawn in that layout, and the rows past the
+  batch's ``S`` (a device value) are masked out of attention (no query sees them, they see only themselves) and
+  out of the loss (they are background and past every sample's count).
+
+Everything a real query computes is what the eager step computes: the same keys visible to it, the same targets,
+the same terms (equal to the eager step's up to the order of sums over the padding; bit-equal when ``G`` is a
+bucket already: ``tests/test_models_streampetr_static.py``). The random draw differs (``(B, groups, S', 3)``
+instead of the eager ``(groups · T, 3)``), so a run's noise is not the eager run's; :func:`~.denoising.padded_noise`
+maps an eager draw into the static layout for the equality tests.
+
+A batch whose ``G`` is beyond the largest bucket (the bucket of ``model.args.max_targets``) is one ``ValueError``
+naming ``model.args.max_targets``; it is raised from the shape alone (no host read).
+
+A compiled step (``speed.compile_step``) should be fed batches padded before the graph (:func:`pad_targets` is then
+a no-op inside it): its inputs then have bucket shapes only, one graph per bucket (plus one for the memory bank's
+first, empty frame). Padding inside the graph traces too, without a break, but the input's raw ``G`` is then a
+shape dynamo guards: a graph per distinct ``G``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch.nn.functional as F
+
+from drivetrain.batch import Batch
+from drivetrain.match.solve import padded_target_count, target_buckets
+from drivetrain.ragged import RaggedBatch
+
+__all__ = ["MAX_TARGETS_KEY", "as_given", "buckets", "pad_ragged", "pad_targets", "target_bucket"]
+
+MAX_TARGETS_KEY = "model.args.max_targets"
+"""The config key of the largest bucket, named by the error a larger batch gets."""
+
+_FIELDS_3D = ("gt_boxes", "gt_labels")
+_FIELDS_2D = ("gt_boxes_2d", "gt_labels_2d", "centers_2d", "depths_2d", "gt_index_2d")
+
+
+def buckets(max_targets: int) -> tuple[int, ...]:
+    """Every padded length of the static path for ``max_targets``, ascending: the solver's buckets up to the one
+    holding it (a batch without ground truth takes the smallest).
+
+    Example:
+        >>> buckets(64), buckets(100)
+        ((8, 16, 32, 64), (8, 16, 32, 64, 128))
+    """
+    if max_targets < 1:
+        raise ValueError(f"{MAX_TARGETS_KEY}: must be ≥ 1, got {max_targets}")
+    return tuple(target_buckets(max_targets))
+
+
+def target_bucket(length: int, max_targets: int, what: str = "gt_boxes") -> int:
+    """The bucket a padded length ``length`` is padded to; a ``ValueError`` naming :data:`MAX_TARGETS_KEY` when it
+    is beyond the largest.
+
+    Args:
+        length: the batch's padded ground-truth length ``G`` (a shape: no host read).
+        max_targets: ``model.args.max_targets``.
+        what: the batch field, for the message.
+    """
+    largest = padded_target_count(max_targets)
+    if length > largest:
+        raise ValueError(
+            f"{MAX_TARGETS_KEY}: {what} holds up to {length} boxes per sample, beyond the largest bucket {largest} "
+            f"(of max_targets={max_targets}); raise {MAX_TARGETS_KEY} to at least {length}"
+        )
+    return padded_target_count(max(length, 1))
+
+
+def pad_ragged(rb: RaggedBatch, length: int) -> RaggedBatch:
+    """``rb`` with its ragged dim padded by zeros to ``length`` (the sizes shared; ``rb`` itself when it has that
+    length already)."""
+    current = rb.tensor.shape[rb.ragged_dim]
+    if current == length:
+        return rb
+    after = rb.tensor.dim() - 1 - rb.ragged_dim  # dims after the ragged one
+    tensor = F.pad(rb.tensor, (0, 0) * after + (0, length - current))
+    return RaggedBatch.unchecked(tensor, rb.sizes, rb.ragged_dim)
+
+
+def as_given(batch: Batch, max_targets: int) -> Batch:
+    """``batch`` itself: the targets of the eager paths (``max_targets`` unused)."""
+    return batch
+
+
+def pad_targets(batch: Batch, max_targets: int) -> Batch:
+    """``batch`` with its 3D ground truth padded to the bucket of its ``G`` and its 2D boxes to theirs (zeros past
+    every size); ``batch`` itself when both are at a bucket already (what the trainer's compiled step feeds).
+
+    Args:
+        batch: a training batch (``gt_boxes``, ``gt_labels`` and the 2D fields ``gt_boxes_2d``, ``gt_labels_2d``,
+            ``centers_2d``, ``depths_2d``, ``gt_index_2d``).
+        max_targets: ``model.args.max_targets``; a ``G`` beyond its bucket is a ValueError naming the key.
+    """
+    changes: dict[str, RaggedBatch] = {}
+    for fields in (_FIELDS_3D, _FIELDS_2D):
+        first = getattr(batch, fields[0], None)
+        if first is None:
+            continue
+        length = target_bucket(first.max_size, max_targets, fields[0])
+        if length != first.max_size:
+            changes.update({n: pad_ragged(getattr(batch, n), length) for n in fields if getattr(batch, n) is not None})
+    return dataclasses.replace(batch, **changes) if changes else batch

@@ -1,0 +1,260 @@
+"""StreamPETR's static path (``model.args.static_targets``, :mod:`drivetrain.models.streampetr.static`): the training
+step on ground truth, denoising queries and 2D boxes padded to buckets computes what the eager step computes — bit
+for bit when ``G`` is a bucket already, within the float32 bound of a reordered sum otherwise — the padded
+forward and loss are one graph for dynamo, and a batch beyond the largest bucket is one error naming the key."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+import torch
+
+import drivetrain.match.assigners as assigners_module
+from drivetrain.data.sources import frames
+from drivetrain.losses.term_weights import weighted_total
+from drivetrain.models.streampetr import StreamPETR
+from drivetrain.models.streampetr.denoising import make_dn_queries, make_static_dn_queries, padded_noise
+from drivetrain.models.streampetr.loss import BATCHED, STATIC
+from drivetrain.models.streampetr.static import buckets, pad_ragged, pad_targets, target_bucket
+from drivetrain.ragged import RaggedBatch
+from helpers.nosync import allow_host_sync, no_host_sync
+from helpers.streampetr import SMALL
+
+ARGS = {**SMALL, "dropout": 0.0}  # dropout's draws would follow the DN query count, which the buckets change
+
+
+@pytest.fixture(scope="module")
+def train_frames(synth_index, synth_root):
+    return frames(str(synth_root / "drivetrain_index.npz"), split="mini_train")
+
+
+FIELDS_2D = ("gt_boxes_2d", "gt_labels_2d", "centers_2d", "depths_2d", "gt_index_2d")
+
+
+def batch_with(ds, keys: tuple[int, ...], counts: tuple[int, ...], length_2d: int | None = None, dtype=None):
+    """The frames ``keys`` with their first ``counts[b]`` 3D boxes each (fewer where a frame has fewer): ``G``
+    chosen by the test, the padded length the largest count; with ``length_2d`` the first that many 2D boxes of
+    every image; with ``dtype`` every floating tensor in it."""
+    batch = ds.collate([ds[k] for k in keys])
+    sizes = torch.minimum(batch.gt_boxes.sizes, torch.tensor(counts))
+    length = int(sizes.max())
+    crop = {name: RaggedBatch(getattr(batch, name).tensor[:, :length], sizes) for name in ("gt_boxes", "gt_labels")}
+    if length_2d is not None:
+        sizes_2d = batch.gt_boxes_2d.sizes.clamp(max=length_2d)
+        assert int(sizes_2d.max()) == length_2d
+        crop.update({name: RaggedBatch(getattr(batch, name).tensor[:, :, :length_2d], sizes_2d) for name in FIELDS_2D})
+    batch = dataclasses.replace(batch, **crop)
+    if dtype is not None:
+        batch = batch._map(lambda t: t.to(dtype) if t.is_floating_point() else t)
+    return batch
+
+
+def model_of(dtype=torch.float32, **overrides) -> StreamPETR:
+    torch.manual_seed(0)
+    return StreamPETR(**{**ARGS, **overrides}).to(dtype).train()
+
+
+def step(model: StreamPETR, batch) -> tuple[dict, dict]:
+    """One training step's unweighted terms and parameter gradients."""
+    model.zero_grad(set_to_none=True)
+    terms = model.loss(model(batch), batch)
+    weighted_total(terms, model.loss_weights).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return {k: v.detach() for k, v in terms.items()}, grads
+
+
+def eager_and_static(batch, gen: torch.Generator, dtype=torch.float32) -> tuple[tuple[dict, dict], tuple[dict, dict]]:
+    """The eager (batched) step and the static one on the same parameters, batch and denoising noise."""
+    sizes = batch.gt_boxes.sizes.tolist()
+    groups = ARGS["dn_groups"]
+    r = torch.rand((groups * sum(sizes), 3), generator=gen) * 2 - 1  # the eager draw's layout
+    eager, static = model_of(dtype), model_of(dtype, static_targets=True)
+    assert static.path is STATIC
+    eager.path = dataclasses.replace(BATCHED, make_dn_queries=functools.partial(make_dn_queries, noise=r))
+    bucket = target_bucket(batch.gt_boxes.max_size, static.args.max_targets)
+    noise = padded_noise(r, sizes, groups, bucket)
+    static.path = dataclasses.replace(STATIC, make_dn_queries=functools.partial(make_static_dn_queries, noise=noise))
+    return step(eager, batch), step(static, batch)
+
+
+# ------------------------------------------------------------------------------------------------ equality
+@pytest.mark.parametrize("counts", [(8, 5), (16, 16)])
+def test_the_padded_step_is_the_eager_step_bit_for_bit_when_g_is_a_bucket(train_frames, gen, counts):
+    """``G`` (8, 16) and the 2D boxes' (8) at a bucket: nothing is padded, the DN rows are the eager ones in the
+    eager order, the mask is the eager mask: every term and gradient bit-equal in float32."""
+    batch = batch_with(train_frames, (0, 3), counts, length_2d=8)
+    assert pad_targets(batch, 64) is batch
+    (eager_terms, eager_grads), (static_terms, static_grads) = eager_and_static(batch, gen)
+    assert list(static_terms) == list(eager_terms)
+    for key, value in eager_terms.items():
+        assert torch.equal(static_terms[key], value), key
+    assert static_grads.keys() == eager_grads.keys()
+    for name, grad in eager_grads.items():
+        assert torch.equal(static_grads[name], grad), name
+
+
+@pytest.mark.parametrize("counts", [(7, 3), (13, 9), (30, 2), (0, 0)])
+def test_the_padded_step_equals_the_eager_step_in_every_bucket(train_frames, gen, counts):
+    """``G`` = 7, 13, 30 and 0 (buckets 8, 16, 32 and the smallest for an empty batch): the padded step's terms
+    and parameter gradients equal the eager step's. The padding adds exact zeros to sums (the loss terms, the
+    self-attention's softmax over masked keys, weight gradients over query rows) whose blocking follows the length:
+    the two steps differ by reordered sums only. The network runs in float64, so that this is the only difference
+    (the 2D boxes are cut to a bucket, 8, so that the focal head's float32 loss sums the same elements on both).
+
+    Bounds: a reordered sum of n terms moves by at most 2(n − 1)·u·Σ|x_i| (u = eps/2: each order is within
+    (n − 1)·u·Σ|x_i| of the exact sum). The terms are float32 sums of non-negative elements (Σ|x_i| = the term) of at
+    most n = B·(P'+Q)·C summands: rtol 2n·u₃₂. The gradients are float64 sums of at most n = B·(P'+Q)·E products
+    (weight gradients over the query rows; the softmax's keys are fewer): 2n·u₆₄ of each tensor's largest element,
+    ~1e-12 — far below what a visible padding row changes (the mask test below checks the mask itself)."""
+    batch = batch_with(train_frames, (0, 3), counts, length_2d=8, dtype=torch.float64)
+    (eager_terms, eager_grads), (static_terms, static_grads) = eager_and_static(batch, gen, torch.float64)
+    rows = len(counts) * (ARGS["dn_groups"] * target_bucket(batch.gt_boxes.max_size, 64) + 56)  # B·(P'+Q)
+    assert ARGS["num_query"] + ARGS["num_propagated"] == 56
+    term_rtol = 2 * rows * 10 * torch.finfo(torch.float32).eps / 2  # C = 10 classes
+    grad_bound = 2 * rows * ARGS["embed_dims"] * torch.finfo(torch.float64).eps / 2
+    if sum(counts) == 0:  # no ground truth: the eager step has no DN queries, the static one has P' of padding
+        extra = set(static_terms) - set(eager_terms)
+        assert extra and all(k.split(".")[-1] in ("dn_loss_cls", "dn_loss_bbox") for k in extra)
+        assert all(torch.equal(static_terms[k], torch.zeros((), dtype=static_terms[k].dtype)) for k in extra)
+    else:
+        assert list(static_terms) == list(eager_terms)
+    for key, value in eager_terms.items():
+        torch.testing.assert_close(static_terms[key], value, rtol=term_rtol, atol=0.0, msg=key)
+    assert static_grads.keys() == eager_grads.keys()
+    for name, grad in eager_grads.items():
+        atol = grad_bound * float(grad.abs().max())
+        torch.testing.assert_close(static_grads[name], grad, rtol=0.0, atol=atol, msg=name)
+
+
+def test_padding_rows_neither_attend_nor_are_attended_and_real_rows_are_the_eager_ones(gen):
+    """The DN builders side by side on sizes (3, 5) (``S`` = 5) padded to 8: every real row's reference, label,
+    background flag and mask row and column are the eager ones at row ``g·S + i``; the bucket's rows (``i ≥ 5``)
+    are background, blocked as keys for every query and see only themselves."""
+    groups, sizes, s, bucket = 3, [3, 5], 5, 8
+    boxes = torch.rand(2, s, 9, generator=gen) * 4
+    labels = torch.randint(0, 10, (2, s), generator=gen)
+    kwargs = dict(groups=groups, noise_scale=1.0, split=0.75, pc_range=(-10, -10, -5, 10, 10, 3), num_classes=10,
+                  num_query=6, num_propagated=2, memory_len=4)  # fmt: skip
+    r = torch.rand(groups * sum(sizes), 3, generator=gen) * 2 - 1
+    eager = make_dn_queries(RaggedBatch(boxes, sizes), RaggedBatch(labels, sizes), noise=r, **kwargs)
+    pad = torch.nn.functional.pad
+    static = make_static_dn_queries(
+        RaggedBatch(pad(boxes, (0, 0, 0, bucket - s)), sizes),
+        RaggedBatch(pad(labels, (0, bucket - s)), sizes),
+        noise=padded_noise(r, sizes, groups, bucket),
+        **kwargs,
+    )
+    assert static.single_pad == bucket and static.reference.shape == (2, groups * bucket, 3)
+    real = torch.tensor([g * bucket + i for g in range(groups) for i in range(s)])  # static rows of the eager ones
+    tail = torch.arange(groups * s, groups * s + 6 + 4)  # matching and memory keys (rows: matching, propagated)
+    assert torch.equal(static.reference[:, real], eager.reference)
+    assert torch.equal(static.labels[:, real], eager.labels)
+    assert torch.equal(static.background[:, real], eager.background)
+    rows = torch.cat([real, tail[:8] + (groups * bucket - groups * s)])
+    cols = torch.cat([real, tail + (groups * bucket - groups * s)])
+    assert torch.equal(static.attn_mask[rows][:, cols], eager.attn_mask)
+    padding = torch.tensor([g * bucket + i for g in range(groups) for i in range(s, bucket)])
+    assert static.background[:, padding].all()
+    assert static.attn_mask[:, padding].sum(0).tolist() == [static.attn_mask.shape[0] - 1] * len(padding)
+    assert torch.equal(static.attn_mask[padding, :][:, padding], ~torch.eye(len(padding), dtype=torch.bool))
+    assert static.attn_mask[padding].sum(1).tolist() == [static.attn_mask.shape[1] - 1] * len(padding)
+
+
+# ---------------------------------------------------------------------------------------- graph and syncs
+def test_the_padded_forward_and_loss_are_one_graph_with_the_solvers_inside(train_frames):
+    """``torch._dynamo.explain`` of forward + loss: the eager path breaks at the DN queries' host read (its frames
+    split into several graphs); the static one is one graph without a break, both SciPy solver calls in it as the
+    custom operator — also when a bucket (the 2D boxes' 64) exceeds the tokens (60), where the eager loss warns
+    once (a ``warnings.warn`` dynamo cannot trace)."""
+    batch = batch_with(train_frames, (0, 3), (13, 9))
+    explained = {}
+    for static in (False, True):
+        model = model_of(static_targets=static)
+        feed = batch
+        if static:  # what the compiled step is fed: G at its bucket; the 2D boxes at 64, above the 60 tokens
+            feed = pad_targets(batch, 64)
+            feed = dataclasses.replace(feed, **{name: pad_ragged(getattr(feed, name), 64) for name in FIELDS_2D})
+
+        def step(b, model=model):
+            return weighted_total(model.loss(model(b), b), model.loss_weights)
+
+        torch._dynamo.reset()
+        explained[static] = torch._dynamo.explain(step)(feed)
+    torch._dynamo.reset()
+    assert explained[False].graph_break_count > 0
+    assert (explained[True].graph_count, explained[True].graph_break_count) == (1, 0)
+    (graph,) = explained[True].graphs
+    solvers = [n for n in graph.graph.nodes if n.op == "call_function" and "solve_scipy" in str(n.target)]
+    assert len(solvers) == 2  # the 3D head's (every layer and sample) and the focal head's (every image)
+
+
+def test_one_graph_per_bucket_over_a_stream_of_frames(train_frames):
+    """``fullgraph`` compiles of the padded step over successive frames fed at their buckets: the first frame
+    (empty memory: another branch of the memory bank) and each new bucket compile once; a ``G`` met before in
+    the same bucket (9 → 12 → 15 in 16) or a bucket seen before compiles nothing."""
+    model = model_of(static_targets=True)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def step(b):
+        return weighted_total(model.loss(model(b), b), model.loss_weights)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend=backend, fullgraph=True)
+    seen = []
+    for keys, counts in [
+        ((0, 3), (13, 9)),
+        ((1, 4), (10, 12)),
+        ((2, 5), (9, 15)),
+        ((0, 3), (20, 9)),
+        ((1, 4), (13, 9)),
+    ]:
+        compiled(pad_targets(batch_with(train_frames, keys, counts), 64)).backward()
+        seen.append(len(graphs))
+    torch._dynamo.reset()
+    assert seen == [1, 2, 2, 3, 3]
+
+
+def test_the_padded_step_reads_nothing_on_the_host_but_the_two_solver_calls(train_frames, monkeypatch):
+    """The eager step's documented DN read (``S``, ``T``) is gone: inside ``no_host_sync`` only the two SciPy
+    solver calls (allowed, they read the costs) touch the host."""
+    model = model_of(static_targets=True)
+    batch = batch_with(train_frames, (0, 3), (13, 9))
+    model(batch)  # first call: drivetrain.constants caches its per-device constants
+    calls = []
+
+    def solve(*args, **kwargs):
+        calls.append("solve")
+        with allow_host_sync():
+            return assigners_module_solve(*args, **kwargs)
+
+    assigners_module_solve = assigners_module.solve
+    monkeypatch.setattr(assigners_module, "solve", solve)
+    batch = pad_targets(batch, 64)  # the trainer pads before the step; padding inside it would not sync either
+    with no_host_sync():
+        weighted_total(model.loss(model(batch), batch), model.loss_weights).backward()
+    assert calls == ["solve", "solve"]
+
+
+# ------------------------------------------------------------------------------------------------- errors
+def test_a_batch_beyond_the_largest_bucket_is_one_error_naming_the_key(train_frames):
+    assert buckets(64) == (8, 16, 32, 64) and buckets(100) == (8, 16, 32, 64, 128) and buckets(5) == (8,)
+    model = model_of(static_targets=True, max_targets=8)
+    batch = batch_with(train_frames, (0, 3), (13, 9))
+    with pytest.raises(ValueError, match=r"^model\.args\.max_targets: gt_boxes holds up to 13 boxes per sample, "):
+        model(batch)
+    with pytest.raises(ValueError, match=r"^model\.args\.max_targets: gt_boxes holds up to 13 "):
+        model.loss({}, batch)
+    small_3d = batch_with(train_frames, (0, 3), (8, 5))  # 3D within 8, the 2D boxes (11) beyond it
+    with pytest.raises(ValueError, match=r"^model\.args\.max_targets: gt_boxes_2d holds up to 11 "):
+        pad_targets(small_3d, 8)
+    with pytest.raises(ValueError, match=r"^model\.args\.max_targets: must be ≥ 1, got 0"):
+        model_of(static_targets=True, max_targets=0)
+    with pytest.raises(ValueError, match="static_targets: needs impl 'batched'"):
+        model_of(static_targets=True, impl="reference")
+    assert model_of().path is BATCHED  # off by default
