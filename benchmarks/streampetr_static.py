@@ -10,14 +10,12 @@ twice before timing (the batches are reused: the second call finds the ragged ma
 guards; a trainer's fresh batch never has them). Medians over
 ``--repeat`` steps, one thread by default (``--threads``).
 
-Run: ``python benchmarks/streampetr_static.py --root data/synth-tiny [--repeat 10] [--save results/x.json]``.
+Run: ``drivetrain bench streampetr_static [--root data/synth-tiny] [--repeat 10] [--dropout 0] [--save]``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -29,59 +27,60 @@ from drivetrain.data.sources import frames
 from drivetrain.losses.term_weights import weighted_total
 from drivetrain.models.streampetr import StreamPETR
 from drivetrain.models.streampetr.static import pad_targets
+from drivetrain.profile import BenchResult, Row, add_bench_arguments, device_name, emit, setup_bench
 
 ROOT = Path(__file__).resolve().parents[1]
+EAGER, STATIC, COMPILED = "eager", "static eager", "static compiled"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--root", default=str(ROOT / "data" / "synth-tiny"))
-    parser.add_argument("--batches", type=int, default=4)
-    parser.add_argument("--repeat", type=int, default=10)
-    parser.add_argument("--threads", type=int, default=1)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    add_bench_arguments(parser, repeat=10, warmup=2)
+    parser.add_argument("--root", default=str(ROOT / "data" / "synth-tiny"), help="synthetic set (data/synth-tiny)")
+    parser.add_argument("--batches", type=int, default=4, help="consecutive batch pairs, cycled (default: 4)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     parser.add_argument("--dropout", type=float, default=None, help="replace the config's decoder dropout (0.1)")
-    parser.add_argument("--save", default=None)
-    opts = parser.parse_args()
+    opts = parser.parse_args(argv)
+    device = setup_bench(opts)
+    if device.type != "cpu":
+        raise SystemExit("--device: this benchmark times the static step on the CPU; on CUDA use bench train --compare")
+    torch.manual_seed(opts.seed)
     torch.set_num_threads(opts.threads)
     args = yaml.safe_load((ROOT / "configs" / "streampetr_tiny.yaml").read_text())["model"]["args"]
     if opts.dropout is not None:
         args["dropout"] = opts.dropout
     ds = frames(str(Path(opts.root) / "drivetrain_index.npz"), split="mini_train")
     batches = [ds.collate([ds[2 * i], ds[2 * i + 1]]) for i in range(opts.batches)]
-    report: dict = {"device": f"cpu ({platform.processor() or platform.machine()}), {opts.threads} thread(s)"}
-    report["dropout"] = args["dropout"]
-    report["G"] = [b.gt_boxes.max_size for b in batches]
-    report["G_2d"] = [b.gt_boxes_2d.max_size for b in batches]
 
     def model_of(static: bool) -> StreamPETR:
-        torch.manual_seed(0)
+        torch.manual_seed(opts.seed)
         return StreamPETR(**{**args, "static_targets": static}).train()
 
-    def timed(model: StreamPETR, step, feed: list, repeat: int | None = None) -> tuple[list[float], list[float]]:
+    def timed(model: StreamPETR, step, feed: list, repeat: int) -> tuple[list[float], list[float]]:
         forward, backward = [], []
-        for i in range(repeat or opts.repeat):
+        for i in range(repeat):
             batch = feed[i % len(feed)]
             model.zero_grad(set_to_none=True)
             start = time.perf_counter()
             loss = step(batch)
             middle = time.perf_counter()
             loss.backward()
-            forward.append(middle - start)
-            backward.append(time.perf_counter() - middle)
+            forward.append(1e3 * (middle - start))
+            backward.append(1e3 * (time.perf_counter() - middle))
         return forward, backward
 
-    results = {}
-    for name in ("eager", "static_eager", "static_compiled"):
-        model = model_of(name != "eager")
-        feed = [pad_targets(b, model.args.max_targets) for b in batches] if name != "eager" else batches
+    samples: dict[str, tuple[list[float], list[float]]] = {}
+    compile_seconds: list[float] = []
+    for name in (EAGER, STATIC, COMPILED):
+        model = model_of(name != EAGER)
+        feed = [pad_targets(b, model.args.max_targets) for b in batches] if name != EAGER else batches
 
         def step(b, model=model):
             return weighted_total(model.loss(model(b), b), model.loss_weights)
 
         with torch.no_grad():
             model(feed[0])  # the memory bank past its first (empty) frame
-        compile_seconds = []
-        if name == "static_compiled":
+        if name == COMPILED:
             torch._dynamo.reset()
             step = torch.compile(step, fullgraph=True)
             seen = set()
@@ -94,27 +93,28 @@ def main() -> None:
                 step(b).backward()
                 compile_seconds.append(round(time.perf_counter() - start, 1))
                 print(f"compiled bucket {shape}: {compile_seconds[-1]} s", flush=True)
-        for _ in range(2):  # warm-up: every batch twice (its second call finds its ragged masks cached: a guard)
+        for _ in range(opts.warmup):  # every batch (its second call finds its ragged masks cached: a guard)
             timed(model, step, feed, len(feed))
-        forward, backward = timed(model, step, feed)
-        times = [f + b for f, b in zip(forward, backward, strict=True)]
-        results[name] = {
-            "median_s": round(statistics.median(times), 4),
-            "min_s": round(min(times), 4),
-            "forward_loss_median_s": round(statistics.median(forward), 4),
-            "backward_median_s": round(statistics.median(backward), 4),
-        }
-        if compile_seconds:
-            results[name]["compile_s"] = compile_seconds
-        print(name, results[name], flush=True)
-    report["steps"] = results
-    report["speedup_compiled_vs_eager"] = round(
-        results["eager"]["median_s"] / results["static_compiled"]["median_s"], 3
+        samples[name] = timed(model, step, feed, opts.repeat)
+    totals = {name: [f + b for f, b in zip(*pair, strict=True)] for name, pair in samples.items()}
+    config = {"config": "configs/streampetr_tiny.yaml", "dropout": args["dropout"], "batches": opts.batches,
+              "threads": opts.threads, "repeat": opts.repeat, "warmup": opts.warmup, "seed": opts.seed,
+              "G": [b.gt_boxes.max_size for b in batches],
+              "G_2d": [b.gt_boxes_2d.max_size for b in batches]}  # fmt: skip
+    result = BenchResult("streampetr_static", device_name(device), config)
+    for part, index in (("step (forward + loss + backward)", None), ("forward + loss", 0), ("backward", 1)):
+        pick = (lambda name: totals[name]) if index is None else (lambda name, i=index: samples[name][i])
+        result.add(Row.from_samples(part, pick(EAGER), pick(COMPILED), baseline=EAGER,
+                                    variants={n: statistics.median(pick(n)) for n in (EAGER, STATIC, COMPILED)},
+                                    variants_max={n: max(pick(n)) for n in (EAGER, STATIC, COMPILED)}))  # fmt: skip
+    result.extra["compile_s"] = compile_seconds
+    result.notes.append(
+        f"reference = {EAGER} (the batched path), batched = {COMPILED} (model.args.static_targets, padded before the "
+        f"graph, torch.compile fullgraph, inductor); {STATIC}: the padded step without compiling. No optimizer step."
     )
-    print(json.dumps(report, indent=1))
-    if opts.save:
-        Path(opts.save).write_text(json.dumps(report, indent=1) + "\n")
+    emit(result, opts, chart=False)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
