@@ -122,3 +122,15 @@ def test_reduce_overhead_on_a_cpu_run_is_one_line_naming_the_mode(tmp_path):
     with pytest.raises(ConfigError, match=r"^speed\.compile_step_mode: reduce-overhead replays CUDA graphs, ") as err:
         Trainer(cfg)
     assert "\n" not in str(err.value) and not any(tmp_path.iterdir())
+
+
+def test_reduce_overhead_refuses_an_accumulation_derived_from_the_global_batch():
+    """``train.global_batch`` sets the accumulation on each start (ranks known): the same line then."""
+    from drivetrain.engine.config import with_global_batch
+
+    cfg = load_config(TINY, ["speed.compile_step=true", "speed.compile_step_mode=reduce-overhead",
+                             "data.batch_size=2", "train.global_batch=8"])  # fmt: skip
+    with pytest.raises(
+        ConfigError, match=r"speed\.compile_step_mode: reduce-overhead needs train\.accumulation 1, got 4"
+    ):
+        with_global_batch(cfg, 1)
