@@ -90,9 +90,47 @@ def test_compile_step_names_the_argument_a_model_cannot_compile_with(tmp_path):
         (["distributed.strategy=ddp"], r"speed\.compile_step: needs distributed\.strategy none, got ddp: "),
         (["speed.compile=['']"], r"speed\.compile_step: not with speed\.compile: "),
         (["speed.compile_step_backend="], r"speed\.compile_step_backend: must name a torch\.compile backend$"),
+        (["speed.compile_step_mode=fast"], r"speed\.compile_step_mode: expected one of 'default', 'reduce-overhead'"),
+        (
+            ["speed.compile_step_mode=reduce-overhead", "speed.compile_step_backend=aot_eager"],
+            r"speed\.compile_step_mode: reduce-overhead needs speed\.compile_step_backend inductor, got aot_eager$",
+        ),
+        (
+            ["speed.compile_step_mode=reduce-overhead", "train.accumulation=2"],
+            r"speed\.compile_step_mode: reduce-overhead needs train\.accumulation 1, got 2: ",
+        ),
     ],
 )
 def test_compile_step_refuses_what_it_cannot_do_yet_in_one_line(extra, message):
     with pytest.raises(ConfigError, match=message) as err:
         load_config(TINY, ["speed.compile_step=true", *extra])
     assert "\n" not in str(err.value)
+
+
+def test_reduce_overhead_needs_the_compiled_step():
+    with pytest.raises(
+        ConfigError, match=r"speed\.compile_step_mode: reduce-overhead replays the compiled step: "
+    ) as err:
+        load_config(TINY, ["speed.compile_step_mode=reduce-overhead"])
+    assert "\n" not in str(err.value)
+
+
+def test_reduce_overhead_on_a_cpu_run_is_one_line_naming_the_mode(tmp_path):
+    """CUDA graphs replay on a CUDA device only: a CPU run with the mode stops before it writes anything."""
+    cfg = load_config(TINY, [f"run.out_dir={tmp_path}", *QUIET, "train.device=cpu", "speed.compile_step=true",
+                             "speed.compile_step_mode=reduce-overhead"])  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^speed\.compile_step_mode: reduce-overhead replays CUDA graphs, ") as err:
+        Trainer(cfg)
+    assert "\n" not in str(err.value) and not any(tmp_path.iterdir())
+
+
+def test_reduce_overhead_refuses_an_accumulation_derived_from_the_global_batch():
+    """``train.global_batch`` sets the accumulation on each start (ranks known): the same line then."""
+    from drivetrain.engine.config import with_global_batch
+
+    cfg = load_config(TINY, ["speed.compile_step=true", "speed.compile_step_mode=reduce-overhead",
+                             "data.batch_size=2", "train.global_batch=8"])  # fmt: skip
+    with pytest.raises(
+        ConfigError, match=r"speed\.compile_step_mode: reduce-overhead needs train\.accumulation 1, got 4"
+    ):
+        with_global_batch(cfg, 1)

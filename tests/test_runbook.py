@@ -252,7 +252,7 @@ def test_part_1_measures_the_three_published_configs_in_the_trainer_and_in_the_i
     assert PART_BUDGET_S[1] <= 540 and PART_BUDGET_S[1] + PART_BUDGET_S[2] <= 810  # with a 1.5-min start: 15 min
 
 
-@pytest.mark.parametrize("part", [1, 2, 3, 4])
+@pytest.mark.parametrize("part", [1, 2, 3, 4, 5])
 def test_each_part_is_sized_for_one_device_command_of_at_most_nine_minutes(part):
     steps = select(plan("cuda", "python3", Path("w")), part)
     assert PART_BUDGET_S[part] <= 540
@@ -274,9 +274,27 @@ def test_the_cpu_dry_run_uses_tiny_sizes_small_batches_and_the_cpu(tmp_path):
             assert argv[argv.index("--device") + 1] == "cpu" and str(tmp_path) in argv[argv.index("--json") + 1]
     skipped = {s.name for s in plan("cpu", "python3", tmp_path) if s.skip}
     full = ("streampetr", "pointpillars", "ssn")
-    gpu_only = {"synth-full-704", *(f"iteration-{m}-full" for m in full), *(f"train-{m}-full" for m in full)}
+    gpu_only = {"synth-full-704", *(f"iteration-{m}-full" for m in full), *(f"train-{m}-full" for m in full),
+                "synth-full-704-graph", "train-graph-pointpillars-full", "train-graph-ssn-full"}  # fmt: skip
     assert skipped == gpu_only
     assert {s.name for s in plan("cuda", "python3", tmp_path) if s.skip} == {"train-streampetr-tiny"}
+
+
+def test_part_5_compares_the_eager_step_with_the_replayed_compiled_step_at_the_static_step_configs():
+    """Issue 46: eager vs the compiled step replayed as CUDA graphs (bench train --compare), same process, for the
+    published configs whose models have the StaticStep capability (PointPillars, SSN; StreamPETR has none yet), with
+    the full synthetic set rendered in the part itself (a fresh lease has none)."""
+    part5 = select(plan("cuda", "python3", Path("w")), 5)
+    assert part5[0].argv[:2] == ("bash", "-c") and "synth-full-704" in part5[0].argv[2]
+    compared = {}
+    for s in part5[1:]:
+        argv = list(s.argv)
+        assert argv[3:5] == ["bench", "train"] and argv[argv.index("--device") + 1] == "cuda"
+        tail = argv[argv.index("--compare") + 1 : argv.index("--json")]
+        assert tail == ["speed.compile_step=true", "speed.compile_step_mode=reduce-overhead"]
+        compared[argv[argv.index("--config") + 1]] = s
+    assert set(compared) == {"configs/pointpillars_nus.yaml", "configs/ssn_nus.yaml"}
+    assert min(s.priority for s in part5) > max(s.priority for s in select(plan("cuda", "python3", Path("w")), 1))
 
 
 def test_the_host_loader_result_is_named_for_the_gpu_host_only_on_cuda(tmp_path):

@@ -52,6 +52,16 @@ warm-up (the resume test compares 2 + 2 steps with 4 straight).
 
 Each step then asks the model for its batch's bucket (``model.step_shapes``: at most one host read, the model's
 ``# sync:``), pads the batch (``model.step_inputs``) and calls the compiled function.
+
+With ``speed.compile_step_mode: reduce-overhead`` (inductor on a CUDA device) inductor's cudagraph trees replay each
+bucket's forward and backward graphs as CUDA graphs, all of them in one memory pool: the warm-up above runs each bucket
+once (cudagraph trees' eager warm-up), a bucket's first step records its graphs, every later step of that bucket
+replays them. A replay reads its inputs at fixed addresses (cudagraph trees copy the padded batch in; parameters and
+buffers stay where they are) and writes its outputs into the pool, where the next replay overwrites them: each step
+calls ``torch.compiler.cudagraph_mark_step_begin()`` first and clones the loss terms it returns (they are logged after
+the update). The gradients the backward leaves in ``.grad`` live in the pool too: the optimizer uses them and
+``zero_grad(set_to_none=True)`` drops them before the next replay, which is why gradient accumulation
+(``train.accumulation`` > 1) is a ConfigError in this mode. On a CPU run the mode is a ConfigError (nothing to replay).
 :attr:`StepGraph.compiles_in_steps` counts the graphs dynamo compiled inside steps (its ``unique_graphs`` counter):
 0 when every bucket was compiled before step 1; the trainer logs a line when it is not.
 
@@ -438,17 +448,23 @@ def build_step_graph(
 
     Raises:
         ConfigError: the model has no static step (:class:`~drivetrain.engine.protocol.StaticStep`), or its
-            buckets refuse its arguments (the model's ValueError, after ``speed.compile_step:``).
+            buckets refuse its arguments (the model's ValueError, after ``speed.compile_step:``), or
+            ``speed.compile_step_mode`` is reduce-overhead on a device other than CUDA.
     """
     if not cfg.compile_step:
         return None
+    if cfg.compile_step_mode == "reduce-overhead" and device.type != "cuda":
+        raise ConfigError(
+            f"speed.compile_step_mode: reduce-overhead replays CUDA graphs, the run's device is {device.type}; "
+            "set speed.compile_step_mode default"
+        )
     if not isinstance(model, StaticStep):
         raise ConfigError(
             f"speed.compile_step: model {model_name!r} has no static training step (step_buckets, step_shapes, "
             "step_inputs, step_loss); set speed.compile_step false or compile modules with speed.compile"
         )
     try:
-        return StepGraph(model, cfg.compile_step_backend, batch_size, device)
+        return StepGraph(model, cfg.compile_step_backend, batch_size, device, cfg.compile_step_mode)
     except ValueError as err:  # the model's buckets: a line naming its argument
         raise ConfigError(f"speed.compile_step: {err}") from None
 
@@ -461,12 +477,16 @@ class StepGraph:
         backend: ``torch.compile``'s backend (``speed.compile_step_backend``).
         batch_size: samples per batch.
         device: the training device.
+        mode: ``torch.compile``'s mode (``speed.compile_step_mode``): "reduce-overhead" replays CUDA graphs.
     """
 
-    def __init__(self, model: StaticStep, backend: str, batch_size: int, device: torch.device) -> None:
+    def __init__(
+        self, model: StaticStep, backend: str, batch_size: int, device: torch.device, mode: str = "default"
+    ) -> None:
         self.model, self.batch_size, self.device = model, batch_size, device
         self.buckets: tuple[Hashable, ...] = tuple(model.step_buckets(batch_size))
-        self.fn = torch.compile(model.step_loss, fullgraph=True, dynamic=False, backend=backend)
+        self.replays = mode == "reduce-overhead"  # CUDA graphs: outputs live in the pool until the next replay
+        self.fn = torch.compile(model.step_loss, fullgraph=True, dynamic=False, backend=backend, mode=mode)
         self.compiles_in_steps = 0
 
     def compile_all(self, message: Callable[[str], None], context: Callable[[], Any]) -> None:
@@ -484,6 +504,8 @@ class StepGraph:
         try:
             for shapes in self.buckets:
                 start = time.perf_counter()
+                if self.replays:  # each bucket's warm-up is an iteration of its own
+                    torch.compiler.cudagraph_mark_step_begin()
                 with context():
                     terms = self.fn(*self.model.step_inputs(None, shapes, self.batch_size, self.device))
                 torch.stack([value.float().sum() for value in terms.values()]).sum().backward()
@@ -501,7 +523,12 @@ class StepGraph:
     def __call__(self, batch: Any) -> Mapping[str, torch.Tensor]:
         """The unweighted loss terms of ``batch`` (on the device) through the compiled step of its bucket."""
         shapes = self.model.step_shapes(batch)  # at most one host read (the model's # sync:)
+        inputs = self.model.step_inputs(batch, shapes, self.batch_size, self.device)
         before = dynamo_graphs()
-        terms = self.fn(*self.model.step_inputs(batch, shapes, self.batch_size, self.device))
+        if self.replays:  # a new iteration: the previous step's outputs in the pool may be overwritten from here
+            torch.compiler.cudagraph_mark_step_begin()
+        terms = self.fn(*inputs)
         self.compiles_in_steps += dynamo_graphs() - before
+        if self.replays:  # the next replay overwrites the outputs; the clones (a few scalars) carry the gradient
+            terms = {name: value.clone() for name, value in terms.items()}
         return terms

@@ -298,9 +298,17 @@ class SpeedConfig:
     # torch.compile backend of compile_step: "inductor" (generated kernels, minutes per bucket on a CPU), "aot_eager"
     # (the graph with its backward, no code generation: the tests), "eager"
     compile_step_backend: str = "inductor"
+    # torch.compile mode of compile_step: "reduce-overhead" replays each bucket as a CUDA graph (cudagraph trees, one
+    # memory pool; inductor on a CUDA device, train.accumulation 1), "default" launches its kernels one by one
+    compile_step_mode: Literal["default", "reduce-overhead"] = "default"
 
     def __post_init__(self) -> None:
         _check(bool(self.compile_step_backend), "speed.compile_step_backend", "must name a torch.compile backend")
+        _check(
+            self.compile_step_mode == "default" or self.compile_step_backend == "inductor",
+            "speed.compile_step_mode",
+            f"reduce-overhead needs speed.compile_step_backend inductor, got {self.compile_step_backend}",
+        )
 
 
 @dataclass(frozen=True)
@@ -413,6 +421,17 @@ class TrainConfig:
             "not with speed.compile: the step's one graph holds every module already",
         )
         _check(
+            self.speed.compile_step_mode == "default" or self.speed.compile_step,
+            "speed.compile_step_mode",
+            "reduce-overhead replays the compiled step: it needs speed.compile_step true",
+        )
+        _check(
+            self.speed.compile_step_mode == "default" or self.train.accumulation == 1,
+            "speed.compile_step_mode",
+            f"reduce-overhead needs train.accumulation 1, got {self.train.accumulation}: the next micro-batch's "
+            "replay overwrites the gradients the previous one left in the CUDA graph pool",
+        )
+        _check(
             (self.eval.every == 0 and not self.eval.at_start) or self.distributed.strategy in ("none", "ddp"),
             "eval.every",
             "evaluation during training needs distributed.strategy none or ddp (whole weights on every rank); "
@@ -455,6 +474,7 @@ RESUME_MUTABLE = (
     "speed.compile",
     "speed.compile_step",  # the same step, compiled or not
     "speed.compile_step_backend",
+    "speed.compile_step_mode",
 )
 
 
