@@ -190,6 +190,7 @@ def test_the_padded_forward_and_loss_are_one_graph_with_the_solvers_inside(train
     assert len(solvers) == 2  # the 3D head's (every layer and sample) and the focal head's (every image)
 
 
+@pytest.mark.slow  # ~10 s of compiles; one graph without a break: the test above (default set)
 def test_one_graph_per_bucket_over_a_stream_of_frames(train_frames):
     """``fullgraph`` compiles of the padded step over successive frames fed at their buckets: the first frame
     (empty memory: another branch of the memory bank) and each new bucket compile once; a ``G`` met before in
