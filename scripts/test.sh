@@ -7,7 +7,7 @@ venv="${DRIVETRAIN_VENV:-.venv}"
 "$venv/bin/ruff" check .
 "$venv/bin/ruff" format --check .
 # One pytest worker per core (pytest-xdist; a test module's tests stay on one worker, so its fixtures are built
-# once): the default set takes under 4 min on 2 cores instead of ~5.6. DRIVETRAIN_TEST_WORKERS=1 runs them in one
+# once; the README gives the measured time on 2 cores). DRIVETRAIN_TEST_WORKERS=1 runs them in one
 # process (e.g. for the slow set's timing-sensitive benchmarks).
 workers="${DRIVETRAIN_TEST_WORKERS:-$(nproc 2>/dev/null || echo 1)}"
 # Compiled test modules (pytest's assertion rewriting) and sources are cached in the venv, not in the tree, even where
