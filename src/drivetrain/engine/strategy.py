@@ -280,6 +280,10 @@ def build_strategy(
     """The strategy ``ctx.strategy`` names, with the model moved/wrapped and the optimizer built.
 
     Args:
+        model: the engine's model.
+        cfg: the run's config.
+        ctx: this process's place in the process group.
+        make_optimizer: builds the AdamW from the model.
         step: the compiled step's module (``speed.compile_step``, which the config allows under ``none`` and ``ddp``),
             wrapped in place of the model.
     """
