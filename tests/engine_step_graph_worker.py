@@ -4,8 +4,8 @@ test_engine_step_graph_ddp.py.
 Usage: ``torchrun ... tests/engine_step_graph_worker.py OUT_ROOT INDEX [SCENARIO ...]``. Each scenario trains
 PointPillars tiny on the frame index INDEX (2 gloo ranks on the CPU, 2 micro-batches a step: the first under
 ``no_sync``) in the same process group and writes its run directory under OUT_ROOT, and each rank's final parameters
-to ``OUT_ROOT/params-<scenario>-rank<r>.pt``. Scenarios: ``compiled`` (4 steps), ``eager`` (the same run without the
-compiled step), ``resumed`` (the compiled run stopped after 2 steps and resumed to 4), ``static``
+to ``OUT_ROOT/params-<scenario>-rank<r>.pt``. Scenarios: ``compiled`` (4 steps), ``eager`` (its first step without
+the compiled step), ``resumed`` (the compiled run stopped after 2 steps and resumed to 4), ``static``
 (``distributed.static_graph``), ``unused`` (``distributed.find_unused_parameters``); default the first three.
 """
 
@@ -26,7 +26,7 @@ CONFIG = ROOT / "configs" / "pointpillars_tiny.yaml"
 STEP_GRAPH = ["speed.compile_step=true", "speed.compile_step_backend=aot_eager"]
 SCENARIOS = {
     "compiled": STEP_GRAPH,
-    "eager": [],
+    "eager": ["train.steps=1"],  # the first step and a checkpoint: what the compiled runs are compared with
     "resumed": STEP_GRAPH,
     "static": [*STEP_GRAPH, "distributed.static_graph=true"],
     "unused": [*STEP_GRAPH, "distributed.find_unused_parameters=true"],

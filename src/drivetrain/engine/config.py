@@ -394,7 +394,7 @@ class EvalConfig:
 # Why speed.compile_step refuses a strategy (the compiled step runs under none, and under DDP's forward).
 _COMPILE_STEP_REFUSED = {
     "fsdp": "FSDP2 gathers each unit's parameters and reduce-scatters its gradients in hooks around the unit's "
-    "forward and backward, which the step's one graph would have to trace (not yet supported)",
+    "forward and backward, which torch.compile does not trace (a graph break the step's one graph refuses)",
     "deepspeed": "DeepSpeed's engine runs the model's forward itself, not the compiled step (not supported)",
 }
 
