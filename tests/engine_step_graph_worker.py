@@ -6,7 +6,8 @@ PointPillars tiny on the frame index INDEX (2 gloo ranks on the CPU, 2 micro-bat
 ``no_sync``) in the same process group and writes its run directory under OUT_ROOT, and each rank's final parameters
 to ``OUT_ROOT/params-<scenario>-rank<r>.pt``. Scenarios: ``compiled`` (4 steps), ``eager`` (its first step without
 the compiled step), ``resumed`` (the compiled run stopped after 2 steps and resumed to 4), ``static``
-(``distributed.static_graph``), ``unused`` (``distributed.find_unused_parameters``); default the first three.
+(``distributed.static_graph``), ``unused`` (``distributed.find_unused_parameters``), ``windowed`` (the windowed
+assignment); default the first three.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ SCENARIOS = {
     "resumed": STEP_GRAPH,
     "static": [*STEP_GRAPH, "distributed.static_graph=true"],
     "unused": [*STEP_GRAPH, "distributed.find_unused_parameters=true"],
+    # the windowed assignment (PointPillars' default): a bucket per pair count, the ranks' frames in different ones
+    "windowed": [*STEP_GRAPH, "model.args.window=true"],
 }
 
 

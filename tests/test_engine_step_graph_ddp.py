@@ -2,7 +2,7 @@
 compiled step, so its reducer all-reduces the gradients of the compiled backward — the ranks end with equal weights
 on different data, the first step agrees with the eager DDP step, the checkpoint names and numbers the state as the
 eager run does, and a run stopped after 2 steps and resumed ends bit-equal to 4 straight; with
-``distributed.static_graph`` and ``find_unused_parameters`` (slow set) as well. The refusals of the other strategies
+``distributed.static_graph``, ``find_unused_parameters`` and the windowed assignment (slow set) as well. The refusals of the other strategies
 are tests/test_engine_step_graph.py's.
 
 PointPillars tiny at one frame per rank and micro-batch, ``train.accumulation=2`` (the first micro-batch under
@@ -107,16 +107,20 @@ def test_the_compiled_step_under_ddp_resumes_exactly(ddp_runs: tuple[Path, str])
     assert all(torch.equal(value, straight[name]) for name, value in _params(root, "resumed", 1).items())
 
 
-@pytest.mark.slow  # ~35 s: its own torchrun; the default DDP options are the tests above
-def test_the_compiled_step_under_ddp_with_static_graph_and_unused_parameter_search(
+@pytest.mark.slow  # ~100 s: its own torchrun (5 windowed buckets to compile); the default DDP options: the tests above
+def test_the_compiled_step_under_ddp_with_static_graph_unused_parameter_search_and_windows(
     ddp_runs: tuple[Path, str], synth_root, synth_index, tmp_path: Path
 ) -> None:
-    """``distributed.static_graph`` (the warm-up is the graph DDP records; the first step reduces both micro-batches)
-    and ``find_unused_parameters`` (DDP searches the autograd graph from the step's loss terms, through the compiled
-    backward's node): equal ranks, and the first step of the eager DDP run."""
+    """``distributed.static_graph`` (the warm-up is the iteration DDP records), ``find_unused_parameters`` (DDP
+    searches the autograd graph from the step's loss terms, through the compiled backward's nodes) and the windowed
+    assignment (PointPillars' default: 5 buckets, the ranks' frames in different ones in a step; before the model
+    cached its window table ahead of the graph and passed one-sample sizes with stride 1, a one-frame batch recompiled
+    inside the steps until dynamo's recompile limit stopped the run): equal ranks, no graph compiled inside a step,
+    and the first step of the eager DDP run."""
     root, _ = ddp_runs
-    output = _torchrun(tmp_path, str(synth_root / "drivetrain_index.npz"), "static", "unused")
+    output = _torchrun(tmp_path, str(synth_root / "drivetrain_index.npz"), "static", "unused", "windowed")
+    assert output.count("speed.compile_step: bucket ") == 1 + 1 + 5
     assert "inside steps" not in output
-    for run in ("static", "unused"):
+    for run in ("static", "unused", "windowed"):
         _assert_ranks_equal(tmp_path, run)
         _assert_first_step_agrees(tmp_path / run, root / "eager")

@@ -453,6 +453,8 @@ class StaticPillarStep:
             labels = _pad_dim1(batch.gt_labels.tensor, shapes.targets)
             gt_sizes = _strided(batch.gt_boxes.sizes)
         prepared = model.windowed_anchors(feature, device) if shapes.pairs else None
+        if prepared is not None:  # its grid's reach table cached here: one the graph's tracing filled would fail the
+            prepared.grid.reach(device)  # guard of the first bucket compiled (a recompile when a step meets it again)
         return (
             points, sizes, boxes, labels, gt_sizes, anchors, thresholds, classes, shapes.voxels, shapes.rows,
             prepared, shapes.pairs,
