@@ -2,8 +2,8 @@
 compiled step, so its reducer all-reduces the gradients of the compiled backward — the ranks end with equal weights
 on different data, the first step agrees with the eager DDP step, the checkpoint names and numbers the state as the
 eager run does, and a run stopped after 2 steps and resumed ends bit-equal to 4 straight; with
-``distributed.static_graph``, ``find_unused_parameters`` and the windowed assignment (slow set) as well. The refusals of the other strategies
-are tests/test_engine_step_graph.py's.
+``distributed.static_graph``, ``find_unused_parameters`` and the windowed assignment (slow set) as well. The
+refusals of the other strategies are tests/test_engine_step_graph.py's.
 
 PointPillars tiny at one frame per rank and micro-batch, ``train.accumulation=2`` (the first micro-batch under
 ``no_sync``), the dense assignment at one ground-truth bucket, ``aot_eager`` (the graph capture and AOTAutograd's
