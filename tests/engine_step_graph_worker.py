@@ -31,7 +31,7 @@ SCENARIOS = {
     "resumed": STEP_GRAPH,
     "static": [*STEP_GRAPH, "distributed.static_graph=true"],
     "unused": [*STEP_GRAPH, "distributed.find_unused_parameters=true"],
-    # the windowed assignment (PointPillars' default): a bucket per pair count, the ranks' frames in different ones
+    # the windowed assignment (PointPillars' default): a bucket per pair count (5)
     "windowed": [*STEP_GRAPH, "model.args.window=true"],
 }
 

@@ -113,7 +113,7 @@ def test_the_compiled_step_under_ddp_with_static_graph_unused_parameter_search_a
 ) -> None:
     """``distributed.static_graph`` (the warm-up is the iteration DDP records), ``find_unused_parameters`` (DDP
     searches the autograd graph from the step's loss terms, through the compiled backward's nodes) and the windowed
-    assignment (PointPillars' default: 5 buckets, the ranks' frames in different ones in a step; before the model
+    assignment (PointPillars' default: 5 buckets; before the model
     cached its window table ahead of the graph and passed one-sample sizes with stride 1, a one-frame batch recompiled
     inside the steps until dynamo's recompile limit stopped the run): equal ranks, no graph compiled inside a step,
     and the first step of the eager DDP run."""
