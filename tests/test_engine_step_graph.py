@@ -87,7 +87,10 @@ def test_compile_step_names_the_argument_a_model_cannot_compile_with(tmp_path):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["distributed.strategy=ddp"], r"speed\.compile_step: needs distributed\.strategy none, got ddp: "),
+        (
+            ["distributed.strategy=fsdp"],
+            r"speed\.compile_step: needs distributed\.strategy none or ddp, got fsdp: FSDP2 gathers each unit's ",
+        ),
         (["speed.compile=['']"], r"speed\.compile_step: not with speed\.compile: "),
         (["speed.compile_step_backend="], r"speed\.compile_step_backend: must name a torch\.compile backend$"),
         (["speed.compile_step_mode=fast"], r"speed\.compile_step_mode: expected one of 'default', 'reduce-overhead'"),
@@ -104,6 +107,16 @@ def test_compile_step_names_the_argument_a_model_cannot_compile_with(tmp_path):
 def test_compile_step_refuses_what_it_cannot_do_yet_in_one_line(extra, message):
     with pytest.raises(ConfigError, match=message) as err:
         load_config(TINY, ["speed.compile_step=true", *extra])
+    assert "\n" not in str(err.value)
+
+
+def test_compile_step_refuses_deepspeed_in_one_line(monkeypatch):
+    """Whether or not deepspeed is installed here (the config's check of the package, answered yes)."""
+    monkeypatch.setattr("drivetrain.engine.config.module_available", lambda name: True)
+    with pytest.raises(
+        ConfigError, match=r"speed\.compile_step: needs distributed\.strategy none or ddp, got deepspeed: DeepSpeed's "
+    ) as err:
+        load_config(TINY, ["speed.compile_step=true", "distributed.strategy=deepspeed"])
     assert "\n" not in str(err.value)
 
 

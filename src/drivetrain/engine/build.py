@@ -97,6 +97,7 @@ from drivetrain.safeio.reads import human_bytes
 
 __all__ = [
     "StepGraph",
+    "StepModule",
     "TermWeights",
     "apply_speed",
     "build_dataset",
@@ -489,14 +490,23 @@ class StepGraph:
         self.fn = torch.compile(model.step_loss, fullgraph=True, dynamic=False, backend=backend, mode=mode)
         self.compiles_in_steps = 0
 
-    def compile_all(self, message: Callable[[str], None], context: Callable[[], Any]) -> None:
+    def module(self) -> torch.nn.Module:
+        """The compiled step as a module (:class:`StepModule`), for the strategy to wrap in place of the model."""
+        return StepModule(self.model, self.fn)  # type: ignore[arg-type]
+
+    def compile_all(
+        self, message: Callable[[str], None], context: Callable[[], Any], call: Callable[..., Any] | None = None
+    ) -> None:
         """Compile every bucket (forward and backward) on an empty batch, then restore the buffers, gradients and
         RNG states the warm-up touched.
 
         Args:
             message: prints one line (rank 0's log).
             context: a fresh context manager the step's forward runs in (the run's autocast).
+            call: what runs the compiled step, as in :meth:`__call__` (default the compiled function). Under DDP a
+                collective: every rank compiles the same buckets in the same order, and their gradients are reduced.
         """
+        call = self.fn if call is None else call
         module: torch.nn.Module = self.model  # type: ignore[assignment]
         buffers = [buffer.detach().clone() for buffer in module.buffers()]
         cpu_rng = torch.get_rng_state()
@@ -507,7 +517,7 @@ class StepGraph:
                 if self.replays:  # each bucket's warm-up is an iteration of its own
                     torch.compiler.cudagraph_mark_step_begin()
                 with context():
-                    terms = self.fn(*self.model.step_inputs(None, shapes, self.batch_size, self.device))
+                    terms = call(*self.model.step_inputs(None, shapes, self.batch_size, self.device))
                 torch.stack([value.float().sum() for value in terms.values()]).sum().backward()
                 message(f"speed.compile_step: bucket {shapes} compiled in {time.perf_counter() - start:.1f} s")
         finally:
@@ -520,15 +530,42 @@ class StepGraph:
             if cuda_rng is not None:
                 torch.cuda.set_rng_state_all(cuda_rng)
 
-    def __call__(self, batch: Any) -> Mapping[str, torch.Tensor]:
-        """The unweighted loss terms of ``batch`` (on the device) through the compiled step of its bucket."""
+    def __call__(self, batch: Any, call: Callable[..., Any] | None = None) -> Mapping[str, torch.Tensor]:
+        """The unweighted loss terms of ``batch`` (on the device) through the compiled step of its bucket.
+
+        Args:
+            batch: the batch, on the device.
+            call: what runs the compiled step on the bucket's inputs: the strategy's wrapper of :meth:`module` (DDP's
+                forward, which prepares the gradient reduction around it), or by default the compiled function.
+        """
+        call = self.fn if call is None else call
         shapes = self.model.step_shapes(batch)  # at most one host read (the model's # sync:)
         inputs = self.model.step_inputs(batch, shapes, self.batch_size, self.device)
         before = dynamo_graphs()
         if self.replays:  # a new iteration: the previous step's outputs in the pool may be overwritten from here
             torch.compiler.cudagraph_mark_step_begin()
-        terms = self.fn(*inputs)
+        terms = call(*inputs)
         self.compiles_in_steps += dynamo_graphs() - before
         if self.replays:  # the next replay overwrites the outputs; the clones (a few scalars) carry the gradient
             terms = {name: value.clone() for name, value in terms.items()}
         return terms
+
+
+class StepModule(torch.nn.Module):
+    """The compiled step as a module, what a data-parallel wrapper wraps under ``speed.compile_step``: ``forward``
+    runs the compiled ``step_loss`` on a bucket's inputs, around which DDP's forward prepares the reduction of the
+    gradients its backward leaves (see docs/engine.md). Its one child is the model, so its parameters are the model's,
+    in the model's order; checkpoints read the model itself.
+
+    Args:
+        model: the run's model.
+        fn: the compiled ``model.step_loss`` (:attr:`StepGraph.fn`).
+    """
+
+    def __init__(self, model: torch.nn.Module, fn: Callable[..., Mapping[str, torch.Tensor]]) -> None:
+        super().__init__()
+        self.model, self.fn = model, fn
+
+    def forward(self, *inputs: Any) -> Mapping[str, torch.Tensor]:
+        """The unweighted loss terms of ``inputs`` (:meth:`~drivetrain.engine.protocol.StaticStep.step_inputs`)."""
+        return self.fn(*inputs)

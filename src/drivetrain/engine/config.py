@@ -293,7 +293,7 @@ class SpeedConfig:
     # on CUDA on the prefetcher's side stream (needs data.prefetch), on a CPU right after the batch is read
     encoder_overlap: bool = False
     # the training forward and loss as one graph per shape bucket (a model with the StaticStep capability), every
-    # bucket compiled before step 1 (engine/build.py); one process only for now
+    # bucket compiled before step 1 (engine/build.py); one process or DDP (which wraps the compiled step)
     compile_step: bool = False
     # torch.compile backend of compile_step: "inductor" (generated kernels, minutes per bucket on a CPU), "aot_eager"
     # (the graph with its backward, no code generation: the tests), "eager"
@@ -391,6 +391,14 @@ class EvalConfig:
         _check(self.every >= 0, "eval.every", f"must be ≥ 0, got {self.every}")
 
 
+# Why speed.compile_step refuses a strategy (the compiled step runs under none, and under DDP's forward).
+_COMPILE_STEP_REFUSED = {
+    "fsdp": "FSDP2 gathers each unit's parameters and reduce-scatters its gradients in hooks around the unit's "
+    "forward and backward, which torch.compile does not trace (a graph break the step's one graph refuses)",
+    "deepspeed": "DeepSpeed's engine runs the model's forward itself, not the compiled step (not supported)",
+}
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """A whole run: one field per YAML section, each a frozen, validated dataclass (``load_config`` builds it)."""
@@ -410,10 +418,10 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _check(
-            not self.speed.compile_step or self.distributed.strategy == "none",
+            not self.speed.compile_step or self.distributed.strategy in ("none", "ddp"),
             "speed.compile_step",
-            f"needs distributed.strategy none, got {self.distributed.strategy}: the compiled step calls the model "
-            "around the data-parallel wrapper, whose forward prepares the gradient all-reduce (not yet supported)",
+            f"needs distributed.strategy none or ddp, got {self.distributed.strategy}: "
+            + _COMPILE_STEP_REFUSED.get(self.distributed.strategy, ""),
         )
         _check(
             not (self.speed.compile_step and self.speed.compile),

@@ -1,7 +1,8 @@
 """The parallelism strategies behind one small interface, so that the training step never asks which runs.
 
-A :class:`Strategy` owns the model as the step calls it (``wrapped``), the optimizer and the loss scaler, and
-answers the step's five questions:
+A :class:`Strategy` owns the model as the step calls it (``wrapped``: the model, or under ``speed.compile_step`` the
+compiled step's :class:`~drivetrain.engine.build.StepModule`, the model its one child), the optimizer and the loss
+scaler, and answers the step's five questions:
 
 - ``sync_grads(enabled)``: a context in which backward reduces gradients across ranks only if ``enabled``
   (the last micro-batch of an accumulation);
@@ -51,13 +52,21 @@ class Strategy:
         cfg: the run's config.
         ctx: this process's place in the process group.
         make_optimizer: builds the AdamW from the model (after it is moved, sharded or wrapped).
+        step: the compiled step as a module (``speed.compile_step``), wrapped in place of the model: DDP's reducer then
+            prepares in the step's forward and reduces the gradients of its compiled backward. State stays the
+            model's (``full_state``, ``sharded_state``: the same names as without it).
     """
 
     def __init__(
-        self, model: nn.Module, cfg: TrainConfig, ctx: DistContext, make_optimizer: Callable[[nn.Module], Any]
+        self,
+        model: nn.Module,
+        cfg: TrainConfig,
+        ctx: DistContext,
+        make_optimizer: Callable[[nn.Module], Any],
+        step: nn.Module | None = None,
     ) -> None:
         self.model, self.cfg, self.ctx = model, cfg, ctx
-        self.wrapped = self._wrap(model)
+        self.wrapped = self._wrap(model if step is None else step)
         self.optimizer = make_optimizer(model)
         self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.scaler = LossScaler(cfg.precision, ctx.device)
@@ -262,12 +271,25 @@ def _fsdp_units(model: nn.Module, names: list[str]) -> list[nn.Module]:
 
 
 def build_strategy(
-    model: nn.Module, cfg: TrainConfig, ctx: DistContext, make_optimizer: Callable[[nn.Module], Any]
+    model: nn.Module,
+    cfg: TrainConfig,
+    ctx: DistContext,
+    make_optimizer: Callable[[nn.Module], Any],
+    step: nn.Module | None = None,
 ) -> Strategy:
-    """The strategy ``ctx.strategy`` names, with the model moved/wrapped and the optimizer built."""
+    """The strategy ``ctx.strategy`` names, with the model moved/wrapped and the optimizer built.
+
+    Args:
+        model: the engine's model.
+        cfg: the run's config.
+        ctx: this process's place in the process group.
+        make_optimizer: builds the AdamW from the model.
+        step: the compiled step's module (``speed.compile_step``, which the config allows under ``none`` and ``ddp``),
+            wrapped in place of the model.
+    """
     if ctx.strategy == "deepspeed":
         from drivetrain.engine.deepspeed_strategy import DeepSpeedRun
 
         return DeepSpeedRun(model, cfg, ctx, make_optimizer)  # type: ignore[return-value]
     kinds: dict[str, type[Strategy]] = {"none": Strategy, "ddp": DDPStrategy, "fsdp": FSDPStrategy}
-    return kinds[ctx.strategy](model, cfg, ctx, make_optimizer)
+    return kinds[ctx.strategy](model, cfg, ctx, make_optimizer, step)

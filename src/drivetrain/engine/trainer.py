@@ -167,7 +167,8 @@ class Trainer:
         self.step_graph = build_step_graph(self.model, cfg.speed, cfg.model.name, cfg.data.batch_size, self.device)
         self.counts_losses = isinstance(self.model, LossCounts)  # device counters logged beside the loss terms
         self.streams = isinstance(self.model, StreamMemory)  # every rank's stream state is checkpointed
-        self.strategy = build_strategy(self.model, cfg, self.ctx, lambda model: build_optimizer(model, cfg.optim))
+        step = self.step_graph.module() if self.step_graph is not None else None  # under DDP: DDP wraps the step
+        self.strategy = build_strategy(self.model, cfg, self.ctx, lambda model: build_optimizer(model, cfg.optim), step)
         self.optimizer, self.scaler = self.strategy.optimizer, self.strategy.scaler
         dataset = build_dataset(cfg.data, generate=self.generate_data)
         evaluates = cfg.eval.every or cfg.eval.at_start
@@ -238,7 +239,9 @@ class Trainer:
         warm_known_shapes(self.model, self.device, log)  # the GPU solver's kernels for the model's known Q
         reported = 0  # graphs compiled inside steps already logged (speed.compile_step)
         if self.step_graph is not None:  # every bucket of the compiled step, before the first step
-            self.step_graph.compile_all(log.message, lambda: autocast(cfg.precision.mode, self.device))
+            self.step_graph.compile_all(  # through the strategy's wrapper: under DDP, its forward and reduction
+                log.message, lambda: autocast(cfg.precision.mode, self.device), self.strategy.wrapped
+            )
         saved_at = self.state.iteration if self.resumed_from is not None else -1
         self._saved_clock = time.monotonic()  # checkpoint.every_minutes counts from here and from each save
         try:
@@ -312,7 +315,7 @@ class Trainer:
                 with self.strategy.sync_grads(enabled=i == accum - 1):  # gradients reduced on the last one only
                     if self.step_graph is not None:  # speed.compile_step: forward and loss in one compiled graph
                         with region("forward"), autocast(cfg.precision.mode, self.device):
-                            terms = dict(self.step_graph(batch))
+                            terms = dict(self.step_graph(batch, self.strategy.wrapped))
                         loss = weighted_total(terms, self.term_weights(terms)).float()
                     else:
                         with region("forward"), autocast(cfg.precision.mode, self.device):

@@ -446,11 +446,15 @@ class StaticPillarStep:
             labels = torch.zeros(batch_size, shapes.targets, dtype=torch.long, device=device)
             gt_sizes = torch.zeros(batch_size, dtype=torch.long, device=device)
         else:
-            points, sizes = _pad_dim1(batch.points.tensor, shapes.points), batch.points.sizes
+            # the sizes in contiguous strides: a batch of one sample may hold them as a view with another stride,
+            # which the compiled graph guards on (a recompile every step)
+            points, sizes = _pad_dim1(batch.points.tensor, shapes.points), _strided(batch.points.sizes)
             boxes = _pad_dim1(batch.gt_boxes.tensor, shapes.targets)
             labels = _pad_dim1(batch.gt_labels.tensor, shapes.targets)
-            gt_sizes = batch.gt_boxes.sizes
+            gt_sizes = _strided(batch.gt_boxes.sizes)
         prepared = model.windowed_anchors(feature, device) if shapes.pairs else None
+        if prepared is not None:  # its grid's reach table cached here: one the graph's tracing filled would fail the
+            prepared.grid.reach(device)  # guard of the first bucket compiled (a recompile when a step meets it again)
         return (
             points, sizes, boxes, labels, gt_sizes, anchors, thresholds, classes, shapes.voxels, shapes.rows,
             prepared, shapes.pairs,
@@ -472,6 +476,11 @@ class StaticPillarStep:
         shapes = shapes or self.shapes(batch)
         self.seen.add(shapes)
         return self.fn(self.model, *self.inputs(batch, shapes, batch.points.shape[0], batch.points.device))
+
+
+def _strided(sizes: torch.Tensor) -> torch.Tensor:
+    """``sizes`` (B,) with stride 1: ``contiguous()`` keeps a one-element view's stride, which dynamo guards on."""
+    return sizes if sizes.stride() == (1,) else sizes.clone(memory_format=torch.contiguous_format)
 
 
 def _feature_size(model: nn.Module) -> tuple[int, int]:
