@@ -19,7 +19,9 @@ kept between steps, and one copy of them per step.
 from __future__ import annotations
 
 import inspect
+import itertools
 import time
+import types
 import weakref
 from collections import defaultdict
 from collections.abc import Callable
@@ -107,6 +109,16 @@ def _compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+_INSTANCES = itertools.count()  # OptimizerGraphs made in this process (each compiles a code object of its own)
+
+
+def _copy_and_step(graph: OptimizerGraph, buffers: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """The compiled update: the copies of :meth:`UndoableUpdate.step`, then the optimizer's own step (called under
+    ``no_grad``, without the wrapper that runs its hooks and breaks the graph around it)."""
+    _copy_all(buffers, sources)
+    graph._raw_step(graph.optimizer)
+
+
 class OptimizerGraph(UndoableUpdate):
     """The undoable update as one compiled graph: the copy of parameters and optimizer state and AdamW's step
     (``speed.compile_step``; see the module).
@@ -138,7 +150,11 @@ class OptimizerGraph(UndoableUpdate):
         self._graph_form()
         optimizer.register_state_dict_post_hook(self._eager_form)
         optimizer.register_load_state_dict_post_hook(lambda _: self._graph_form())
-        self._fn = torch.compile(self._copy_and_step, fullgraph=True, dynamic=False, backend=backend, mode=mode)
+        # a code object of its own: dynamo keeps at most recompile_limit graphs per code object, and each update's
+        # graph guards on its own optimizer's tensors (a process building many runs would otherwise run out)
+        name = f"optimizer_update_{next(_INSTANCES)}"
+        own = types.FunctionType(_copy_and_step.__code__.replace(co_name=name), _copy_and_step.__globals__, name)
+        self._fn = torch.compile(types.MethodType(own, self), fullgraph=True, dynamic=False, backend=backend, mode=mode)
 
     def _graph_form(self) -> None:
         """Tensor ``lr``, device step counters, the flags, and AdamW's initial state for every parameter."""
@@ -179,11 +195,6 @@ class OptimizerGraph(UndoableUpdate):
         buffer = torch.empty_like(local)
         torch._dynamo.mark_static_address(buffer, guard=True)  # CUDA graphs: an input written in place stays put
         return buffer
-
-    def _copy_and_step(self, buffers: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
-        """The graph: the copies of :meth:`UndoableUpdate.step`, then AdamW's step (under ``no_grad``: no autograd)."""
-        _copy_all(buffers, sources)
-        self._raw_step(self.optimizer)
 
     def _apply(self, buffers: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
         optimizer = self.optimizer
