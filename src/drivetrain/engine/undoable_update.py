@@ -204,8 +204,8 @@ class OptimizerGraph(UndoableUpdate):
         for hook in (*_global_step_pre_hooks(), *optimizer._optimizer_step_pre_hooks.values()):
             hook(optimizer, (), {})  # before the graph (an asynchronous save's gate), not traced into it
         before = _compiled_graphs()
-        if self.replays:
-            torch.compiler.cudagraph_mark_step_begin()
+        # CUDA graphs: no cudagraph_mark_step_begin here — the update is part of the step's iteration, after the
+        # backward, whose gradients it reads where they are (in the pool, until zero_grad drops them)
         self._fn(buffers, sources)
         if self._compiled:
             self.compiles_in_steps += _compiled_graphs() - before
@@ -231,6 +231,8 @@ class OptimizerGraph(UndoableUpdate):
         try:
             for p in params:
                 p.grad = torch.zeros_like(p)
+            if self.replays:  # an iteration of its own (cudagraph trees' eager warm-up of the update)
+                torch.compiler.cudagraph_mark_step_begin()
             self.step()
             self.settle(False)  # every parameter and state value back, bit for bit
         finally:
