@@ -14,6 +14,11 @@ unconditional ``optimizer.step()``, so a kept update is bit-identical to it:
 
 The cost: one copy of the parameters and their optimizer state (AdamW: parameter, two moments, the step counter)
 kept between steps, and one copy of them per step.
+
+:class:`OptimizerGraph` (``speed.compile_step``) is the same update as one compiled graph: the copies and AdamW's step,
+with a tensor learning rate the trainer writes in place, step counters on the device and AdamW's initial state made
+up front, compiled before the first step; its optimizer's ``state_dict()`` keeps the eager form, so checkpoints load
+with the graph on or off.
 """
 
 from __future__ import annotations
