@@ -270,3 +270,28 @@ def test_a_checkpoint_loads_across_the_switch_both_ways():
     steps_on = [s["step"].item() for s in on_optimizer.state.values()]
     steps_off = [s["step"].item() for s in off_optimizer.state.values()]
     assert steps_on == steps_off == [float(steps)] * 3
+
+
+def test_the_update_reads_nothing_on_the_host_even_where_it_runs_eagerly():
+    """Under an op or sync counter (a dispatch mode, as the benchmarks count one step) torch.compile runs eagerly: the
+    update stands in with the graph's own arithmetic of the step counters, which reads none of them on the host (a
+    CPU's eager AdamW reads each one)."""
+    from helpers.nosync import no_host_sync
+
+    model = _model()
+    _, graph = _graph(model)
+    twin = copy.deepcopy(model)
+    twin_optimizer, twin_graph = _graph(twin)
+    grads = _gradients(model, torch.Generator().manual_seed(6), 2)
+    for step_grads in grads:
+        _give(model, step_grads)
+        graph.step()
+        graph.settle(True)
+        _give(twin, step_grads)
+        with no_host_sync():  # raises at a read
+            twin_graph.step()
+        twin_graph.settle(True)
+    tol = _adamw_tolerance(len(grads), LR, _p_max(model))  # the graph's arithmetic, in another order
+    for got, want in zip(twin.parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=tol)
+    assert [s["step"].item() for s in twin_optimizer.state.values()] == [2.0] * 3

@@ -23,13 +23,14 @@ with the graph on or off.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 import time
 import types
 import weakref
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -204,7 +205,8 @@ class OptimizerGraph(UndoableUpdate):
     def _apply(self, buffers: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
         optimizer = self.optimizer
         if _dispatch_mode_active():  # a counter of ops or syncs: torch.compile runs eagerly under one anyway
-            super()._apply(buffers, sources)  # the graph's ops, one by one, through optimizer.step()
+            with _tensor_step_arithmetic(optimizer):
+                super()._apply(buffers, sources)  # the graph's ops, one by one, through optimizer.step()
             return
         for hook in (*_global_step_pre_hooks(), *optimizer._optimizer_step_pre_hooks.values()):
             hook(optimizer, (), {})  # before the graph (an asynchronous save's gate), not traced into it
@@ -248,6 +250,22 @@ class OptimizerGraph(UndoableUpdate):
                 torch.cuda.set_rng_state_all(cuda_rng)
         self._compiled = True
         message(f"speed.compile_step: optimizer update compiled in {time.perf_counter() - start:.1f} s")
+
+
+@contextlib.contextmanager
+def _tensor_step_arithmetic(optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """For an eager step in graph form: a group that is not ``capturable`` (a CPU's) takes AdamW's tensor arithmetic of
+    the step counters, as the graph does, instead of reading each counter on the host — through ``differentiable``,
+    which selects that arithmetic (torch's capturable code without its device check) and changes nothing else here
+    (the step runs under ``no_grad``)."""
+    groups = [group for group in optimizer.param_groups if not group["capturable"]]
+    for group in groups:
+        group["differentiable"] = True
+    try:
+        yield
+    finally:
+        for group in groups:
+            group["differentiable"] = False
 
 
 def _dispatch_mode_active() -> bool:
