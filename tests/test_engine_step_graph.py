@@ -50,13 +50,31 @@ def test_the_compiled_step_compiles_before_step_one_and_resumes_exactly(synth_ro
     resumed = _train(capfd, [*_argv(split, synth_root, "train.steps=4", *STEP_GRAPH), "--resume", "auto"])
     assert "inside steps" not in first + resumed
     assert losses(split) == losses(straight)
-    want, got = final_state(straight)["model"], final_state(split)["model"]
-    assert all(torch.equal(got[key], value) for key, value in want.items())
+    want, got = final_state(straight), final_state(split)
+    assert all(torch.equal(got["model"][key], value) for key, value in want["model"].items())
+    assert "speed.compile_step: optimizer update compiled in " in err  # the update too: before step 1
+    want_state, got_state = want["optimizer"]["state"], got["optimizer"]["state"]  # moments and step counters
+    assert want_state.keys() == got_state.keys()
+    assert all(torch.equal(got_state[p][k], v) for p, entry in want_state.items() for k, v in entry.items())
     # the compiled step computes the eager forward + loss: the first step's loss (same weights, same batch) within
     # float32 summation over the loss's B·A anchors (2 samples × a 64 × 64 map × 6 anchors)
     _train(capfd, _argv(eager, synth_root, "train.steps=1", "model.args.window=false"))
     rtol = 2 * 64 * 64 * 6 * torch.finfo(torch.float32).eps
     torch.testing.assert_close(losses(straight)[0], losses(eager)[0], rtol=rtol, atol=0.0)
+
+
+def test_a_checkpoint_of_the_eager_step_resumes_with_the_compiled_update(synth_root, synth_index, tmp_path, capfd):
+    """An eager run's checkpoint (float lr, CPU step counters) continues with speed.compile_step on: the update
+    compiles before its first step and nothing inside, and the checkpoint it writes is in the eager form again, every
+    parameter updated twice."""
+    run = tmp_path / "run"
+    _train(capfd, _argv(run, synth_root, "train.steps=1", "model.args.window=false", "model.args.max_targets=64"))
+    err = _train(capfd, [*_argv(run, synth_root, "train.steps=2", *STEP_GRAPH), "--resume", "auto"])
+    assert "speed.compile_step: optimizer update compiled in " in err and "inside steps" not in err, err
+    optimizer = final_state(run)["optimizer"]
+    assert all(isinstance(group["lr"], float) and not group["capturable"] for group in optimizer["param_groups"])
+    steps = [state["step"] for state in optimizer["state"].values()]
+    assert steps and all(step.device.type == "cpu" and step.item() == 2 for step in steps)
 
 
 def test_the_compiled_dense_step_adds_no_host_read(synth_root, synth_index, tmp_path):
@@ -67,7 +85,8 @@ def test_the_compiled_dense_step_adds_no_host_read(synth_root, synth_index, tmp_
     seen = _watched(trainer)
     trainer.fit()
     trainer.close()
-    assert len(seen) == 3 and trainer.step_graph.compiles_in_steps == 0
+    # every iteration is watched, the first too: the compiled update's optimizer state exists before step 1
+    assert len(seen) == 4 and trainer.step_graph.compiles_in_steps == 0
     assert all(len(record["passed"]) == 1 and record["before_update"] == 0 for record in seen), seen
 
 

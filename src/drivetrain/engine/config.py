@@ -293,7 +293,8 @@ class SpeedConfig:
     # on CUDA on the prefetcher's side stream (needs data.prefetch), on a CPU right after the batch is read
     encoder_overlap: bool = False
     # the training forward and loss as one graph per shape bucket (a model with the StaticStep capability), every
-    # bucket compiled before step 1 (engine/build.py); one process or DDP (which wraps the compiled step)
+    # bucket compiled before step 1 (engine/build.py), and the optimizer update as one graph with a tensor lr
+    # (engine/undoable_update.py OptimizerGraph); one process or DDP (which wraps the compiled step)
     compile_step: bool = False
     # torch.compile backend of compile_step: "inductor" (generated kernels, minutes per bucket on a CPU), "aot_eager"
     # (the graph with its backward, no code generation: the tests), "eager"

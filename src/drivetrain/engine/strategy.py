@@ -39,7 +39,7 @@ from torch import nn
 from drivetrain.engine.config import ConfigError, TrainConfig
 from drivetrain.engine.distributed import DistContext
 from drivetrain.engine.precision import LossScaler, unscale_clip_
-from drivetrain.engine.undoable_update import UndoableUpdate
+from drivetrain.engine.undoable_update import OptimizerGraph, UndoableUpdate
 
 __all__ = ["Strategy", "build_strategy"]
 
@@ -70,7 +70,13 @@ class Strategy:
         self.optimizer = make_optimizer(model)
         self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.scaler = LossScaler(cfg.precision, ctx.device)
-        self._update = UndoableUpdate(self.optimizer)
+        speed = cfg.speed  # speed.compile_step: the undoable update as one compiled graph (None when off)
+        self.optimizer_graph = (
+            OptimizerGraph(self.optimizer, speed.compile_step_backend, speed.compile_step_mode)
+            if speed.compile_step
+            else None
+        )
+        self._update = self.optimizer_graph or UndoableUpdate(self.optimizer)
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         return model.to(self.ctx.device)

@@ -170,6 +170,8 @@ class Trainer:
         step = self.step_graph.module() if self.step_graph is not None else None  # under DDP: DDP wraps the step
         self.strategy = build_strategy(self.model, cfg, self.ctx, lambda model: build_optimizer(model, cfg.optim), step)
         self.optimizer, self.scaler = self.strategy.optimizer, self.strategy.scaler
+        # speed.compile_step: the update (copy for undo + AdamW step) as one compiled graph, tensor lr (None when off)
+        self.optimizer_graph = self.strategy.optimizer_graph if cfg.speed.compile_step else None
         dataset = build_dataset(cfg.data, generate=self.generate_data)
         evaluates = cfg.eval.every or cfg.eval.at_start
         self.eval_data = eval_frames(cfg, self.model, self.generate_data, warn=self.ctx.is_main) if evaluates else None
@@ -242,6 +244,8 @@ class Trainer:
             self.step_graph.compile_all(  # through the strategy's wrapper: under DDP, its forward and reduction
                 log.message, lambda: autocast(cfg.precision.mode, self.device), self.strategy.wrapped
             )
+        if self.optimizer_graph is not None:  # and the update, taken and undone on zero gradients
+            self.optimizer_graph.compile_all(log.message)
         saved_at = self.state.iteration if self.resumed_from is not None else -1
         self._saved_clock = time.monotonic()  # checkpoint.every_minutes counts from here and from each save
         try:
@@ -258,8 +262,8 @@ class Trainer:
                         except DataError as err:
                             raise self._data_failure(err, data_state) from None
                         warm_met_shapes(self.state.iteration, log)  # GPU solver shapes the step met uncompiled
-                        if self.step_graph is not None and self.step_graph.compiles_in_steps > reported:
-                            reported = self.step_graph.compiles_in_steps
+                        if self._compiles_in_steps() > reported:
+                            reported = self._compiles_in_steps()
                             log.message(f"speed.compile_step: {reported} graph(s) compiled inside steps so far")
                         if self._step_delay:
                             time.sleep(self._step_delay)
@@ -364,11 +368,20 @@ class Trainer:
         return minutes is not None and time.monotonic() - self._saved_clock >= 60 * minutes
 
     def _set_lr(self, step: int) -> float:
-        """Set every group's lr for update ``step``; returns the base lr (lr_mult 1)."""
+        """Set every group's lr for update ``step``; returns the base lr (lr_mult 1). A tensor lr (the compiled
+        update's input) is written in place: a host-to-device write, no read."""
         base = self.cfg.optim.lr * lr_factor(self.cfg.schedule, step, self.cfg.train.steps)
         for group in self.optimizer.param_groups:
-            group["lr"] = base * group["lr_mult"]
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(base * group["lr_mult"])
+            else:
+                group["lr"] = base * group["lr_mult"]
         return base
+
+    def _compiles_in_steps(self) -> int:
+        """Graphs compiled inside steps so far by the compiled step and the compiled update (speed.compile_step)."""
+        graphs = (self.step_graph, self.optimizer_graph)
+        return sum(graph.compiles_in_steps for graph in graphs if graph is not None)
 
     def evaluate(self, log: MetricsLogger) -> str | None:
         """Evaluate the current weights on ``eval.split`` (every rank predicts its share, rank 0 scores) and log the
