@@ -3,7 +3,8 @@ per bucket, every bucket compiled before step 1, none inside the steps, exact re
 
 The runs use ``torch.compile``'s ``aot_eager`` backend (``speed.compile_step_backend``): the same graph capture, the
 forward and backward graphs, without code generation (inductor's minutes per bucket belong in the benchmarks), and
-the dense assignment at one ground-truth bucket (``window=false``, ``max_targets=64``): one bucket to compile."""
+the dense assignment at one ground-truth bucket (``window=false``, ``max_targets=64``) and one voxel bucket at
+``max_voxels`` (``step_voxels=8000``): one bucket to compile."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "pointpillars_tiny.yaml"
 QUIET = ["run.threads=1", "log.progress=false", "log.tensorboard=false", "eval.every=0", "eval.at_start=false"]
 STEP_GRAPH = ["speed.compile_step=true", "speed.compile_step_backend=aot_eager", "model.args.window=false",
-              "model.args.max_targets=64"]  # fmt: skip
+              "model.args.max_targets=64", "model.args.step_voxels=8000"]  # fmt: skip
 
 
 def _argv(out: Path, synth_root: Path, *extra: str) -> list[str]:

@@ -46,9 +46,9 @@ Example:
 lacks the capability) and wraps ``model.step_loss`` in ``torch.compile(fullgraph=True, dynamic=False,
 backend=speed.compile_step_backend)``. Before the first step :meth:`StepGraph.compile_all` runs every bucket of
 ``model.step_buckets`` once, forward and backward, on an empty batch at that bucket (one line per bucket with its
-seconds), then puts back what that run touched: every buffer (BatchNorm statistics and counters), the gradients
-(None) and the RNG states — so a run compiled before its first step, resumed or not, trains exactly as without the
-warm-up (the resume test compares 2 + 2 steps with 4 straight).
+seconds, then their total: :attr:`StepGraph.compile_seconds`), then puts back what that run touched: every buffer
+(BatchNorm statistics and counters), the gradients (None) and the RNG states — so a run compiled before its first
+step, resumed or not, trains exactly as without the warm-up (the resume test compares 2 + 2 steps with 4 straight).
 
 Each step then asks the model for its batch's bucket (``model.step_shapes``: at most one host read, the model's
 ``# sync:``), pads the batch (``model.step_inputs``) and calls the compiled function.
@@ -488,6 +488,7 @@ class StepGraph:
         self.replays = mode == "reduce-overhead"  # CUDA graphs: outputs live in the pool until the next replay
         self.fn = torch.compile(model.step_loss, fullgraph=True, dynamic=False, backend=backend, mode=mode)
         self.compiles_in_steps = 0
+        self.compile_seconds = 0.0  # all buckets' compiles before step 1 (compile_all)
 
     def compile_all(self, message: Callable[[str], None], context: Callable[[], Any]) -> None:
         """Compile every bucket (forward and backward) on an empty batch, then restore the buffers, gradients and
@@ -501,6 +502,7 @@ class StepGraph:
         buffers = [buffer.detach().clone() for buffer in module.buffers()]
         cpu_rng = torch.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None  # no context on a CPU run
+        began = time.perf_counter()
         try:
             for shapes in self.buckets:
                 start = time.perf_counter()
@@ -510,6 +512,8 @@ class StepGraph:
                     terms = self.fn(*self.model.step_inputs(None, shapes, self.batch_size, self.device))
                 torch.stack([value.float().sum() for value in terms.values()]).sum().backward()
                 message(f"speed.compile_step: bucket {shapes} compiled in {time.perf_counter() - start:.1f} s")
+            self.compile_seconds = time.perf_counter() - began
+            message(f"speed.compile_step: {len(self.buckets)} buckets compiled in {self.compile_seconds:.1f} s")
         finally:
             with torch.no_grad():
                 for buffer, saved in zip(module.buffers(), buffers, strict=True):
