@@ -46,6 +46,7 @@ def test_the_compiled_step_compiles_before_step_one_and_resumes_exactly(synth_ro
     err = _train(capfd, _argv(straight, synth_root, "train.steps=4", *STEP_GRAPH))
     buckets = [line for line in err.splitlines() if line.startswith("speed.compile_step: bucket ")]
     assert len(buckets) == 1 and buckets[0].endswith(" s"), err  # one line per bucket, with its seconds
+    assert "speed.compile_step: 1 bucket compiled in " in err  # then their total
     assert "inside steps" not in err  # no graph compiled during the 4 steps
     first = _train(capfd, _argv(split, synth_root, "train.steps=2", *STEP_GRAPH))
     resumed = _train(capfd, [*_argv(split, synth_root, "train.steps=4", *STEP_GRAPH), "--resume", "auto"])

@@ -513,7 +513,8 @@ class StepGraph:
                 torch.stack([value.float().sum() for value in terms.values()]).sum().backward()
                 message(f"speed.compile_step: bucket {shapes} compiled in {time.perf_counter() - start:.1f} s")
             self.compile_seconds = time.perf_counter() - began
-            message(f"speed.compile_step: {len(self.buckets)} buckets compiled in {self.compile_seconds:.1f} s")
+            count = f"{len(self.buckets)} bucket{'s' if len(self.buckets) != 1 else ''}"
+            message(f"speed.compile_step: {count} compiled in {self.compile_seconds:.1f} s before step 1")
         finally:
             with torch.no_grad():
                 for buffer, saved in zip(module.buffers(), buffers, strict=True):
