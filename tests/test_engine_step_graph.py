@@ -8,6 +8,7 @@ the dense assignment at one ground-truth bucket (``window=false``, ``max_targets
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from drivetrain.cli.main import main
+from drivetrain.engine.build import StepGraph, dynamo_graphs
 from drivetrain.engine.config import ConfigError, load_config
 from drivetrain.engine.trainer import Trainer
 from helpers.engine import final_state, losses
@@ -71,6 +73,42 @@ def test_the_compiled_dense_step_adds_no_host_read(synth_root, synth_index, tmp_
     trainer.close()
     assert len(seen) == 3 and trainer.step_graph.compiles_in_steps == 0
     assert all(len(record["passed"]) == 1 and record["before_update"] == 0 for record in seen), seen
+
+
+class _TenBuckets(torch.nn.Module):
+    """A static step of ten buckets (more than dynamo's default ``recompile_limit`` of 8 graphs per function): one
+    linear layer over a ``(B, S, 1)`` input, ``S`` the bucket."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(1, 1)
+
+    def step_buckets(self, batch_size: int) -> tuple[int, ...]:
+        return tuple(range(1, 11))
+
+    def step_shapes(self, batch) -> int:
+        return 10
+
+    def step_inputs(self, batch, shapes: int, batch_size: int, device: torch.device) -> tuple[torch.Tensor]:
+        return (torch.ones(batch_size, shapes, 1, device=device),)
+
+    def step_loss(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": self.linear(x).sum()}
+
+
+def test_every_bucket_compiles_before_step_one_past_dynamos_recompile_limit():
+    torch._dynamo.reset()
+    model = _TenBuckets()
+    graph = StepGraph(model, "eager", 2, torch.device("cpu"))
+    lines: list[str] = []
+    graph.compile_all(lines.append, contextlib.nullcontext)
+    assert len(lines) == 11 and lines[-1].startswith("speed.compile_step: 10 buckets compiled in "), lines
+    assert graph.compile_seconds > 0
+    before = dynamo_graphs()
+    for shapes in graph.buckets:  # every bucket runs from its compiled graph: nothing compiles again
+        with graph._limit():
+            graph.fn(*model.step_inputs(None, shapes, 2, torch.device("cpu")))
+    assert dynamo_graphs() == before
 
 
 def test_compile_step_without_the_capability_is_one_line_naming_the_model(tmp_path):

@@ -335,6 +335,13 @@ class PointPillars(nn.Module):
         largest."""
         return self._static_step().shapes(batch)
 
+    def step_shapes_on_host(self, batch: Batch) -> StaticShapes:
+        """:meth:`step_shapes` of the loader's batch on the host (CPU tensors, augmented already): the same counts
+        by the same arithmetic, read from host tensors — no device read (``speed.compile_step`` with a batch stream of
+        host batches, :class:`~drivetrain.engine.protocol.HostShapes`); the step's graph guards on the device that
+        the bucket holds the batch."""
+        return self._static_step().shapes(batch)
+
     def step_inputs(
         self, batch: Batch | None, shapes: StaticShapes, batch_size: int, device: torch.device
     ) -> tuple[Any, ...]:

@@ -103,6 +103,17 @@ PAIRS_LADDER = tuple(1 << k for k in range(12, 21, 2))  # pair buckets 4096 … 
 ALIGN = 64  # every bucket of V, R and P is a multiple of this (vector widths; 64 divides the solver's G buckets)
 LADDER_FLOOR = 4  # the voxel ladder starts at max_voxels / LADDER_FLOOR (see the module docstring)
 FIRST_TARGETS = 64  # G_b at every voxel bucket; max_targets above it at the largest only
+# the step's guards: a bucket chosen from a count that is not the step's own (the host's, or an eager count the graph's
+# arithmetic differs from) fails the run on the device (an error at its next read) rather than cutting voxels or pairs
+VOXEL_GUARD = (
+    "speed.compile_step: a sample fills more voxels than the {} slots of its bucket: the count that chose the bucket "
+    "is not the step's (with data.augment_on=worker the host counts them; data.augment_on=device counts on the device)"
+)
+PAIR_GUARD = (
+    "speed.compile_step: the batch's windows hold more pairs than the {} slots of its bucket: the count that chose "
+    "the bucket is not the step's (with data.augment_on=worker the host counts them; data.augment_on=device counts on "
+    "the device)"
+)
 
 
 def geometric_buckets(low: int, high: int, step: float = 1.25, align: int = ALIGN) -> tuple[int, ...]:
@@ -372,6 +383,7 @@ def static_loss(
     batch = points.shape[0]
     cloud = RaggedBatch.unchecked(points, point_sizes)
     hard = hard_voxelize_slots(cloud, grid, voxels_per_sample)  # S = B·V_b slots, V_b holding every sample
+    torch._assert_async(hard.num_found.max() <= voxels_per_sample, VOXEL_GUARD.format(voxels_per_sample))  # no read
     voxels, coors, num_points = hard.voxels, hard.coors, hard.num_points  # (S, T, C), (S, 4), (S,)
     real = (torch.arange(voxels_per_sample, device=points.device) < hard.num_voxels.unsqueeze(1)).flatten()  # (S,)
     feats = static_vfe(model.vfe, voxels, num_points, coors, real, rows)  # (S, C)
@@ -385,6 +397,10 @@ def static_loss(
     labels = RaggedBatch.unchecked(model._to_model[gt_labels.clamp(min=0)], gt_sizes)
     head = (out["cls_logits"], out["box_preds"], out["dir_logits"], anchors)
     if num_pairs:
+        total = window_pair_total(
+            anchors, prepared.grid, boxes, labels, thresholds, anchor_classes=anchor_classes, prepared=prepared
+        )  # ()
+        torch._assert_async(total <= num_pairs, PAIR_GUARD.format(num_pairs))  # no read
         assigned, pairs = windowed_max_iou_assign_with_pairs(
             anchors, prepared.grid, boxes, labels, thresholds, anchor_classes=anchor_classes, prepared=prepared,
             num_pairs=num_pairs,
@@ -490,6 +506,7 @@ class StaticPillarStep:
         self.fn = static_loss if compile is None else torch.compile(static_loss, fullgraph=True, **compile)
         self.seen: set[StaticShapes] = set()
         self._chains: dict[tuple[int, bool], tuple[StaticShapes, ...]] = {}
+        self._to_model_host = model._to_model.detach().cpu()  # sync: once, when the step is built (a host batch's map)
 
     def shapes(self, batch: Any) -> StaticShapes:
         """The bucket of a batch (points, voxels, stored points, ground truth, window pairs): with a targets ladder
@@ -558,11 +575,14 @@ class StaticPillarStep:
         )  # fmt: skip
 
     def _pair_total(self, batch: Any) -> torch.Tensor:
-        """The window pairs of the batch's ground truth (``()`` on the device)."""
+        """The window pairs of the batch's ground truth (``()`` on the batch's device: the model's, or the host's
+        for :meth:`~.model.PointPillars.step_shapes_on_host`)."""
         model, device = self.model, batch.points.device
         feature = _feature_size(model)
         anchors, classes, thresholds = model.anchor_set(feature, device)
-        boxes, labels = model.gt_targets(batch)
+        to_model = model._to_model if model._to_model.device == device else self._to_model_host  # (C,) label map
+        boxes = batch.gt_boxes.apply(lambda t: t[..., : model.code_size])  # (B, G, D)
+        labels = batch.gt_labels.apply(lambda t: to_model[t.clamp(min=0)])  # (B, G) model order
         prepared = model.windowed_anchors(feature, device)
         return window_pair_total(
             anchors, prepared.grid, boxes, labels, thresholds, anchor_classes=classes, prepared=prepared
