@@ -20,6 +20,7 @@ from drivetrain.engine.build import StepGraph, dynamo_graphs
 from drivetrain.engine.config import ConfigError, load_config
 from drivetrain.engine.trainer import Trainer
 from helpers.engine import final_state, losses
+from helpers.nosync import allow_host_sync
 from test_engine_step_syncs import _watched
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,6 +74,39 @@ def test_the_compiled_dense_step_adds_no_host_read(synth_root, synth_index, tmp_
     trainer.close()
     assert len(seen) == 3 and trainer.step_graph.compiles_in_steps == 0
     assert all(len(record["passed"]) == 1 and record["before_update"] == 0 for record in seen), seen
+
+
+# the windowed assignment at one voxel bucket: the pairs' bucket and the overflow one (2 buckets)
+WINDOWED = ["speed.compile_step=true", "speed.compile_step_backend=aot_eager", "model.args.max_targets=64",
+            "model.args.step_voxels=8000"]  # fmt: skip
+
+
+@pytest.mark.slow  # ~1 min: two buckets compiled and 4 steps; the default set checks the host choice in the model's tests
+def test_with_host_batches_the_compiled_step_reads_the_device_once_after_the_update(synth_root, synth_index, tmp_path):
+    """``data.augment_on=worker``: the loader hands out final batches on the host, the bucket (the windows' pair
+    count) is chosen there before the copy, and the iteration's one read stays after the update; with the
+    augmentation on the device (the default) the batch stream holds device batches and the step reads them."""
+    trainer = Trainer(
+        load_config(TINY, _argv(tmp_path, synth_root, "train.steps=4", *WINDOWED, "data.augment_on=worker")[3:])
+    )
+    assert trainer.step_graph.host_batches
+    chosen, on_host = [], trainer.model.step_shapes_on_host
+
+    def counted(batch):
+        with allow_host_sync():  # host work on the loader's CPU batch (the engine runs it under host_work)
+            chosen.append(on_host(batch))
+        return chosen[-1]
+
+    trainer.model.step_shapes_on_host = counted
+    seen = _watched(trainer)
+    trainer.fit()
+    trainer.close()
+    assert len(chosen) == 4 and all(shapes.pairs > 0 for shapes in chosen)
+    assert len(seen) == 3 and trainer.step_graph.compiles_in_steps == 0
+    assert all(len(record["passed"]) == 1 and record["before_update"] == 0 for record in seen), seen
+    on_device = Trainer(load_config(TINY, _argv(tmp_path / "device", synth_root, "train.steps=1", *WINDOWED)[3:]))
+    assert not on_device.step_graph.host_batches
+    on_device.close()
 
 
 class _TenBuckets(torch.nn.Module):

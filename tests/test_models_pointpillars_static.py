@@ -25,6 +25,7 @@ from drivetrain.models.pointpillars.static import (
     voxel_ladder,
     window_pairs_per_target,
 )
+from drivetrain.pipeline.transfer import to_device
 from drivetrain.pipeline.voxelize import voxel_counts
 from drivetrain.ragged import RaggedBatch
 from helpers.nosync import no_host_sync
@@ -318,3 +319,45 @@ def test_a_batch_beyond_the_chains_pairs_names_model_args_window(batch):
     assert buckets.voxels == (64,)
     with pytest.raises(ValueError, match=r"^model\.args\.step_voxels: a batch needs \d+, above the largest bucket 64$"):
         StaticPillarStep(single, buckets, windowed=True).shapes(batch)
+
+
+@pytest.mark.parametrize("cut", ["voxels", "pairs"])
+def test_a_bucket_that_does_not_hold_the_batch_fails_on_the_device_rather_than_cutting(batch, cut):
+    """The guards of the graph (``torch._assert_async``: no host read on a GPU; an error at the step's next read):
+    a bucket chosen from a count that is not the step's own cuts nothing silently."""
+    model = PointPillars(**TINY).double().train()
+    step = StaticPillarStep(model, Buckets.for_grid(model.grid, 1 << 15), windowed=True)
+    fits = step.shapes(batch)
+    static_loss(*_static_args(model, batch, fits))  # the bucket that holds the batch passes
+    most = int(voxel_counts(batch.points, model.grid)[0].max())
+    feature = _feature_size(model)
+    anchors, _, thresholds = model.anchor_set(feature, batch.points.device)
+    prepared = model.windowed_anchors(feature, anchors.device)
+    boxes, labels = model.gt_targets(batch)
+    total = int(window_pair_total(anchors, prepared.grid, boxes, labels, thresholds, prepared=prepared))
+    # one slot short of the batch's largest sample's voxels, or of its window pairs
+    short = (
+        dataclasses.replace(fits, voxels=most - 1) if cut == "voxels" else dataclasses.replace(fits, pairs=total - 1)
+    )
+    name = "voxels" if cut == "voxels" else "pairs"
+    with pytest.raises(RuntimeError, match=rf"^speed\.compile_step: .* more {name} than the \d+ slots of its bucket"):
+        static_loss(*_static_args(model, batch, short))
+
+
+def test_the_bucket_chosen_on_the_host_is_the_one_chosen_on_the_device(batch, chain_models):
+    """``step_shapes_on_host`` reads host tensors only (the loader's batch, before the copy) and picks what
+    ``step_shapes`` picks from the device's copy."""
+    model = chain_models["ssn"]  # per-class windows: the labels mapped to the model's order on the host
+    with no_host_sync(documented=1) as documented:
+        on_device = model.step_shapes(batch)
+    assert len(documented) == 1
+    assert model.step_shapes_on_host(batch) == on_device
+
+
+@pytest.mark.cuda
+def test_the_bucket_chosen_on_the_host_matches_the_cuda_copys(batch):
+    torch.manual_seed(0)
+    model = SSN(**TINY_SSN, max_points_per_sample=1 << 15, max_targets=100).double().cuda().train()
+    host = dataclasses.replace(batch, points=batch.points.apply(lambda t: t.float()))
+    on_cuda = to_device(host, torch.device("cuda"))
+    assert model.step_shapes_on_host(host) == model.step_shapes(on_cuda)
