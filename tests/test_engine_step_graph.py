@@ -81,7 +81,7 @@ WINDOWED = ["speed.compile_step=true", "speed.compile_step_backend=aot_eager", "
             "model.args.step_voxels=8000"]  # fmt: skip
 
 
-@pytest.mark.slow  # ~1 min: two buckets compiled and 4 steps; the default set checks the host choice in the model's tests
+@pytest.mark.slow  # ~1 min (two buckets compiled, 4 steps); the default set checks the host choice in the model
 def test_with_host_batches_the_compiled_step_reads_the_device_once_after_the_update(synth_root, synth_index, tmp_path):
     """``data.augment_on=worker``: the loader hands out final batches on the host, the bucket (the windows' pair
     count) is chosen there before the copy, and the iteration's one read stays after the update; with the
