@@ -37,7 +37,13 @@ the trainer's lidar augmentation (rotation, scaling, translation, flips, range f
 after the host→device copy by default (``data.augment_on=device``), so the host holds only the points before it, whose
 voxel and pair counts are not the batch's (a rotation moves a voxel's points into up to four others' cells), and no
 host number bounds the augmented count usefully (a cell's image under a rotation and a 5 % scaling overlaps up to
-nine cells: a bound 9× the count).
+nine cells: a bound 9× the count). Where the loader hands out the augmented batch on the host (``data.augment_on=
+worker``, no prefetcher: the engine's ``HostShapes``), :meth:`~.model.PointPillars.step_shapes_on_host` counts the
+same numbers by the same arithmetic on host tensors before the copy, and the step reads nothing of the device.
+Either way the graph guards on the device (``torch._assert_async``: no host read on a GPU) that the bucket holds
+every sample's voxels (:attr:`~drivetrain.pipeline.voxelize.HardVoxels.num_found`) and the windows' pairs: a count
+that chose the bucket and is not the step's own (the host's, or an eager count whose arithmetic the compiled graph
+does not repeat to the ulp) fails the run (:data:`VOXEL_GUARD`, :data:`PAIR_GUARD`) and never cuts voxels or pairs.
 A batch beyond the largest bucket is one :class:`ValueError` naming the config key.
 
 **The compiled step's buckets** (:meth:`Buckets.for_compiled_step`) form one *chain*, not a product of per-size
