@@ -293,6 +293,7 @@ def test_the_padded_step_gives_the_eager_terms_and_gradients_at_each_kind_of_cha
 
 def test_a_batch_takes_the_first_chain_bucket_that_holds_it_with_one_host_read(batch, chain_models):
     model = chain_models["pointpillars"]
+    model.step_shapes(batch)  # the anchors and the feature size are cached before the step
     chain = model.step_buckets(2)
     num_voxels, _ = voxel_counts(batch.points, model.grid)
     boxes, labels = model.gt_targets(batch)
@@ -348,6 +349,7 @@ def test_the_bucket_chosen_on_the_host_is_the_one_chosen_on_the_device(batch, ch
     """``step_shapes_on_host`` reads host tensors only (the loader's batch, before the copy) and picks what
     ``step_shapes`` picks from the device's copy."""
     model = chain_models["ssn"]  # per-class windows: the labels mapped to the model's order on the host
+    model.step_shapes(batch)  # the anchors and the feature size are cached before the step
     with no_host_sync(documented=1) as documented:
         on_device = model.step_shapes(batch)
     assert len(documented) == 1
@@ -355,6 +357,7 @@ def test_the_bucket_chosen_on_the_host_is_the_one_chosen_on_the_device(batch, ch
 
 
 @pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_the_bucket_chosen_on_the_host_matches_the_cuda_copys(batch):
     torch.manual_seed(0)
     model = SSN(**TINY_SSN, max_points_per_sample=1 << 15, max_targets=100).double().cuda().train()
