@@ -31,7 +31,7 @@ SCENARIOS = {
     "resumed": STEP_GRAPH,
     "static": [*STEP_GRAPH, "distributed.static_graph=true"],
     "unused": [*STEP_GRAPH, "distributed.find_unused_parameters=true"],
-    # the windowed assignment (PointPillars' default): a bucket per pair count (5)
+    # the windowed assignment (PointPillars' default): the pairs of the ground-truth bucket and the overflow bucket (2)
     "windowed": [*STEP_GRAPH, "model.args.window=true"],
 }
 
@@ -43,6 +43,7 @@ def step_overrides(out: Path, index: str, *extra: str) -> list[str]:
         "log.tensorboard=false", "log.every=1", "data.name=frames",
         f"data.args={{index: {index}, split: mini_train, load_images: false, load_points: true, num_sweeps: 1, "
         "use_dim: [0, 1, 2, 4]}", "data.batch_size=1", "train.accumulation=2", "model.args.max_voxels=2000",
+        "model.args.step_voxels=2000",
         "model.args.window=false", "model.args.max_targets=64", "train.steps=4", "checkpoint.every=2",
         "eval.every=0", "eval.at_start=false", "distributed.strategy=ddp", *ON_CPU, *extra,
     ]  # fmt: skip

@@ -59,6 +59,7 @@ def test_compare_reports_both_splits_on_the_same_batches_and_counts_compiles_in_
     # eager compiles nothing; the compiled backbone once more, in the step that dropped its code
     assert (data["compiles_in_steps"], compared["compiles_in_steps"]) == (0, 1)
     assert data["graph_breaks"] == compared["graph_breaks"] == 0
+    assert data["step_graph"] is None and compared["step_graph"] is None  # no speed.compile_step: no buckets
     assert compared["syncs_per_step"] == data["syncs_per_step"] == 1  # the iteration's one read, in both
     assert "| step |" in (tmp_path / "r.md").read_text()
 

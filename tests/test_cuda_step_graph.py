@@ -2,7 +2,8 @@
 replayed as CUDA graphs (inductor's cudagraph trees) equals the eager step over batches that cross buckets, records
 each bucket's graphs once, reuses one memory pool, and resumes exactly (2 + 2 steps = 4).
 
-The runs use PointPillars tiny with the dense assignment (``window=false``): ``max_targets=128`` gives two buckets,
+The runs use PointPillars tiny with the dense assignment (``window=false``) and one voxel bucket at ``max_voxels``
+(``step_voxels=8000``, no voxel ladder): ``max_targets=128`` gives two buckets,
 ground truth 64 and 128. The synthetic batches all fall in the first, so the spy below widens every other batch's
 padded ground truth past 64 columns (the padding is not ground truth: its sizes are unchanged, the loss is the same)
 and the steps alternate between the two buckets. Inductor compiles each bucket (tens of seconds on a GPU): the steps
@@ -33,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "pointpillars_tiny.yaml"
 QUIET = ["run.threads=1", "log.progress=false", "log.tensorboard=false", "eval.every=0", "eval.at_start=false"]
 GRAPHED = ["speed.compile_step=true", "speed.compile_step_backend=inductor", "speed.compile_step_mode=reduce-overhead",
-           "model.args.window=false", "train.device=cuda", "run.deterministic=true"]  # fmt: skip
+           "model.args.window=false", "model.args.step_voxels=8000", "train.device=cuda",
+           "run.deterministic=true"]  # fmt: skip
 STEPS = 6  # buckets 64, 128, 64, 128, 64, 128: each recorded at its first step, replayed at the next two
 
 

@@ -3,10 +3,12 @@ per bucket, every bucket compiled before step 1, none inside the steps, exact re
 
 The runs use ``torch.compile``'s ``aot_eager`` backend (``speed.compile_step_backend``): the same graph capture, the
 forward and backward graphs, without code generation (inductor's minutes per bucket belong in the benchmarks), and
-the dense assignment at one ground-truth bucket (``window=false``, ``max_targets=64``): one bucket to compile."""
+the dense assignment at one ground-truth bucket (``window=false``, ``max_targets=64``) and one voxel bucket at
+``max_voxels`` (``step_voxels=8000``): one bucket to compile."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -14,16 +16,18 @@ import pytest
 import torch
 
 from drivetrain.cli.main import main
+from drivetrain.engine.build import StepGraph, dynamo_graphs
 from drivetrain.engine.config import ConfigError, load_config
 from drivetrain.engine.trainer import Trainer
 from helpers.engine import final_state, losses
+from helpers.nosync import allow_host_sync
 from test_engine_step_syncs import _watched
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "pointpillars_tiny.yaml"
 QUIET = ["run.threads=1", "log.progress=false", "log.tensorboard=false", "eval.every=0", "eval.at_start=false"]
 STEP_GRAPH = ["speed.compile_step=true", "speed.compile_step_backend=aot_eager", "model.args.window=false",
-              "model.args.max_targets=64"]  # fmt: skip
+              "model.args.max_targets=64", "model.args.step_voxels=8000"]  # fmt: skip
 
 
 def _argv(out: Path, synth_root: Path, *extra: str) -> list[str]:
@@ -45,6 +49,7 @@ def test_the_compiled_step_compiles_before_step_one_and_resumes_exactly(synth_ro
     err = _train(capfd, _argv(straight, synth_root, "train.steps=4", *STEP_GRAPH))
     buckets = [line for line in err.splitlines() if line.startswith("speed.compile_step: bucket ")]
     assert len(buckets) == 1 and buckets[0].endswith(" s"), err  # one line per bucket, with its seconds
+    assert "speed.compile_step: 1 bucket compiled in " in err  # then their total
     assert "inside steps" not in err  # no graph compiled during the 4 steps
     first = _train(capfd, _argv(split, synth_root, "train.steps=2", *STEP_GRAPH))
     resumed = _train(capfd, [*_argv(split, synth_root, "train.steps=4", *STEP_GRAPH), "--resume", "auto"])
@@ -68,7 +73,7 @@ def test_a_checkpoint_of_the_eager_step_resumes_with_the_compiled_update(synth_r
     compiles before its first step and nothing inside, and the checkpoint it writes is in the eager form again, every
     parameter updated twice."""
     run = tmp_path / "run"
-    _train(capfd, _argv(run, synth_root, "train.steps=1", "model.args.window=false", "model.args.max_targets=64"))
+    _train(capfd, _argv(run, synth_root, "train.steps=1", *STEP_GRAPH[2:]))  # the model's args of the resumed run
     err = _train(capfd, [*_argv(run, synth_root, "train.steps=2", *STEP_GRAPH), "--resume", "auto"])
     assert "speed.compile_step: optimizer update compiled in " in err and "inside steps" not in err, err
     optimizer = final_state(run)["optimizer"]
@@ -88,6 +93,75 @@ def test_the_compiled_dense_step_adds_no_host_read(synth_root, synth_index, tmp_
     # every iteration is watched, the first too: the compiled update's optimizer state exists before step 1
     assert len(seen) == 4 and trainer.step_graph.compiles_in_steps == 0
     assert all(len(record["passed"]) == 1 and record["before_update"] == 0 for record in seen), seen
+
+
+# the windowed assignment at one voxel bucket: the pairs' bucket and the overflow one (2 buckets)
+WINDOWED = ["speed.compile_step=true", "speed.compile_step_backend=aot_eager", "model.args.max_targets=64",
+            "model.args.step_voxels=8000"]  # fmt: skip
+
+
+@pytest.mark.slow  # ~1 min (two buckets compiled, 4 steps); the default set checks the host choice in the model
+def test_with_host_batches_the_compiled_step_reads_the_device_once_after_the_update(synth_root, synth_index, tmp_path):
+    """``data.augment_on=worker``: the loader hands out final batches on the host, the bucket (the windows' pair
+    count) is chosen there before the copy, and the iteration's one read stays after the update; with the
+    augmentation on the device (the default) the batch stream holds device batches and the step reads them."""
+    trainer = Trainer(
+        load_config(TINY, _argv(tmp_path, synth_root, "train.steps=4", *WINDOWED, "data.augment_on=worker")[3:])
+    )
+    assert trainer.step_graph.host_batches
+    chosen, on_host = [], trainer.model.step_shapes_on_host
+
+    def counted(batch):
+        with allow_host_sync():  # host work on the loader's CPU batch (the engine runs it under host_work)
+            chosen.append(on_host(batch))
+        return chosen[-1]
+
+    trainer.model.step_shapes_on_host = counted
+    seen = _watched(trainer)
+    trainer.fit()
+    trainer.close()
+    assert len(chosen) == 4 and all(shapes.pairs > 0 for shapes in chosen)
+    assert len(seen) == 3 and trainer.step_graph.compiles_in_steps == 0
+    assert all(len(record["passed"]) == 1 and record["before_update"] == 0 for record in seen), seen
+    on_device = Trainer(load_config(TINY, _argv(tmp_path / "device", synth_root, "train.steps=1", *WINDOWED)[3:]))
+    assert not on_device.step_graph.host_batches
+    on_device.close()
+
+
+class _TenBuckets(torch.nn.Module):
+    """A static step of ten buckets (more than dynamo's default ``recompile_limit`` of 8 graphs per function): one
+    linear layer over a ``(B, S, 1)`` input, ``S`` the bucket."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(1, 1)
+
+    def step_buckets(self, batch_size: int) -> tuple[int, ...]:
+        return tuple(range(1, 11))
+
+    def step_shapes(self, batch) -> int:
+        return 10
+
+    def step_inputs(self, batch, shapes: int, batch_size: int, device: torch.device) -> tuple[torch.Tensor]:
+        return (torch.ones(batch_size, shapes, 1, device=device),)
+
+    def step_loss(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": self.linear(x).sum()}
+
+
+def test_every_bucket_compiles_before_step_one_past_dynamos_recompile_limit():
+    torch._dynamo.reset()
+    model = _TenBuckets()
+    graph = StepGraph(model, "eager", 2, torch.device("cpu"))
+    lines: list[str] = []
+    graph.compile_all(lines.append, contextlib.nullcontext)
+    assert len(lines) == 11 and lines[-1].startswith("speed.compile_step: 10 buckets compiled in "), lines
+    assert graph.compile_seconds > 0
+    before = dynamo_graphs()
+    for shapes in graph.buckets:  # every bucket runs from its compiled graph: nothing compiles again
+        with graph._limit():
+            graph.fn(*model.step_inputs(None, shapes, 2, torch.device("cpu")))
+    assert dynamo_graphs() == before
 
 
 def test_compile_step_without_the_capability_is_one_line_naming_the_model(tmp_path):

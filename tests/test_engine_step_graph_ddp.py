@@ -107,13 +107,13 @@ def test_the_compiled_step_under_ddp_resumes_exactly(ddp_runs: tuple[Path, str])
     assert all(torch.equal(value, straight[name]) for name, value in _params(root, "resumed", 1).items())
 
 
-@pytest.mark.slow  # ~100 s: its own torchrun (5 windowed buckets to compile); the default DDP options: the tests above
+@pytest.mark.slow  # its own torchrun (2 windowed buckets to compile); the default DDP options: the tests above
 def test_the_compiled_step_under_ddp_with_static_graph_unused_parameter_search_and_windows(
     ddp_runs: tuple[Path, str], synth_root, synth_index, tmp_path: Path
 ) -> None:
     """``distributed.static_graph`` (the warm-up is the iteration DDP records), ``find_unused_parameters`` (DDP
     searches the autograd graph from the step's loss terms, through the compiled backward's nodes) and the windowed
-    assignment (PointPillars' default: 5 buckets; before the model
+    assignment (PointPillars' default: 2 buckets; before the model
     cached its window table ahead of the graph and passed one-sample sizes with stride 1, a one-frame batch recompiled
     inside the steps until dynamo's recompile limit stopped the run): equal ranks, no graph compiled inside a step,
     and the first step of the eager DDP run."""

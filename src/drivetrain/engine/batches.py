@@ -87,6 +87,7 @@ __all__ = [
     "brings_own_batching",
     "build_train_batches",
     "close_train_batches",
+    "hands_out_host_batches",
     "loader_wait_ms",
     "suggest_num_workers",
 ]
@@ -486,6 +487,13 @@ def build_train_batches(
     elif data.prefetch:  # the next batch goes to the device on a side stream (a pass-through on a CPU)
         batches = DevicePrefetcher(batches, device)
     return batches, augment
+
+
+def hands_out_host_batches(batches: Any) -> bool:
+    """Whether a batch stream of :func:`build_train_batches` hands out the loader's own batches, final and on the host
+    (a :class:`BatchStream` alone: augmented in the loader, ``data.augment_on=worker``, or not at all; no prefetcher
+    copying or transforming them on the device first), on any training device."""
+    return isinstance(batches, BatchStream)
 
 
 def close_train_batches(batches: Any) -> None:

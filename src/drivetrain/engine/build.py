@@ -46,12 +46,18 @@ Example:
 lacks the capability) and wraps ``model.step_loss`` in ``torch.compile(fullgraph=True, dynamic=False,
 backend=speed.compile_step_backend)``. Before the first step :meth:`StepGraph.compile_all` runs every bucket of
 ``model.step_buckets`` once, forward and backward, on an empty batch at that bucket (one line per bucket with its
-seconds), then puts back what that run touched: every buffer (BatchNorm statistics and counters), the gradients
-(None) and the RNG states — so a run compiled before its first step, resumed or not, trains exactly as without the
-warm-up (the resume test compares 2 + 2 steps with 4 straight).
+seconds, then their total: :attr:`StepGraph.compile_seconds`), then puts back what that run touched: every buffer
+(BatchNorm statistics and counters), the gradients (None) and the RNG states — so a run compiled before its first
+step, resumed or not, trains exactly as without the warm-up (the resume test compares 2 + 2 steps with 4 straight).
 
 Each step then asks the model for its batch's bucket (``model.step_shapes``: at most one host read, the model's
-``# sync:``), pads the batch (``model.step_inputs``) and calls the compiled function.
+``# sync:``), pads the batch (``model.step_inputs``) and calls the compiled function. When the batch stream hands out
+the loader's own batches on the host (:func:`~drivetrain.engine.batches.hands_out_host_batches`: augmentation in the
+loader, ``data.augment_on=worker``, or none, and no prefetcher) and the model has
+:class:`~drivetrain.engine.protocol.HostShapes`, the bucket is chosen from that host batch before the copy
+(``model.step_shapes_on_host``: host work, no device read), and the graph guards on the device that it holds the
+batch. Every bucket raises dynamo's ``recompile_limit`` (8 graphs of one function by default) to the buckets' count
+while the step compiles and runs.
 
 With ``speed.compile_step_mode: reduce-overhead`` (inductor on a CUDA device) inductor's cudagraph trees replay each
 bucket's forward and backward graphs as CUDA graphs, all of them in one memory pool: the warm-up above runs each bucket
@@ -90,9 +96,17 @@ from drivetrain.detector.spec import keywords
 from drivetrain.engine import registry
 from drivetrain.engine.config import ConfigError, DataConfig, ModelConfig, OptimConfig, ScheduleConfig, SpeedConfig
 from drivetrain.engine.metrics import MetricsLogger
-from drivetrain.engine.protocol import MapDataset, MatchedQueries, StaticStep, WeightedLoss, missing_members
+from drivetrain.engine.protocol import (
+    HostShapes,
+    MapDataset,
+    MatchedQueries,
+    StaticStep,
+    WeightedLoss,
+    missing_members,
+)
 from drivetrain.losses.term_weights import base_name, resolve_weights
 from drivetrain.match import warm_gpu_solver, warm_pending
+from drivetrain.profile.costmodel import host_work
 from drivetrain.safeio.reads import human_bytes
 
 __all__ = [
@@ -489,6 +503,14 @@ class StepGraph:
         self.replays = mode == "reduce-overhead"  # CUDA graphs: outputs live in the pool until the next replay
         self.fn = torch.compile(model.step_loss, fullgraph=True, dynamic=False, backend=backend, mode=mode)
         self.compiles_in_steps = 0
+        self.compile_seconds = 0.0  # all buckets' compiles before step 1 (compile_all)
+        self.host_batches = False  # the batch stream hands out final host batches (the trainer sets it)
+        # dynamo keeps at most recompile_limit graphs of one function (8 by default), then fails a fullgraph compile:
+        # every bucket is one, so the step's calls raise the limit to the buckets' count
+        from torch._dynamo import config as dynamo_config
+
+        limit = max(dynamo_config.recompile_limit, len(self.buckets))
+        self._limit = functools.partial(dynamo_config.patch, recompile_limit=limit)
 
     def module(self) -> torch.nn.Module:
         """The compiled step as a module (:class:`StepModule`), for the strategy to wrap in place of the model."""
@@ -511,15 +533,19 @@ class StepGraph:
         buffers = [buffer.detach().clone() for buffer in module.buffers()]
         cpu_rng = torch.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None  # no context on a CPU run
+        began = time.perf_counter()
         try:
             for shapes in self.buckets:
                 start = time.perf_counter()
                 if self.replays:  # each bucket's warm-up is an iteration of its own
                     torch.compiler.cudagraph_mark_step_begin()
-                with context():
+                with context(), self._limit():
                     terms = call(*self.model.step_inputs(None, shapes, self.batch_size, self.device))
                 torch.stack([value.float().sum() for value in terms.values()]).sum().backward()
                 message(f"speed.compile_step: bucket {shapes} compiled in {time.perf_counter() - start:.1f} s")
+            self.compile_seconds = time.perf_counter() - began
+            count = f"{len(self.buckets)} bucket{'s' if len(self.buckets) != 1 else ''}"
+            message(f"speed.compile_step: {count} compiled in {self.compile_seconds:.1f} s before step 1")
         finally:
             with torch.no_grad():
                 for buffer, saved in zip(module.buffers(), buffers, strict=True):
@@ -530,21 +556,30 @@ class StepGraph:
             if cuda_rng is not None:
                 torch.cuda.set_rng_state_all(cuda_rng)
 
-    def __call__(self, batch: Any, call: Callable[..., Any] | None = None) -> Mapping[str, torch.Tensor]:
+    def __call__(
+        self, batch: Any, call: Callable[..., Any] | None = None, loaded: Any = None
+    ) -> Mapping[str, torch.Tensor]:
         """The unweighted loss terms of ``batch`` (on the device) through the compiled step of its bucket.
 
         Args:
             batch: the batch, on the device.
             call: what runs the compiled step on the bucket's inputs: the strategy's wrapper of :meth:`module` (DDP's
                 forward, which prepares the gradient reduction around it), or by default the compiled function.
+            loaded: the batch as the batch stream handed it out (before the copy), whose bucket is chosen on the host
+                when :attr:`host_batches` and the model can (:class:`~drivetrain.engine.protocol.HostShapes`).
         """
         call = self.fn if call is None else call
-        shapes = self.model.step_shapes(batch)  # at most one host read (the model's # sync:)
+        if self.host_batches and loaded is not None and isinstance(self.model, HostShapes):
+            with host_work():  # the loader's batch on the host: CPU work on any device, nothing read of the device
+                shapes = self.model.step_shapes_on_host(loaded)
+        else:
+            shapes = self.model.step_shapes(batch)  # at most one host read (the model's # sync:)
         inputs = self.model.step_inputs(batch, shapes, self.batch_size, self.device)
         before = dynamo_graphs()
         if self.replays:  # a new iteration: the previous step's outputs in the pool may be overwritten from here
             torch.compiler.cudagraph_mark_step_begin()
-        terms = call(*inputs)
+        with self._limit():
+            terms = call(*inputs)
         self.compiles_in_steps += dynamo_graphs() - before
         if self.replays:  # the next replay overwrites the outputs; the clones (a few scalars) carry the gradient
             terms = {name: value.clone() for name, value in terms.items()}

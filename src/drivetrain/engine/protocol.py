@@ -18,6 +18,8 @@ it — and call the member through the protocol, never probing the model for a n
 - :class:`VoxelModel` — ``grid_test``: ``drivetrain viz frame`` (the extent it draws);
 - :class:`StaticStep` — ``step_buckets``, ``step_shapes``, ``step_inputs``, ``step_loss``: ``speed.compile_step``
   (:mod:`drivetrain.engine.build`).
+- :class:`HostShapes` — ``step_shapes_on_host``: a static step's bucket chosen from the loader's host batch, without
+  reading the device (when the batch stream hands out host batches).
 
 Members must be methods, properties, class attributes or plain instance attributes: Python 3.12+ checks protocol
 members without running ``__getattr__``, so a submodule, parameter or buffer does not count as one.
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Detector",
     "FrozenEncoder",
+    "HostShapes",
     "LossCounts",
     "MapDataset",
     "MatchedQueries",
@@ -232,3 +235,13 @@ class StaticStep(Protocol):
     def step_loss(self, *inputs: Any) -> Mapping[str, torch.Tensor]:
         """The training forward and the unweighted loss terms of :meth:`step_inputs`' arguments (the terms
         :meth:`Model.forward` then :meth:`Model.loss` give), in one function without a graph break or host read."""
+
+
+@runtime_checkable
+class HostShapes(Protocol):
+    """A :class:`StaticStep` model that can choose a batch's bucket from the batch the loader handed out on the host
+    (final: augmented in the loader, or not at all), so that the step reads nothing of the device before its graph;
+    the graph then guards on the device that the bucket holds the batch (an error, never a cut)."""
+
+    def step_shapes_on_host(self, batch: Batch) -> Hashable:
+        """:meth:`StaticStep.step_shapes` of ``batch`` on the host (CPU tensors): host work only, no device read."""

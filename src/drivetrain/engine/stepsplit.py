@@ -129,6 +129,8 @@ class StepSplit:
         graph_breaks: dynamo's graph breaks over the run (warm-up included).
         compiles_in_steps: graphs dynamo compiled during the timed steps.
         batch_indices: per timed step, the dataset indices it trained on.
+        step_graph: with ``speed.compile_step``, ``{"buckets", "compile_s"}``: the compiled step's buckets and the
+            seconds compiling all of them before step 1 took; None without.
     """
 
     device: str
@@ -149,6 +151,7 @@ class StepSplit:
     graph_breaks: int = 0
     compiles_in_steps: int = 0
     batch_indices: list[list[int]] = dataclasses.field(default_factory=list)
+    step_graph: dict[str, float] | None = None
 
     @property
     def data_wait_ms(self) -> float:
@@ -191,6 +194,7 @@ class StepSplit:
             "graph_breaks": self.graph_breaks,
             "compiles_in_steps": self.compiles_in_steps,
             "batch_indices": self.batch_indices,
+            "step_graph": self.step_graph,
             "logged": {k: round(v, 6) for k, v in self.logged.items()},
             "inner_ms": {k: round(v, 6) for k, v in self.inner.items()},
         }
@@ -359,6 +363,7 @@ def measure_steps(
         graph_breaks=end[1] - compiled[0][1],
         compiles_in_steps=end[0] - compiled[min(warmup, len(compiled) - 1)][0],
         batch_indices=timed_indices,
+        step_graph=_step_graph(trainer),
     )
     if profiler.trace is None:
         return split
@@ -370,6 +375,14 @@ def measure_steps(
             profiler.trace.export_chrome_trace(str(Path(fresh) / Path(trace_file).name))
             os.replace(Path(fresh) / Path(trace_file).name, trace_file)  # (a link there replaced, not followed)
     return dataclasses.replace(split, trace=traced)
+
+
+def _step_graph(trainer: Trainer) -> dict[str, float] | None:
+    """The compiled step's bucket count and the seconds compiling them took (``speed.compile_step``), or None."""
+    graph = trainer.step_graph
+    if graph is None:
+        return None
+    return {"buckets": len(graph.buckets), "compile_s": round(graph.compile_seconds, 3)}
 
 
 def _noting_indices(trainer: Trainer, profiler: Profiler) -> list[tuple[int, torch.Tensor]]:

@@ -34,7 +34,7 @@ import yaml
 
 import drivetrain
 from drivetrain.data.errors import DataError
-from drivetrain.engine.batches import build_train_batches, close_train_batches
+from drivetrain.engine.batches import build_train_batches, close_train_batches, hands_out_host_batches
 from drivetrain.engine.build import (
     TermWeights,
     apply_speed,
@@ -176,6 +176,8 @@ class Trainer:
         evaluates = cfg.eval.every or cfg.eval.at_start
         self.eval_data = eval_frames(cfg, self.model, self.generate_data, warn=self.ctx.is_main) if evaluates else None
         self.data, self.augment = build_train_batches(cfg, self.model, dataset, self.ctx)
+        if self.step_graph is not None:  # the loader's batches on the host: the bucket chosen there, no device read
+            self.step_graph.host_batches = hands_out_host_batches(self.data)
         self.state = TrainState()
         self.components = self._components()
         seed_all(cfg.run.seed + self.ctx.rank)  # dropout draws differ per rank (the augmentation seeds each batch)
@@ -314,12 +316,12 @@ class Trainer:
                 with region("data"):  # fetch: blocked on the loader (with the prefetcher, on its side stream)
                     batch, indices = self.data.next()
                 with region("copy"):  # host → device; the prefetcher's batches are there already (a pass-through)
-                    batch = to_device(batch, self.device, cfg.speed.channels_last)
+                    loaded, batch = batch, to_device(batch, self.device, cfg.speed.channels_last)
                 micro.fetched(indices, time.perf_counter() - t0)  # its dataset indices and the wait
                 with self.strategy.sync_grads(enabled=i == accum - 1):  # gradients reduced on the last one only
                     if self.step_graph is not None:  # speed.compile_step: forward and loss in one compiled graph
                         with region("forward"), autocast(cfg.precision.mode, self.device):
-                            terms = dict(self.step_graph(batch, self.strategy.wrapped))
+                            terms = dict(self.step_graph(batch, self.strategy.wrapped, loaded))
                         loss = weighted_total(terms, self.term_weights(terms)).float()
                     else:
                         with region("forward"), autocast(cfg.precision.mode, self.device):

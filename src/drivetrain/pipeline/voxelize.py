@@ -133,6 +133,8 @@ class HardVoxels:
         num_points: int32 ``(V,)`` points stored per voxel, in ``[1, T]``.
         num_voxels: int64 ``(B,)`` voxels per sample; sample ``b`` holds rows ``[Σ_{<b}, Σ_{≤b})``.
         num_stored: ``Σ num_points`` on the host (read with the voxel count), or None where not known.
+        num_found: int64 ``(B,)`` voxels each sample fills before a cap of slots (:func:`hard_voxelize_slots`: more
+            than ``num_voxels`` when voxels were cut), or None.
     """
 
     voxels: torch.Tensor
@@ -140,6 +142,7 @@ class HardVoxels:
     num_points: torch.Tensor
     num_voxels: torch.Tensor
     num_stored: int | None = None
+    num_found: torch.Tensor | None = None
 
 
 # ---------------------------------------------------------------------------------------------------- checks
@@ -347,8 +350,9 @@ def hard_voxelize_slots(points: RaggedBatch, grid: VoxelGrid, voxels_per_sample:
 
     Returns:
         :class:`HardVoxels` with ``B·V_s`` rows: ``voxels (B·V_s, T, C)``, int32 ``coors (B·V_s, 4)``
-        ``(b, z, y, x)``, int32 ``num_points (B·V_s,)``, int64 ``num_voxels (B,)`` (at most ``V_s``) and
-        ``num_stored`` None.
+        ``(b, z, y, x)``, int32 ``num_points (B·V_s,)``, int64 ``num_voxels (B,)`` (at most ``V_s``),
+        ``num_stored`` None and int64 ``num_found (B,)``: the voxels before the cap (a caller's guard that none was
+        cut: ``num_found ≤ V_s``).
     """
     _check_batch(points, grid)
     _check_hard_grid(grid)
@@ -360,7 +364,7 @@ def hard_voxelize_slots(points: RaggedBatch, grid: VoxelGrid, voxels_per_sample:
     slot = plan.sample * voxels_per_sample + plan.voxel  # (B*P,): garbage where not kept, masked in _write
     slots = points.shape[0] * voxels_per_sample
     voxels, coors, counts = _write(points, grid, plan, slot, slots, with_sample=True)
-    return HardVoxels(voxels, coors, counts, plan.num_voxels.clamp(max=voxels_per_sample))
+    return HardVoxels(voxels, coors, counts, plan.num_voxels.clamp(max=voxels_per_sample), None, plan.num_voxels)
 
 
 def dynamic_voxelize(points: RaggedBatch, grid: VoxelGrid, *, with_batch_index: bool = True) -> RaggedBatch:

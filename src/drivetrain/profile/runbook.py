@@ -181,16 +181,18 @@ _BOOK: list[tuple[str, int, int, str | None, tuple, tuple | None]] = [
     ("iteration-ssn-full", 4, 1, "iteration", (30, 90, "--model ssn --size full --batch 4"), None),
     # Part 5: the compiled step (speed.compile_step) replayed as CUDA graphs against the eager step, same process,
     # same batches (bench train --compare), at the two published configs with the StaticStep capability (StreamPETR
-    # has none yet). The dense assignment (window=false) on both sides: 2 buckets to compile instead of the windowed
-    # step's 10. Unmeasured: no inductor compile of these graphs was ever timed on a GPU; the estimate is the eager
+    # has none yet). The dense assignment (window=false) and one voxel bucket at max_voxels (step_voxels=30000, no
+    # ladder) on both sides: 2 buckets to compile instead of the windowed voxel ladder's 10. Unmeasured: no inductor
+    # compile of these graphs was ever timed on a GPU; the estimate is the eager
     # run (~40 s, as train-*-full) + 2 cold buckets × ~60 s + recording; caps about twice that. A lease of its own
     # (part 1's data are not there on a fresh machine: the synthetic set is rendered again unless there).
     ("synth-full-704-graph", 5, 5, "synth", (40, 150, FULL_ROOT), None),
     ("train-graph-pointpillars-full", 5, 5, "train", (200, 400, "--config configs/pointpillars_nus.yaml --steps 12 "
-     "--warmup 3 model.args.window=false --compare speed.compile_step=true speed.compile_step_mode=reduce-overhead"),
-     None),
+     "--warmup 3 model.args.window=false model.args.step_voxels=30000 --compare speed.compile_step=true "
+     "speed.compile_step_mode=reduce-overhead"), None),
     ("train-graph-ssn-full", 5, 5, "train", (220, 400, "--config configs/ssn_nus.yaml --steps 12 --warmup 3 "
-     "model.args.window=false --compare speed.compile_step=true speed.compile_step_mode=reduce-overhead"), None),
+     "model.args.window=false model.args.step_voxels=30000 --compare speed.compile_step=true "
+     "speed.compile_step_mode=reduce-overhead"), None),
     # Part 2: the tiny sizes (35, 14 and 19 s then), the packed copy (11 s), the loss and ragged ops (13 s).
     ("iteration-streampetr-tiny", 5, 2, "iteration", (40, 100, "--model streampetr --size tiny --batch 8"),
      (25, 60, "--model streampetr --size tiny --batch 2 --repeat 1 --warmup 0 --scenes 4 --data-root {data}/camera")),

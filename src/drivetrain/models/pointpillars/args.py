@@ -65,8 +65,9 @@ class PointPillarsArgs:
     # the batched assignment and loss through torch.compile in one graph: true (its defaults) or its arguments
     compile_loss: bool | dict[str, Any] = False
     # the compiled training step (speed.compile_step, .static): the points of a sample it pads to (0: every pillar
-    # full, max_voxels·max_points), its voxel slots per sample (0: max_voxels; below it the voxel count is read
-    # once a step), the most ground truths of a sample (buckets 64 and this); a sample beyond one is an error naming it
+    # full, max_voxels·max_points), its voxel slots per sample (0: a ladder ≤ 25 % apart from max_voxels/4 up to
+    # max_voxels; else this one bucket), the most ground truths of a sample (buckets 64 and this); a sample beyond
+    # one is an error naming it
     max_points_per_sample: int = 0
     step_voxels: int = 0
     max_targets: int = 256

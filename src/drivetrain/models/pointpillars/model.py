@@ -51,7 +51,13 @@ from drivetrain.models.pointpillars.recipe import (
     NUS_PP_ASSIGNER,
     code_weights_for,
 )
-from drivetrain.models.pointpillars.static import Buckets, StaticPillarStep, StaticShapes, static_loss
+from drivetrain.models.pointpillars.static import (
+    Buckets,
+    StaticPillarStep,
+    StaticShapes,
+    static_loss,
+    window_pairs_per_target,
+)
 from drivetrain.models.pointpillars.tta import TTAConfig, detect_tta
 from drivetrain.models.pointpillars.voxel_encoder import HardVFE
 from drivetrain.pipeline.lidar import lidar_input
@@ -306,21 +312,34 @@ class PointPillars(nn.Module):
         windowed = isinstance(self.path, BatchedPath) and self.path.window
         step = self.__dict__.get("_static")
         if step is None or step.windowed != windowed:
-            step = StaticPillarStep(self, Buckets.for_compiled_step(self.args, self.grid), windowed=windowed)
+            per_target = window_pairs_per_target(self) if windowed else 0
+            buckets = Buckets.for_compiled_step(self.args, self.grid, per_target)
+            step = StaticPillarStep(self, buckets, windowed=windowed)
             self.__dict__["_static"] = step  # not a submodule: it holds this model
         return step
 
     def step_buckets(self, batch_size: int) -> tuple[StaticShapes, ...]:
         """Every bucket of the static training step for batches of ``batch_size`` samples (what ``speed.compile_step``
-        compiles before step 1): one point and one voxel bucket, ground truth 64 and ``max_targets``, and with the
-        windowed assignment five pair buckets."""
+        compiles before step 1), one chain (:mod:`.static`): each voxel bucket of the ladder (≤ 25 % apart from
+        ``max_voxels / 4``; ``step_voxels``, when set, alone) with ground truth 64, ``max_targets`` at the largest,
+        and with the windowed assignment the pair slots tied to the ground truth's bucket, then the overflow pair
+        buckets."""
         step = self._static_step()
         return step.buckets.all_shapes(batch_size, step.windowed)
 
     def step_shapes(self, batch: Batch) -> StaticShapes:
-        """The bucket of ``batch``: one host read with the windowed assignment (its pair count; ``# sync:`` in
-        :meth:`~.static.StaticPillarStep.shapes`), none without; a ValueError naming
-        ``model.args.max_points_per_sample`` or ``model.args.max_targets`` for a batch beyond the largest."""
+        """The bucket of ``batch``: the first of :meth:`step_buckets` that holds it; one host read (the largest voxel
+        count and the pair count; ``# sync:`` in :meth:`~.static.StaticPillarStep.shapes`), none with one voxel bucket
+        at ``max_voxels`` and the dense assignment; a ValueError naming ``model.args.max_points_per_sample``,
+        ``model.args.max_targets``, ``model.args.step_voxels`` or ``model.args.window`` for a batch beyond the
+        largest."""
+        return self._static_step().shapes(batch)
+
+    def step_shapes_on_host(self, batch: Batch) -> StaticShapes:
+        """:meth:`step_shapes` of the loader's batch on the host (CPU tensors, augmented already): the same counts
+        by the same arithmetic, read from host tensors — no device read (``speed.compile_step`` with a batch stream of
+        host batches, :class:`~drivetrain.engine.protocol.HostShapes`); the step's graph guards on the device that
+        the bucket holds the batch."""
         return self._static_step().shapes(batch)
 
     def step_inputs(

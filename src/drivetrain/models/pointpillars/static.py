@@ -29,15 +29,49 @@ that the padded step computes what the unpadded one does:
   batched_max_iou_assign`, no count at all) and the loss on every anchor, which costs ~15× the windowed
   assignment at the tiny size.
 
-The one host read left chooses the buckets, before the graph (:meth:`StaticPillarStep.shapes`, ``# sync:``): the
+The one host read left chooses the bucket, before the graph (:meth:`StaticPillarStep.shapes`, ``# sync:``): the
 largest per-sample voxel count and the window pairs, the numbers :func:`hard_voxelize` and the windowed assignment
 read, which the graph no longer does; with one voxel bucket (``max_voxels``) and the dense assignment nothing is
-read: ``P_b`` and ``G_b`` are shapes.
+read: ``P_b`` and ``G_b`` are shapes. It stays because the counts are those of the *augmented* points and boxes:
+the trainer's lidar augmentation (rotation, scaling, translation, flips, range filters) runs on the training device
+after the host→device copy by default (``data.augment_on=device``), so the host holds only the points before it, whose
+voxel and pair counts are not the batch's (a rotation moves a voxel's points into up to four others' cells), and no
+host number bounds the augmented count usefully (a cell's image under a rotation and a 5 % scaling overlaps up to
+nine cells: a bound 9× the count). Where the loader hands out the augmented batch on the host (``data.augment_on=
+worker``, no prefetcher: the engine's ``HostShapes``), :meth:`~.model.PointPillars.step_shapes_on_host` counts the
+same numbers by the same arithmetic on host tensors before the copy, and the step reads nothing of the device.
+Either way the graph guards on the device (``torch._assert_async``: no host read on a GPU) that the bucket holds
+every sample's voxels (:attr:`~drivetrain.pipeline.voxelize.HardVoxels.num_found`) and the windows' pairs: a count
+that chose the bucket and is not the step's own (the host's, or an eager count whose arithmetic the compiled graph
+does not repeat to the ulp) fails the run (:data:`VOXEL_GUARD`, :data:`PAIR_GUARD`) and never cuts voxels or pairs.
 A batch beyond the largest bucket is one :class:`ValueError` naming the config key.
+
+**The compiled step's buckets** (:meth:`Buckets.for_compiled_step`) form one *chain*, not a product of per-size
+ladders, since every bucket is compiled before step 1 (on a CPU tens of seconds each): a batch takes the first
+bucket of the chain that holds it.
+
+- *Voxels*: a ladder ≤ 25 % apart (:func:`voxel_ladder`) from a quarter of ``max_voxels`` up to ``max_voxels``
+  (``model.args.step_voxels``, when set, is the one voxel bucket instead). Below the floor the padding is more than
+  25 % of the voxels, but the voxel-sized parts (``HardVFE``, the scatter) then cost at most a quarter of what they
+  cost at ``max_voxels``, beside a BEV network of fixed size; above it no sample pays more than 25 %.
+- *Ground truth*: ``G_b`` 64 at every voxel bucket, ``max_targets`` (when above 64) at the largest voxel bucket only:
+  a scene with more than 64 boxes pads its voxels to ``max_voxels`` rather than doubling the ladder.
+- *Window pairs* tied to ``G_b``: ``B·G_b·W`` slots, ``W`` the window pairs of one ground truth the size of each of
+  the model's anchor sizes, averaged over them (:func:`window_pairs_per_target`: the windows' own arithmetic on boxes
+  of the anchors' sizes, computed once from the config): the pairs of a batch whose boxes are on average no larger
+  than the anchors, with ``G_b ≥ G`` padded targets each. No exact bound is smaller: a box's window grows with the
+  box, up to every anchor of the map (``B·G_b·A``, the dense assignment's size). A batch with more pairs takes the
+  one overflow bucket, 2^20 pair slots (:data:`PAIRS_LADDER`'s largest) at the largest voxel and target buckets;
+  beyond it a ValueError names ``model.args.window`` (false: the dense assignment, no pair count).
+
+So the chain holds ``len(voxel ladder) + (1 if max_targets > 64) + 1`` buckets (8 + 1 + 1 for the tiny configs'
+``max_voxels`` 8000 and ``max_targets`` 256; 8 + 1 with ``max_targets`` 64), where the product of the voxel, target
+and pair ladders would hold 80.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -60,10 +94,32 @@ from drivetrain.ragged import RaggedBatch
 
 BOX_DIMS = 9  # a batch's gt_boxes: (x, y, z, dx, dy, dz, yaw, vx, vy)
 
-__all__ = ["PAIRS_LADDER", "Buckets", "StaticPillarStep", "StaticShapes", "geometric_buckets", "static_loss"]
+__all__ = [
+    "PAIRS_LADDER",
+    "Buckets",
+    "StaticPillarStep",
+    "StaticShapes",
+    "geometric_buckets",
+    "static_loss",
+    "voxel_ladder",
+    "window_pairs_per_target",
+]
 
-PAIRS_LADDER = tuple(1 << k for k in range(12, 21, 2))  # the compiled step's pair buckets: 4096 … 1048576
+PAIRS_LADDER = tuple(1 << k for k in range(12, 21, 2))  # pair buckets 4096 … 1048576 (the chain's overflow ends here)
 ALIGN = 64  # every bucket of V, R and P is a multiple of this (vector widths; 64 divides the solver's G buckets)
+LADDER_FLOOR = 4  # the voxel ladder starts at max_voxels / LADDER_FLOOR (see the module docstring)
+FIRST_TARGETS = 64  # G_b at every voxel bucket; max_targets above it at the largest only
+# the step's guards: a bucket chosen from a count that is not the step's own (the host's, or an eager count the graph's
+# arithmetic differs from) fails the run on the device (an error at its next read) rather than cutting voxels or pairs
+VOXEL_GUARD = (
+    "speed.compile_step: a sample fills more voxels than the {} slots of its bucket: the count that chose the bucket "
+    "is not the step's (with data.augment_on=worker the host counts them; data.augment_on=device counts on the device)"
+)
+PAIR_GUARD = (
+    "speed.compile_step: the batch's windows hold more pairs than the {} slots of its bucket: the count that chose "
+    "the bucket is not the step's (with data.augment_on=worker the host counts them; data.augment_on=device counts on "
+    "the device)"
+)
 
 
 def geometric_buckets(low: int, high: int, step: float = 1.25, align: int = ALIGN) -> tuple[int, ...]:
@@ -90,6 +146,24 @@ def geometric_buckets(low: int, high: int, step: float = 1.25, align: int = ALIG
     return tuple(out)
 
 
+def voxel_ladder(max_voxels: int) -> tuple[int, ...]:
+    """The compiled step's voxel buckets: ≤ 25 % apart from ``max_voxels / 4`` (rounded up to a multiple of 64, at
+    least 256) up to ``max_voxels``; ``(max_voxels,)`` alone when it is below 256.
+
+    Example:
+        >>> voxel_ladder(8000)
+        (2048, 2560, 3200, 3968, 4928, 6144, 7680, 8000)
+    """
+    if max_voxels < 4 * ALIGN:
+        return (max_voxels,)
+    return geometric_buckets(max(max_voxels // LADDER_FLOOR, 1), max_voxels)
+
+
+def _align(value: int) -> int:
+    """``value`` rounded up to a multiple of :data:`ALIGN` (at least one)."""
+    return max(-(-value // ALIGN), 1) * ALIGN
+
+
 def _pick(value: int, buckets: tuple[int, ...], key: str) -> int:
     """The smallest bucket holding ``value``; a ValueError naming the config key when none does."""
     for b in buckets:
@@ -109,10 +183,14 @@ class Buckets:
         rows: stored points of the batch ``R_b`` (compact ``HardVFE`` rows); empty: ``B·P_b`` (every point may be
             stored; no bucket axis and no read of its own).
         max_targets: the largest ``G`` (``model.args.max_targets``).
-        pairs: pair slots of the windowed assignment (≤ 25 % apart).
+        pairs: pair slots of the windowed assignment (≤ 25 % apart); with :attr:`pairs_per_target`, the largest is
+            where the chain's overflow buckets end.
         targets_ladder: the ``G_b`` to choose from (each at most ``max_targets``, the last equal to it); empty: the
-            solver's buckets (:func:`~drivetrain.match.solve.padded_target_count`, at least 8).
+            solver's buckets (:func:`~drivetrain.match.solve.padded_target_count`, at least 8). Set: the buckets are
+            a chain (:meth:`all_shapes`, the module docstring), the first one holding a batch is its bucket.
         voxel_key: the config key a batch beyond the largest voxel bucket names.
+        pairs_per_target: ``W``, window pairs per padded ground truth of the chain's buckets
+            (:func:`window_pairs_per_target`); 0: every chain bucket at every one of :attr:`pairs`.
     """
 
     voxels: tuple[int, ...]
@@ -122,6 +200,7 @@ class Buckets:
     pairs: tuple[int, ...] = geometric_buckets(1024, 1 << 20)
     targets_ladder: tuple[int, ...] = ()
     voxel_key: str = "model.args.max_voxels"
+    pairs_per_target: int = 0
 
     @classmethod
     def for_grid(
@@ -133,24 +212,26 @@ class Buckets:
         return cls(voxels=voxels, points=geometric_buckets(min(low, max_points_per_sample), max_points_per_sample))
 
     @classmethod
-    def for_compiled_step(cls, args: Any, grid: VoxelGrid) -> Buckets:
-        """The few buckets of the compiled training step (``speed.compile_step``), all compiled before step 1:
-        one point bucket (``args.max_points_per_sample``, 0: every pillar full, ``max_voxels·max_points``), one
-        voxel bucket (``args.step_voxels``, 0: ``max_voxels``, which needs no host read; below it the batch's voxel
-        count is read with the bucket choice), rows ``B·P_b``, ground truth ``64`` and
-        ``args.max_targets`` (one if ``max_targets ≤ 64``), window pairs ``2^12, 2^14, …, 2^20`` (:data:`PAIRS_LADDER`,
-        at most 4× apart: the pairs are a small part of the step)."""
+    def for_compiled_step(cls, args: Any, grid: VoxelGrid, pairs_per_target: int = 0) -> Buckets:
+        """The few buckets of the compiled training step (``speed.compile_step``), all compiled before step 1, as one
+        chain (the module docstring): one point bucket (``args.max_points_per_sample``, 0: every pillar full,
+        ``max_voxels·max_points``); voxels :func:`voxel_ladder` of ``max_voxels`` (``args.step_voxels``, when set:
+        that one bucket); ground truth 64 and ``args.max_targets`` (one if ``max_targets ≤ 64``); rows ``B·P_b``;
+        window pairs ``B·G_b·pairs_per_target`` then the overflow bucket, 2^20 (``pairs_per_target`` 0: every one of
+        :data:`PAIRS_LADDER` at each bucket)."""
         points = args.max_points_per_sample or grid.max_voxels * grid.max_points
-        voxels = min(args.step_voxels or grid.max_voxels, grid.max_voxels)
-        if points < 1 or voxels < 1 or args.max_targets < 1:
+        voxels = (min(args.step_voxels, grid.max_voxels),) if args.step_voxels else voxel_ladder(grid.max_voxels)
+        if points < 1 or args.step_voxels < 0 or args.max_targets < 1 or pairs_per_target < 0:
             raise ValueError(
                 f"model.args.max_points_per_sample, step_voxels, max_targets: expected >= 0, >= 0 and >= 1, got "
                 f"{args.max_points_per_sample}, {args.step_voxels} and {args.max_targets}"
             )
-        ladder = (64, args.max_targets) if args.max_targets > 64 else (args.max_targets,)
+        first = FIRST_TARGETS
+        ladder = (first, args.max_targets) if args.max_targets > first else (args.max_targets,)
         return cls(
-            voxels=(voxels,), points=(points,), max_targets=args.max_targets, pairs=PAIRS_LADDER,
+            voxels=voxels, points=(points,), max_targets=args.max_targets, pairs=PAIRS_LADDER,
             targets_ladder=ladder, voxel_key="model.args.step_voxels" if args.step_voxels else "model.args.max_voxels",
+            pairs_per_target=pairs_per_target,
         )  # fmt: skip
 
     def targets(self, count: int) -> int:
@@ -162,16 +243,32 @@ class Buckets:
             return _pick(count, self.targets_ladder, "model.args.max_targets")
         return max(padded_target_count(count), padded_target_count(1))
 
+    def base_pairs(self, batch_size: int, targets: int) -> int:
+        """The chain's pair slots at ``G_b = targets``: ``B·G_b·W`` rounded up to a multiple of 64."""
+        return _align(batch_size * targets * self.pairs_per_target)
+
     def all_shapes(self, batch_size: int, windowed: bool) -> tuple[StaticShapes, ...]:
-        """Every bucket a batch of ``batch_size`` samples can meet (rows ``B·P_b``; needs :attr:`targets_ladder`
-        and no rows buckets: the solver's ladder and rows buckets are open-ended)."""
+        """Every bucket a batch of ``batch_size`` samples can meet, as a chain in the order
+        :meth:`StaticPillarStep.shapes` tries them: each voxel bucket at the first ``G_b``, the largest voxel bucket at
+        each larger ``G_b``, each with its pairs (:meth:`base_pairs`, or every one of :attr:`pairs` without
+        :attr:`pairs_per_target`), then the overflow bucket (the largest of :attr:`pairs`) at the largest of both
+        (rows ``B·P_b``; needs :attr:`targets_ladder` and no rows buckets: the solver's ladder and rows buckets are
+        open-ended)."""
         if not self.targets_ladder or self.rows:
             raise ValueError("buckets: all_shapes needs a targets_ladder and rows of B·P_b")
-        pairs = self.pairs if windowed else (0,)
-        return tuple(
-            StaticShapes(p, v, batch_size * p, g, n)
-            for p, v, g, n in itertools.product(self.points, self.voxels, self.targets_ladder, pairs)
-        )
+        chain = [(v, self.targets_ladder[0]) for v in self.voxels]
+        chain += [(self.voxels[-1], g) for g in self.targets_ladder[1:]]
+        out = []
+        for p, (v, g) in itertools.product(self.points, chain):
+            if not windowed:
+                out.append(StaticShapes(p, v, batch_size * p, g, 0))
+            elif not self.pairs_per_target:
+                out += [StaticShapes(p, v, batch_size * p, g, n) for n in self.pairs]
+            else:
+                out.append(StaticShapes(p, v, batch_size * p, g, self.base_pairs(batch_size, g)))
+        if windowed and self.pairs_per_target and out[-1].pairs < self.pairs[-1]:  # the overflow bucket
+            out.append(dataclasses.replace(out[-1], pairs=self.pairs[-1]))
+        return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -292,6 +389,7 @@ def static_loss(
     batch = points.shape[0]
     cloud = RaggedBatch.unchecked(points, point_sizes)
     hard = hard_voxelize_slots(cloud, grid, voxels_per_sample)  # S = B·V_b slots, V_b holding every sample
+    torch._assert_async(hard.num_found.max() <= voxels_per_sample, VOXEL_GUARD.format(voxels_per_sample))  # no read
     voxels, coors, num_points = hard.voxels, hard.coors, hard.num_points  # (S, T, C), (S, 4), (S,)
     real = (torch.arange(voxels_per_sample, device=points.device) < hard.num_voxels.unsqueeze(1)).flatten()  # (S,)
     feats = static_vfe(model.vfe, voxels, num_points, coors, real, rows)  # (S, C)
@@ -305,6 +403,10 @@ def static_loss(
     labels = RaggedBatch.unchecked(model._to_model[gt_labels.clamp(min=0)], gt_sizes)
     head = (out["cls_logits"], out["box_preds"], out["dir_logits"], anchors)
     if num_pairs:
+        total = window_pair_total(
+            anchors, prepared.grid, boxes, labels, thresholds, anchor_classes=anchor_classes, prepared=prepared
+        )  # ()
+        torch._assert_async(total <= num_pairs, PAIR_GUARD.format(num_pairs))  # no read
         assigned, pairs = windowed_max_iou_assign_with_pairs(
             anchors, prepared.grid, boxes, labels, thresholds, anchor_classes=anchor_classes, prepared=prepared,
             num_pairs=num_pairs,
@@ -409,14 +511,19 @@ class StaticPillarStep:
         self.model, self.buckets, self.windowed = model, buckets, windowed
         self.fn = static_loss if compile is None else torch.compile(static_loss, fullgraph=True, **compile)
         self.seen: set[StaticShapes] = set()
+        self._chains: dict[tuple[int, bool], tuple[StaticShapes, ...]] = {}
+        self._to_model_host = model._to_model.detach().cpu()  # sync: once, when the step is built (a host batch's map)
 
     def shapes(self, batch: Any) -> StaticShapes:
-        """The bucket of a batch (points, voxels, stored points, ground truth); reads the host only when there
-        is more than one voxel bucket or rows have buckets of their own."""
+        """The bucket of a batch (points, voxels, stored points, ground truth, window pairs): with a targets ladder
+        the first bucket of the chain (:meth:`Buckets.all_shapes`) that holds it; reads the host only when there is
+        more than one voxel bucket, rows have buckets of their own or the assignment is windowed."""
         buckets = self.buckets
         size = batch.points.shape[0]
         points = _pick(batch.points.shape[1], buckets.points, "model.args.max_points_per_sample")
+        targets = buckets.targets(batch.gt_boxes.shape[1])
         voxels, rows, pairs = buckets.voxels[-1], size * points, 0
+        most, widest = 0, 0
         capped = buckets.voxels[-1] < self.model.grid.max_voxels  # a sample may have more voxels than the slots
         if len(buckets.voxels) > 1 or capped or buckets.rows or self.windowed:
             num_voxels, num_stored = voxel_counts(batch.points, self.model.grid)  # (B,), ()
@@ -425,8 +532,25 @@ class StaticPillarStep:
             most, stored, widest = torch.stack([num_voxels.max(), num_stored, pair_total]).tolist()
             voxels = _pick(most, buckets.voxels, buckets.voxel_key)
             rows = _pick(stored, buckets.rows, "bucket rows") if buckets.rows else rows
-            pairs = _pick(widest, buckets.pairs, "bucket pairs") if self.windowed else 0
-        return StaticShapes(points, voxels, rows, buckets.targets(batch.gt_boxes.shape[1]), pairs)
+        if not buckets.targets_ladder:
+            pairs = _pick(widest, buckets.pairs, "model.args.window") if self.windowed else 0
+            return StaticShapes(points, voxels, rows, targets, pairs)
+        for shapes in self._chain(size):  # the first that holds the batch
+            fits = shapes.voxels >= voxels and shapes.targets >= targets and shapes.pairs >= widest
+            if fits and shapes.points == points:
+                return shapes
+        largest = max(shapes.pairs for shapes in self._chain(size))
+        raise ValueError(
+            f"model.args.window: a batch needs {widest} window pairs, above the largest bucket {largest}; "
+            "set model.args.window false (the dense assignment counts no pairs)"
+        )
+
+    def _chain(self, batch_size: int) -> tuple[StaticShapes, ...]:
+        """:meth:`Buckets.all_shapes` for ``batch_size`` samples (cached)."""
+        key = (batch_size, self.windowed)
+        if key not in self._chains:
+            self._chains[key] = self.buckets.all_shapes(batch_size, self.windowed)
+        return self._chains[key]
 
     def inputs(self, batch: Any | None, shapes: StaticShapes, batch_size: int, device: torch.device) -> tuple:
         """The arguments of :func:`static_loss` after the model, for ``batch`` padded to ``shapes``; None: an
@@ -461,11 +585,14 @@ class StaticPillarStep:
         )  # fmt: skip
 
     def _pair_total(self, batch: Any) -> torch.Tensor:
-        """The window pairs of the batch's ground truth (``()`` on the device)."""
+        """The window pairs of the batch's ground truth (``()`` on the batch's device: the model's, or the host's
+        for :meth:`~.model.PointPillars.step_shapes_on_host`)."""
         model, device = self.model, batch.points.device
         feature = _feature_size(model)
         anchors, classes, thresholds = model.anchor_set(feature, device)
-        boxes, labels = model.gt_targets(batch)
+        to_model = model._to_model if model._to_model.device == device else self._to_model_host  # (C,) label map
+        boxes = batch.gt_boxes.apply(lambda t: t[..., : model.code_size])  # (B, G, D)
+        labels = batch.gt_labels.apply(lambda t: to_model[t.clamp(min=0)])  # (B, G) model order
         prepared = model.windowed_anchors(feature, device)
         return window_pair_total(
             anchors, prepared.grid, boxes, labels, thresholds, anchor_classes=classes, prepared=prepared
@@ -481,6 +608,36 @@ class StaticPillarStep:
 def _strided(sizes: torch.Tensor) -> torch.Tensor:
     """``sizes`` (B,) with stride 1: ``contiguous()`` keeps a one-element view's stride, which dynamo guards on."""
     return sizes if sizes.stride() == (1,) else sizes.clone(memory_format=torch.contiguous_format)
+
+
+def window_pairs_per_target(model: nn.Module) -> int:
+    """``W``: the window pairs of one ground truth the size of each of the model's anchor sizes, averaged over the
+    sizes and rounded up — the windows' own arithmetic (:func:`~drivetrain.match.anchor_window.window_pair_total`)
+    on one box per anchor size at the grid's centre, yaw 0, of the size's class (SSN: per-class windows; PointPillars:
+    every type). Computed once, from the config, on the CPU (its one read is no step's).
+
+    Args:
+        model: a PointPillars or SSN.
+
+    Returns:
+        ``W ≥ 1``.
+    """
+    cpu = torch.device("cpu")
+    feature = _feature_size(model)
+    anchors, classes, thresholds = model.anchor_set(feature, cpu)
+    prepared = model.windowed_anchors(feature, cpu)
+    sizes = torch.tensor(model.anchor_config.sizes, dtype=torch.float32)  # (K, 3) dx, dy, dz
+    count = sizes.shape[0]
+    centre = torch.tensor(model.grid.point_cloud_range, dtype=torch.float32).view(2, 3).mean(0)  # (3,)
+    boxes = torch.zeros(1, count, model.code_size)  # (1, K, D)
+    boxes[0, :, :3], boxes[0, :, 3:6] = centre, sizes
+    labels = torch.arange(count)[None] if classes is not None else torch.zeros(1, count, dtype=torch.long)  # (1, K)
+    sizes_k = torch.tensor([count])
+    total = window_pair_total(
+        anchors, prepared.grid, RaggedBatch(boxes, sizes_k), RaggedBatch(labels, sizes_k), thresholds,
+        anchor_classes=classes, prepared=prepared,
+    )  # fmt: skip
+    return max(-(-int(total) // count), 1)  # sync: once, when the buckets are built (a CPU tensor)
 
 
 def _feature_size(model: nn.Module) -> tuple[int, int]:
