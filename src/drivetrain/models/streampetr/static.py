@@ -32,17 +32,36 @@ shape dynamo guards: a graph per distinct ``G``.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from dataclasses import dataclass
 
+import torch
 import torch.nn.functional as F
 
 from drivetrain.batch import Batch
 from drivetrain.match.solve import padded_target_count, target_buckets
 from drivetrain.ragged import RaggedBatch
 
-__all__ = ["MAX_TARGETS_KEY", "as_given", "buckets", "pad_ragged", "pad_targets", "target_bucket"]
+__all__ = [
+    "MAX_TARGETS_KEY",
+    "STEP_IMAGES_KEY",
+    "StepShapes",
+    "as_given",
+    "buckets",
+    "empty_batch",
+    "pad_ragged",
+    "pad_targets",
+    "step_batch",
+    "step_buckets",
+    "step_shapes",
+    "target_bucket",
+]
 
 MAX_TARGETS_KEY = "model.args.max_targets"
 """The config key of the largest bucket, named by the error a larger batch gets."""
+
+STEP_IMAGES_KEY = "model.args.step_images"
+"""The config key of the compiled step's image shape, named by the error a batch of other images gets."""
 
 _FIELDS_3D = ("gt_boxes", "gt_labels")
 _FIELDS_2D = ("gt_boxes_2d", "gt_labels_2d", "centers_2d", "depths_2d", "gt_index_2d")
@@ -113,3 +132,95 @@ def pad_targets(batch: Batch, max_targets: int) -> Batch:
         if length != first.max_size:
             changes.update({n: pad_ragged(getattr(batch, n), length) for n in fields if getattr(batch, n) is not None})
     return dataclasses.replace(batch, **changes) if changes else batch
+
+
+# ------------------------------------------------------------------------------------------- the compiled step
+@dataclass(frozen=True)
+class StepShapes:
+    """One bucket of the compiled step (one graph each): ``G_b`` 3D boxes per sample, ``G_2d`` 2D boxes per image."""
+
+    targets: int
+    targets_2d: int
+
+
+def step_buckets(max_targets: int) -> tuple[StepShapes, ...]:
+    """Every bucket of the compiled step: ``G_b`` each of :func:`buckets`, the 2D boxes always at the largest (the
+    focal head's matching and loss are a small part of the step; one size keeps the buckets at ≤ 5).
+
+    Example:
+        >>> [s.targets for s in step_buckets(64)], step_buckets(64)[0].targets_2d
+        ([8, 16, 32, 64], 64)
+    """
+    ladder = buckets(max_targets)
+    return tuple(StepShapes(g, ladder[-1]) for g in ladder)
+
+
+def step_shapes(batch: Batch, max_targets: int, step_images: tuple[int, ...]) -> StepShapes:
+    """The bucket of ``batch`` (from its shapes: no host read).
+
+    Raises:
+        ValueError: the images are not ``step_images`` (naming :data:`STEP_IMAGES_KEY`), or the ground truth is
+            beyond the largest bucket (naming :data:`MAX_TARGETS_KEY`).
+    """
+    if batch.images is None:
+        raise ValueError("batch.images: StreamPETR needs the camera images (the dataset was built without them)")
+    b, n, _, h, w = batch.images.shape
+    if (n, h, w) != tuple(step_images):
+        raise ValueError(
+            f"{STEP_IMAGES_KEY}: the compiled step was built for {tuple(step_images)} (cameras, height, width), a "
+            f"batch has {(n, h, w)}; set {STEP_IMAGES_KEY}=[{n}, {h}, {w}]"
+        )
+    target_bucket(batch.gt_boxes_2d.max_size, max_targets, "gt_boxes_2d")  # the 2D boxes: the error only
+    return StepShapes(target_bucket(batch.gt_boxes.max_size, max_targets), buckets(max_targets)[-1])
+
+
+def step_batch(batch: Batch, shapes: StepShapes, mean: torch.Tensor, std: torch.Tensor) -> Batch:
+    """``batch`` as the compiled step takes it: ground truth padded to ``shapes`` (fresh ragged fields without cached
+    masks, which dynamo would guard), images normalised (``(x − mean) / std`` in float32, as the model does: the
+    compiled graph then takes one image dtype whatever the loader gives), no encoder output.
+
+    Args:
+        batch: a training batch on the device.
+        shapes: its bucket (:func:`step_shapes`).
+        mean: ``(1, 3, 1, 1)`` the model's image mean.
+        std: ``(1, 3, 1, 1)`` its std.
+    """
+    images = batch.images
+    if not batch.images_normalized:
+        b, n, _, h, w = images.shape
+        x = images.reshape(b * n, 3, h, w).to(mean.dtype)  # (B·N, 3, H, W)
+        images = ((x - mean) / std).view(b, n, 3, h, w)  # (B, N, 3, H, W)
+    changes: dict[str, RaggedBatch] = {}
+    for fields, length in ((_FIELDS_3D, shapes.targets), (_FIELDS_2D, shapes.targets_2d)):
+        for name in fields:
+            rb = pad_ragged(getattr(batch, name), length)
+            changes[name] = RaggedBatch.unchecked(rb.tensor, rb.sizes, rb.ragged_dim)
+    return dataclasses.replace(batch, images=images, images_normalized=True, encoded=None, **changes)
+
+
+def empty_batch(shapes: StepShapes, batch_size: int, step_images: tuple[int, ...], device: torch.device) -> Batch:
+    """A batch of ``batch_size`` first frames without ground truth at ``shapes`` and ``step_images`` (zero images,
+    identity poses and cameras): the shapes, dtypes and devices of :func:`step_batch`'s, for compiling a bucket."""
+    n, h, w = step_images
+    b = batch_size
+    zeros = functools.partial(torch.zeros, device=device)
+
+    def eye(k: int, *lead: int) -> torch.Tensor:
+        return torch.eye(k, device=device).expand(*lead, k, k).contiguous()
+
+    def ragged(length: int, *tail: int, dtype: torch.dtype = torch.float32, cams: bool = False) -> RaggedBatch:
+        lead = (b, n) if cams else (b,)
+        return RaggedBatch.unchecked(zeros(*lead, length, *tail, dtype=dtype), zeros(*lead, dtype=torch.long))
+
+    g, g2 = shapes.targets, shapes.targets_2d
+    return Batch(
+        images=zeros(b, n, 3, h, w), intrinsics=eye(3, b, n), lidar2img=eye(4, b, n), cam2ego=eye(4, b, n),
+        lidar2ego=eye(4, b), ego_pose=eye(4, b), ego_pose_inv=eye(4, b),
+        timestamps=zeros(b, dtype=torch.float64), prev_exists=zeros(b, dtype=torch.bool),
+        gt_boxes=ragged(g, 9), gt_labels=ragged(g, dtype=torch.long),
+        gt_boxes_2d=ragged(g2, 4, cams=True), gt_labels_2d=ragged(g2, dtype=torch.long, cams=True),
+        centers_2d=ragged(g2, 2, cams=True), depths_2d=ragged(g2, cams=True),
+        gt_index_2d=ragged(g2, dtype=torch.long, cams=True),
+        points=None, image_size=(w, h), sample_tokens=("",) * b, frame_index=zeros(b, dtype=torch.long),
+        images_normalized=True,
+    )  # fmt: skip
