@@ -328,21 +328,23 @@ class StreamPETR(nn.Module):
     # ------------------------------------------------------------------------------------ the compiled step
     def step_buckets(self, batch_size: int) -> tuple[StepShapes, ...]:
         """Every bucket of the compiled training step (``speed.compile_step``; :func:`~.static.step_buckets`): ``G``
-        at each of the solver's buckets up to ``max_targets``'s, the 2D boxes at the largest.
+        at each of ``step_targets`` (default: the solver's buckets up to ``max_targets``'s), the 2D boxes at the
+        largest.
 
         Raises:
-            ValueError: without ``static_targets`` (the compiled step is the static path), naming the key.
+            ValueError: without ``static_targets`` (the compiled step is the static path), or with ``step_images``
+                or ``step_targets`` it cannot build, naming the key.
         """
         if not self.args.static_targets:
             raise ValueError("model.args.static_targets: the compiled step runs the static path; set it true")
         if len(self.args.step_images) != 3:
             raise ValueError(f"model.args.step_images: expected [cameras, height, width], got {self.args.step_images}")
-        return step_buckets(self.args.max_targets)
+        return step_buckets(self.args.max_targets, tuple(self.args.step_targets))
 
     def step_shapes(self, batch: Batch) -> StepShapes:
         """The bucket of ``batch`` from its shapes (no host read); a ValueError naming ``model.args.max_targets``
         beyond the largest, ``model.args.step_images`` for images of another shape."""
-        return step_shapes(batch, self.args.max_targets, self.args.step_images)
+        return step_shapes(batch, self.args.max_targets, self.args.step_images, tuple(self.args.step_targets))
 
     def step_inputs(
         self, batch: Batch | None, shapes: StepShapes, batch_size: int, device: torch.device
@@ -367,8 +369,9 @@ class StreamPETR(nn.Module):
                 f"bank holds {tuple(state.embedding.shape[:2])}"
             )
         fixed = self.memory.empty(batch_size, entries, device)  # the layout and dtypes the graph was compiled for
-        if any(t.dtype != f.dtype or t.device != f.device or not t.is_contiguous() for t, f in zip(state, fixed)):
-            self.memory.set_state(MemoryState(*(t.to(f.dtype).to(device).contiguous() for t, f in zip(state, fixed))))
+        pairs = list(zip(state, fixed, strict=True))
+        if any(t.dtype != f.dtype or t.device != f.device or not t.is_contiguous() for t, f in pairs):
+            self.memory.set_state(MemoryState(*(t.to(f.dtype).to(device).contiguous() for t, f in pairs)))
         return frame, self.memory.state(), torch.ones(batch_size, device=device)
 
     def step_loss(self, batch: Batch, memory: MemoryState, filled: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -45,6 +45,7 @@ from drivetrain.ragged import RaggedBatch
 __all__ = [
     "MAX_TARGETS_KEY",
     "STEP_IMAGES_KEY",
+    "STEP_TARGETS_KEY",
     "StepShapes",
     "as_given",
     "buckets",
@@ -62,6 +63,9 @@ MAX_TARGETS_KEY = "model.args.max_targets"
 
 STEP_IMAGES_KEY = "model.args.step_images"
 """The config key of the compiled step's image shape, named by the error a batch of other images gets."""
+
+STEP_TARGETS_KEY = "model.args.step_targets"
+"""The config key of the compiled step's ground-truth buckets."""
 
 _FIELDS_3D = ("gt_boxes", "gt_labels")
 _FIELDS_2D = ("gt_boxes_2d", "gt_labels_2d", "centers_2d", "depths_2d", "gt_index_2d")
@@ -143,20 +147,34 @@ class StepShapes:
     targets_2d: int
 
 
-def step_buckets(max_targets: int) -> tuple[StepShapes, ...]:
-    """Every bucket of the compiled step: ``G_b`` each of :func:`buckets`, the 2D boxes always at the largest (the
-    focal head's matching and loss are a small part of the step; one size keeps the buckets at ≤ 5).
+def step_buckets(max_targets: int, chosen: tuple[int, ...] = ()) -> tuple[StepShapes, ...]:
+    """Every bucket of the compiled step: ``G_b`` each of ``chosen`` (``model.args.step_targets``; empty: every one
+    of :func:`buckets`), the 2D boxes always at the largest (the focal head's matching and loss are a small part of
+    the step: one size keeps the buckets few). Each bucket is a graph compiled before the first step; fewer buckets
+    compile sooner, larger ones pad more denoising queries (``dn_groups · G_b``).
+
+    Raises:
+        ValueError: ``chosen`` holds a length that is not one of :func:`buckets`, or lacks the largest (naming
+            ``model.args.step_targets``).
 
     Example:
-        >>> [s.targets for s in step_buckets(64)], step_buckets(64)[0].targets_2d
-        ([8, 16, 32, 64], 64)
+        >>> [s.targets for s in step_buckets(64)], step_buckets(64)[0].targets_2d, step_buckets(64, (16, 64))
+        ([8, 16, 32, 64], 64, (StepShapes(targets=16, targets_2d=64), StepShapes(targets=64, targets_2d=64)))
     """
     ladder = buckets(max_targets)
-    return tuple(StepShapes(g, ladder[-1]) for g in ladder)
+    chosen = tuple(sorted(set(chosen))) or ladder
+    if not set(chosen) <= set(ladder) or chosen[-1] != ladder[-1]:
+        raise ValueError(
+            f"{STEP_TARGETS_KEY}: expected some of {list(ladder)} (the buckets of {MAX_TARGETS_KEY}={max_targets}) "
+            f"with the largest, {ladder[-1]}, got {list(chosen)}"
+        )
+    return tuple(StepShapes(g, ladder[-1]) for g in chosen)
 
 
-def step_shapes(batch: Batch, max_targets: int, step_images: tuple[int, ...]) -> StepShapes:
-    """The bucket of ``batch`` (from its shapes: no host read).
+def step_shapes(
+    batch: Batch, max_targets: int, step_images: tuple[int, ...], chosen: tuple[int, ...] = ()
+) -> StepShapes:
+    """The bucket of ``batch`` among :func:`step_buckets` (from its shapes: no host read).
 
     Raises:
         ValueError: the images are not ``step_images`` (naming :data:`STEP_IMAGES_KEY`), or the ground truth is
@@ -164,14 +182,15 @@ def step_shapes(batch: Batch, max_targets: int, step_images: tuple[int, ...]) ->
     """
     if batch.images is None:
         raise ValueError("batch.images: StreamPETR needs the camera images (the dataset was built without them)")
-    b, n, _, h, w = batch.images.shape
+    n, _, h, w = batch.images.shape[1:]
     if (n, h, w) != tuple(step_images):
         raise ValueError(
             f"{STEP_IMAGES_KEY}: the compiled step was built for {tuple(step_images)} (cameras, height, width), a "
             f"batch has {(n, h, w)}; set {STEP_IMAGES_KEY}=[{n}, {h}, {w}]"
         )
     target_bucket(batch.gt_boxes_2d.max_size, max_targets, "gt_boxes_2d")  # the 2D boxes: the error only
-    return StepShapes(target_bucket(batch.gt_boxes.max_size, max_targets), buckets(max_targets)[-1])
+    targets = target_bucket(batch.gt_boxes.max_size, max_targets)
+    return next(s for s in step_buckets(max_targets, chosen) if s.targets >= targets)
 
 
 def step_batch(batch: Batch, shapes: StepShapes, mean: torch.Tensor, std: torch.Tensor) -> Batch:
