@@ -17,6 +17,7 @@ from drivetrain.cli.main import main
 from drivetrain.engine.config import ConfigError, load_config
 from drivetrain.engine.trainer import Trainer
 from helpers.engine import final_state, losses
+from helpers.streampetr import SMALL
 from test_engine_step_syncs import _watched
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,3 +135,42 @@ def test_reduce_overhead_refuses_an_accumulation_derived_from_the_global_batch()
         ConfigError, match=r"speed\.compile_step_mode: reduce-overhead needs train\.accumulation 1, got 4"
     ):
         with_global_batch(cfg, 1)
+
+
+# ------------------------------------------------------------------------------------------------------ StreamPETR
+SPETR = ROOT / "configs" / "streampetr_tiny.yaml"
+SPETR_GRAPH = {**SMALL, "static_targets": True, "step_images": [6, 90, 160], "step_targets": [64]}  # one bucket
+
+
+def _spetr_argv(out: Path, synth_root: Path, *extra: str, compiled: bool = True) -> list[str]:
+    data = {"index": str(synth_root / "drivetrain_index.npz"), "split": "mini_train"}
+    step = ["speed.compile_step=true", "speed.compile_step_backend=aot_eager"] if compiled else []
+    return ["train", "--config", str(SPETR), f"run.out_dir={out}", *QUIET, "data.name=frames",
+            f"data.args={json.dumps(data)}", f"model.args={json.dumps(SPETR_GRAPH)}", "data.batch_size=2",
+            "checkpoint.every=2", "train.device=cpu", "run.deterministic=true", *step, *extra]  # fmt: skip
+
+
+@pytest.mark.slow  # ~60 s: four trainer runs, three compiles (the step itself: test_models_streampetr_static.py)
+def test_streampetrs_compiled_step_carries_its_memory_and_resumes_exactly(synth_root, synth_index, tmp_path, capfd):
+    """StreamPETR through ``speed.compile_step`` (its memory bank passed into the graph and written back in place):
+    its one bucket compiled before step 1, nothing inside the 4 steps (their memory, their scene starts), 2 + 2 steps
+    bit-equal to 4 (weights and every stream's memory), and the first step's loss the eager static path's."""
+    straight, split, eager = tmp_path / "straight", tmp_path / "split", tmp_path / "eager"
+    err = _train(capfd, _spetr_argv(straight, synth_root, "train.steps=4"))
+    buckets = [line for line in err.splitlines() if line.startswith("speed.compile_step: bucket ")]
+    assert len(buckets) == 1 and "targets=64" in buckets[0], err
+    assert "inside steps" not in err
+    first = _train(capfd, _spetr_argv(split, synth_root, "train.steps=2"))
+    resumed = _train(capfd, [*_spetr_argv(split, synth_root, "train.steps=4"), "--resume", "auto"])
+    assert "inside steps" not in first + resumed
+    assert losses(split) == losses(straight)
+    want, got = final_state(straight)["model"], final_state(split)["model"]
+    memory = want["memory._extra_state"]  # the bank's tensors, (B, K+M, ·) each
+    assert memory and all(torch.equal(got["memory._extra_state"][name], value) for name, value in memory.items())
+    assert all(torch.equal(got[key], value) for key, value in want.items() if isinstance(value, torch.Tensor))
+    # The same first step eagerly (same weights, batch and random draws): the terms differ only where the compiled
+    # step pads the 2D boxes further (to 64 per image, the eager static path to their own bucket), a reordered float32
+    # sum of at most n = B·N·64 non-negative elements in the focal head's box terms: rtol 2n·u.
+    _train(capfd, _spetr_argv(eager, synth_root, "train.steps=1", compiled=False))
+    rtol = 2 * 2 * 6 * 64 * torch.finfo(torch.float32).eps / 2
+    torch.testing.assert_close(losses(straight)[0], losses(eager)[0], rtol=rtol, atol=0.0)

@@ -188,8 +188,8 @@ def step_shapes(
             f"{STEP_IMAGES_KEY}: the compiled step was built for {tuple(step_images)} (cameras, height, width), a "
             f"batch has {(n, h, w)}; set {STEP_IMAGES_KEY}=[{n}, {h}, {w}]"
         )
-    target_bucket(batch.gt_boxes_2d.max_size, max_targets, "gt_boxes_2d")  # the 2D boxes: the error only
     targets = target_bucket(batch.gt_boxes.max_size, max_targets)
+    target_bucket(batch.gt_boxes_2d.max_size, max_targets, "gt_boxes_2d")  # the 2D boxes: the error only
     return next(s for s in step_buckets(max_targets, chosen) if s.targets >= targets)
 
 
