@@ -8,8 +8,8 @@ train --profile``), (4) the full-size iterations, reference vs batched; part 2 t
 ragged ops; parts 3 and 4 the camera data path, precision, switches, sweeps and the rest, and parts 5 (PointPillars,
 SSN) and 6 (StreamPETR) the compiled step replayed as CUDA graphs against the eager one
 (``speed.compile_step_mode=reduce-overhead``), each for a later lease. Each step has the time it is expected to need
-and a cap; it runs under ``timeout`` with min(cap, what remains of the budget − a reserve for packing), and a step expected to need more than what remains is skipped and named
-rather than started and cut.
+and a cap; it runs under ``timeout`` with min(cap, what remains of the budget − a reserve for packing), and a step
+expected to need more than what remains is skipped and named rather than started and cut.
 ``--part N`` picks one group of steps sized for one device command (:data:`PART_BUDGET_S`); the parts partition
 the steps. Everything a run writes goes into one ``gpu-results.tar.gz`` (kept under the 16 MiB a borrowed machine
 hands back) beside ``summary.md``, both rewritten into ``--out`` before every step (the steps done, the one starting,
@@ -182,8 +182,8 @@ _BOOK: list[tuple[str, int, int, str | None, tuple, tuple | None]] = [
     ("iteration-ssn-full", 4, 1, "iteration", (30, 90, "--model ssn --size full --batch 4"), None),
     # Part 5: the compiled step (speed.compile_step) replayed as CUDA graphs against the eager step, same process,
     # same batches (bench train --compare), at the two lidar published configs (StreamPETR's: part 6). The dense
-    # assignment (window=false) on both sides: 2 buckets to compile instead of the windowed step's 10. Unmeasured: no inductor compile of these graphs was ever timed on a GPU; the estimate is the eager
-    # run (~40 s, as train-*-full) + 2 cold buckets × ~60 s + recording; caps about twice that. A lease of its own
+    # assignment (window=false) on both sides: 2 buckets to compile instead of the windowed step's 10. Unmeasured:
+    # no inductor compile of these graphs was ever timed on a GPU; the estimate is the eager run (~40 s, as train-*-full) + 2 cold buckets × ~60 s + recording; caps about twice that. A lease of its own
     # (part 1's data are not there on a fresh machine: the synthetic set is rendered again unless there).
     ("synth-full-704-graph", 5, 5, "synth", (40, 150, FULL_ROOT), None),
     ("train-graph-pointpillars-full", 5, 5, "train", (200, 400, "--config configs/pointpillars_nus.yaml --steps 12 "
