@@ -184,7 +184,8 @@ _BOOK: list[tuple[str, int, int, str | None, tuple, tuple | None]] = [
     # same batches (bench train --compare), at the two lidar published configs (StreamPETR's: part 6). The dense
     # assignment (window=false) on both sides: 2 buckets to compile instead of the windowed step's 10. Unmeasured:
     # no inductor compile of these graphs was ever timed on a GPU; the estimate is the eager run (~40 s, as
-    # train-*-full) + 2 cold buckets × ~60 s + recording; caps about twice that. A lease of its own (part 1's data are not there on a fresh machine: the synthetic set is rendered again unless there).
+    # train-*-full) + 2 cold buckets × ~60 s + recording; caps about twice that. A lease of its own (part 1's data
+    # are not there on a fresh machine: the synthetic set is rendered again unless there).
     ("synth-full-704-graph", 5, 5, "synth", (40, 150, FULL_ROOT), None),
     ("train-graph-pointpillars-full", 5, 5, "train", (200, 400, "--config configs/pointpillars_nus.yaml --steps 12 "
      "--warmup 3 model.args.window=false --compare speed.compile_step=true speed.compile_step_mode=reduce-overhead"),
