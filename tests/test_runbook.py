@@ -283,7 +283,7 @@ def test_the_cpu_dry_run_uses_tiny_sizes_small_batches_and_the_cpu(tmp_path):
 
 def test_part_5_compares_the_eager_step_with_the_replayed_compiled_step_at_the_static_step_configs():
     """Issue 46: eager vs the compiled step replayed as CUDA graphs (bench train --compare), same process, for the
-    published configs whose models have the StaticStep capability (PointPillars, SSN; StreamPETR has none yet), with
+    lidar published configs with the StaticStep capability (PointPillars, SSN; StreamPETR: part 6), with
     the full synthetic set rendered in the part itself (a fresh lease has none)."""
     part5 = select(plan("cuda", "python3", Path("w")), 5)
     assert part5[0].argv[:2] == ("bash", "-c") and "synth-full-704" in part5[0].argv[2]
