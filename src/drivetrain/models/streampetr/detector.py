@@ -357,11 +357,12 @@ class StreamPETR(nn.Module):
         entries = self.memory.topk + self.memory_len
         if batch is None:
             frame = empty_batch(shapes, batch_size, self.args.step_images, device)
-            return frame, self.memory.empty(batch_size, entries, device), torch.zeros(batch_size, device=device)
+            memory = _static_address(self.memory.empty(batch_size, entries, device))
+            return frame, memory, torch.zeros(batch_size, device=device)
         frame = step_batch(batch, shapes, self.mean, self.std)
         if self.memory.embedding is None:  # the first frame: zeros standing for the empty bank, held from now on
             self.memory.set_state(self.memory.empty(batch_size, entries, device))
-            return frame, self.memory.state(), torch.zeros(batch_size, device=device)
+            return frame, _static_address(self.memory.state()), torch.zeros(batch_size, device=device)
         state = self.memory.state()
         if state.embedding.shape[:2] != (batch_size, entries):
             raise ValueError(
@@ -372,7 +373,7 @@ class StreamPETR(nn.Module):
         pairs = list(zip(state, fixed, strict=True))
         if any(t.dtype != f.dtype or t.device != f.device or not t.is_contiguous() for t, f in pairs):
             self.memory.set_state(MemoryState(*(t.to(f.dtype).to(device).contiguous() for t, f in pairs)))
-        return frame, self.memory.state(), torch.ones(batch_size, device=device)
+        return frame, _static_address(self.memory.state()), torch.ones(batch_size, device=device)
 
     def step_loss(self, batch: Batch, memory: MemoryState, filled: torch.Tensor) -> dict[str, torch.Tensor]:
         """The training forward and the unweighted loss terms of :meth:`step_inputs`' arguments — :meth:`forward` then
@@ -419,3 +420,14 @@ class StreamPETR(nn.Module):
             post_center_range=POST_CENTER_RANGE,
             score_threshold=score_threshold,
         )
+
+
+def _static_address(memory: MemoryState) -> MemoryState:
+    """``memory`` with its CUDA tensors marked as inputs at a fixed address (``torch._dynamo.mark_static_address``,
+    unguarded): the step writes them in place, and CUDA graph trees replay a graph that mutates an input only when
+    the input is static (the bank's tensors stay the same objects from step to step; a new one, after a resume,
+    makes the bucket record again, it does not compile). CPU tensors are left unmarked."""
+    for tensor in memory:
+        if tensor.is_cuda:
+            torch._dynamo.mark_static_address(tensor)
+    return memory
