@@ -49,7 +49,7 @@ from drivetrain.models.streampetr.denoising import DNQueries
 from drivetrain.models.streampetr.embedding import MLN, SEGate, nerf_encoding, sine_embedding_1d, sine_embedding_3d
 from drivetrain.models.streampetr.heads import FocalHead, box_codes, class_branch, regression_branch, token_locations
 from drivetrain.models.streampetr.loss import path_of, streampetr_loss
-from drivetrain.models.streampetr.memory import MemoryBank, MemoryState
+from drivetrain.models.streampetr.memory import MEMORY_DTYPES, MemoryBank, MemoryState
 from drivetrain.models.streampetr.position import PositionEmbedding3D
 from drivetrain.models.streampetr.postprocess import decode
 from drivetrain.models.streampetr.recipe import MAX_NUM, MEAN, POST_CENTER_RANGE, SIZE_DIVISOR, STD
@@ -369,10 +369,9 @@ class StreamPETR(nn.Module):
                 f"memory: the compiled step holds {batch_size} streams of {entries} entries (topk + memory_len), the "
                 f"bank holds {tuple(state.embedding.shape[:2])}"
             )
-        fixed = self.memory.empty(batch_size, entries, device)  # the layout and dtypes the graph was compiled for
-        pairs = list(zip(state, fixed, strict=True))
-        if any(t.dtype != f.dtype or t.device != f.device or not t.is_contiguous() for t, f in pairs):
-            self.memory.set_state(MemoryState(*(t.to(f.dtype).to(device).contiguous() for t, f in pairs)))
+        pairs = list(zip(state, MEMORY_DTYPES, strict=True))  # the layout and dtypes the graph was compiled for
+        if any(t.dtype != dtype or t.device != device or not t.is_contiguous() for t, dtype in pairs):
+            self.memory.set_state(MemoryState(*(t.to(device, dtype).contiguous() for t, dtype in pairs)))
         return frame, _static_address(self.memory.state()), torch.ones(batch_size, device=device)
 
     def step_loss(self, batch: Batch, memory: MemoryState, filled: torch.Tensor) -> dict[str, torch.Tensor]:

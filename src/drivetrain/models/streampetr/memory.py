@@ -28,7 +28,6 @@ concatenation; the values are the same).
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import torch
@@ -36,7 +35,7 @@ from torch import nn
 
 from drivetrain.models.streampetr.recipe import PC_RANGE
 
-__all__ = ["MemoryBank", "MemoryState"]
+__all__ = ["MEMORY_DTYPES", "MemoryBank", "MemoryState"]
 
 _FIELDS = ("embedding", "reference", "age", "pose", "velocity")
 
@@ -50,6 +49,10 @@ class MemoryState(NamedTuple):
     age: torch.Tensor
     pose: torch.Tensor
     velocity: torch.Tensor
+
+
+MEMORY_DTYPES = MemoryState(torch.float32, torch.float32, torch.float64, torch.float32, torch.float32)
+"""The dtype of each memory tensor as :meth:`MemoryBank.pre_update` creates it (ages in float64)."""
 
 
 class MemoryBank(nn.Module):
@@ -129,12 +132,14 @@ class MemoryBank(nn.Module):
         self.set_state(self._seeded(state, keep))
 
     def empty(self, batch: int, entries: int, device: torch.device) -> MemoryState:
-        """A memory of zeros: ``batch`` samples of ``entries`` entries (float64 ages, float32 the rest)."""
-        zeros = functools.partial(torch.zeros, device=device)
+        """A memory of zeros: ``batch`` samples of ``entries`` entries (:data:`MEMORY_DTYPES`)."""
+        tails = ((self.embed_dims,), (3,), (1,), (4, 4), (2,))
         return MemoryState(
-            zeros(batch, entries, self.embed_dims), zeros(batch, entries, 3),
-            zeros(batch, entries, 1, dtype=torch.float64), zeros(batch, entries, 4, 4), zeros(batch, entries, 2),
-        )  # fmt: skip
+            *(
+                torch.zeros(batch, entries, *tail, dtype=dtype, device=device)
+                for tail, dtype in zip(tails, MEMORY_DTYPES, strict=True)
+            )
+        )
 
     def aligned(
         self,
