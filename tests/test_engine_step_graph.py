@@ -90,6 +90,7 @@ def test_compile_step_names_the_argument_a_model_cannot_compile_with(tmp_path):
     [
         (["distributed.strategy=ddp"], r"speed\.compile_step: needs distributed\.strategy none, got ddp: "),
         (["speed.compile=['']"], r"speed\.compile_step: not with speed\.compile: "),
+        (["speed.encoder_overlap=true"], r"speed\.encoder_overlap: not with speed\.compile_step: the compiled step "),
         (["speed.compile_step_backend="], r"speed\.compile_step_backend: must name a torch\.compile backend$"),
         (["speed.compile_step_mode=fast"], r"speed\.compile_step_mode: expected one of 'default', 'reduce-overhead'"),
         (
