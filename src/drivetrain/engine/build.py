@@ -44,7 +44,10 @@ Example:
 
 :func:`build_step_graph` checks the model (one ConfigError line naming ``speed.compile_step`` and the model when it
 lacks the capability) and wraps ``model.step_loss`` in ``torch.compile(fullgraph=True, dynamic=False,
-backend=speed.compile_step_backend)``. Before the first step :meth:`StepGraph.compile_all` runs every bucket of
+backend=speed.compile_step_backend)`` (with inductor, ``fallback_random`` on: the graph's random draws — dropout, a
+model's noise — are torch's eager ones, in the eager step's order, where inductor's per-element generator was measured
+far slower on a CPU: StreamPETR tiny, benchmarks/results/streampetr-static-cpu.md). Before the first step
+:meth:`StepGraph.compile_all` runs every bucket of
 ``model.step_buckets`` once, forward and backward, on an empty batch at that bucket (one line per bucket with its
 seconds), then puts back what that run touched: every buffer (BatchNorm statistics and counters), the gradients
 (None) and the RNG states — so a run compiled before its first step, resumed or not, trains exactly as without the
@@ -486,7 +489,14 @@ class StepGraph:
         self.model, self.batch_size, self.device = model, batch_size, device
         self.buckets: tuple[Hashable, ...] = tuple(model.step_buckets(batch_size))
         self.replays = mode == "reduce-overhead"  # CUDA graphs: outputs live in the pool until the next replay
-        self.fn = torch.compile(model.step_loss, fullgraph=True, dynamic=False, backend=backend, mode=mode)
+        options = None  # inductor: eager RNG in the graph (fallback_random), the mode's options beside it
+        if backend == "inductor":
+            from torch._inductor import list_mode_options
+
+            options, mode = {**list_mode_options(mode), "fallback_random": True}, None
+        self.fn = torch.compile(
+            model.step_loss, fullgraph=True, dynamic=False, backend=backend, mode=mode, options=options
+        )
         self.compiles_in_steps = 0
 
     def compile_all(self, message: Callable[[str], None], context: Callable[[], Any]) -> None:
