@@ -2,9 +2,9 @@
 same batches, interleaved step by step: the eager batched path, the static path (``model.args.static_targets``)
 eager, and the compiled step the trainer runs with ``speed.compile_step`` (``model.step_loss`` on
 ``model.step_inputs``: the batch padded to its bucket, the memory bank passed in and written back in place;
-``torch.compile(fullgraph=True, dynamic=False)``, inductor); with ``--fallback-random`` also that step compiled with
-inductor's ``fallback_random`` (the graph's dropout and denoising noise drawn by torch's eager generator). Each is split
-into forward with loss and backward (medians of each apart).
+``torch.compile(fullgraph=True, dynamic=False)``, inductor with ``fallback_random``, as the trainer compiles it: the
+graph's dropout and denoising noise drawn by torch's eager generator); with ``--inductor-random`` also that step with
+inductor's own generated random numbers. Each is split into forward with loss and backward (medians of each apart).
 
 The variants run round-robin, one step each per round, so that a shared machine's load falls on all of them alike (a
 sequential A-then-B comparison on a CPU shared with other jobs measures the load as much as the step). The batches
@@ -13,7 +13,7 @@ bucket of the compiled step (``model.args.step_targets``, default 32 and 64: the
 compiled before timing (compile seconds per variant printed). Medians over ``--repeat`` rounds, one thread by default
 (``--threads``).
 
-Run: ``drivetrain bench streampetr_static [--root data/synth-tiny] [--repeat 10] [--dropout 0] [--fallback-random]
+Run: ``drivetrain bench streampetr_static [--root data/synth-tiny] [--repeat 10] [--dropout 0] [--inductor-random]
 [--save]``.
 """
 
@@ -34,7 +34,7 @@ from drivetrain.models.streampetr.static import pad_targets
 from drivetrain.profile import BenchResult, Row, add_bench_arguments, device_name, emit, setup_bench
 
 ROOT = Path(__file__).resolve().parents[1]
-EAGER, STATIC, COMPILED, FALLBACK = "eager", "static eager", "static compiled", "static compiled, fallback_random"
+EAGER, STATIC, COMPILED, INDUCTOR_RNG = "eager", "static eager", "static compiled", "static compiled, inductor RNG"
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     parser.add_argument("--dropout", type=float, default=None, help="replace the config's decoder dropout (0.1)")
     parser.add_argument("--step-targets", default="32,64", help="the compiled step's G buckets (default: 32,64)")
-    parser.add_argument("--fallback-random", action="store_true", help="also the step with inductor's fallback_random")
+    parser.add_argument("--inductor-random", action="store_true", help="also the step with inductor's own RNG")
     opts = parser.parse_args(argv)
     device = setup_bench(opts)
     if device.type != "cpu":
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         args["dropout"] = opts.dropout
     ds = frames(str(Path(opts.root) / "drivetrain_index.npz"), split="mini_train")
     batches = [ds.collate([ds[2 * i], ds[2 * i + 1]]) for i in range(opts.batches)]
-    names = [EAGER, STATIC, COMPILED] + ([FALLBACK] if opts.fallback_random else [])
+    names = [EAGER, STATIC, COMPILED] + ([INDUCTOR_RNG] if opts.inductor_random else [])
 
     def model_of(static: bool) -> StreamPETR:
         torch.manual_seed(opts.seed)
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             with torch.no_grad():
                 model(batches[0])  # the memory bank past its first (empty) frame, as the compiled ones below
         else:
-            options = {"fallback_random": name == FALLBACK}
+            options = {"fallback_random": name == COMPILED}
             fn = torch.compile(model.step_loss, fullgraph=True, dynamic=False, backend="inductor", options=options)
 
             def step(b, model=model, fn=fn):
@@ -121,8 +121,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     result.extra["compile_s"] = compile_seconds
     result.notes.append(
         f"reference = {EAGER} (the batched path), batched = {COMPILED} (model.step_loss on model.step_inputs, what "
-        f"speed.compile_step runs: torch.compile fullgraph, inductor); {STATIC}: the padded step without compiling"
-        + (f"; {FALLBACK}: inductor's fallback_random" if opts.fallback_random else "")
+        f"speed.compile_step runs: torch.compile fullgraph, inductor, fallback_random); {STATIC}: the padded step "
+        "without compiling"
+        + (f"; {INDUCTOR_RNG}: without fallback_random" if opts.inductor_random else "")
         + ". Variants interleaved step by step. No optimizer step."
     )
     emit(result, opts, chart=False)
