@@ -275,14 +275,19 @@ def stream(ds) -> list:
     return [*frames_, restart]
 
 
-def test_the_step_loss_is_the_eager_forward_and_loss_over_a_stream_of_frames(train_frames):
+@pytest.mark.parametrize("step_targets", [(64,), (48, 64)], ids=["solver-bucket", "finer-bucket"])
+def test_the_step_loss_is_the_eager_forward_and_loss_over_a_stream_of_frames(train_frames, step_targets):
     """``step_loss`` on :meth:`step_inputs` (the memory bank passed in as fixed ``(B, K+M)`` tensors and written back
     in place, images normalised before it), called eagerly and compiled (``aot_eager``, ``fullgraph``), against
     ``forward`` then ``loss`` of the same padded batch over a stream through the empty bank, scene starts and a
     reset: every term, every gradient and the bank after every frame bit-equal in float32 (the same operations in
     the same order on the same values; the empty bank's zeros come out signed, which ``torch.equal`` counts equal),
-    and one graph for all four frames."""
-    eager, stepped, compiled = (model_of(**STEP_ARGS) for _ in range(3))
+    and one graph for all four frames. At a bucket that is not the solver's (48: the frames hold up to 41 boxes) the
+    eager side takes the batch at that length as given (its path's padding to 64 left out), as the step does."""
+    args = {**STEP_ARGS, "step_targets": step_targets}
+    eager, stepped, compiled = (model_of(**args) for _ in range(3))
+    if step_targets[0] != 64:
+        eager.path = dataclasses.replace(eager.path, targets=lambda batch, max_targets: batch)
     graphs = []
 
     def backend(gm, example_inputs):
@@ -295,9 +300,10 @@ def test_the_step_loss_is_the_eager_forward_and_loss_over_a_stream_of_frames(tra
     cpu = torch.device("cpu")
     for i, batch in enumerate(stream(train_frames)):
         shapes = eager.step_shapes(batch)
-        assert shapes.targets == shapes.targets_2d == 64
-        padded = pad_targets(batch, 64)
-        padded = dataclasses.replace(padded, **{name: pad_ragged(getattr(padded, name), 64) for name in FIELDS_2D})
+        assert shapes.targets == shapes.targets_2d == step_targets[0]
+        length = shapes.targets
+        padded = {name: pad_ragged(getattr(batch, name), length) for name in ("gt_boxes", "gt_labels", *FIELDS_2D)}
+        padded = dataclasses.replace(batch, **padded)
         torch.manual_seed(i)
         want, want_grads = step(eager, padded)
         for model, call in run.items():
@@ -325,6 +331,8 @@ def test_the_compiled_step_names_the_key_of_what_it_cannot_take(train_frames):
         model_of(**{**STEP_ARGS, "step_images": (6, 90, 170)}).step_shapes(batch)
     with pytest.raises(ValueError, match=r"^model\.args\.static_targets: the compiled step runs the static path"):
         model_of().step_buckets(2)
-    with pytest.raises(ValueError, match=r"^model\.args\.step_targets: expected some of \[8, 16, 32, 64\] "):
-        model_of(**{**STEP_ARGS, "step_targets": (16, 24)}).step_buckets(2)
+    with pytest.raises(ValueError, match=r"^model\.args\.step_targets: expected multiples of 8 up to and with the "):
+        model_of(**{**STEP_ARGS, "step_targets": (16, 24)}).step_buckets(2)  # without the largest, 64
+    with pytest.raises(ValueError, match=r"^model\.args\.step_targets: .*, got \[20, 64\]$"):
+        model_of(**{**STEP_ARGS, "step_targets": (20, 64)}).step_buckets(2)
     assert [s.targets for s in model_of(**{**STEP_ARGS, "step_targets": ()}).step_buckets(2)] == [8, 16, 32, 64]

@@ -236,8 +236,9 @@ class StreamPETR(nn.Module):
             x = F.pad(x, (0, pw - w, 0, ph - h))  # (B·N, 3, H', W'), zeros after normalising, as the original
         return self.backbone(x), (pw, ph)
 
-    def _dn_queries(self, batch: Batch) -> DNQueries:
-        batch = self.path.targets(batch, self.args.max_targets)  # padded to buckets on the static path
+    def _dn_queries(self, batch: Batch, padded: bool = False) -> DNQueries:
+        if not padded:  # padded to buckets on the static path (the compiled step's batch is at its bucket already)
+            batch = self.path.targets(batch, self.args.max_targets)
         return self.path.make_dn_queries(
             batch.gt_boxes,
             batch.gt_labels,
@@ -318,7 +319,10 @@ class StreamPETR(nn.Module):
 
     def loss(self, outputs: dict[str, Any], batch: Batch) -> dict[str, torch.Tensor]:
         """Unweighted terms of the 3D head (every layer, denoising) and of the focal head."""
-        batch = self.path.targets(batch, self.args.max_targets)  # padded to buckets on the static path
+        return self._loss(outputs, self.path.targets(batch, self.args.max_targets))  # buckets on the static path
+
+    def _loss(self, outputs: dict[str, Any], batch: Batch) -> dict[str, torch.Tensor]:
+        """:meth:`loss` of a batch padded as its path pads (or the compiled step's, at its bucket)."""
         terms = self.path.loss_3d(self.criterion, outputs, batch)
         if self.focal_criterion is not None:
             padded = dataclasses.replace(batch, image_size=outputs["padded_size"])  # the original's pad_shape
@@ -328,8 +332,8 @@ class StreamPETR(nn.Module):
     # ------------------------------------------------------------------------------------ the compiled step
     def step_buckets(self, batch_size: int) -> tuple[StepShapes, ...]:
         """Every bucket of the compiled training step (``speed.compile_step``; :func:`~.static.step_buckets`): ``G``
-        at each of ``step_targets`` (default: the solver's buckets up to ``max_targets``'s), the 2D boxes at the
-        largest.
+        at each of ``step_targets`` (default: the solver's buckets up to ``max_targets``'s), the 2D boxes per image at
+        the same length.
 
         Raises:
             ValueError: without ``static_targets`` (the compiled step is the static path), or with ``step_images``
@@ -378,14 +382,14 @@ class StreamPETR(nn.Module):
         """The training forward and the unweighted loss terms of :meth:`step_inputs`' arguments — :meth:`forward` then
         :meth:`loss` on the static path, the memory passed in and written back in place (``memory`` holds the next
         frame's bank after the call) — one graph without a break or host read under ``torch.compile``."""
-        dn = self._dn_queries(batch) if self.training and self.dn["groups"] > 0 else None
+        dn = self._dn_queries(batch, padded=True) if self.training and self.dn["groups"] > 0 else None
         keep = batch.prev_exists.to(torch.float32)  # (B,)
         aligned = self.memory.aligned(memory, keep, filled, batch.timestamps, batch.ego_pose_inv)  # (B, M, ·)
         outputs, after = self._frame(batch, dn, aligned)  # after: (B, K+M, ·)
         with torch.no_grad():
             for held, new in zip(memory, after, strict=True):
                 held.copy_(new)
-        return self.loss(outputs, batch)
+        return self._loss(outputs, batch)  # the batch at its bucket: no padding to the solver's buckets
 
     def stream_state(self) -> dict[str, torch.Tensor]:
         """The temporal memory of this rank's batch slots (``(B, M, ·)`` tensors; ``{}`` before the first frame)."""

@@ -148,33 +148,37 @@ class StepShapes:
 
 
 def step_buckets(max_targets: int, chosen: tuple[int, ...] = ()) -> tuple[StepShapes, ...]:
-    """Every bucket of the compiled step: ``G_b`` each of ``chosen`` (``model.args.step_targets``; empty: every one
-    of :func:`buckets`), the 2D boxes always at the largest (the focal head's matching and loss are a small part of
-    the step: one size keeps the buckets few). Each bucket is a graph compiled before the first step; fewer buckets
-    compile sooner, larger ones pad more denoising queries (``dn_groups · G_b``).
+    """Every bucket of the compiled step: ``G_b`` each of ``chosen`` (``model.args.step_targets``: multiples of 8 up
+    to the largest of :func:`buckets`, which must be among them; empty: :func:`buckets` themselves), the 2D boxes per
+    image at the same length (each is one of the sample's 3D boxes seen in that image, so an image has no more of
+    them than its sample has 3D boxes; a batch that does takes the bucket of its larger count). Each bucket is a graph
+    compiled before the first step: fewer buckets compile sooner, coarser ones pad more denoising queries
+    (``dn_groups · G_b`` rows) and 2D boxes. The step pads to its bucket, not to the solver's (the solver pads its
+    cost matrices itself).
 
     Raises:
-        ValueError: ``chosen`` holds a length that is not one of :func:`buckets`, or lacks the largest (naming
+        ValueError: ``chosen`` holds a length that is not a multiple of 8, or lacks the largest bucket (naming
             ``model.args.step_targets``).
 
     Example:
-        >>> [s.targets for s in step_buckets(64)], step_buckets(64)[0].targets_2d, step_buckets(64, (16, 64))
-        ([8, 16, 32, 64], 64, (StepShapes(targets=16, targets_2d=64), StepShapes(targets=64, targets_2d=64)))
+        >>> [s.targets for s in step_buckets(64)], step_buckets(64, (24, 40, 64))[1]
+        ([8, 16, 32, 64], StepShapes(targets=40, targets_2d=40))
     """
     ladder = buckets(max_targets)
     chosen = tuple(sorted(set(chosen))) or ladder
-    if not set(chosen) <= set(ladder) or chosen[-1] != ladder[-1]:
+    if any(g < 1 or g % 8 for g in chosen) or chosen[-1] != ladder[-1]:
         raise ValueError(
-            f"{STEP_TARGETS_KEY}: expected some of {list(ladder)} (the buckets of {MAX_TARGETS_KEY}={max_targets}) "
-            f"with the largest, {ladder[-1]}, got {list(chosen)}"
+            f"{STEP_TARGETS_KEY}: expected multiples of 8 up to and with the largest bucket, {ladder[-1]} (of "
+            f"{MAX_TARGETS_KEY}={max_targets}), got {list(chosen)}"
         )
-    return tuple(StepShapes(g, ladder[-1]) for g in chosen)
+    return tuple(StepShapes(g, g) for g in chosen)
 
 
 def step_shapes(
     batch: Batch, max_targets: int, step_images: tuple[int, ...], chosen: tuple[int, ...] = ()
 ) -> StepShapes:
-    """The bucket of ``batch`` among :func:`step_buckets` (from its shapes: no host read).
+    """The bucket of ``batch`` among :func:`step_buckets`: the smallest holding its 3D and 2D ground truth (from the
+    shapes: no host read).
 
     Raises:
         ValueError: the images are not ``step_images`` (naming :data:`STEP_IMAGES_KEY`), or the ground truth is
@@ -188,9 +192,10 @@ def step_shapes(
             f"{STEP_IMAGES_KEY}: the compiled step was built for {tuple(step_images)} (cameras, height, width), a "
             f"batch has {(n, h, w)}; set {STEP_IMAGES_KEY}=[{n}, {h}, {w}]"
         )
-    targets = target_bucket(batch.gt_boxes.max_size, max_targets)
-    target_bucket(batch.gt_boxes_2d.max_size, max_targets, "gt_boxes_2d")  # the 2D boxes: the error only
-    return next(s for s in step_buckets(max_targets, chosen) if s.targets >= targets)
+    target_bucket(batch.gt_boxes.max_size, max_targets)  # beyond the largest: the error naming the key
+    target_bucket(batch.gt_boxes_2d.max_size, max_targets, "gt_boxes_2d")
+    count = max(batch.gt_boxes.max_size, batch.gt_boxes_2d.max_size)
+    return next(s for s in step_buckets(max_targets, chosen) if s.targets >= count)
 
 
 def step_batch(batch: Batch, shapes: StepShapes, mean: torch.Tensor, std: torch.Tensor) -> Batch:
