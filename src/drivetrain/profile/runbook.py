@@ -194,7 +194,7 @@ _BOOK: list[tuple[str, int, int, str | None, tuple, tuple | None]] = [
      "model.args.window=false --compare speed.compile_step=true speed.compile_step_mode=reduce-overhead"), None),
     # Part 6: the same compare at StreamPETR's published config, a lease of its own (its cold compiles do not fit
     # beside part 5's): the static path on both sides (model.args.static_targets), the ground-truth buckets 32 and 64
-    # (model.args.step_targets; the synthetic frames hold ~30-40 boxes; 8 and 16 would be two more cold compiles),
+    # (model.args.step_targets; the synthetic frames hold 21-44 boxes; 8 and 16 would be two more cold compiles),
     # fp16 from a loss scale of 2^10 as train-streampetr-full. Unmeasured: the eager run (~60 s, as train-streampetr-
     # full) + 2 cold buckets of ResNet-50, 6 decoder layers and both losses, forward and backward (~90 s each, an
     # estimate) + recording; the cap about 1.5 times that, inside the part's budget.
