@@ -7,6 +7,7 @@ the dense assignment at one ground-truth bucket (``window=false``, ``max_targets
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -175,3 +176,49 @@ def test_streampetrs_compiled_step_carries_its_memory_and_resumes_exactly(synth_
     _train(capfd, _spetr_argv(eager, synth_root, "train.steps=1", compiled=False))
     rtol = 2 * 2 * 6 * 64 * torch.finfo(torch.float32).eps / 2
     torch.testing.assert_close(losses(straight)[0], losses(eager)[0], rtol=rtol, atol=0.0)
+
+
+class _Dropping(torch.nn.Module):
+    """A StaticStep model with one bucket whose step is a linear layer under dropout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(64, 64)
+
+    def forward(self, batch):
+        return torch.nn.functional.dropout(self.linear(batch), 0.5, self.training)
+
+    def loss(self, outputs, batch):
+        return {"loss": outputs.square().mean()}
+
+    def step_buckets(self, batch_size):
+        return (0,)
+
+    def step_shapes(self, batch):
+        return 0
+
+    def step_inputs(self, batch, shapes, batch_size, device):
+        return (torch.ones(batch_size, 64, device=device) if batch is None else batch,)
+
+    def step_loss(self, batch):
+        return self.loss(self(batch), batch)
+
+
+def test_the_inductor_step_draws_dropout_as_the_eager_step_does():
+    """With inductor the step graph draws its random numbers with torch's generator in the eager order
+    (``fallback_random``): from the same RNG state, the compiled step's loss is the eager step's (inductor's own
+    generator would draw other masks, of the same distribution)."""
+    from drivetrain.engine.build import StepGraph
+
+    torch.manual_seed(0)
+    model = _Dropping().train()
+    graph = StepGraph(model, "inductor", 8, torch.device("cpu"))
+    graph.compile_all(lambda line: None, contextlib.nullcontext)
+    batch = torch.randn(8, 64)
+    state = torch.get_rng_state()
+    compiled = graph(batch)["loss"]
+    torch.set_rng_state(state)
+    eager = model.step_loss(batch)["loss"]
+    # the same masks and the same sums, up to the order inductor sums 8·64 squares in: rtol 2n·u
+    torch.testing.assert_close(compiled, eager, rtol=2 * 8 * 64 * torch.finfo(torch.float32).eps / 2, atol=0.0)
+    assert graph.compiles_in_steps == 0
