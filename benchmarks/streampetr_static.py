@@ -2,9 +2,10 @@
 same batches, interleaved step by step: the eager batched path, the static path (``model.args.static_targets``)
 eager, and the compiled step the trainer runs with ``speed.compile_step`` (``model.step_loss`` on
 ``model.step_inputs``: the batch padded to its bucket, the memory bank passed in and written back in place;
-``torch.compile(fullgraph=True, dynamic=False)``, inductor with ``fallback_random``, as the trainer compiles it: the
-graph's dropout and denoising noise drawn by torch's eager generator); with ``--inductor-random`` also that step with
-inductor's own generated random numbers. Each is split into forward with loss and backward (medians of each apart).
+``torch.compile(fullgraph=True, dynamic=False)``, inductor with ``fallback_random`` and ``cpp_wrapper``, as the trainer
+compiles it on a CPU: the graph's dropout and denoising noise drawn by torch's eager generator); with
+``--inductor-random`` also that step with inductor's own generated random numbers. Each is split into forward with
+loss and backward (medians of each apart).
 
 The variants run round-robin, one step each per round, so that a shared machine's load falls on all of them alike (a
 sequential A-then-B comparison on a CPU shared with other jobs measures the load as much as the step). The batches
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             with torch.no_grad():
                 model(batches[0])  # the memory bank past its first (empty) frame, as the compiled ones below
         else:
-            options = {"fallback_random": name == COMPILED}
+            options = {"fallback_random": name == COMPILED, "cpp_wrapper": True}  # as engine.build.StepGraph
             fn = torch.compile(model.step_loss, fullgraph=True, dynamic=False, backend="inductor", options=options)
 
             def step(b, model=model, fn=fn):
@@ -121,8 +122,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     result.extra["compile_s"] = compile_seconds
     result.notes.append(
         f"reference = {EAGER} (the batched path), batched = {COMPILED} (model.step_loss on model.step_inputs, what "
-        f"speed.compile_step runs: torch.compile fullgraph, inductor, fallback_random); {STATIC}: the padded step "
-        "without compiling"
+        f"speed.compile_step runs: torch.compile fullgraph, inductor, fallback_random, cpp_wrapper); {STATIC}: the "
+        "padded step without compiling"
         + (f"; {INDUCTOR_RNG}: without fallback_random" if opts.inductor_random else "")
         + ". Variants interleaved step by step. No optimizer step."
     )
