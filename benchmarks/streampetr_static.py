@@ -10,8 +10,8 @@ loss and backward (medians of each apart).
 The variants run round-robin, one step each per round, so that a shared machine's load falls on all of them alike (a
 sequential A-then-B comparison on a CPU shared with other jobs measures the load as much as the step). The batches
 are ``--batches`` consecutive pairs of ``configs/streampetr_tiny.yaml``'s synthetic set (``--root``), cycled; every
-bucket of the compiled step (``model.args.step_targets``, default 32 and 64: the set's frames hold ~30–40 boxes) is
-compiled before timing (compile seconds per variant printed). Medians over ``--repeat`` rounds, one thread by default
+bucket of the compiled step (``--step-targets``, default the config's ``model.args.step_targets``: 32, 40, 48, 64;
+the set's frames hold 21–44 boxes) is compiled before timing (compile seconds per variant printed). Medians over ``--repeat`` rounds, one thread by default
 (``--threads``).
 
 Run: ``drivetrain bench streampetr_static [--root data/synth-tiny] [--repeat 10] [--dropout 0] [--inductor-random]
@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--batches", type=int, default=4, help="consecutive batch pairs, cycled (default: 4)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     parser.add_argument("--dropout", type=float, default=None, help="replace the config's decoder dropout (0.1)")
-    parser.add_argument("--step-targets", default="32,64", help="the compiled step's G buckets (default: 32,64)")
+    parser.add_argument("--step-targets", default=None, help="the compiled step's G buckets, e.g. 32,64 (default: "
+                        "the config's model.args.step_targets)")  # fmt: skip
     parser.add_argument("--inductor-random", action="store_true", help="also the step with inductor's own RNG")
     opts = parser.parse_args(argv)
     device = setup_bench(opts)
@@ -54,7 +55,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     torch.manual_seed(opts.seed)
     torch.set_num_threads(opts.threads)
     config = yaml.safe_load((ROOT / "configs" / "streampetr_tiny.yaml").read_text())["model"]["args"]
-    args = {**config, "step_targets": tuple(int(g) for g in opts.step_targets.split(","))}
+    chosen = opts.step_targets.split(",") if opts.step_targets else config.get("step_targets", ())
+    args = {**config, "step_targets": tuple(int(g) for g in chosen)}
     if opts.dropout is not None:
         args["dropout"] = opts.dropout
     ds = frames(str(Path(opts.root) / "drivetrain_index.npz"), split="mini_train")
