@@ -11,8 +11,8 @@ The variants run round-robin, one step each per round, so that a shared machine'
 sequential A-then-B comparison on a CPU shared with other jobs measures the load as much as the step). The batches
 are ``--batches`` consecutive pairs of ``configs/streampetr_tiny.yaml``'s synthetic set (``--root``), cycled; every
 bucket of the compiled step (``--step-targets``, default the config's ``model.args.step_targets``: 32, 40, 48, 64;
-the set's frames hold 21–44 boxes) is compiled before timing (compile seconds per variant printed). Medians over ``--repeat`` rounds, one thread by default
-(``--threads``).
+the set's frames hold 21–44 boxes) is compiled before timing (compile seconds per variant printed). Medians over
+``--repeat`` rounds, one thread by default (``--threads``).
 
 Run: ``drivetrain bench streampetr_static [--root data/synth-tiny] [--repeat 10] [--dropout 0] [--inductor-random]
 [--save]``.
