@@ -23,10 +23,14 @@ maps an eager draw into the static layout for the equality tests.
 A batch whose ``G`` is beyond the largest bucket (the bucket of ``model.args.max_targets``) is one ``ValueError``
 naming ``model.args.max_targets``; it is raised from the shape alone (no host read).
 
-A compiled step (``speed.compile_step``) should be fed batches padded before the graph (:func:`pad_targets` is then
-a no-op inside it): its inputs then have bucket shapes only, one graph per bucket (plus one for the memory bank's
-first, empty frame). Padding inside the graph traces too, without a break, but the input's raw ``G`` is then a
-shape dynamo guards: a graph per distinct ``G``.
+The compiled step (``speed.compile_step``, :class:`~drivetrain.engine.protocol.StaticStep`; the functions below the
+padding ones) pads before the graph: :func:`step_shapes` picks the batch's bucket among :func:`step_buckets`
+(``model.args.step_targets``: the solver's buckets or finer ones, multiples of 8; the 2D boxes at the same length),
+:func:`step_batch` pads the batch to it (and normalises the images), and the graph takes it as given, so its inputs
+have bucket shapes only: one graph per bucket, the memory bank's empty first frame included (the model passes the
+bank in as fixed-shape tensors, :meth:`~.detector.StreamPETR.step_inputs`). :func:`empty_batch` is a batch at a
+bucket for compiling it before the first step. Padding inside the graph traces too, without a break, but the
+input's raw ``G`` is then a shape dynamo guards: a graph per distinct ``G``.
 """
 
 from __future__ import annotations
