@@ -15,6 +15,11 @@ and the pose that takes the entry's frame to the current lidar frame ``(4, 4)``.
   everything moves to the global frame (``ego_pose``) and ages become ``−timestamp``, so that the next
   ``pre_update`` turns them into ages again.
 
+Both updates are also functions of a :class:`MemoryState` (:meth:`MemoryBank.aligned`, :meth:`MemoryBank.appended`),
+which the methods above apply to the tensors the bank holds; the compiled training step (``speed.compile_step``)
+calls them on tensors of fixed shape ``(B, K+M, ·)`` passed into its graph and written back in place, the empty bank
+as zeros with a ``filled`` flag of 0 (:meth:`~.detector.StreamPETR.step_inputs`).
+
 Mirrors ``StreamPETRHead.reset_memory``, ``pre_update_memory`` and ``post_update_memory`` of StreamPETR
 (``projects/mmdet3d_plugin/models/dense_heads/streampetr_head.py``) with ``memory_refresh``,
 ``topk_gather`` and ``transform_reference_points`` of ``projects/mmdet3d_plugin/models/utils/misc.py``.
