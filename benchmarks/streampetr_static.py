@@ -1,16 +1,21 @@
-"""StreamPETR tiny's training step (forward with targets, both losses, backward; no optimizer step) three ways on the
-same batches: the eager batched path, the static path (``model.args.static_targets``) eager, and the static path
-compiled as one graph (``torch.compile(fullgraph=True)``, inductor; batches padded to their buckets before the graph).
-Each is split into forward with loss and backward (medians of each apart).
+"""StreamPETR tiny's training step (forward with targets, both losses, backward; no optimizer step) several ways on the
+same batches, interleaved step by step: the eager batched path, the static path (``model.args.static_targets``)
+eager, and the compiled step the trainer runs with ``speed.compile_step`` (``model.step_loss`` on
+``model.step_inputs``: the batch padded to its bucket, the memory bank passed in and written back in place;
+``torch.compile(fullgraph=True, dynamic=False)``, inductor with ``fallback_random`` and ``cpp_wrapper``, as the trainer
+compiles it on a CPU: the graph's dropout and denoising noise drawn by torch's eager generator); with
+``--inductor-random`` also that step with inductor's own generated random numbers. Each is split into forward with
+loss and backward (medians of each apart).
 
-The batches are ``--batches`` consecutive pairs of ``configs/streampetr_tiny.yaml``'s synthetic set (``--root``),
-cycled; every bucket they reach is compiled before timing (compile seconds per graph printed), and the memory bank is
-warmed by one eager step first so that the compiled step never meets the empty-memory branch, and every batch runs
-twice before timing (the batches are reused: the second call finds the ragged masks cached by the first, which dynamo
-guards; a trainer's fresh batch never has them). Medians over
-``--repeat`` steps, one thread by default (``--threads``).
+The variants run round-robin, one step each per round, so that a shared machine's load falls on all of them alike (a
+sequential A-then-B comparison on a CPU shared with other jobs measures the load as much as the step). The batches
+are ``--batches`` consecutive pairs of ``configs/streampetr_tiny.yaml``'s synthetic set (``--root``), cycled; every
+bucket of the compiled step (``--step-targets``, default the config's ``model.args.step_targets``: 32, 40, 48, 64;
+the set's frames hold 21–44 boxes) is compiled before timing (compile seconds per variant printed). Medians over
+``--repeat`` rounds, one thread by default (``--threads``).
 
-Run: ``drivetrain bench streampetr_static [--root data/synth-tiny] [--repeat 10] [--dropout 0] [--save]``.
+Run: ``drivetrain bench streampetr_static [--root data/synth-tiny] [--repeat 10] [--dropout 0] [--inductor-random]
+[--save]``.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from drivetrain.models.streampetr.static import pad_targets
 from drivetrain.profile import BenchResult, Row, add_bench_arguments, device_name, emit, setup_bench
 
 ROOT = Path(__file__).resolve().parents[1]
-EAGER, STATIC, COMPILED = "eager", "static eager", "static compiled"
+EAGER, STATIC, COMPILED, INDUCTOR_RNG = "eager", "static eager", "static compiled", "static compiled, inductor RNG"
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -40,77 +45,89 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--batches", type=int, default=4, help="consecutive batch pairs, cycled (default: 4)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     parser.add_argument("--dropout", type=float, default=None, help="replace the config's decoder dropout (0.1)")
+    parser.add_argument("--step-targets", default=None, help="the compiled step's G buckets, e.g. 32,64 (default: "
+                        "the config's model.args.step_targets)")  # fmt: skip
+    parser.add_argument("--inductor-random", action="store_true", help="also the step with inductor's own RNG")
     opts = parser.parse_args(argv)
     device = setup_bench(opts)
     if device.type != "cpu":
         raise SystemExit("--device: this benchmark times the static step on the CPU; on CUDA use bench train --compare")
     torch.manual_seed(opts.seed)
     torch.set_num_threads(opts.threads)
-    args = yaml.safe_load((ROOT / "configs" / "streampetr_tiny.yaml").read_text())["model"]["args"]
+    config = yaml.safe_load((ROOT / "configs" / "streampetr_tiny.yaml").read_text())["model"]["args"]
+    chosen = opts.step_targets.split(",") if opts.step_targets else config.get("step_targets", ())
+    args = {**config, "step_targets": tuple(int(g) for g in chosen)}
     if opts.dropout is not None:
         args["dropout"] = opts.dropout
     ds = frames(str(Path(opts.root) / "drivetrain_index.npz"), split="mini_train")
     batches = [ds.collate([ds[2 * i], ds[2 * i + 1]]) for i in range(opts.batches)]
+    names = [EAGER, STATIC, COMPILED] + ([INDUCTOR_RNG] if opts.inductor_random else [])
 
     def model_of(static: bool) -> StreamPETR:
         torch.manual_seed(opts.seed)
         return StreamPETR(**{**args, "static_targets": static}).train()
 
-    def timed(model: StreamPETR, step, feed: list, repeat: int) -> tuple[list[float], list[float]]:
-        forward, backward = [], []
-        for i in range(repeat):
-            batch = feed[i % len(feed)]
+    steps, compile_seconds = {}, {}
+    for name in names:
+        model = model_of(name != EAGER)
+        if name in (EAGER, STATIC):
+
+            def step(b, model=model, pad=name == STATIC):
+                b = pad_targets(b, model.args.max_targets) if pad else b
+                return weighted_total(model.loss(model(b), b), model.loss_weights)
+
+            with torch.no_grad():
+                model(batches[0])  # the memory bank past its first (empty) frame, as the compiled ones below
+        else:
+            options = {"fallback_random": name == COMPILED, "cpp_wrapper": True}  # as engine.build.StepGraph
+            fn = torch.compile(model.step_loss, fullgraph=True, dynamic=False, backend="inductor", options=options)
+
+            def step(b, model=model, fn=fn):
+                inputs = model.step_inputs(b, model.step_shapes(b), b.batch_size, device)
+                return weighted_total(fn(*inputs), model.loss_weights)
+
+            start = time.perf_counter()
+            for shapes in model.step_buckets(len(batches[0].sample_tokens)):  # every bucket, as the trainer does
+                terms = fn(*model.step_inputs(None, shapes, len(batches[0].sample_tokens), device))
+                weighted_total(terms, model.loss_weights).backward()
+            compile_seconds[name] = round(time.perf_counter() - start, 1)
+            print(f"{name}: {len(model.step_buckets(2))} bucket(s) compiled in {compile_seconds[name]} s", flush=True)
+            model.zero_grad(set_to_none=True)
+            step(batches[0])  # the memory bank past its first (empty) frame
+        steps[name] = (model, step)
+
+    samples: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in names}
+    for i in range(opts.warmup * len(batches) + opts.repeat):  # round-robin: one step of each variant per round
+        batch = batches[i % len(batches)]
+        for name in names:
+            model, step = steps[name]
             model.zero_grad(set_to_none=True)
             start = time.perf_counter()
             loss = step(batch)
             middle = time.perf_counter()
             loss.backward()
-            forward.append(1e3 * (middle - start))
-            backward.append(1e3 * (time.perf_counter() - middle))
-        return forward, backward
-
-    samples: dict[str, tuple[list[float], list[float]]] = {}
-    compile_seconds: list[float] = []
-    for name in (EAGER, STATIC, COMPILED):
-        model = model_of(name != EAGER)
-        feed = [pad_targets(b, model.args.max_targets) for b in batches] if name != EAGER else batches
-
-        def step(b, model=model):
-            return weighted_total(model.loss(model(b), b), model.loss_weights)
-
-        with torch.no_grad():
-            model(feed[0])  # the memory bank past its first (empty) frame
-        if name == COMPILED:
-            torch._dynamo.reset()
-            step = torch.compile(step, fullgraph=True)
-            seen = set()
-            for b in feed:  # every bucket compiled before timing
-                shape = (b.gt_boxes.max_size, b.gt_boxes_2d.max_size)
-                if shape in seen:
-                    continue
-                seen.add(shape)
-                start = time.perf_counter()
-                step(b).backward()
-                compile_seconds.append(round(time.perf_counter() - start, 1))
-                print(f"compiled bucket {shape}: {compile_seconds[-1]} s", flush=True)
-        for _ in range(opts.warmup):  # every batch (its second call finds its ragged masks cached: a guard)
-            timed(model, step, feed, len(feed))
-        samples[name] = timed(model, step, feed, opts.repeat)
+            if i >= opts.warmup * len(batches):
+                samples[name][0].append(1e3 * (middle - start))
+                samples[name][1].append(1e3 * (time.perf_counter() - middle))
     totals = {name: [f + b for f, b in zip(*pair, strict=True)] for name, pair in samples.items()}
     config = {"config": "configs/streampetr_tiny.yaml", "dropout": args["dropout"], "batches": opts.batches,
               "threads": opts.threads, "repeat": opts.repeat, "warmup": opts.warmup, "seed": opts.seed,
+              "step_targets": list(args["step_targets"]), "interleaved": True,
               "G": [b.gt_boxes.max_size for b in batches],
               "G_2d": [b.gt_boxes_2d.max_size for b in batches]}  # fmt: skip
     result = BenchResult("streampetr_static", device_name(device), config)
     for part, index in (("step (forward + loss + backward)", None), ("forward + loss", 0), ("backward", 1)):
         pick = (lambda name: totals[name]) if index is None else (lambda name, i=index: samples[name][i])
         result.add(Row.from_samples(part, pick(EAGER), pick(COMPILED), baseline=EAGER,
-                                    variants={n: statistics.median(pick(n)) for n in (EAGER, STATIC, COMPILED)},
-                                    variants_max={n: max(pick(n)) for n in (EAGER, STATIC, COMPILED)}))  # fmt: skip
+                                    variants={n: statistics.median(pick(n)) for n in names},
+                                    variants_max={n: max(pick(n)) for n in names}))  # fmt: skip
     result.extra["compile_s"] = compile_seconds
     result.notes.append(
-        f"reference = {EAGER} (the batched path), batched = {COMPILED} (model.args.static_targets, padded before the "
-        f"graph, torch.compile fullgraph, inductor); {STATIC}: the padded step without compiling. No optimizer step."
+        f"reference = {EAGER} (the batched path), batched = {COMPILED} (model.step_loss on model.step_inputs, what "
+        f"speed.compile_step runs: torch.compile fullgraph, inductor, fallback_random, cpp_wrapper); {STATIC}: the "
+        "padded step without compiling"
+        + (f"; {INDUCTOR_RNG}: without fallback_random" if opts.inductor_random else "")
+        + ". Variants interleaved step by step. No optimizer step."
     )
     emit(result, opts, chart=False)
     return 0

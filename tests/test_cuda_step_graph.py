@@ -1,6 +1,7 @@
 """``speed.compile_step_mode: reduce-overhead`` on CUDA (:mod:`drivetrain.engine.build`): PointPillars' compiled step
 replayed as CUDA graphs (inductor's cudagraph trees) equals the eager step over batches that cross buckets, records
-each bucket's graphs once, reuses one memory pool, and resumes exactly (2 + 2 steps = 4).
+each bucket's graphs once, reuses one memory pool, and resumes exactly (2 + 2 steps = 4); StreamPETR's step, whose
+memory bank the graph writes in place, is replayed too.
 
 The runs use PointPillars tiny with the dense assignment (``window=false``) and one voxel bucket at ``max_voxels``
 (``step_voxels=8000``, no voxel ladder): ``max_targets=128`` gives two buckets,
@@ -184,3 +185,28 @@ def test_the_replayed_step_resumes_exactly(synth_root, synth_index, tmp_path, ca
     assert losses(split) == losses(straight)
     want, got = final_state(straight)["model"], final_state(split)["model"]
     assert all(torch.equal(got[key], value) for key, value in want.items())
+
+
+def test_streampetrs_step_is_replayed_with_its_memory_bank_written_in_place(synth_root, synth_index, tmp_path, capfd):
+    """StreamPETR's compiled step writes its memory bank's tensors in place, inputs marked static
+    (``_static_address``): nothing keeps the step off the CUDA graphs (cudagraph trees skip a graph that mutates any
+    other input), nothing compiles inside the 4 steps, and the bank the run ends with holds the last frames."""
+    from torch._dynamo.utils import counters
+
+    from drivetrain.cli.main import main
+    from helpers.streampetr import SMALL
+
+    args = {**SMALL, "static_targets": True, "step_images": [6, 90, 160], "step_targets": [64]}
+    data = {"index": str(synth_root / "drivetrain_index.npz"), "split": "mini_train"}
+    skips = counters["inductor"]["cudagraph_skips"]
+    capfd.readouterr()
+    argv = ["train", "--config", str(ROOT / "configs" / "streampetr_tiny.yaml"), f"run.out_dir={tmp_path}", *QUIET,
+            "data.name=frames", f"data.args={json.dumps(data)}", f"model.args={json.dumps(args)}",
+            "data.batch_size=2", "train.steps=4", *GRAPHED[:3], "train.device=cuda",
+            "run.deterministic=true"]  # fmt: skip
+    assert main(argv) == 0
+    err = capfd.readouterr().err
+    assert "inside steps" not in err and counters["inductor"]["cudagraph_skips"] == skips, err
+    assert all(torch.isfinite(torch.tensor(loss)) for loss in losses(tmp_path))
+    memory = final_state(tmp_path)["model"]["memory._extra_state"]
+    assert memory["embedding"].abs().sum() > 0

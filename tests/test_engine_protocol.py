@@ -50,7 +50,7 @@ def _model(config: str, *overrides: str) -> torch.nn.Module:
         (
             "streampetr_tiny.yaml",
             (),
-            {Model, WeightedLoss, LossCounts, Detector, Sensors, FrozenEncoder, MatchedQueries},
+            {Model, WeightedLoss, LossCounts, Detector, Sensors, FrozenEncoder, MatchedQueries, StaticStep},
         ),
         ("pointpillars_tiny.yaml", (), {Model, WeightedLoss, Detector, Sensors, TTADetector, VoxelModel, StaticStep}),
         ("ssn_tiny.yaml", (), {Model, WeightedLoss, Detector, Sensors, TTADetector, VoxelModel, StaticStep}),

@@ -21,6 +21,7 @@ from drivetrain.engine.config import ConfigError, load_config
 from drivetrain.engine.trainer import Trainer
 from helpers.engine import final_state, losses
 from helpers.nosync import allow_host_sync
+from helpers.streampetr import SMALL
 from test_engine_step_syncs import _watched
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,6 +186,7 @@ def test_compile_step_names_the_argument_a_model_cannot_compile_with(tmp_path):
             r"speed\.compile_step: needs distributed\.strategy none or ddp, got fsdp: FSDP2 gathers each unit's ",
         ),
         (["speed.compile=['']"], r"speed\.compile_step: not with speed\.compile: "),
+        (["speed.encoder_overlap=true"], r"speed\.encoder_overlap: not with speed\.compile_step: the compiled step "),
         (["speed.compile_step_backend="], r"speed\.compile_step_backend: must name a torch\.compile backend$"),
         (["speed.compile_step_mode=fast"], r"speed\.compile_step_mode: expected one of 'default', 'reduce-overhead'"),
         (
@@ -240,3 +242,88 @@ def test_reduce_overhead_refuses_an_accumulation_derived_from_the_global_batch()
         ConfigError, match=r"speed\.compile_step_mode: reduce-overhead needs train\.accumulation 1, got 4"
     ):
         with_global_batch(cfg, 1)
+
+
+# ------------------------------------------------------------------------------------------------------ StreamPETR
+SPETR = ROOT / "configs" / "streampetr_tiny.yaml"
+SPETR_GRAPH = {**SMALL, "static_targets": True, "step_images": [6, 90, 160], "step_targets": [64]}  # one bucket
+
+
+def _spetr_argv(out: Path, synth_root: Path, *extra: str, compiled: bool = True) -> list[str]:
+    data = {"index": str(synth_root / "drivetrain_index.npz"), "split": "mini_train"}
+    step = ["speed.compile_step=true", "speed.compile_step_backend=aot_eager"] if compiled else []
+    return ["train", "--config", str(SPETR), f"run.out_dir={out}", *QUIET, "data.name=frames",
+            f"data.args={json.dumps(data)}", f"model.args={json.dumps(SPETR_GRAPH)}", "data.batch_size=2",
+            "checkpoint.every=2", "train.device=cpu", "run.deterministic=true", *step, *extra]  # fmt: skip
+
+
+@pytest.mark.slow  # ~60 s: four trainer runs, three compiles (the step itself: test_models_streampetr_static.py)
+def test_streampetrs_compiled_step_carries_its_memory_and_resumes_exactly(synth_root, synth_index, tmp_path, capfd):
+    """StreamPETR through ``speed.compile_step`` (its memory bank passed into the graph and written back in place):
+    its one bucket compiled before step 1, nothing inside the 4 steps (their memory, their scene starts), 2 + 2 steps
+    bit-equal to 4 (weights and every stream's memory), and the first step's loss the eager static path's."""
+    straight, split, eager = tmp_path / "straight", tmp_path / "split", tmp_path / "eager"
+    err = _train(capfd, _spetr_argv(straight, synth_root, "train.steps=4"))
+    buckets = [line for line in err.splitlines() if line.startswith("speed.compile_step: bucket ")]
+    assert len(buckets) == 1 and "targets=64" in buckets[0], err
+    assert "inside steps" not in err
+    first = _train(capfd, _spetr_argv(split, synth_root, "train.steps=2"))
+    resumed = _train(capfd, [*_spetr_argv(split, synth_root, "train.steps=4"), "--resume", "auto"])
+    assert "inside steps" not in first + resumed
+    assert losses(split) == losses(straight)
+    want, got = final_state(straight)["model"], final_state(split)["model"]
+    memory = want["memory._extra_state"]  # the bank's tensors, (B, K+M, ·) each
+    assert memory and all(torch.equal(got["memory._extra_state"][name], value) for name, value in memory.items())
+    assert all(torch.equal(got[key], value) for key, value in want.items() if isinstance(value, torch.Tensor))
+    # The same first step eagerly (same weights, batch and random draws): the terms differ only where the compiled
+    # step pads the 2D boxes further (to 64 per image, the eager static path to their own bucket), a reordered float32
+    # sum of at most n = B·N·64 non-negative elements in the focal head's box terms: rtol 2n·u.
+    _train(capfd, _spetr_argv(eager, synth_root, "train.steps=1", compiled=False))
+    rtol = 2 * 2 * 6 * 64 * torch.finfo(torch.float32).eps / 2
+    torch.testing.assert_close(losses(straight)[0], losses(eager)[0], rtol=rtol, atol=0.0)
+
+
+class _Dropping(torch.nn.Module):
+    """A StaticStep model with one bucket whose step is a linear layer under dropout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(64, 64)
+
+    def forward(self, batch):
+        return torch.nn.functional.dropout(self.linear(batch), 0.5, self.training)
+
+    def loss(self, outputs, batch):
+        return {"loss": outputs.square().mean()}
+
+    def step_buckets(self, batch_size):
+        return (0,)
+
+    def step_shapes(self, batch):
+        return 0
+
+    def step_inputs(self, batch, shapes, batch_size, device):
+        return (torch.ones(batch_size, 64, device=device) if batch is None else batch,)
+
+    def step_loss(self, batch):
+        return self.loss(self(batch), batch)
+
+
+def test_the_inductor_step_draws_dropout_as_the_eager_step_does():
+    """With inductor the step graph draws its random numbers with torch's generator in the eager order
+    (``fallback_random``): from the same RNG state, the compiled step's loss is the eager step's (inductor's own
+    generator would draw other masks, of the same distribution)."""
+    from drivetrain.engine.build import StepGraph
+
+    torch.manual_seed(0)
+    model = _Dropping().train()
+    graph = StepGraph(model, "inductor", 8, torch.device("cpu"))
+    graph.compile_all(lambda line: None, contextlib.nullcontext)
+    batch = torch.randn(8, 64)
+    state = torch.get_rng_state()
+    compiled = graph(batch)["loss"]
+    torch.set_rng_state(state)
+    eager = model.step_loss(batch)["loss"]
+    # the same masks and the same sums, up to the order inductor sums 8·64 squares in: rtol 2n·u
+    torch.testing.assert_close(compiled, eager, rtol=2 * 8 * 64 * torch.finfo(torch.float32).eps / 2, atol=0.0)
+    assert graph.compiles_in_steps == 0

@@ -259,3 +259,80 @@ def test_a_batch_beyond_the_largest_bucket_is_one_error_naming_the_key(train_fra
     with pytest.raises(ValueError, match="static_targets: needs impl 'batched'"):
         model_of(static_targets=True, impl="reference")
     assert model_of().path is BATCHED  # off by default
+
+
+# -------------------------------------------------------------------------------------------- the compiled step
+STEP_ARGS = {"static_targets": True, "step_images": (6, 90, 160), "step_targets": (64,)}  # the test frames; 1 bucket
+
+
+def stream(ds) -> list:
+    """Four frames of two batch slots: both scenes' first frames (the empty bank), their next two, then slot 0
+    starting the second scene again mid-stream (a reset beside a slot that keeps its memory)."""
+    frames_ = [ds.collate([ds[a], ds[b]]) for a, b in ((0, 3), (1, 4), (2, 5))]
+    restart = ds.collate([ds[3], ds[2]])
+    restart = dataclasses.replace(restart, prev_exists=torch.tensor([False, True]))
+    assert frames_[0].prev_exists.tolist() == [False, False] and frames_[1].prev_exists.all()
+    return [*frames_, restart]
+
+
+@pytest.mark.parametrize("step_targets", [(64,), (48, 64)], ids=["solver-bucket", "finer-bucket"])
+def test_the_step_loss_is_the_eager_forward_and_loss_over_a_stream_of_frames(train_frames, step_targets):
+    """``step_loss`` on :meth:`step_inputs` (the memory bank passed in as fixed ``(B, K+M)`` tensors and written back
+    in place, images normalised before it), called eagerly and compiled (``aot_eager``, ``fullgraph``), against
+    ``forward`` then ``loss`` of the same padded batch over a stream through the empty bank, scene starts and a
+    reset: every term, every gradient and the bank after every frame bit-equal in float32 (the same operations in
+    the same order on the same values; the empty bank's zeros come out signed, which ``torch.equal`` counts equal),
+    and one graph for all four frames. At a bucket that is not the solver's (48: the frames hold up to 41 boxes) the
+    eager side takes the batch at that length as given (its path's padding to 64 left out), as the step does."""
+    args = {**STEP_ARGS, "step_targets": step_targets}
+    eager, stepped, compiled = (model_of(**args) for _ in range(3))
+    if step_targets[0] != 64:
+        eager.path = dataclasses.replace(eager.path, targets=lambda batch, max_targets: batch)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    fn = torch.compile(compiled.step_loss, fullgraph=True, dynamic=False, backend=backend)
+    run = {stepped: stepped.step_loss, compiled: fn}
+    cpu = torch.device("cpu")
+    for i, batch in enumerate(stream(train_frames)):
+        shapes = eager.step_shapes(batch)
+        assert shapes.targets == shapes.targets_2d == step_targets[0]
+        length = shapes.targets
+        padded = {name: pad_ragged(getattr(batch, name), length) for name in ("gt_boxes", "gt_labels", *FIELDS_2D)}
+        padded = dataclasses.replace(batch, **padded)
+        torch.manual_seed(i)
+        want, want_grads = step(eager, padded)
+        for model, call in run.items():
+            torch.manual_seed(i)  # the same DN noise
+            model.zero_grad(set_to_none=True)
+            terms = call(*model.step_inputs(batch, shapes, 2, cpu))
+            weighted_total(terms, model.loss_weights).backward()
+            assert terms.keys() == want.keys()
+            assert all(torch.equal(terms[key].detach(), value) for key, value in want.items()), (i, model is compiled)
+            assert all(torch.equal(p.grad, want_grads[n]) for n, p in model.named_parameters() if p.grad is not None)
+            for name, value in eager.memory.state()._asdict().items():
+                assert torch.equal(getattr(model.memory, name), value), (i, name)
+    torch._dynamo.reset()
+    assert len(graphs) == 1
+
+
+def test_the_compiled_step_names_the_key_of_what_it_cannot_take(train_frames):
+    """A batch beyond the largest bucket, images of another shape, and a model without the static path or with
+    buckets that are not the solver's: one ValueError line naming the config key each."""
+    model = model_of(**STEP_ARGS, max_targets=8)
+    batch = batch_with(train_frames, (0, 3), (13, 9))
+    with pytest.raises(ValueError, match=r"^model\.args\.max_targets: gt_boxes holds up to 13 boxes per sample, "):
+        model.step_shapes(batch)
+    with pytest.raises(ValueError, match=r"^model\.args\.step_images: the compiled step was built for \(6, 90, 170\) "):
+        model_of(**{**STEP_ARGS, "step_images": (6, 90, 170)}).step_shapes(batch)
+    with pytest.raises(ValueError, match=r"^model\.args\.static_targets: the compiled step runs the static path"):
+        model_of().step_buckets(2)
+    with pytest.raises(ValueError, match=r"^model\.args\.step_targets: expected multiples of 8 up to and with the "):
+        model_of(**{**STEP_ARGS, "step_targets": (16, 24)}).step_buckets(2)  # without the largest, 64
+    with pytest.raises(ValueError, match=r"^model\.args\.step_targets: .*, got \[20, 64\]$"):
+        model_of(**{**STEP_ARGS, "step_targets": (20, 64)}).step_buckets(2)
+    assert [s.targets for s in model_of(**{**STEP_ARGS, "step_targets": ()}).step_buckets(2)] == [8, 16, 32, 64]

@@ -252,7 +252,7 @@ def test_part_1_measures_the_three_published_configs_in_the_trainer_and_in_the_i
     assert PART_BUDGET_S[1] <= 540 and PART_BUDGET_S[1] + PART_BUDGET_S[2] <= 810  # with a 1.5-min start: 15 min
 
 
-@pytest.mark.parametrize("part", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("part", [1, 2, 3, 4, 5, 6])
 def test_each_part_is_sized_for_one_device_command_of_at_most_nine_minutes(part):
     steps = select(plan("cuda", "python3", Path("w")), part)
     assert PART_BUDGET_S[part] <= 540
@@ -275,14 +275,15 @@ def test_the_cpu_dry_run_uses_tiny_sizes_small_batches_and_the_cpu(tmp_path):
     skipped = {s.name for s in plan("cpu", "python3", tmp_path) if s.skip}
     full = ("streampetr", "pointpillars", "ssn")
     gpu_only = {"synth-full-704", *(f"iteration-{m}-full" for m in full), *(f"train-{m}-full" for m in full),
-                "synth-full-704-graph", "train-graph-pointpillars-full", "train-graph-ssn-full"}  # fmt: skip
+                "synth-full-704-graph", "train-graph-pointpillars-full", "train-graph-ssn-full",
+                "synth-full-704-graph-camera", "train-graph-streampetr-full"}  # fmt: skip
     assert skipped == gpu_only
     assert {s.name for s in plan("cuda", "python3", tmp_path) if s.skip} == {"train-streampetr-tiny"}
 
 
 def test_part_5_compares_the_eager_step_with_the_replayed_compiled_step_at_the_static_step_configs():
     """Issue 46: eager vs the compiled step replayed as CUDA graphs (bench train --compare), same process, for the
-    published configs whose models have the StaticStep capability (PointPillars, SSN; StreamPETR has none yet), with
+    lidar published configs with the StaticStep capability (PointPillars, SSN; StreamPETR: part 6), with
     the full synthetic set rendered in the part itself (a fresh lease has none)."""
     part5 = select(plan("cuda", "python3", Path("w")), 5)
     assert part5[0].argv[:2] == ("bash", "-c") and "synth-full-704" in part5[0].argv[2]
@@ -295,6 +296,19 @@ def test_part_5_compares_the_eager_step_with_the_replayed_compiled_step_at_the_s
         compared[argv[argv.index("--config") + 1]] = s
     assert set(compared) == {"configs/pointpillars_nus.yaml", "configs/ssn_nus.yaml"}
     assert min(s.priority for s in part5) > max(s.priority for s in select(plan("cuda", "python3", Path("w")), 1))
+
+
+def test_part_6_compares_streampetrs_eager_static_step_with_its_replayed_compiled_step():
+    """StreamPETR's published config, a lease of its own: the full synthetic set rendered first, then the static path
+    (both sides) eager against the compiled step replayed as CUDA graphs."""
+    part6 = select(plan("cuda", "python3", Path("w")), 6)
+    assert part6[0].argv[:2] == ("bash", "-c") and "synth-full-704" in part6[0].argv[2]
+    (compare,) = part6[1:]
+    argv = list(compare.argv)
+    assert argv[argv.index("--config") + 1] == "configs/streampetr_full.yaml"
+    assert "model.args.static_targets=true" in argv[: argv.index("--compare")]
+    tail = argv[argv.index("--compare") + 1 : argv.index("--json")]
+    assert tail == ["speed.compile_step=true", "speed.compile_step_mode=reduce-overhead"]
 
 
 def test_the_host_loader_result_is_named_for_the_gpu_host_only_on_cuda(tmp_path):

@@ -44,7 +44,12 @@ Example:
 
 :func:`build_step_graph` checks the model (one ConfigError line naming ``speed.compile_step`` and the model when it
 lacks the capability) and wraps ``model.step_loss`` in ``torch.compile(fullgraph=True, dynamic=False,
-backend=speed.compile_step_backend)``. Before the first step :meth:`StepGraph.compile_all` runs every bucket of
+backend=speed.compile_step_backend)`` (with inductor, ``fallback_random`` on: the graph's random draws — dropout, a
+model's noise — are torch's eager ones, in the eager step's order, where inductor's per-element generator was measured
+far slower on a CPU: StreamPETR tiny, benchmarks/results/streampetr-static-cpu.md; and on a CPU ``cpp_wrapper``:
+the graph's kernels called from generated C++ rather than Python, which saved ~11 % of that step, at about twice the
+compile time). Before the first step
+:meth:`StepGraph.compile_all` runs every bucket of
 ``model.step_buckets`` once, forward and backward, on an empty batch at that bucket (one line per bucket with its
 seconds, then their total: :attr:`StepGraph.compile_seconds`), then puts back what that run touched: every buffer
 (BatchNorm statistics and counters), the gradients (None) and the RNG states — so a run compiled before its first
@@ -501,7 +506,15 @@ class StepGraph:
         self.model, self.batch_size, self.device = model, batch_size, device
         self.buckets: tuple[Hashable, ...] = tuple(model.step_buckets(batch_size))
         self.replays = mode == "reduce-overhead"  # CUDA graphs: outputs live in the pool until the next replay
-        self.fn = torch.compile(model.step_loss, fullgraph=True, dynamic=False, backend=backend, mode=mode)
+        options = None  # inductor: the mode's options, eager RNG in the graph, on a CPU a C++ wrapper (see above)
+        if backend == "inductor":
+            from torch._inductor import list_mode_options
+
+            extra = {"fallback_random": True, "cpp_wrapper": device.type == "cpu"}
+            options, mode = {**list_mode_options(mode), **extra}, None
+        self.fn = torch.compile(
+            model.step_loss, fullgraph=True, dynamic=False, backend=backend, mode=mode, options=options
+        )
         self.compiles_in_steps = 0
         self.compile_seconds = 0.0  # all buckets' compiles before step 1 (compile_all)
         self.host_batches = False  # the batch stream hands out final host batches (the trainer sets it)

@@ -310,6 +310,11 @@ class SpeedConfig:
             "speed.compile_step_mode",
             f"reduce-overhead needs speed.compile_step_backend inductor, got {self.compile_step_backend}",
         )
+        _check(
+            not (self.encoder_overlap and self.compile_step),
+            "speed.encoder_overlap",
+            "not with speed.compile_step: the compiled step encodes the images inside its graph",
+        )
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,11 @@ priority first: (1) the CUDA tests, in two steps: the device tests, then those t
 each test's outcome streamed into the log as it ends, (2) the solver's kernel shapes (``bench solve``) over the
 synthetic full set, (3) the trainer's own step at the three published configs with a profile of each (``bench
 train --profile``), (4) the full-size iterations, reference vs batched; part 2 the tiny iterations, copy, loss and
-ragged ops; parts 3 and 4 the camera data path, precision, switches, sweeps and the rest, and part 5 the compiled
-step replayed as CUDA graphs against the eager one (``speed.compile_step_mode=reduce-overhead``), for a later
-lease. Each step has the time it is expected to need and a cap; it runs under ``timeout`` with min(cap, what remains
-of the budget − a reserve for packing), and a step expected to need more than what remains is skipped and named
-rather than started and cut.
+ragged ops; parts 3 and 4 the camera data path, precision, switches, sweeps and the rest, and parts 5 (PointPillars,
+SSN) and 6 (StreamPETR) the compiled step replayed as CUDA graphs against the eager one
+(``speed.compile_step_mode=reduce-overhead``), each for a later lease. Each step has the time it is expected to need
+and a cap; it runs under ``timeout`` with min(cap, what remains of the budget − a reserve for packing), and a step
+expected to need more than what remains is skipped and named rather than started and cut.
 ``--part N`` picks one group of steps sized for one device command (:data:`PART_BUDGET_S`); the parts partition
 the steps. Everything a run writes goes into one ``gpu-results.tar.gz`` (kept under the 16 MiB a borrowed machine
 hands back) beside ``summary.md``, both rewritten into ``--out`` before every step (the steps done, the one starting,
@@ -66,7 +66,7 @@ TARBALL = "gpu-results.tar.gz"
 TARBALL_LIMIT = 16 * 1024 * 1024  # the largest file a borrowed machine hands back
 # --budget of each part's device command, wheel install included. A borrowed GPU comes for 15 minutes in all, its
 # start (1–2 min) included: part 1 (9 min) then part 2 (4.5 min) fit one lease; parts 3 and 4 are for a later one.
-PART_BUDGET_S = {1: 540, 2: 270, 3: 540, 4: 540, 5: 540}
+PART_BUDGET_S = {1: 540, 2: 270, 3: 540, 4: 540, 5: 540, 6: 540}
 PARTS = {
     1: "CUDA tests, bench solve, bench train (with its profile) and full-size iterations of the three published "
     "configs",
@@ -76,6 +76,7 @@ PARTS = {
     4: "spare: lidar-data, switches (StreamPETR, VoxelNet), the loader on the host CPU; --full: the whole suite",
     5: "the compiled step replayed as CUDA graphs vs eager (bench train --compare) at the PointPillars and SSN "
     "published configs",
+    6: "the compiled step replayed as CUDA graphs vs eager (bench train --compare) at the StreamPETR published config",
 }
 RESULT = re.compile(r"[a-z0-9][a-z0-9-]*-cuda\.(json|md|png)|data-gpu-host\.(json|md)")
 
@@ -180,12 +181,12 @@ _BOOK: list[tuple[str, int, int, str | None, tuple, tuple | None]] = [
     ("iteration-pointpillars-full", 4, 1, "iteration", (30, 90, "--model pointpillars --size full --batch 4"), None),
     ("iteration-ssn-full", 4, 1, "iteration", (30, 90, "--model ssn --size full --batch 4"), None),
     # Part 5: the compiled step (speed.compile_step) replayed as CUDA graphs against the eager step, same process,
-    # same batches (bench train --compare), at the two published configs with the StaticStep capability (StreamPETR
-    # has none yet). The dense assignment (window=false) and one voxel bucket at max_voxels (step_voxels=30000, no
-    # ladder) on both sides: 2 buckets to compile instead of the windowed voxel ladder's 10. Unmeasured: no inductor
-    # compile of these graphs was ever timed on a GPU; the estimate is the eager
-    # run (~40 s, as train-*-full) + 2 cold buckets × ~60 s + recording; caps about twice that. A lease of its own
-    # (part 1's data are not there on a fresh machine: the synthetic set is rendered again unless there).
+    # same batches (bench train --compare), at the two lidar published configs (StreamPETR's: part 6). The dense
+    # assignment (window=false) and one voxel bucket at max_voxels (step_voxels=30000, no ladder) on both sides: 2
+    # buckets to compile instead of the windowed voxel ladder's 10. Unmeasured: no inductor compile of these graphs was
+    # ever timed on a GPU; the estimate is the eager run (~40 s, as train-*-full) + 2 cold buckets × ~60 s + recording;
+    # caps about twice that. A lease of its own (part 1's data are not there on a fresh machine: the synthetic set is
+    # rendered again unless there).
     ("synth-full-704-graph", 5, 5, "synth", (40, 150, FULL_ROOT), None),
     ("train-graph-pointpillars-full", 5, 5, "train", (200, 400, "--config configs/pointpillars_nus.yaml --steps 12 "
      "--warmup 3 model.args.window=false model.args.step_voxels=30000 --compare speed.compile_step=true "
@@ -193,6 +194,16 @@ _BOOK: list[tuple[str, int, int, str | None, tuple, tuple | None]] = [
     ("train-graph-ssn-full", 5, 5, "train", (220, 400, "--config configs/ssn_nus.yaml --steps 12 --warmup 3 "
      "model.args.window=false model.args.step_voxels=30000 --compare speed.compile_step=true "
      "speed.compile_step_mode=reduce-overhead"), None),
+    # Part 6: the same compare at StreamPETR's published config, a lease of its own (its cold compiles do not fit
+    # beside part 5's): the static path on both sides (model.args.static_targets), the ground-truth buckets 32 and 64
+    # (model.args.step_targets; the synthetic frames hold 21-44 boxes; 8 and 16 would be two more cold compiles),
+    # fp16 from a loss scale of 2^10 as train-streampetr-full. Unmeasured: the eager run (~60 s, as train-streampetr-
+    # full) + 2 cold buckets of ResNet-50, 6 decoder layers and both losses, forward and backward (~90 s each, an
+    # estimate) + recording; the cap about 1.5 times that, inside the part's budget.
+    ("synth-full-704-graph-camera", 5, 6, "synth", (40, 150, FULL_ROOT), None),
+    ("train-graph-streampetr-full", 5, 6, "train", (300, 460, "--config configs/streampetr_full.yaml --steps 12 "
+     "--warmup 3 precision.init_scale=1024 model.args.static_targets=true model.args.step_targets=[32,64] "
+     "--compare speed.compile_step=true speed.compile_step_mode=reduce-overhead"), None),
     # Part 2: the tiny sizes (35, 14 and 19 s then), the packed copy (11 s), the loss and ragged ops (13 s).
     ("iteration-streampetr-tiny", 5, 2, "iteration", (40, 100, "--model streampetr --size tiny --batch 8"),
      (25, 60, "--model streampetr --size tiny --batch 2 --repeat 1 --warmup 0 --scenes 4 --data-root {data}/camera")),

@@ -46,3 +46,5 @@ class StreamPETRArgs:
     compile_loss: bool | dict[str, Any] = False  # both criteria's batched paths through torch.compile (or its args)
     static_targets: bool = False  # pad G, the DN queries and the 2D boxes to buckets (.static; needs impl batched)
     max_targets: int = 64  # static_targets: ground truths per sample (2D boxes per image) the largest bucket holds
+    step_images: tuple[int, ...] = (6, 256, 704)  # speed.compile_step: the images' (cameras, height, width)
+    step_targets: tuple[int, ...] = ()  # speed.compile_step: G buckets, some of the solver's (): all to max_targets

@@ -49,11 +49,11 @@ from drivetrain.models.streampetr.denoising import DNQueries
 from drivetrain.models.streampetr.embedding import MLN, SEGate, nerf_encoding, sine_embedding_1d, sine_embedding_3d
 from drivetrain.models.streampetr.heads import FocalHead, box_codes, class_branch, regression_branch, token_locations
 from drivetrain.models.streampetr.loss import path_of, streampetr_loss
-from drivetrain.models.streampetr.memory import MemoryBank
+from drivetrain.models.streampetr.memory import MEMORY_DTYPES, MemoryBank, MemoryState
 from drivetrain.models.streampetr.position import PositionEmbedding3D
 from drivetrain.models.streampetr.postprocess import decode
 from drivetrain.models.streampetr.recipe import MAX_NUM, MEAN, POST_CENTER_RANGE, SIZE_DIVISOR, STD
-from drivetrain.models.streampetr.static import buckets
+from drivetrain.models.streampetr.static import StepShapes, buckets, empty_batch, step_batch, step_buckets, step_shapes
 from drivetrain.ragged import RaggedBatch
 
 __all__ = ["StreamPETR"]
@@ -155,11 +155,19 @@ class StreamPETR(nn.Module):
         """
         if batch.images is None:
             raise ValueError("batch.images: StreamPETR needs the camera images (the dataset was built without them)")
-        b, n = batch.images.shape[:2]
         # The denoising queries come first: their one host read (the shapes S and T) then waits only for the
         # batch's copy to the device, not for the backbone. Nothing before the decoder draws random numbers, so
         # the noise and the dropout masks are those of the original order (backbone first).
         dn = self._dn_queries(batch) if self.training and self.dn["groups"] > 0 else None
+        self.memory.pre_update(batch.prev_exists, batch.timestamps, batch.ego_pose_inv)
+        outputs, memory = self._frame(batch, dn, self.memory.state())
+        self.memory.set_state(memory)
+        return outputs
+
+    def _frame(self, batch: Batch, dn: DNQueries | None, memory: MemoryState) -> tuple[dict[str, Any], MemoryState]:
+        """The outputs of one frame (:meth:`forward`'s) on the memory ``memory`` brought into it
+        (:meth:`~.memory.MemoryBank.aligned`), and the memory after it (:meth:`~.memory.MemoryBank.appended`)."""
+        b, n = batch.images.shape[:2]
         encoded = batch.encoded  # computed ahead by the trainer (frozen backbone only)
         feats, padded = encoded if encoded is not None else self.encode(batch)  # (B·N, E, h', w')
         fh, fw = feats.shape[-2:]
@@ -171,19 +179,18 @@ class StreamPETR(nn.Module):
         tokens = self.spatial_alignment(self.memory_embed(tokens), cone.to(tokens.dtype))  # (B, N·T, E)
         pos_embed = self.featurized_pe(pos_embed, tokens)  # (B, N·T, E)
 
-        self.memory.pre_update(batch.prev_exists, batch.timestamps, batch.ego_pose_inv)
         pad = 0 if dn is None else dn.reference.shape[1]
         reference = self.reference_points.weight.unsqueeze(0).expand(b, -1, -1)  # (B, Qn, 3)
         if pad:
             reference = torch.cat([dn.reference.to(reference.dtype), reference], dim=1)  # (B, P+Qn, 3)
-        query, query_pos, reference, memory, memory_pos = self._temporal_queries(reference)
+        query, query_pos, reference, keys, keys_pos = self._temporal_queries(reference, memory)
         visible = None if dn is None or dn.attn_mask is None else ~dn.attn_mask  # (P+Q, P+Qn+M) may attend
-        hidden = self.decoder(query, query_pos, tokens, pos_embed, memory, memory_pos, visible)  # (L, B, P+Q, E)
+        hidden = self.decoder(query, query_pos, tokens, pos_embed, keys, keys_pos, visible)  # (L, B, P+Q, E)
         hidden = torch.nan_to_num(hidden)
         cls_logits = self.cls_branch(hidden)  # (L, B, P+Q, C)
         codes = box_codes(self.reg_branch(hidden), reference, self.pc_min, self.pc_size)  # (L, B, P+Q, 10)
-        self.memory.post_update(
-            cls_logits[-1, :, pad:], codes[-1, :, pad:], hidden[-1, :, pad:], batch.timestamps, batch.ego_pose
+        memory = self.memory.appended(
+            memory, cls_logits[-1, :, pad:], codes[-1, :, pad:], hidden[-1, :, pad:], batch.timestamps, batch.ego_pose
         )
         outputs: dict[str, Any] = {"cls_logits": cls_logits[:, :, pad:], "box_codes": codes[:, :, pad:]}
         if pad:
@@ -196,7 +203,7 @@ class StreamPETR(nn.Module):
         if self.focal_head is not None:
             outputs["focal"] = self.focal_head(feats, padded, b)
             outputs["padded_size"] = padded
-        return outputs
+        return outputs, memory
 
     @property
     def frozen_encoder(self) -> bool:
@@ -229,8 +236,9 @@ class StreamPETR(nn.Module):
             x = F.pad(x, (0, pw - w, 0, ph - h))  # (B·N, 3, H', W'), zeros after normalising, as the original
         return self.backbone(x), (pw, ph)
 
-    def _dn_queries(self, batch: Batch) -> DNQueries:
-        batch = self.path.targets(batch, self.args.max_targets)  # padded to buckets on the static path
+    def _dn_queries(self, batch: Batch, padded: bool = False) -> DNQueries:
+        if not padded:  # padded to buckets on the static path (the compiled step's batch is at its bucket already)
+            batch = self.path.targets(batch, self.args.max_targets)
         return self.path.make_dn_queries(
             batch.gt_boxes,
             batch.gt_labels,
@@ -244,17 +252,18 @@ class StreamPETR(nn.Module):
             memory_len=self.memory_len,
         )
 
-    def _temporal_queries(self, reference: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _temporal_queries(self, reference: torch.Tensor, bank: MemoryState) -> tuple[torch.Tensor, ...]:
         """Queries and memory keys aligned in time and ego motion (``temporal_alignment`` of the original).
 
         Args:
             reference: ``(B, P+Qn, 3)`` normalised reference points of the denoising and learned queries.
+            bank: the memory brought into the frame, ``(B, M, ·)``.
 
         Returns:
             ``query`` and ``query_pos`` ``(B, P+Q, E)``, ``reference`` ``(B, P+Q, 3)``, ``memory`` and
             ``memory_pos`` ``(B, M − num_propagated, E)``.
         """
-        bank, p = self.memory, self.num_propagated
+        p = self.num_propagated
         b, q, _ = reference.shape
         query_pos = self.query_embedding(sine_embedding_3d(reference, self.embed_half))  # (B, P+Qn, E)
         query = torch.zeros_like(query_pos)  # (B, P+Qn, E)
@@ -310,12 +319,77 @@ class StreamPETR(nn.Module):
 
     def loss(self, outputs: dict[str, Any], batch: Batch) -> dict[str, torch.Tensor]:
         """Unweighted terms of the 3D head (every layer, denoising) and of the focal head."""
-        batch = self.path.targets(batch, self.args.max_targets)  # padded to buckets on the static path
+        return self._loss(outputs, self.path.targets(batch, self.args.max_targets))  # buckets on the static path
+
+    def _loss(self, outputs: dict[str, Any], batch: Batch) -> dict[str, torch.Tensor]:
+        """:meth:`loss` of a batch padded as its path pads (or the compiled step's, at its bucket)."""
         terms = self.path.loss_3d(self.criterion, outputs, batch)
         if self.focal_criterion is not None:
             padded = dataclasses.replace(batch, image_size=outputs["padded_size"])  # the original's pad_shape
             terms.update(self.path.loss_focal_head(self.focal_criterion, outputs["focal"], padded))
         return terms
+
+    # ------------------------------------------------------------------------------------ the compiled step
+    def step_buckets(self, batch_size: int) -> tuple[StepShapes, ...]:
+        """Every bucket of the compiled training step (``speed.compile_step``; :func:`~.static.step_buckets`): ``G``
+        at each of ``step_targets`` (default: the solver's buckets up to ``max_targets``'s), the 2D boxes per image at
+        the same length.
+
+        Raises:
+            ValueError: without ``static_targets`` (the compiled step is the static path), or with ``step_images``
+                or ``step_targets`` it cannot build, naming the key.
+        """
+        if not self.args.static_targets:
+            raise ValueError("model.args.static_targets: the compiled step runs the static path; set it true")
+        if len(self.args.step_images) != 3:
+            raise ValueError(f"model.args.step_images: expected [cameras, height, width], got {self.args.step_images}")
+        return step_buckets(self.args.max_targets, tuple(self.args.step_targets))
+
+    def step_shapes(self, batch: Batch) -> StepShapes:
+        """The bucket of ``batch`` from its shapes (no host read); a ValueError naming ``model.args.max_targets``
+        beyond the largest, ``model.args.step_images`` for images of another shape."""
+        return step_shapes(batch, self.args.max_targets, self.args.step_images, tuple(self.args.step_targets))
+
+    def step_inputs(
+        self, batch: Batch | None, shapes: StepShapes, batch_size: int, device: torch.device
+    ) -> tuple[Batch, MemoryState, torch.Tensor]:
+        """The arguments of :meth:`step_loss`: the batch padded to ``shapes`` (:func:`~.static.step_batch`; None: an
+        empty one, :func:`~.static.empty_batch`), the memory bank's tensors at their fixed shapes ``(B, K+M, ·)`` and
+        ``filled`` ``(B,)`` float32 (1: they hold the previous frame; 0: the bank is empty, as before the first frame
+        or after a reset). The step writes the next memory into these tensors in place; for an empty batch they are
+        fresh zeros, so compiling a bucket leaves the bank alone."""
+        entries = self.memory.topk + self.memory_len
+        if batch is None:
+            frame = empty_batch(shapes, batch_size, self.args.step_images, device)
+            memory = _static_address(self.memory.empty(batch_size, entries, device))
+            return frame, memory, torch.zeros(batch_size, device=device)
+        frame = step_batch(batch, shapes, self.mean, self.std)
+        if self.memory.embedding is None:  # the first frame: zeros standing for the empty bank, held from now on
+            self.memory.set_state(self.memory.empty(batch_size, entries, device))
+            return frame, _static_address(self.memory.state()), torch.zeros(batch_size, device=device)
+        state = self.memory.state()
+        if state.embedding.shape[:2] != (batch_size, entries):
+            raise ValueError(
+                f"memory: the compiled step holds {batch_size} streams of {entries} entries (topk + memory_len), the "
+                f"bank holds {tuple(state.embedding.shape[:2])}"
+            )
+        pairs = list(zip(state, MEMORY_DTYPES, strict=True))  # the layout and dtypes the graph was compiled for
+        if any(t.dtype != dtype or t.device != device or not t.is_contiguous() for t, dtype in pairs):
+            self.memory.set_state(MemoryState(*(t.to(device, dtype).contiguous() for t, dtype in pairs)))
+        return frame, _static_address(self.memory.state()), torch.ones(batch_size, device=device)
+
+    def step_loss(self, batch: Batch, memory: MemoryState, filled: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The training forward and the unweighted loss terms of :meth:`step_inputs`' arguments — :meth:`forward` then
+        :meth:`loss` on the static path, the memory passed in and written back in place (``memory`` holds the next
+        frame's bank after the call) — one graph without a break or host read under ``torch.compile``."""
+        dn = self._dn_queries(batch, padded=True) if self.training and self.dn["groups"] > 0 else None
+        keep = batch.prev_exists.to(torch.float32)  # (B,)
+        aligned = self.memory.aligned(memory, keep, filled, batch.timestamps, batch.ego_pose_inv)  # (B, M, ·)
+        outputs, after = self._frame(batch, dn, aligned)  # after: (B, K+M, ·)
+        with torch.no_grad():
+            for held, new in zip(memory, after, strict=True):
+                held.copy_(new)
+        return self._loss(outputs, batch)  # the batch at its bucket: no padding to the solver's buckets
 
     def stream_state(self) -> dict[str, torch.Tensor]:
         """The temporal memory of this rank's batch slots (``(B, M, ·)`` tensors; ``{}`` before the first frame)."""
@@ -349,3 +423,14 @@ class StreamPETR(nn.Module):
             post_center_range=POST_CENTER_RANGE,
             score_threshold=score_threshold,
         )
+
+
+def _static_address(memory: MemoryState) -> MemoryState:
+    """``memory`` with its CUDA tensors marked as inputs at a fixed address (``torch._dynamo.mark_static_address``,
+    unguarded): the step writes them in place, and CUDA graph trees replay a graph that mutates an input only when
+    the input is static (the bank's tensors stay the same objects from step to step; a new one, after a resume,
+    makes the bucket record again, it does not compile). CPU tensors are left unmarked."""
+    for tensor in memory:
+        if tensor.is_cuda:
+            torch._dynamo.mark_static_address(tensor)
+    return memory

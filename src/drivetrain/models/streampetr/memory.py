@@ -15,6 +15,11 @@ and the pose that takes the entry's frame to the current lidar frame ``(4, 4)``.
   everything moves to the global frame (``ego_pose``) and ages become ``−timestamp``, so that the next
   ``pre_update`` turns them into ages again.
 
+Both updates are also functions of a :class:`MemoryState` (:meth:`MemoryBank.aligned`, :meth:`MemoryBank.appended`),
+which the methods above apply to the tensors the bank holds; the compiled training step (``speed.compile_step``)
+calls them on tensors of fixed shape ``(B, K+M, ·)`` passed into its graph and written back in place, the empty bank
+as zeros with a ``filled`` flag of 0 (:meth:`~.detector.StreamPETR.step_inputs`).
+
 Mirrors ``StreamPETRHead.reset_memory``, ``pre_update_memory`` and ``post_update_memory`` of StreamPETR
 (``projects/mmdet3d_plugin/models/dense_heads/streampetr_head.py``) with ``memory_refresh``,
 ``topk_gather`` and ``transform_reference_points`` of ``projects/mmdet3d_plugin/models/utils/misc.py``.
@@ -28,16 +33,31 @@ concatenation; the values are the same).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
 from drivetrain.models.streampetr.recipe import PC_RANGE
 
-__all__ = ["MemoryBank"]
+__all__ = ["MEMORY_DTYPES", "MemoryBank", "MemoryState"]
 
 _FIELDS = ("embedding", "reference", "age", "pose", "velocity")
+
+
+class MemoryState(NamedTuple):
+    """The memory's tensors: ``(B, M, E)`` embeddings, ``(B, M, 3)`` reference points (metres), ``(B, M, 1)`` float64
+    ages (seconds), ``(B, M, 4, 4)`` poses and ``(B, M, 2)`` velocities (``M`` entries, newest first)."""
+
+    embedding: torch.Tensor
+    reference: torch.Tensor
+    age: torch.Tensor
+    pose: torch.Tensor
+    velocity: torch.Tensor
+
+
+MEMORY_DTYPES = MemoryState(torch.float32, torch.float32, torch.float64, torch.float32, torch.float32)
+"""The dtype of each memory tensor as :meth:`MemoryBank.pre_update` creates it (ages in float64)."""
 
 
 class MemoryBank(nn.Module):
@@ -85,6 +105,16 @@ class MemoryBank(nn.Module):
         for name in _FIELDS:
             setattr(self, name, None)
 
+    def state(self) -> MemoryState:
+        """The memory as a :class:`MemoryState` (after :meth:`pre_update` or :meth:`post_update`)."""
+        if self.embedding is None:
+            raise RuntimeError("memory: post_update before pre_update")
+        return MemoryState(self.embedding, self.reference, self.age, self.pose, self.velocity)
+
+    def set_state(self, state: MemoryState) -> None:
+        """Hold ``state`` (what :meth:`aligned` or :meth:`appended` returned)."""
+        self.embedding, self.reference, self.age, self.pose, self.velocity = state
+
     def pre_update(self, prev_exists: torch.Tensor, timestamp: torch.Tensor, ego_pose_inv: torch.Tensor) -> None:
         """Bring the memory into the new frame; clear it where a scene starts.
 
@@ -96,33 +126,78 @@ class MemoryBank(nn.Module):
         keep = prev_exists.to(torch.float32)  # (B,)
         b = keep.shape[0]
         if self.embedding is None:
-            self.embedding = keep.new_zeros(b, self.memory_len, self.embed_dims)
-            self.reference = keep.new_zeros(b, self.memory_len, 3)
-            self.age = keep.new_zeros(b, self.memory_len, 1, dtype=torch.float64)
-            self.pose = keep.new_zeros(b, self.memory_len, 4, 4)
-            self.velocity = keep.new_zeros(b, self.memory_len, 2)
+            state = self.empty(b, self.memory_len, keep.device)
         else:
             if self.embedding.device != keep.device:  # restored from a checkpoint loaded on another device
                 for name in _FIELDS:
                     setattr(self, name, getattr(self, name).to(keep.device))
             if self.embedding.shape[0] != b:
                 raise ValueError(f"prev_exists: batch of {b}, the memory holds {self.embedding.shape[0]} samples")
-            age = self.age + timestamp.to(torch.float64).view(b, 1, 1)  # (B, M', 1)
-            pose = ego_pose_inv.unsqueeze(1) @ self.pose  # (B, M', 4, 4)
-            reference = _transform(self.reference, ego_pose_inv)  # (B, M', 3)
-            m = self.memory_len
-            self.age = age[:, :m] * keep.view(b, 1, 1).to(torch.float64)  # (B, M, 1)
-            self.reference = reference[:, :m] * keep.view(b, 1, 1)  # (B, M, 3)
-            self.embedding = self.embedding[:, :m] * keep.view(b, 1, 1)  # (B, M, E)
-            self.pose = pose[:, :m] * keep.view(b, 1, 1, 1)  # (B, M, 4, 4)
-            self.velocity = self.velocity[:, :m] * keep.view(b, 1, 1)  # (B, M, 2)
-        if self.num_propagated > 0:
-            p = self.num_propagated
-            start = (1 - keep).view(b, 1, 1)  # (B, 1, 1): 1 where the scene starts
-            pseudo = self.pseudo_reference.weight * self.pc_size + self.pc_min  # (P, 3) metres
-            eye = torch.eye(4, device=keep.device, dtype=self.pose.dtype)  # (4, 4)
-            self.reference = torch.cat([self.reference[:, :p] + start * pseudo, self.reference[:, p:]], dim=1)
-            self.pose = torch.cat([self.pose[:, :p] + start.unsqueeze(-1) * eye, self.pose[:, p:]], dim=1)
+            state = self._moved(self.state(), keep, timestamp, ego_pose_inv)
+        self.set_state(self._seeded(state, keep))
+
+    def empty(self, batch: int, entries: int, device: torch.device) -> MemoryState:
+        """A memory of zeros: ``batch`` samples of ``entries`` entries (:data:`MEMORY_DTYPES`)."""
+        tails = ((self.embed_dims,), (3,), (1,), (4, 4), (2,))
+        return MemoryState(
+            *(
+                torch.zeros(batch, entries, *tail, dtype=dtype, device=device)
+                for tail, dtype in zip(tails, MEMORY_DTYPES, strict=True)
+            )
+        )
+
+    def aligned(
+        self,
+        state: MemoryState,
+        keep: torch.Tensor,
+        filled: torch.Tensor,
+        timestamp: torch.Tensor,
+        ego_pose_inv: torch.Tensor,
+    ) -> MemoryState:
+        """:meth:`pre_update` as a function of the state (the compiled step's: no attribute is read or set).
+
+        Args:
+            state: the memory after the previous frame's :meth:`appended`, ``(B, M', ·)`` with ``M' ≥ M`` (zeros
+                where ``filled`` is 0).
+            keep: ``(B,)`` float32 ``prev_exists``.
+            filled: ``(B,)`` float32: 1 where ``state`` holds a previous frame, 0 where it stands for
+                :meth:`pre_update`'s empty memory (which ``state`` times 0 is: the same values, zeros signed).
+            timestamp: ``(B,)`` float64 seconds of the new frame.
+            ego_pose_inv: ``(B, 4, 4)`` global → lidar of the new frame.
+
+        Returns:
+            The memory of the new frame, ``(B, M, ·)``: what :meth:`pre_update` holds after it.
+        """
+        return self._seeded(self._moved(state, keep * filled, timestamp, ego_pose_inv), keep)
+
+    def _moved(
+        self, state: MemoryState, keep: torch.Tensor, timestamp: torch.Tensor, ego_pose_inv: torch.Tensor
+    ) -> MemoryState:
+        """Ages grown, poses and reference points in the new lidar frame, cut to ``M`` entries, times ``keep``."""
+        b, m = keep.shape[0], self.memory_len
+        age = state.age + timestamp.to(torch.float64).view(b, 1, 1)  # (B, M', 1)
+        pose = ego_pose_inv.unsqueeze(1) @ state.pose  # (B, M', 4, 4)
+        reference = _transform(state.reference, ego_pose_inv)  # (B, M', 3)
+        return MemoryState(
+            embedding=state.embedding[:, :m] * keep.view(b, 1, 1),  # (B, M, E)
+            reference=reference[:, :m] * keep.view(b, 1, 1),  # (B, M, 3)
+            age=age[:, :m] * keep.view(b, 1, 1).to(torch.float64),  # (B, M, 1)
+            pose=pose[:, :m] * keep.view(b, 1, 1, 1),  # (B, M, 4, 4)
+            velocity=state.velocity[:, :m] * keep.view(b, 1, 1),  # (B, M, 2)
+        )
+
+    def _seeded(self, state: MemoryState, keep: torch.Tensor) -> MemoryState:
+        """Where a scene starts (``keep`` 0) the first ``num_propagated`` entries get the pseudo reference points and
+        identity poses."""
+        if self.num_propagated == 0:
+            return state
+        b, p = keep.shape[0], self.num_propagated
+        start = (1 - keep).view(b, 1, 1)  # (B, 1, 1): 1 where the scene starts
+        pseudo = self.pseudo_reference.weight * self.pc_size + self.pc_min  # (P, 3) metres
+        eye = torch.eye(4, device=keep.device, dtype=state.pose.dtype)  # (4, 4)
+        reference = torch.cat([state.reference[:, :p] + start * pseudo, state.reference[:, p:]], dim=1)  # (B, M, 3)
+        pose = torch.cat([state.pose[:, :p] + start.unsqueeze(-1) * eye, state.pose[:, p:]], dim=1)  # (B, M, 4, 4)
+        return state._replace(reference=reference, pose=pose)
 
     def post_update(
         self,
@@ -132,7 +207,8 @@ class MemoryBank(nn.Module):
         timestamp: torch.Tensor,
         ego_pose: torch.Tensor,
     ) -> None:
-        """Prepend the frame's ``topk`` best queries, then move the memory to the global frame.
+        """Prepend the frame's ``topk`` best queries, then move the memory to the global frame (:meth:`appended` of
+        the memory held).
 
         Args:
             cls_logits: ``(B, Q, C)`` class logits of the last decoder layer (denoising queries left out).
@@ -141,8 +217,19 @@ class MemoryBank(nn.Module):
             timestamp: ``(B,)`` float64 seconds of the frame.
             ego_pose: ``(B, 4, 4)`` lidar → global of the frame.
         """
-        if self.embedding is None:
-            raise RuntimeError("memory: post_update before pre_update")
+        self.set_state(self.appended(self.state(), cls_logits, box_preds, hidden, timestamp, ego_pose))
+
+    def appended(
+        self,
+        state: MemoryState,
+        cls_logits: torch.Tensor,
+        box_preds: torch.Tensor,
+        hidden: torch.Tensor,
+        timestamp: torch.Tensor,
+        ego_pose: torch.Tensor,
+    ) -> MemoryState:
+        """:meth:`post_update` as a function of the state: the memory ``state`` ``(B, M, ·)`` of the frame with its
+        ``topk`` best queries prepended, in the global frame, ``(B, K+M, ·)`` (arguments as :meth:`post_update`)."""
         b = cls_logits.shape[0]
         score = cls_logits.sigmoid().amax(dim=-1)  # (B, Q): the best class's score
         index = score.topk(self.topk, dim=1).indices  # (B, K)
@@ -150,16 +237,19 @@ class MemoryBank(nn.Module):
         new_velocity = _gather(box_preds[..., -2:], index).detach()  # (B, K, 2)
         new_embedding = _gather(hidden, index).detach()  # (B, K, E)
         new_age = new_reference.new_zeros(b, self.topk, 1, dtype=torch.float64)  # (B, K, 1)
-        new_pose = torch.eye(4, device=hidden.device, dtype=self.pose.dtype).expand(b, self.topk, 4, 4)
-        embedding = torch.cat([new_embedding.to(self.embedding.dtype), self.embedding], dim=1)  # (B, K+M, E)
-        reference = torch.cat([new_reference.to(self.reference.dtype), self.reference], dim=1)  # (B, K+M, 3)
-        velocity = torch.cat([new_velocity.to(self.velocity.dtype), self.velocity], dim=1)  # (B, K+M, 2)
-        age = torch.cat([new_age, self.age], dim=1)  # (B, K+M, 1)
-        pose = torch.cat([new_pose, self.pose], dim=1)  # (B, K+M, 4, 4)
-        self.embedding, self.velocity = embedding, velocity
-        self.reference = _transform(reference, ego_pose)  # (B, K+M, 3) global
-        self.age = age - timestamp.to(torch.float64).view(b, 1, 1)  # (B, K+M, 1)
-        self.pose = ego_pose.unsqueeze(1).to(pose.dtype) @ pose  # (B, K+M, 4, 4)
+        new_pose = torch.eye(4, device=hidden.device, dtype=state.pose.dtype).expand(b, self.topk, 4, 4)
+        embedding = torch.cat([new_embedding.to(state.embedding.dtype), state.embedding], dim=1)  # (B, K+M, E)
+        reference = torch.cat([new_reference.to(state.reference.dtype), state.reference], dim=1)  # (B, K+M, 3)
+        velocity = torch.cat([new_velocity.to(state.velocity.dtype), state.velocity], dim=1)  # (B, K+M, 2)
+        age = torch.cat([new_age, state.age], dim=1)  # (B, K+M, 1)
+        pose = torch.cat([new_pose, state.pose], dim=1)  # (B, K+M, 4, 4)
+        return MemoryState(
+            embedding=embedding,
+            reference=_transform(reference, ego_pose),  # (B, K+M, 3) global
+            age=age - timestamp.to(torch.float64).view(b, 1, 1),  # (B, K+M, 1)
+            pose=ego_pose.unsqueeze(1).to(pose.dtype) @ pose,  # (B, K+M, 4, 4)
+            velocity=velocity,
+        )
 
     def get_extra_state(self) -> dict[str, Any]:
         """The memory tensors (``{}`` when empty), so that checkpoints carry the memory."""
