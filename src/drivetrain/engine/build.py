@@ -46,10 +46,9 @@ Example:
 lacks the capability) and wraps ``model.step_loss`` in ``torch.compile(fullgraph=True, dynamic=False,
 backend=speed.compile_step_backend)`` (with inductor, ``fallback_random`` on: the graph's random draws — dropout, a
 model's noise — are torch's eager ones, in the eager step's order, where inductor's per-element generator was measured
-far slower on a CPU: StreamPETR tiny, benchmarks/results/streampetr-static-cpu.md; and on a CPU ``cpp_wrapper``:
-the graph's kernels called from generated C++ rather than Python, which saved ~11 % of that step, at about twice the
-compile time). Before the first step
-:meth:`StepGraph.compile_all` runs every bucket of
+far slower on a CPU for a camera detector's dropout, docs/engine.md; and on a CPU ``cpp_wrapper``: the graph's
+kernels called from generated C++ rather than Python, which saved ~11 % of that step, at about twice the compile
+time). Before the first step :meth:`StepGraph.compile_all` runs every bucket of
 ``model.step_buckets`` once, forward and backward, on an empty batch at that bucket (one line per bucket with its
 seconds, then their total: :attr:`StepGraph.compile_seconds`), then puts back what that run touched: every buffer
 (BatchNorm statistics and counters), the gradients (None) and the RNG states — so a run compiled before its first
