@@ -44,6 +44,10 @@ def test_bad_predictions_files_are_named(synth_root, tmp_path):
     bad.write_text(json.dumps({"results": {}}))
     with pytest.raises(DataError, match="submission"):
         evaluate(bad, synth_root)
+    for meta in (None, [], "camera"):  # the devkit copies meta as a dict (the slow fuzz found "meta": null)
+        bad.write_text(json.dumps({"meta": meta, "results": {}}))
+        with pytest.raises(DataError, match=r"^.*bad\.json: predictions must be a nuScenes submission: "):
+            evaluate(bad, synth_root)
     partial = tmp_path / "partial.json"
     partial.write_text(json.dumps({"meta": {}, "results": {}}))
     with pytest.raises(DataError, match=r"sample\(s\) of split 'mini_val' have no entry \(e.g. \['"):

@@ -119,7 +119,12 @@ def check_submission(submission: Any, path: Path) -> int:
             non-numeric field, a non-finite value, a size that is not positive, an unknown class or attribute,
             a missing score, or a box whose ``sample_token`` differs from the key it is listed under.
     """
-    if not isinstance(submission, dict) or not isinstance(submission.get("results"), dict) or "meta" not in submission:
+    # the devkit copies "meta" as a dict (DetectionEval.main: self.meta.copy())
+    if (
+        not isinstance(submission, dict)
+        or not isinstance(submission.get("results"), dict)
+        or not isinstance(submission.get("meta"), dict)
+    ):
         raise DataError('predictions must be a nuScenes submission: {"meta": {...}, "results": {token: [...]}}', path)
     attributes = {"", *ATTRIBUTES}
     count = 0
