@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from drivetrain.cli.main import main
+from drivetrain.engine import batches as batches_module
 from drivetrain.engine.build import StepGraph, dynamo_graphs
 from drivetrain.engine.config import ConfigError, load_config
 from drivetrain.engine.trainer import Trainer
@@ -96,16 +97,61 @@ def test_the_compiled_dense_step_adds_no_host_read(synth_root, synth_index, tmp_
     assert all(len(record["passed"]) == 1 and record["before_update"] == 0 for record in seen), seen
 
 
+def _bounded_as_on_a_gpu(monkeypatch) -> None:
+    """Make the trainer take a GPU run's path on this CPU: the prefetcher bounds each batch's bucket on the host
+    before the device augmentation (:func:`~drivetrain.engine.batches._augmented_shapes` given a CUDA device, which it
+    only reads for its type and its matmul roundoff: float32 here)."""
+    original = batches_module._augmented_shapes
+    monkeypatch.setattr(
+        batches_module, "_augmented_shapes", lambda cfg, model, augment, device: original(cfg, model, augment, CUDA)
+    )
+
+
+CUDA = torch.device("cuda")
+
+
+def test_with_device_augmentation_the_bucket_is_bounded_on_the_host_before_it(
+    synth_root, synth_index, tmp_path, monkeypatch
+):
+    """``data.augment_on=device`` (the default) on a GPU: the prefetcher bounds each batch's bucket from the host batch
+    and the augmentation's parameters (the model's ``step_shapes_augmented``), the step takes it and reads nothing
+    before the update; on a CPU run the augmented batch is on the host and counted there."""
+    on_cpu = Trainer(load_config(TINY, _argv(tmp_path / "cpu", synth_root, "train.steps=1", *STEP_GRAPH)[3:]))
+    assert on_cpu.step_graph.host_batches and on_cpu.step_graph.handed_shapes is None  # the host's own batch
+    on_cpu.close()
+    _bounded_as_on_a_gpu(monkeypatch)
+    trainer = Trainer(load_config(TINY, _argv(tmp_path / "bound", synth_root, "train.steps=4", *STEP_GRAPH)[3:]))
+    assert trainer.step_graph.handed_shapes is not None
+    bounded, augmented = [], trainer.model.step_shapes_augmented
+
+    def recorded(*args):
+        bounded.append(augmented(*args))
+        return bounded[-1]
+
+    trainer.model.step_shapes_augmented = recorded
+    trainer.model.step_shapes = None  # the device count would fail the step: the bound must be the one taken
+    trainer.model.step_shapes_on_host = None
+    seen = _watched(trainer)
+    trainer.fit()
+    trainer.close()
+    assert len(bounded) == 4 and all(shapes is not None for shapes in bounded)
+    assert len(seen) == 4 and trainer.step_graph.compiles_in_steps == 0
+    assert all(len(record["passed"]) == 1 and record["before_update"] == 0 for record in seen), seen
+
+
 # the windowed assignment at one voxel bucket: the pairs' bucket and the overflow one (2 buckets)
 WINDOWED = ["speed.compile_step=true", "speed.compile_step_backend=aot_eager", "model.args.max_targets=64",
             "model.args.step_voxels=8000"]  # fmt: skip
 
 
-@pytest.mark.slow  # ~1 min (two buckets compiled, 4 steps); the default set checks the host choice in the model
-def test_with_host_batches_the_compiled_step_reads_the_device_once_after_the_update(synth_root, synth_index, tmp_path):
+@pytest.mark.slow  # ~25 s (two runs: two buckets compiled, 4 steps each); the default set checks the host choice
+def test_with_host_batches_the_compiled_step_reads_the_device_once_after_the_update(
+    synth_root, synth_index, tmp_path, monkeypatch
+):
     """``data.augment_on=worker``: the loader hands out final batches on the host, the bucket (the windows' pair
     count) is chosen there before the copy, and the iteration's one read stays after the update; with the
-    augmentation on the device (the default) the batch stream holds device batches and the step reads them."""
+    augmentation on the device (the default, as on a GPU) the bucket is bounded on the host before it, and the one
+    read stays after the update too."""
     trainer = Trainer(
         load_config(TINY, _argv(tmp_path, synth_root, "train.steps=4", *WINDOWED, "data.augment_on=worker")[3:])
     )
@@ -125,9 +171,24 @@ def test_with_host_batches_the_compiled_step_reads_the_device_once_after_the_upd
     # every iteration is watched, the first too: the compiled update's optimizer state exists before step 1
     assert len(seen) == 4 and trainer.step_graph.compiles_in_steps == 0
     assert all(len(record["passed"]) == 1 and record["before_update"] == 0 for record in seen), seen
-    on_device = Trainer(load_config(TINY, _argv(tmp_path / "device", synth_root, "train.steps=1", *WINDOWED)[3:]))
-    assert not on_device.step_graph.host_batches
-    on_device.close()
+
+    # data.augment_on=device as on a GPU: the windows' pairs and the voxels bounded on the host before the augmentation
+    _bounded_as_on_a_gpu(monkeypatch)
+    bound = Trainer(load_config(TINY, _argv(tmp_path / "bound", synth_root, "train.steps=4", *WINDOWED)[3:]))
+    bounded, augmented = [], bound.model.step_shapes_augmented
+
+    def recorded(*args):
+        with allow_host_sync():  # host work on the loader's CPU batch (a helper thread's on a GPU)
+            bounded.append(augmented(*args))
+        return bounded[-1]
+
+    bound.model.step_shapes_augmented = recorded
+    seen = _watched(bound)
+    bound.fit()
+    bound.close()
+    assert len(bounded) == 4 and all(shapes is not None and shapes.pairs > 0 for shapes in bounded)
+    assert len(seen) == 4 and bound.step_graph.compiles_in_steps == 0
+    assert all(len(record["passed"]) == 1 and record["before_update"] == 0 for record in seen), seen
 
 
 class _TenBuckets(torch.nn.Module):

@@ -49,6 +49,48 @@ def test_cpu_prefetcher_passes_through_with_the_streams_positions():
     assert prefetcher.next()[1].tolist() == [1]
 
 
+def test_cpu_prefetcher_hands_out_each_batchs_host_shapes_with_it():
+    """``shapes`` sees the host batch before its transform and the position after it; its result is the handed-out
+    batch's, and its error surfaces when that batch is asked for."""
+    seen = []
+
+    def shapes(batch, position):
+        seen.append(float(batch["x"][0]))
+        if position["step"] == 3:
+            raise ValueError("model.args.step_voxels: a batch needs 9, above the largest bucket 8")
+        return ("bucket", float(batch["x"][0]), position["step"])
+
+    prefetcher = DevicePrefetcher(
+        CountingStream(), "cpu", transform=lambda b, p: {**b, "x": b["x"] + 0.5}, shapes=shapes
+    )
+    for i in range(2):
+        batch, _ = prefetcher.next()
+        assert prefetcher.handed_shapes == ("bucket", float(i), i + 1) and batch["x"][0] == i + 0.5
+    with pytest.raises(ValueError, match=r"^model\.args\.step_voxels: "):
+        prefetcher.next()
+    assert seen == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_prefetcher_bounds_the_next_batch_on_its_helper_thread_while_this_one_trains():
+    import threading
+
+    threads = []
+
+    def shapes(batch, position):
+        threads.append(threading.current_thread().name)
+        return float(batch["x"][0])
+
+    prefetcher = DevicePrefetcher(
+        CountingStream(), "cuda", transform=lambda b, p: {**b, "x": b["x"] * 2}, shapes=shapes
+    )
+    for i in range(3):
+        batch, _ = prefetcher.next()
+        assert prefetcher.handed_shapes == float(i) and batch["x"].is_cuda
+    assert threads and all(name.startswith("drivetrain-shapes") for name in threads)
+
+
 # the shipped GPU configs' loader: the prefetcher with persistent workers
 GPU_LOADER = ["data.prefetch=true", "data.num_workers=2", "data.persistent_workers=true"]
 

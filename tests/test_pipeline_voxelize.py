@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 import torch
 
+from drivetrain.pipeline import voxelize
 from drivetrain.pipeline.voxelize import (
     HardVoxels,
     VoxelGrid,
@@ -144,6 +145,21 @@ def test_slot_voxelize_matches_the_flat_rows_at_any_cap_holding_every_sample(gen
     assert torch.equal(out.voxels[real], flat.voxels) and torch.equal(out.coors[real], flat.coors)
     assert torch.equal(out.num_points[real], flat.num_points)
     assert not out.voxels[~real].any() and not out.num_points[~real].any()  # zero slots
+
+
+@pytest.mark.parametrize("grid_name", sorted(GRIDS))
+@pytest.mark.parametrize("canvas", [True, False], ids=["occupancy", "sorted"])
+def test_voxel_counts_without_stored_points_equal_the_voxelization(gen, monkeypatch, grid_name, canvas):
+    # the occupancy canvas and the sort count the same voxels, the max_voxels cap, empty, out-of-range and NaN samples
+    grid = GRIDS[grid_name]
+    clouds = make_batch(gen, grid, torch.float32, 4, 4)
+    clouds[0][:7, 1] = float("nan")  # NaN compares False: in no voxel
+    batch = RaggedBatch.from_list(clouds)
+    if not canvas:
+        monkeypatch.setattr(voxelize, "OCCUPANCY_CELLS", 0)
+    num_voxels, stored = voxel_counts(batch, grid, stored=False)
+    assert stored is None and num_voxels.dtype == torch.int64
+    assert torch.equal(num_voxels, reference_hard_voxelize_batch(clouds, grid).num_voxels)
 
 
 def test_slot_voxelize_below_the_counts_keeps_each_samples_first_voxels(gen):
@@ -409,6 +425,7 @@ def test_padded_and_dynamic_voxelize_never_sync_and_flat_syncs_once(gen):
         hard_voxelize_padded(batch, grid)
         hard_voxelize_slots(batch, grid, 64)
         voxel_counts(batch, grid)
+        voxel_counts(batch, grid, stored=False)
         dynamic_voxelize(batch, grid)
     with count_host_syncs() as calls:
         hard_voxelize(batch, grid)

@@ -74,7 +74,8 @@ from drivetrain.batch import Batch, ModelBatch
 from drivetrain.engine.config import ConfigError, DataConfig, TrainConfig
 from drivetrain.engine.distributed import DistContext
 from drivetrain.engine.precision import autocast
-from drivetrain.engine.protocol import FrozenEncoder
+from drivetrain.engine.protocol import AugmentedHostShapes, FrozenEncoder
+from drivetrain.pipeline.augment.bev import matmul_roundoff
 from drivetrain.pipeline.augment.stage import Augmentation
 from drivetrain.pipeline.prefetch import DevicePrefetcher
 from drivetrain.seeding import mix_seed
@@ -87,6 +88,7 @@ __all__ = [
     "brings_own_batching",
     "build_train_batches",
     "close_train_batches",
+    "handed_shapes",
     "hands_out_host_batches",
     "loader_wait_ms",
     "suggest_num_workers",
@@ -483,17 +485,47 @@ def build_train_batches(
         batches = BatchStream(dataset, data, **shard, accumulation=cfg.train.accumulation, transform=in_worker)
         on_device = _device_transform(cfg, model, augment if in_worker is None else None, device)
     if on_device is not None:  # augment / encode ahead on the device (on a side stream with data.prefetch)
-        batches = DevicePrefetcher(batches, device, transform=on_device, overlap=data.prefetch)
+        shapes = _augmented_shapes(cfg, model, augment if in_worker is None else None, device)
+        batches = DevicePrefetcher(batches, device, transform=on_device, overlap=data.prefetch, shapes=shapes)
     elif data.prefetch:  # the next batch goes to the device on a side stream (a pass-through on a CPU)
         batches = DevicePrefetcher(batches, device)
     return batches, augment
 
 
-def hands_out_host_batches(batches: Any) -> bool:
-    """Whether a batch stream of :func:`build_train_batches` hands out the loader's own batches, final and on the host
+def hands_out_host_batches(batches: Any, device: torch.device) -> bool:
+    """Whether a batch stream of :func:`build_train_batches` hands out final batches on the host: the loader's own
     (a :class:`BatchStream` alone: augmented in the loader, ``data.augment_on=worker``, or not at all; no prefetcher
-    copying or transforming them on the device first), on any training device."""
-    return isinstance(batches, BatchStream)
+    copying or transforming them on the device first), or any batch of a CPU run (its device is the host)."""
+    return isinstance(batches, BatchStream) or device.type == "cpu"
+
+
+def handed_shapes(batches: Any) -> Callable[[], Any] | None:
+    """What gives the compiled step's bucket of the batch a batch stream of :func:`build_train_batches` handed out
+    last, bounded on the host before the device's augmentation (:class:`~drivetrain.engine.protocol.
+    AugmentedHostShapes`), or None when the stream bounds none."""
+    if isinstance(batches, DevicePrefetcher) and batches.shapes is not None:
+        return lambda: batches.handed_shapes
+    return None
+
+
+def _augmented_shapes(
+    cfg: TrainConfig, model: torch.nn.Module, augment: Augmentation | None, device: torch.device
+) -> Callable[[ModelBatch, dict[str, Any]], Any] | None:
+    """With ``speed.compile_step``, device augmentation and a model that can bound it
+    (:class:`~drivetrain.engine.protocol.AugmentedHostShapes`) on a GPU: the prefetcher's ``shapes``, the bucket of
+    each batch bounded on the host from the batch before its augmentation and the parameters the device applies (the
+    same draws, from the same position), so that the step reads nothing of the device before its graph. None
+    otherwise (a CPU run counts the augmented batch itself on the host, :func:`hands_out_host_batches`)."""
+    if not cfg.speed.compile_step or augment is None or device.type == "cpu":
+        return None
+    if not isinstance(model, AugmentedHostShapes):
+        return None
+
+    def shapes(batch: ModelBatch, position: dict[str, Any]) -> Any:
+        params = augment.params(batch, position)  # the draws the transform makes again on its side
+        return model.step_shapes_augmented(batch, params, augment.config, matmul_roundoff(device))
+
+    return shapes
 
 
 def close_train_batches(batches: Any) -> None:

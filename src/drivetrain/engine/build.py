@@ -517,6 +517,8 @@ class StepGraph:
         self.compiles_in_steps = 0
         self.compile_seconds = 0.0  # all buckets' compiles before step 1 (compile_all)
         self.host_batches = False  # the batch stream hands out final host batches (the trainer sets it)
+        # the bucket of the batch the stream handed out last, bounded on the host (None: none; the trainer sets it)
+        self.handed_shapes: Callable[[], Hashable | None] | None = None
         # dynamo keeps at most recompile_limit graphs of one function (8 by default), then fails a fullgraph compile:
         # every bucket is one, so the step's calls raise the limit to the buckets' count
         from torch._dynamo import config as dynamo_config
@@ -581,7 +583,10 @@ class StepGraph:
                 when :attr:`host_batches` and the model can (:class:`~drivetrain.engine.protocol.HostShapes`).
         """
         call = self.fn if call is None else call
-        if self.host_batches and loaded is not None and isinstance(self.model, HostShapes):
+        bound = self.handed_shapes() if self.handed_shapes is not None else None
+        if bound is not None:  # bounded on the host before the device's augmentation (the prefetcher's helper)
+            shapes = bound
+        elif self.host_batches and loaded is not None and isinstance(self.model, HostShapes):
             with host_work():  # the loader's batch on the host: CPU work on any device, nothing read of the device
                 shapes = self.model.step_shapes_on_host(loaded)
         else:

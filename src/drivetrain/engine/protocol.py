@@ -20,6 +20,8 @@ it — and call the member through the protocol, never probing the model for a n
   (:mod:`drivetrain.engine.build`).
 - :class:`HostShapes` — ``step_shapes_on_host``: a static step's bucket chosen from the loader's host batch, without
   reading the device (when the batch stream hands out host batches).
+- :class:`AugmentedHostShapes` — ``step_shapes_augmented``: a bucket that holds what the device's augmentation makes
+  of the loader's host batch, bounded on the host from the augmentation's parameters (device augmentation on CUDA).
 
 Members must be methods, properties, class attributes or plain instance attributes: Python 3.12+ checks protocol
 members without running ``__getattr__``, so a submodule, parameter or buffer does not count as one.
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
     from drivetrain.pipeline.voxelize import VoxelGrid
 
 __all__ = [
+    "AugmentedHostShapes",
     "Detector",
     "FrozenEncoder",
     "HostShapes",
@@ -245,3 +248,16 @@ class HostShapes(Protocol):
 
     def step_shapes_on_host(self, batch: Batch) -> Hashable:
         """:meth:`StaticStep.step_shapes` of ``batch`` on the host (CPU tensors): host work only, no device read."""
+
+
+@runtime_checkable
+class AugmentedHostShapes(Protocol):
+    """A :class:`StaticStep` model that can bound, on the host, the bucket of the batch the device's augmentation
+    will make of a host batch (``data.augment_on=device``), from the batch before it and the augmentation's
+    parameters (drawn on the host): the step then reads nothing of the device before its graph either."""
+
+    def step_shapes_augmented(self, batch: Batch, params: Any, config: Any, roundoff: float) -> Hashable | None:
+        """A bucket holding ``batch`` (host tensors, before the augmentation) once augmented on the device with
+        ``params`` (:class:`~drivetrain.pipeline.augment.stage.AugmentParams`) and ``config``
+        (:class:`~drivetrain.pipeline.augment.stage.AugmentConfig`), whose float32 matrix products round to
+        ``roundoff``; None where no bound is cheap (the step then counts on the device)."""

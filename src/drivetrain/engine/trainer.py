@@ -34,7 +34,12 @@ import yaml
 
 import drivetrain
 from drivetrain.data.errors import DataError
-from drivetrain.engine.batches import build_train_batches, close_train_batches, hands_out_host_batches
+from drivetrain.engine.batches import (
+    build_train_batches,
+    close_train_batches,
+    handed_shapes,
+    hands_out_host_batches,
+)
 from drivetrain.engine.build import (
     TermWeights,
     apply_speed,
@@ -176,8 +181,9 @@ class Trainer:
         evaluates = cfg.eval.every or cfg.eval.at_start
         self.eval_data = eval_frames(cfg, self.model, self.generate_data, warn=self.ctx.is_main) if evaluates else None
         self.data, self.augment = build_train_batches(cfg, self.model, dataset, self.ctx)
-        if self.step_graph is not None:  # the loader's batches on the host: the bucket chosen there, no device read
-            self.step_graph.host_batches = hands_out_host_batches(self.data)
+        if self.step_graph is not None:  # the bucket chosen on the host (a host batch, or a bound): no device read
+            self.step_graph.host_batches = hands_out_host_batches(self.data, self.device)
+            self.step_graph.handed_shapes = handed_shapes(self.data)
         self.state = TrainState()
         self.components = self._components()
         seed_all(cfg.run.seed + self.ctx.rank)  # dropout draws differ per rank (the augmentation seeds each batch)

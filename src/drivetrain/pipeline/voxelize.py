@@ -43,6 +43,7 @@ The module is longer than most because it keeps the two paths of one concept sid
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -57,12 +58,14 @@ from drivetrain.pipeline._config import finite_numbers
 from drivetrain.ragged import RaggedBatch
 
 __all__ = [
+    "OCCUPANCY_CELLS",
     "HardVoxels",
     "VoxelGrid",
     "dynamic_voxelize",
     "hard_voxelize",
     "hard_voxelize_padded",
     "hard_voxelize_slots",
+    "occupied_cells",
     "per_sample_hard_voxelize",
     "reference_dynamic_voxelize",
     "reference_dynamic_voxelize_batch",
@@ -72,10 +75,12 @@ __all__ = [
     "reference_scatter_to_bev",
     "scatter_points",
     "scatter_to_bev",
+    "voxel_count_bound",
     "voxel_counts",
 ]
 
 _REDUCTIONS = ("max", "sum", "mean")
+OCCUPANCY_CELLS = 1 << 22  # voxel_counts marks an occupancy canvas up to this many cells a batch (4 MB), else sorts
 
 
 def _f32(values: Sequence[float]) -> tuple[float, ...]:
@@ -178,8 +183,9 @@ def _check_batch(points: RaggedBatch, grid: VoxelGrid) -> None:
 
 
 # --------------------------------------------------------------------------------------------- batched path
-def _voxel_cells(xyz: torch.Tensor, grid: VoxelGrid) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each point's ``(x, y, z)`` cell (int64, 0 where out of range) and whether it is in range (bool)."""
+def _voxel_cells(xyz: torch.Tensor, grid: VoxelGrid, clip: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each point's ``(x, y, z)`` cell (int64, 0 where out of range; with ``clip=False`` the cell as computed, NaN
+    as a very negative one) and whether it is in range (bool)."""
     compute = torch.float64 if xyz.dtype == torch.float64 else torch.float32  # mmcv: T, or float for half
     low = constant(_f32(grid.point_cloud_range[:3]), dtype=compute, device=xyz.device)  # (3,)
     size = constant(_f32(grid.voxel_size), dtype=compute, device=xyz.device)  # (3,)
@@ -188,6 +194,8 @@ def _voxel_cells(xyz: torch.Tensor, grid: VoxelGrid) -> tuple[torch.Tensor, torc
     # by its reciprocal, which rounds differently from the kernel's division.
     cells = torch.floor((xyz.to(compute) - low) / size)  # (..., 3)
     inside = ((cells >= 0) & (cells < extent)).all(dim=-1)  # (...): NaN compares False, so it drops out
+    if not clip:
+        return torch.nan_to_num(cells, nan=-1.0, posinf=2.0**40, neginf=-1.0).clamp(-1, 2**40).long(), inside
     return torch.where(inside.unsqueeze(-1), cells, 0).long(), inside  # (..., 3), (...)
 
 
@@ -316,23 +324,96 @@ def hard_voxelize_padded(points: RaggedBatch, grid: VoxelGrid) -> tuple[RaggedBa
     )
 
 
-def voxel_counts(points: RaggedBatch, grid: VoxelGrid) -> tuple[torch.Tensor, torch.Tensor]:
+def voxel_counts(
+    points: RaggedBatch, grid: VoxelGrid, *, stored: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """How many voxels each sample fills and how many points the batch stores, on the device (no host read): the
     numbers that size :func:`hard_voxelize`'s outputs, for a caller choosing a static size before
     :func:`hard_voxelize_slots`.
 
+    Without ``stored`` the voxels are counted on an occupancy canvas of the batch's cells (one write per point, no
+    sort) when the grid has at most :data:`OCCUPANCY_CELLS` cells per batch; otherwise, and for the stored points
+    (which depend on which points each voxel keeps), by :func:`hard_voxelize`'s own assignment (a sort).
+
     Args:
         points: float RaggedBatch ``(B, P, C)``, ``x, y, z`` first.
         grid: a hard grid.
+        stored: also count the stored points (else the second value is None).
 
     Returns:
         ``(num_voxels, num_stored)``: int64 ``(B,)`` voxels per sample (at most ``max_voxels``) and the int64
-        ``()`` total of :attr:`HardVoxels.num_points`.
+        ``()`` total of :attr:`HardVoxels.num_points` (None without ``stored``).
     """
     _check_batch(points, grid)
     _check_hard_grid(grid)
+    num_samples = points.shape[0]
+    nx, ny, nz = grid.grid_size
+    if not stored and num_samples * nx * ny * nz <= OCCUPANCY_CELLS:
+        cells, inside = _voxel_cells(points.tensor[..., :3], grid)  # (B, P, 3), (B, P)
+        inside = inside & points.mask  # (B, P): padding never lands in a voxel
+        return occupied_cells(cells, inside, (nx, ny, nz)).clamp(max=grid.max_voxels), None  # (B,)
     plan = _assign(points, grid)
-    return plan.num_voxels, plan.keep.sum()  # (B,), ()
+    return plan.num_voxels, plan.keep.sum() if stored else None  # (B,), ()
+
+
+def occupied_cells(cells: torch.Tensor, inside: torch.Tensor, grid_size: tuple[int, int, int]) -> torch.Tensor:
+    """The distinct cells of each sample: ``cells`` int64 ``(B, P, 3)`` ``(x, y, z)`` where ``inside`` ``(B, P)``,
+    marked on a ``(B·nz·ny·nx + 1)`` bool canvas (the last entry takes the points outside) — int64 ``(B,)``."""
+    num_samples = cells.shape[0]
+    nx, ny, nz = grid_size
+    sample = torch.arange(num_samples, device=cells.device).view(-1, 1)  # (B, 1)
+    linear = ((sample * nz + cells[..., 2]) * ny + cells[..., 1]) * nx + cells[..., 0]  # (B, P)
+    num_cells = num_samples * nz * ny * nx
+    linear = torch.where(inside, linear, num_cells).flatten()  # (B·P,)
+    canvas = torch.zeros(num_cells + 1, dtype=torch.bool, device=cells.device)  # (B·nz·ny·nx + 1,)
+    canvas[linear] = True  # every write is True: the same canvas in any order
+    return canvas[:num_cells].view(num_samples, -1).sum(dim=1)  # (B,)
+
+
+def voxel_count_bound(
+    xyz: torch.Tensor, error: torch.Tensor, kept: torch.Tensor, grid: VoxelGrid
+) -> torch.Tensor | None:
+    """An upper bound of each sample's voxel count (:func:`voxel_counts`) when each point's coordinates are known
+    only within ``error`` of ``xyz`` (e.g. a host's replay of a device's float arithmetic): every cell a point may
+    fall in is marked (:func:`occupied_cells`), so a point within ``error`` of a cell face counts both cells.
+    A cell is ``floor((x − low) / size)`` in float32, a non-decreasing function of ``x``: the cells of every ``x``
+    in ``[xyz − error, xyz + error]`` lie between those of the interval's ends, rounded outward to float32.
+
+    Args:
+        xyz: float32 ``(B, P, 3)``.
+        error: float ``(B, P, 3)``, ``≥ 0``.
+        kept: bool ``(B, P)``: the points that may be in the cloud at all (padding and filtered points False).
+        grid: a hard grid.
+
+    Returns:
+        int64 ``(B,)`` bounds (at most ``max_voxels``), or None where no cheap bound exists: a grid of more than
+        :data:`OCCUPANCY_CELLS` cells per batch, or an error reaching across more than two cells of an axis.
+    """
+    _check_hard_grid(grid)
+    num_samples = xyz.shape[0]
+    nx, ny, nz = grid.grid_size
+    if num_samples * nx * ny * nz > OCCUPANCY_CELLS:
+        return None
+    wide = xyz.double()
+    low = torch.nextafter((wide - error).float(), torch.tensor(-math.inf))  # (B, P, 3): ≤ xyz − error
+    high = torch.nextafter((wide + error).float(), torch.tensor(math.inf))  # (B, P, 3): ≥ xyz + error
+    first, _ = _voxel_cells(low, grid, clip=False)  # (B, P, 3) the cells of the interval's ends
+    last, _ = _voxel_cells(high, grid, clip=False)
+    extent = torch.tensor(grid.grid_size, device=xyz.device)  # (3,)
+    maybe = kept & ((last >= 0) & (first < extent)).all(dim=-1)  # (B, P): may land in the grid
+    first, last = first.clamp(min=0), torch.minimum(last, extent - 1)  # (B, P, 3)
+    reach = torch.where(maybe.unsqueeze(-1), last - first, 0).amax(dim=(0, 1)).tolist() if maybe.numel() else [0] * 3
+    if max(reach) > 1:
+        return None
+    occupied = torch.zeros(num_samples, dtype=torch.long, device=xyz.device)  # (B,)
+    cells = []
+    for offset in itertools.product(*(range(r + 1) for r in reach)):
+        step = torch.tensor(offset, device=xyz.device)  # (3,)
+        cells.append(torch.minimum(first + step, last))  # (B, P, 3): a corner of the point's cells
+    if cells:
+        stacked = torch.cat(cells, dim=1)  # (B, K·P, 3)
+        occupied = occupied_cells(stacked, maybe.repeat(1, len(cells)), (nx, ny, nz))  # (B,)
+    return occupied.clamp(max=grid.max_voxels)  # (B,)
 
 
 def hard_voxelize_slots(points: RaggedBatch, grid: VoxelGrid, voxels_per_sample: int) -> HardVoxels:

@@ -60,6 +60,8 @@ from drivetrain.models.pointpillars.static import (
 )
 from drivetrain.models.pointpillars.tta import TTAConfig, detect_tta
 from drivetrain.models.pointpillars.voxel_encoder import HardVFE
+from drivetrain.pipeline.augment.bev import bev_aug_bounds
+from drivetrain.pipeline.augment.stage import AugmentConfig, AugmentParams
 from drivetrain.pipeline.lidar import lidar_input
 from drivetrain.pipeline.voxelize import VoxelGrid, scatter_to_bev
 from drivetrain.profile import region
@@ -341,6 +343,22 @@ class PointPillars(nn.Module):
         host batches, :class:`~drivetrain.engine.protocol.HostShapes`); the step's graph guards on the device that
         the bucket holds the batch."""
         return self._static_step().shapes(batch)
+
+    def step_shapes_augmented(
+        self, batch: Batch, params: AugmentParams, config: AugmentConfig, roundoff: float
+    ) -> StaticShapes | None:
+        """A bucket holding what the device's lidar augmentation makes of the host batch ``batch`` with ``params``
+        (:class:`~drivetrain.engine.protocol.AugmentedHostShapes`): the host replays the augmentation's geometry and
+        bounds how far the device's float products may land from it (:func:`~drivetrain.pipeline.augment.bev.
+        bev_aug_bounds`, :meth:`~.static.StaticPillarStep.bound_shapes`); no device read. None where no cheap bound
+        exists."""
+        step = self._static_step()
+        if params.lidar is None or config.lidar is None or not step.counts_needed:  # shapes only, or as loaded
+            return step.shapes(batch)
+        if batch.points is None:
+            return None
+        bounds = bev_aug_bounds(batch.points, batch.gt_boxes, params.lidar, config.lidar, roundoff)
+        return step.bound_shapes(batch, bounds)
 
     def step_inputs(
         self, batch: Batch | None, shapes: StaticShapes, batch_size: int, device: torch.device

@@ -29,17 +29,18 @@ that the padded step computes what the unpadded one does:
   batched_max_iou_assign`, no count at all) and the loss on every anchor, which costs ~15× the windowed
   assignment at the tiny size.
 
-The one host read left chooses the bucket, before the graph (:meth:`StaticPillarStep.shapes`, ``# sync:``): the
-largest per-sample voxel count and the window pairs, the numbers :func:`hard_voxelize` and the windowed assignment
-read, which the graph no longer does; with one voxel bucket (``max_voxels``) and the dense assignment nothing is
-read: ``P_b`` and ``G_b`` are shapes. It stays because the counts are those of the *augmented* points and boxes:
-the trainer's lidar augmentation (rotation, scaling, translation, flips, range filters) runs on the training device
-after the host→device copy by default (``data.augment_on=device``), so the host holds only the points before it, whose
-voxel and pair counts are not the batch's (a rotation moves a voxel's points into up to four others' cells), and no
-host number bounds the augmented count usefully (a cell's image under a rotation and a 5 % scaling overlaps up to
-nine cells: a bound 9× the count). Where the loader hands out the augmented batch on the host (``data.augment_on=
-worker``, no prefetcher: the engine's ``HostShapes``), :meth:`~.model.PointPillars.step_shapes_on_host` counts the
-same numbers by the same arithmetic on host tensors before the copy, and the step reads nothing of the device.
+The bucket is chosen before the graph from the largest per-sample voxel count and the window pairs, the numbers
+:func:`hard_voxelize` and the windowed assignment read, which the graph no longer does; with one voxel bucket
+(``max_voxels``) and the dense assignment nothing is counted: ``P_b`` and ``G_b`` are shapes. The counts are those of
+the *augmented* points and boxes. Where the augmented batch is on the host (``data.augment_on=worker`` with no
+prefetcher, or any CPU run: the engine's ``HostShapes``), :meth:`~.model.PointPillars.step_shapes_on_host` counts
+them by the same arithmetic on host tensors. With the augmentation on a GPU the host holds the batch before it and the
+augmentation's parameters: :meth:`StaticPillarStep.bound_shapes` takes a bucket from the host's replay of the
+augmentation with a bound on how far the device's float products may land
+(:func:`~drivetrain.pipeline.augment.bev.bev_aug_bounds`, :func:`~drivetrain.pipeline.voxelize.voxel_count_bound`:
+every cell a point may fall in; the windows of every box that may be kept, grown by its centre's bound), on the
+prefetcher's helper thread. Only where no cheap bound exists does :meth:`StaticPillarStep.shapes` read the counts
+from the device (``# sync:``, once, before the graph).
 Either way the graph guards on the device (``torch._assert_async``: no host read on a GPU) that the bucket holds
 every sample's voxels (:attr:`~drivetrain.pipeline.voxelize.HardVoxels.num_found`) and the windows' pairs: a count
 that chose the bucket and is not the step's own (the host's, or an eager count whose arithmetic the compiled graph
@@ -89,7 +90,8 @@ from drivetrain.match.solve import padded_target_count
 from drivetrain.models.pointpillars.loss_batched import _BoxDirSum, _padded, batched_anchor_head_loss
 from drivetrain.models.pointpillars.loss_reference import AVG_EPS
 from drivetrain.models.pointpillars.voxel_encoder import HardVFE, _Rows
-from drivetrain.pipeline.voxelize import VoxelGrid, hard_voxelize_slots, voxel_counts
+from drivetrain.pipeline.augment.bev import BevBounds
+from drivetrain.pipeline.voxelize import VoxelGrid, hard_voxelize_slots, voxel_count_bound, voxel_counts
 from drivetrain.ragged import RaggedBatch
 
 BOX_DIMS = 9  # a batch's gt_boxes: (x, y, z, dx, dy, dz, yaw, vx, vy)
@@ -113,12 +115,12 @@ FIRST_TARGETS = 64  # G_b at every voxel bucket; max_targets above it at the lar
 # arithmetic differs from) fails the run on the device (an error at its next read) rather than cutting voxels or pairs
 VOXEL_GUARD = (
     "speed.compile_step: a sample fills more voxels than the {} slots of its bucket: the count that chose the bucket "
-    "is not the step's (with data.augment_on=worker the host counts them; data.augment_on=device counts on the device)"
+    "is not the step's (counted on the host, bounded there before a device augmentation, or counted on the device)"
 )
 PAIR_GUARD = (
     "speed.compile_step: the batch's windows hold more pairs than the {} slots of its bucket: the count that chose "
-    "the bucket is not the step's (with data.augment_on=worker the host counts them; data.augment_on=device counts on "
-    "the device)"
+    "the bucket is not the step's (counted on the host, bounded there before a device augmentation, or counted on the "
+    "device)"
 )
 
 
@@ -518,20 +520,80 @@ class StaticPillarStep:
         """The bucket of a batch (points, voxels, stored points, ground truth, window pairs): with a targets ladder
         the first bucket of the chain (:meth:`Buckets.all_shapes`) that holds it; reads the host only when there is
         more than one voxel bucket, rows have buckets of their own or the assignment is windowed."""
+        if not self.counts_needed:
+            return self.pick(batch.points.shape[0], batch.points.shape[1], batch.gt_boxes.shape[1], 0, 0, 0)
+        rows = bool(self.buckets.rows)
+        num_voxels, num_stored = voxel_counts(batch.points, self.model.grid, stored=rows)  # (B,), () or None
+        pair_total = self._pair_total(batch) if self.windowed else num_voxels.new_zeros(())
+        stored = num_stored if num_stored is not None else num_voxels.new_zeros(())
+        # sync: the largest per-sample voxel count, the points stored and the window pairs choose the buckets
+        most, stored_count, widest = torch.stack([num_voxels.max(), stored, pair_total]).tolist()
+        return self.pick(
+            batch.points.shape[0], batch.points.shape[1], batch.gt_boxes.shape[1], most, stored_count, widest
+        )
+
+    def bound_shapes(self, batch: Any, bounds: BevBounds) -> StaticShapes | None:
+        """A bucket that holds the batch the device's augmentation makes of ``batch`` (the loader's host batch before
+        it), from the host's replay of that augmentation (``bounds``, :func:`~drivetrain.pipeline.augment.bev.
+        bev_aug_bounds`): :meth:`bound_counts`' bounds picked as counts. Host work only; None where no cheap bound
+        exists (the caller counts on the device then). The bucket may be larger than the exact count's, never
+        smaller; the step's guards check it on the device."""
+        if not self.counts_needed:
+            return self.shapes(batch)  # shapes only: the augmentation keeps P and G
+        counts = self.bound_counts(batch, bounds)
+        if counts is None:
+            return None
+        size, points, targets = batch.points.shape[0], batch.points.shape[1], batch.gt_boxes.shape[1]
+        return self.pick(size, points, targets, *counts)
+
+    def bound_counts(self, batch: Any, bounds: BevBounds) -> tuple[int, int, int] | None:
+        """Upper bounds of the augmented batch's largest voxel count (every cell a point may fall in,
+        :func:`~drivetrain.pipeline.voxelize.voxel_count_bound`), stored points (the points that may be kept) and
+        window pairs (those of every box that may be kept, each box grown by twice its centre's bound and, a yaw
+        within 1e-4 of the quarter turn where the nearest rectangle swaps its sides, squared to its longer side);
+        None without a cheap voxel bound."""
+        most = voxel_count_bound(bounds.xyz, bounds.point_error, bounds.points_kept, self.model.grid)  # (B,)
+        if most is None:
+            return None
+        stored = int(bounds.points_kept.sum())  # host tensors: every stored point is a kept one
+        widest = 0
+        if self.windowed:
+            boxes = bounds.boxes.clone()  # (B, G, D)
+            grow = 2 * bounds.box_error.to(boxes.dtype) * (1 + 2.0**-10)  # (B, G): either side of the centre
+            wrapped = boxes[..., 6] - torch.floor(boxes[..., 6] / math.pi + 0.5) * math.pi  # (B, G) in [−π/2, π/2)
+            turn = (wrapped.abs() - math.pi / 4).abs() < 1e-4  # (B, G): the nearest rectangle may turn either way
+            side = torch.maximum(boxes[..., 3], boxes[..., 4])  # (B, G)
+            boxes[..., 3] = torch.where(turn, side, boxes[..., 3]) + grow
+            boxes[..., 4] = torch.where(turn, side, boxes[..., 4]) + grow
+            sizes = bounds.boxes_kept.sum(dim=1)  # (B,)
+            order = torch.argsort((~bounds.boxes_kept).to(torch.int8), dim=1, stable=True)  # kept boxes first
+            moved = RaggedBatch(torch.take_along_dim(boxes, order[..., None], dim=1), sizes, validate=False)
+            labels = RaggedBatch(torch.take_along_dim(batch.gt_labels.tensor, order, dim=1), sizes, validate=False)
+            widest = int(self._pair_total(dataclasses.replace(batch, gt_boxes=moved, gt_labels=labels)))
+        return int(most.max()) if most.numel() else 0, stored, widest
+
+    @property
+    def counts_needed(self) -> bool:
+        """Whether a batch's bucket depends on its counts (voxels, stored points, window pairs), not only on its
+        shapes: more than one voxel bucket, a voxel bucket below ``max_voxels``, rows of their own, or windows."""
         buckets = self.buckets
-        size = batch.points.shape[0]
-        points = _pick(batch.points.shape[1], buckets.points, "model.args.max_points_per_sample")
-        targets = buckets.targets(batch.gt_boxes.shape[1])
-        voxels, rows, pairs = buckets.voxels[-1], size * points, 0
-        most, widest = 0, 0
         capped = buckets.voxels[-1] < self.model.grid.max_voxels  # a sample may have more voxels than the slots
-        if len(buckets.voxels) > 1 or capped or buckets.rows or self.windowed:
-            num_voxels, num_stored = voxel_counts(batch.points, self.model.grid)  # (B,), ()
-            pair_total = self._pair_total(batch) if self.windowed else num_stored.new_zeros(())
-            # sync: the largest per-sample voxel count, the points stored and the window pairs choose the buckets
-            most, stored, widest = torch.stack([num_voxels.max(), num_stored, pair_total]).tolist()
+        return len(buckets.voxels) > 1 or capped or bool(buckets.rows) or self.windowed
+
+    def pick(self, size: int, points: int, targets: int, most: int, stored: int, widest: int) -> StaticShapes:
+        """The bucket of a batch of ``size`` samples padded to ``points`` points and ``targets`` ground truths whose
+        largest voxel count is ``most``, stored points ``stored`` and window pairs ``widest`` (counts or upper
+        bounds of them; ignored where :attr:`counts_needed` is False); a ValueError naming the config key for a batch
+        beyond the largest bucket."""
+        buckets = self.buckets
+        points = _pick(points, buckets.points, "model.args.max_points_per_sample")
+        targets = buckets.targets(targets)
+        voxels, rows, pairs = buckets.voxels[-1], size * points, 0
+        if self.counts_needed:
             voxels = _pick(most, buckets.voxels, buckets.voxel_key)
             rows = _pick(stored, buckets.rows, "bucket rows") if buckets.rows else rows
+        else:
+            widest = 0
         if not buckets.targets_ladder:
             pairs = _pick(widest, buckets.pairs, "model.args.window") if self.windowed else 0
             return StaticShapes(points, voxels, rows, targets, pairs)

@@ -52,10 +52,13 @@ from drivetrain.ragged import RaggedBatch, select
 __all__ = [
     "BevAugConfig",
     "BevAugParams",
+    "BevBounds",
     "apply_bev_aug",
+    "bev_aug_bounds",
     "bev_config_from_dict",
     "draw_bev_params",
     "make_bev_params",
+    "matmul_roundoff",
     "reference_bev_aug",
     "sample_bev_params",
 ]
@@ -314,16 +317,7 @@ def apply_bev_aug(
     xyz = torch.baddbmm(shift, pts[..., :3], linear_t)  # (B, P, 3)
     pts = torch.cat([xyz, pts[..., 3:]], dim=-1)  # (B, P, C)
 
-    box = boxes.tensor  # (B, G, D)
-    centre = torch.baddbmm(shift.to(box.dtype), box[..., :3], linear_t.to(box.dtype))  # (B, G, 3)
-    dims = box[..., 3:6] * params.scale.to(box.dtype)[:, None, None]  # (B, G, 3)
-    yaw = box[..., 6] + params.angle.to(box.dtype)[:, None]  # (B, G)
-    yaw = torch.where(params.flip_h[:, None], -yaw, yaw)  # (B, G)
-    yaw = torch.where(params.flip_v[:, None], -yaw + np.pi, yaw)  # (B, G): same op as mmdet3d's flip
-    parts = [centre, dims, yaw.unsqueeze(-1)]
-    if box.shape[-1] == 9:  # velocity rotates, scales and flips with the box, without the translation
-        parts.append(torch.bmm(box[..., 7:9], linear_t[:, :2, :2].to(box.dtype)))  # (B, G, 2)
-    box = torch.cat(parts, dim=-1)  # (B, G, D)
+    box = _moved_boxes(boxes.tensor, params, linear_t, shift)  # (B, G, D)
 
     keep = points.mask  # (B, P)
     if config.point_range is not None:
@@ -345,6 +339,111 @@ def apply_bev_aug(
     yaw = _limit_period(box[..., 6], _YAW_OFFSET, _YAW_PERIOD)  # (B, G)
     box = torch.cat([box[..., :6], yaw.unsqueeze(-1), box[..., 7:]], dim=-1)  # (B, G, D)
     return out_points, select(box, keep_box, trim=False), select(labels.tensor, keep_box, trim=False)
+
+
+def _moved_boxes(box: torch.Tensor, params: BevAugParams, linear_t: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """Boxes ``(B, G, D)`` after the rotation, scaling, translation and flips (no filter): centres and velocities by
+    the matrix, sizes by the scale, yaw as mmdet3d's ops."""
+    centre = torch.baddbmm(shift.to(box.dtype), box[..., :3], linear_t.to(box.dtype))  # (B, G, 3)
+    dims = box[..., 3:6] * params.scale.to(box.dtype)[:, None, None]  # (B, G, 3)
+    yaw = box[..., 6] + params.angle.to(box.dtype)[:, None]  # (B, G)
+    yaw = torch.where(params.flip_h[:, None], -yaw, yaw)  # (B, G)
+    yaw = torch.where(params.flip_v[:, None], -yaw + np.pi, yaw)  # (B, G): same op as mmdet3d's flip
+    parts = [centre, dims, yaw.unsqueeze(-1)]
+    if box.shape[-1] == 9:  # velocity rotates, scales and flips with the box, without the translation
+        parts.append(torch.bmm(box[..., 7:9], linear_t[:, :2, :2].to(box.dtype)))  # (B, G, 2)
+    return torch.cat(parts, dim=-1)  # (B, G, D)
+
+
+@dataclass(frozen=True)
+class BevBounds:
+    """The host's replay of :func:`apply_bev_aug`'s geometry on the batch before it, with how far the device's own
+    result may lie from it (:func:`bev_aug_bounds`): what a caller needs to bound the augmented batch's counts on the
+    host, without reading the device.
+
+    Attributes:
+        xyz: float32 ``(B, P, 3)`` the moved points as the host computes them.
+        point_error: float64 ``(B, P, 3)``: the device's coordinate lies within this of ``xyz``.
+        points_kept: bool ``(B, P)``: the point may survive the point-range filter on the device (a superset).
+        boxes: ``(B, G, D)`` the moved boxes, before the object-range filter (sizes, yaw as the device has them).
+        box_error: float64 ``(B, G)``: the device's box centre lies within this of ``boxes``' in x and y.
+        boxes_kept: bool ``(B, G)``: the box may survive the object-range filter on the device (a superset).
+    """
+
+    xyz: torch.Tensor
+    point_error: torch.Tensor
+    points_kept: torch.Tensor
+    boxes: torch.Tensor
+    box_error: torch.Tensor
+    boxes_kept: torch.Tensor
+
+
+def matmul_roundoff(device: torch.device) -> float:
+    """The unit roundoff of a float32 matrix product on ``device`` as torch's settings allow it: ``2⁻²⁴`` (IEEE
+    float32), ``2⁻¹¹`` (TF32 inputs: CUDA's ``allow_tf32`` or a ``"high"`` matmul precision), ``2⁻⁸`` (bfloat16
+    inputs: ``"medium"``)."""
+    precision = torch.get_float32_matmul_precision()
+    if precision == "medium":
+        return 2.0**-8
+    tf32 = device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32
+    return 2.0**-11 if precision == "high" or tf32 else 2.0**-24
+
+
+def bev_aug_bounds(
+    points: RaggedBatch, boxes: RaggedBatch, params: BevAugParams, config: BevAugConfig, roundoff: float
+) -> BevBounds:
+    """Replay :func:`apply_bev_aug`'s geometry on the host and bound how far the device's result may be from it.
+
+    The points and box centres move by one ``baddbmm`` (three products and the shift, any summation order), whose
+    float result on either side lies within ``γ₄·m`` of the exact one, ``m = |shift| + Σ|p_j|·|L_jk|`` and ``γ₄ =
+    4u/(1 − 4u)`` for the device's unit roundoff ``u`` (:func:`matmul_roundoff`): the two results differ by at most
+    ``2γ₄·m``, which this widens by four float32 ulps of the coordinate (the rounding of the host's own bound
+    arithmetic). Sizes, yaw and flips are elementwise IEEE operations, the same bits on either side. A point may pass
+    the strict point-range filter on the device when its host coordinate is within the bound of passing it; a box
+    the object-range filter likewise. Nothing is shuffled or compacted: counts do not depend on the order.
+
+    Args:
+        points: the batch's points before the augmentation (host tensors), RaggedBatch ``(B, P, C)``.
+        boxes: its ``gt_boxes`` ``(B, G, D)``.
+        params: the parameters the device applies (:func:`sample_bev_params` / :func:`draw_bev_params`).
+        config: the recipe.
+        roundoff: the device's unit roundoff of a float32 matrix product.
+
+    Returns:
+        :class:`BevBounds`.
+    """
+    matrix = params.matrix.to(points.dtype)  # (B, 4, 4)
+    linear_t = matrix[:, :3, :3].transpose(1, 2)  # (B, 3, 3): as apply_bev_aug
+    shift = matrix[:, :3, 3].unsqueeze(1)  # (B, 1, 3)
+    gamma = 4 * roundoff / (1 - 4 * roundoff)
+    ulp = 4 * torch.finfo(torch.float32).eps
+
+    def moved(xyz: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = torch.baddbmm(shift.to(xyz.dtype), xyz, linear_t.to(xyz.dtype))  # (B, N, 3)
+        size = torch.baddbmm(shift.double().abs(), xyz.double().abs(), linear_t.double().abs())  # (B, N, 3)
+        return out, 2 * gamma * size + ulp * out.double().abs()  # (B, N, 3), (B, N, 3)
+
+    xyz, point_error = moved(points.tensor[..., :3])  # (B, P, 3) each
+    kept = points.mask  # (B, P)
+    if config.point_range is not None:
+        lo, hi = _f32(config.point_range[:3]), _f32(config.point_range[3:])
+        wide = xyz.double()
+        for axis in range(3):
+            near = point_error[..., axis]
+            kept = kept & (wide[..., axis] + near > lo[axis]) & (wide[..., axis] - near < hi[axis])  # (B, P)
+    box = boxes.tensor  # (B, G, D)
+    centre_error = moved(box[..., :3])[1]  # (B, G, 3)
+    moved_boxes = _moved_boxes(box, params, linear_t, shift)  # (B, G, D): centres by the same baddbmm
+    box_error = centre_error[..., :2].amax(dim=-1)  # (B, G)
+    boxes_kept = boxes.mask  # (B, G)
+    if config.object_range is not None:
+        x_min, y_min, x_max, y_max = _f32(config.object_range)
+        cx, cy = moved_boxes[..., 0].double(), moved_boxes[..., 1].double()  # (B, G) each
+        boxes_kept = boxes_kept & (cx + box_error > x_min) & (cy + box_error > y_min)  # (B, G)
+        boxes_kept = boxes_kept & (cx - box_error < x_max) & (cy - box_error < y_max)  # (B, G)
+        yaw = _limit_period(moved_boxes[..., 6], _YAW_OFFSET, _YAW_PERIOD)  # (B, G)
+        moved_boxes = torch.cat([moved_boxes[..., :6], yaw.unsqueeze(-1), moved_boxes[..., 7:]], dim=-1)
+    return BevBounds(xyz, point_error, kept, moved_boxes, box_error, boxes_kept)
 
 
 def _compact_shuffled(pts: torch.Tensor, keep: torch.Tensor, keys: torch.Tensor) -> RaggedBatch:
