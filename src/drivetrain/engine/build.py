@@ -56,12 +56,14 @@ step, resumed or not, trains exactly as without the warm-up (the resume test com
 
 Each step then asks the model for its batch's bucket (``model.step_shapes``: at most one host read, the model's
 ``# sync:``), pads the batch (``model.step_inputs``) and calls the compiled function. When the batch stream hands out
-the loader's own batches on the host (:func:`~drivetrain.engine.batches.hands_out_host_batches`: augmentation in the
-loader, ``data.augment_on=worker``, or none, and no prefetcher) and the model has
+final batches on the host (:func:`~drivetrain.engine.batches.hands_out_host_batches`: augmentation in the loader,
+``data.augment_on=worker``, or none, and no prefetcher; or any CPU run) and the model has
 :class:`~drivetrain.engine.protocol.HostShapes`, the bucket is chosen from that host batch before the copy
-(``model.step_shapes_on_host``: host work, no device read), and the graph guards on the device that it holds the
-batch. Every bucket raises dynamo's ``recompile_limit`` (8 graphs of one function by default) to the buckets' count
-while the step compiles and runs.
+(``model.step_shapes_on_host``: host work, no device read). When the augmentation runs on a GPU and the model has
+:class:`~drivetrain.engine.protocol.AugmentedHostShapes`, the prefetcher bounds each batch's bucket on the host from
+the batch before the augmentation and its parameters, on a helper thread (:attr:`StepGraph.handed_shapes`): no device
+read either. Either way the graph guards on the device that the bucket holds the batch. Every bucket raises dynamo's
+``recompile_limit`` (8 graphs of one function by default) to the buckets' count while the step compiles and runs.
 
 With ``speed.compile_step_mode: reduce-overhead`` (inductor on a CUDA device) inductor's cudagraph trees replay each
 bucket's forward and backward graphs as CUDA graphs, all of them in one memory pool: the warm-up above runs each bucket
