@@ -212,3 +212,26 @@ def test_the_published_lidar_loader_needs_four_workers_on_an_h200_host() -> None
     assert loader_wait_ms(1, 111.6, 44.9) == pytest.approx(111.6 - 44.9)
     with pytest.raises(ValueError, match="cores ≥ 1"):
         suggest_num_workers(0, 10.0, 10.0)
+
+
+@pytest.mark.parametrize("lost", [ConnectionResetError(104, "Connection reset by peer"), EOFError()])
+def test_a_worker_lost_while_it_sends_a_batch_is_the_dead_worker_error(lost) -> None:
+    """A worker killed while it hands over a batch's shared memory surfaces in the main process as a reset or closed
+    connection inside the loader's unpickling, not as torch's worker-exit error: the stream says it in the words the
+    trainer turns into its one line with a checkpoint; without workers the error is the error."""
+    from drivetrain.engine.step_outcome import dead_worker
+
+    class Lost:
+        def __next__(self):
+            raise lost
+
+    stream = BatchStream(dataset_of("shuffled"), config(2), seed=0)
+    stream._iter = Lost()
+    with pytest.raises(RuntimeError, match=r"^DataLoader worker lost while it sent a batch \(") as caught:
+        stream.next()
+    died = dead_worker(caught.value)
+    assert died is not None and "a data loader worker process died (DataLoader worker lost" in str(died)
+    alone = BatchStream(dataset_of("shuffled"), config(0), seed=0)
+    alone._iter = Lost()
+    with pytest.raises(type(lost)):
+        alone.next()

@@ -61,6 +61,7 @@ the same, also on another number of ranks.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -371,6 +372,17 @@ class BatchStream:
             except StopIteration:  # the sampler finished its epoch and moved on to the next one
                 self._iter, self._state = None, self.sampler.state_dict()
                 continue
+            except (ConnectionError, EOFError) as err:  # a worker killed while it handed over a batch's shared memory
+                if not self.cfg.num_workers:
+                    raise
+                lost, self._iter = self._iter, None
+                shutdown = getattr(lost, "_shutdown_workers", None)  # torch's loader iterator: stop the other workers
+                if shutdown is not None:  # now, not in its __del__, where torch's SIGCHLD check would report the dead
+                    with contextlib.suppress(RuntimeError):  # worker again as a traceback ("Exception ignored")
+                        shutdown()
+                raise RuntimeError(
+                    f"DataLoader worker lost while it sent a batch ({type(err).__name__}: {err})"
+                ) from err  # the trainer's dead-worker line (step_outcome.dead_worker), with a checkpoint
             keys, self._state = self._recorded.records.popleft()
             return batch, torch.tensor([int(getattr(key, "index", key)) for key in keys], dtype=torch.int64)
         raise ValueError(f"data: an epoch of {type(self.dataset).__name__} holds no batch of {self.cfg.batch_size}")
