@@ -254,3 +254,19 @@ def test_on_cuda_the_host_bound_holds_the_devices_own_augmentation(batch, models
                 assert shapes.voxels >= exact.voxels and shapes.pairs >= exact.pairs, (name, seed)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def test_a_float64_cloud_is_bounded_in_the_voxelizations_float64_arithmetic(batch, models):
+    grid, gen = models["pointpillars"].grid, torch.Generator().manual_seed(3)
+    points = batch.points.apply(lambda t: t.double())
+    bounds = bev_aug_bounds(points, batch.gt_boxes, _params(batch, 0), AUG, 2.0**-53)
+    assert bounds.xyz.dtype == torch.float64
+    bound = voxel_count_bound(bounds.xyz, bounds.point_error, bounds.points_kept, grid)
+    size = torch.tensor(grid.voxel_size, dtype=torch.float64)
+    low = torch.tensor(RANGE[:3], dtype=torch.float64)
+    for _ in range(3):  # a device anywhere within the error, on a face where the error reaches one
+        u = 2 * torch.rand(bounds.xyz.shape, generator=gen, dtype=torch.float64) - 1
+        moved = bounds.xyz + u * bounds.point_error
+        face = low + size * torch.round((bounds.xyz - low) / size)
+        moved = torch.where((face - bounds.xyz).abs() <= bounds.point_error, face, moved)
+        assert (bound >= _device_voxels(moved, points.mask, grid)).all()

@@ -183,9 +183,8 @@ def _check_batch(points: RaggedBatch, grid: VoxelGrid) -> None:
 
 
 # --------------------------------------------------------------------------------------------- batched path
-def _voxel_cells(xyz: torch.Tensor, grid: VoxelGrid, clip: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each point's ``(x, y, z)`` cell (int64, 0 where out of range; with ``clip=False`` the cell as computed, NaN
-    as a very negative one) and whether it is in range (bool)."""
+def _voxel_cells(xyz: torch.Tensor, grid: VoxelGrid) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each point's ``(x, y, z)`` cell (int64, 0 where out of range) and whether it is in range (bool)."""
     compute = torch.float64 if xyz.dtype == torch.float64 else torch.float32  # mmcv: T, or float for half
     low = constant(_f32(grid.point_cloud_range[:3]), dtype=compute, device=xyz.device)  # (3,)
     size = constant(_f32(grid.voxel_size), dtype=compute, device=xyz.device)  # (3,)
@@ -194,8 +193,6 @@ def _voxel_cells(xyz: torch.Tensor, grid: VoxelGrid, clip: bool = True) -> tuple
     # by its reciprocal, which rounds differently from the kernel's division.
     cells = torch.floor((xyz.to(compute) - low) / size)  # (..., 3)
     inside = ((cells >= 0) & (cells < extent)).all(dim=-1)  # (...): NaN compares False, so it drops out
-    if not clip:
-        return torch.nan_to_num(cells, nan=-1.0, posinf=2.0**40, neginf=-1.0).clamp(-1, 2**40).long(), inside
     return torch.where(inside.unsqueeze(-1), cells, 0).long(), inside  # (..., 3), (...)
 
 
@@ -377,10 +374,11 @@ def voxel_count_bound(
     only within ``error`` of ``xyz`` (e.g. a host's replay of a device's float arithmetic): every cell a point may
     fall in is marked (:func:`occupied_cells`), so a point within ``error`` of a cell face counts both cells.
     A cell is ``floor((x − low) / size)`` in float32, a non-decreasing function of ``x``: the cells of every ``x``
-    in ``[xyz − error, xyz + error]`` lie between those of the interval's ends, rounded outward to float32.
+    in ``[xyz − error, xyz + error]`` lie between those of the interval's ends, rounded outward to float32. Every
+    point marks its lowest cell; the few whose interval crosses a face mark the others too.
 
     Args:
-        xyz: float32 ``(B, P, 3)``.
+        xyz: float ``(B, P, 3)`` (float32, or float64 for float64 clouds: the voxelization's arithmetic).
         error: float ``(B, P, 3)``, ``≥ 0``.
         kept: bool ``(B, P)``: the points that may be in the cloud at all (padding and filtered points False).
         grid: a hard grid.
@@ -394,26 +392,41 @@ def voxel_count_bound(
     nx, ny, nz = grid.grid_size
     if num_samples * nx * ny * nz > OCCUPANCY_CELLS:
         return None
-    wide = xyz.double()
-    low = torch.nextafter((wide - error).float(), torch.tensor(-math.inf))  # (B, P, 3): ≤ xyz − error
-    high = torch.nextafter((wide + error).float(), torch.tensor(math.inf))  # (B, P, 3): ≥ xyz + error
-    first, _ = _voxel_cells(low, grid, clip=False)  # (B, P, 3) the cells of the interval's ends
-    last, _ = _voxel_cells(high, grid, clip=False)
-    extent = torch.tensor(grid.grid_size, device=xyz.device)  # (3,)
+    compute = torch.float64 if xyz.dtype == torch.float64 else torch.float32  # the voxelization's own arithmetic
+    wide, inf = xyz.double(), torch.tensor(math.inf, dtype=compute)
+    low = torch.nextafter((wide - error).to(compute), -inf)  # (B, P, 3): ≤ xyz − error
+    high = torch.nextafter((wide + error).to(compute), inf)  # (B, P, 3): ≥ xyz + error
+    first, last = _raw_cells(low, grid), _raw_cells(high, grid)  # (B, P, 3) int32: the cells of the interval's ends
+    extent = torch.tensor(grid.grid_size, dtype=torch.int32, device=xyz.device)  # (3,)
     maybe = kept & ((last >= 0) & (first < extent)).all(dim=-1)  # (B, P): may land in the grid
     first, last = first.clamp(min=0), torch.minimum(last, extent - 1)  # (B, P, 3)
-    reach = torch.where(maybe.unsqueeze(-1), last - first, 0).amax(dim=(0, 1)).tolist() if maybe.numel() else [0] * 3
+    span = torch.where(maybe.unsqueeze(-1), last - first, 0)  # (B, P, 3)
+    reach = span.amax(dim=(0, 1)).tolist() if maybe.numel() else [0, 0, 0]  # host tensors: no device read
     if max(reach) > 1:
         return None
-    occupied = torch.zeros(num_samples, dtype=torch.long, device=xyz.device)  # (B,)
-    cells = []
+    sample = torch.arange(num_samples, device=xyz.device).view(-1, 1).expand_as(maybe)  # (B, P)
+    samples, cells = [sample[maybe]], [first[maybe]]  # (N,), (N, 3): every possible point's lowest cell
+    edge = maybe & (span > 0).any(dim=-1)  # (B, P): intervals that cross a face
+    low_edge, high_edge, edge_sample = first[edge], last[edge], sample[edge]  # (K, 3), (K, 3), (K,)
     for offset in itertools.product(*(range(r + 1) for r in reach)):
-        step = torch.tensor(offset, device=xyz.device)  # (3,)
-        cells.append(torch.minimum(first + step, last))  # (B, P, 3): a corner of the point's cells
-    if cells:
-        stacked = torch.cat(cells, dim=1)  # (B, K·P, 3)
-        occupied = occupied_cells(stacked, maybe.repeat(1, len(cells)), (nx, ny, nz))  # (B,)
-    return occupied.clamp(max=grid.max_voxels)  # (B,)
+        if any(offset):
+            step = torch.tensor(offset, dtype=torch.int32, device=xyz.device)  # (3,)
+            samples.append(edge_sample)
+            cells.append(torch.minimum(low_edge + step, high_edge))  # (K, 3): a corner of the point's cells
+    flat = torch.cat(cells).long()  # (M, 3)
+    linear = ((torch.cat(samples) * nz + flat[:, 2]) * ny + flat[:, 1]) * nx + flat[:, 0]  # (M,)
+    canvas = torch.zeros(num_samples * nz * ny * nx, dtype=torch.bool, device=xyz.device)  # (B·nz·ny·nx,)
+    canvas[linear] = True
+    return canvas.view(num_samples, -1).sum(dim=1).clamp(max=grid.max_voxels)  # (B,)
+
+
+def _raw_cells(xyz: torch.Tensor, grid: VoxelGrid) -> torch.Tensor:
+    """Each point's cell as :func:`_voxel_cells` computes it (``floor((x − low) / size)`` in ``xyz``'s float32 or
+    float64), unclipped, int32 (NaN and −inf as −1, +inf and beyond as 2³⁰)."""
+    low = constant(_f32(grid.point_cloud_range[:3]), dtype=xyz.dtype, device=xyz.device)  # (3,)
+    size = constant(_f32(grid.voxel_size), dtype=xyz.dtype, device=xyz.device)  # (3,)
+    cells = torch.floor((xyz - low) / size)  # (..., 3)
+    return cells.nan_to_num_(nan=-1.0, posinf=2.0**30, neginf=-1.0).clamp_(-1, 2**30).int()  # (..., 3)
 
 
 def hard_voxelize_slots(points: RaggedBatch, grid: VoxelGrid, voxels_per_sample: int) -> HardVoxels:
