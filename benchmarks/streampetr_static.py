@@ -2,8 +2,9 @@
 same batches, interleaved step by step: the eager batched path, the static path (``model.args.static_targets``)
 eager, and the compiled step the trainer runs with ``speed.compile_step`` (``model.step_loss`` on
 ``model.step_inputs``: the batch padded to its bucket, the memory bank passed in and written back in place;
-``torch.compile(fullgraph=True, dynamic=False)``, inductor with ``fallback_random`` and ``cpp_wrapper``, as the trainer
-compiles it on a CPU: the graph's dropout and denoising noise drawn by torch's eager generator); with
+``torch.compile(fullgraph=True, dynamic=False)``, inductor with the options the trainer compiles it with on a CPU,
+``engine.build.step_compile_options``: ``fallback_random``, the graph's dropout and denoising noise drawn by torch's
+eager generator; ``cpp_wrapper``; and the model's own, layout optimisation off); with
 ``--inductor-random`` also that step with inductor's own generated random numbers. Each is split into forward with
 loss and backward (medians of each apart).
 
@@ -14,8 +15,11 @@ bucket of the compiled step (``--step-targets``, default the config's ``model.ar
 the set's frames hold 21–44 boxes) is compiled before timing (compile seconds per variant printed). Medians over
 ``--repeat`` rounds, one thread by default (``--threads``).
 
+With ``--inductor-layout`` also that step with inductor's default layout optimisation (channels-last convolutions),
+which the model asks to turn off on a CPU (``StreamPETR.step_compile_options``).
+
 Run: ``drivetrain bench streampetr_static [--root data/synth-tiny] [--repeat 10] [--dropout 0] [--inductor-random]
-[--save]``.
+[--inductor-layout] [--save]``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import torch
 import yaml
 
 from drivetrain.data.sources import frames
+from drivetrain.engine.build import step_compile_options
 from drivetrain.losses.term_weights import weighted_total
 from drivetrain.models.streampetr import StreamPETR
 from drivetrain.models.streampetr.static import pad_targets
@@ -36,6 +41,7 @@ from drivetrain.profile import BenchResult, Row, add_bench_arguments, device_nam
 
 ROOT = Path(__file__).resolve().parents[1]
 EAGER, STATIC, COMPILED, INDUCTOR_RNG = "eager", "static eager", "static compiled", "static compiled, inductor RNG"
+INDUCTOR_LAYOUT = "static compiled, inductor layout"
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -48,6 +54,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--step-targets", default=None, help="the compiled step's G buckets, e.g. 32,64 (default: "
                         "the config's model.args.step_targets)")  # fmt: skip
     parser.add_argument("--inductor-random", action="store_true", help="also the step with inductor's own RNG")
+    parser.add_argument("--inductor-layout", action="store_true", help="also the step with inductor's default "
+                        "layout optimisation (the model asks for it off on a CPU)")  # fmt: skip
     opts = parser.parse_args(argv)
     device = setup_bench(opts)
     if device.type != "cpu":
@@ -62,6 +70,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     ds = frames(str(Path(opts.root) / "drivetrain_index.npz"), split="mini_train")
     batches = [ds.collate([ds[2 * i], ds[2 * i + 1]]) for i in range(opts.batches)]
     names = [EAGER, STATIC, COMPILED] + ([INDUCTOR_RNG] if opts.inductor_random else [])
+    names += [INDUCTOR_LAYOUT] if opts.inductor_layout else []
 
     def model_of(static: bool) -> StreamPETR:
         torch.manual_seed(opts.seed)
@@ -79,7 +88,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             with torch.no_grad():
                 model(batches[0])  # the memory bank past its first (empty) frame, as the compiled ones below
         else:
-            options = {"fallback_random": name == COMPILED, "cpp_wrapper": True}  # as engine.build.StepGraph
+            options = {**step_compile_options(model, device), "fallback_random": name != INDUCTOR_RNG}  # as StepGraph
+            if name == INDUCTOR_LAYOUT:
+                options.pop("layout_optimization", None)  # inductor's default: channels-last convolutions
             fn = torch.compile(model.step_loss, fullgraph=True, dynamic=False, backend="inductor", options=options)
 
             def step(b, model=model, fn=fn):
@@ -115,7 +126,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
               "step_targets": list(args["step_targets"]), "interleaved": True,
               "G": [b.gt_boxes.max_size for b in batches],
               "G_2d": [b.gt_boxes_2d.max_size for b in batches]}  # fmt: skip
-    result = BenchResult("streampetr_static", device_name(device), config)
+    result = BenchResult("streampetr-static", device_name(device), config)
     for part, index in (("step (forward + loss + backward)", None), ("forward + loss", 0), ("backward", 1)):
         pick = (lambda name: totals[name]) if index is None else (lambda name, i=index: samples[name][i])
         result.add(Row.from_samples(part, pick(EAGER), pick(COMPILED), baseline=EAGER,
@@ -124,9 +135,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     result.extra["compile_s"] = compile_seconds
     result.notes.append(
         f"reference = {EAGER} (the batched path), batched = {COMPILED} (model.step_loss on model.step_inputs, what "
-        f"speed.compile_step runs: torch.compile fullgraph, inductor, fallback_random, cpp_wrapper); {STATIC}: the "
+        f"speed.compile_step runs: torch.compile fullgraph, inductor, step_compile_options: "
+        f"{step_compile_options(steps[COMPILED][0], device)}); {STATIC}: the "
         "padded step without compiling"
         + (f"; {INDUCTOR_RNG}: without fallback_random" if opts.inductor_random else "")
+        + (f"; {INDUCTOR_LAYOUT}: with inductor's default layout_optimization" if opts.inductor_layout else "")
         + ". Variants interleaved step by step. No optimizer step."
     )
     emit(result, opts, chart=False)

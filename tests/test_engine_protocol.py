@@ -23,6 +23,7 @@ from drivetrain.engine.protocol import (
     Model,
     Sensors,
     StaticStep,
+    StepCompileOptions,
     TTADetector,
     VoxelModel,
     WeightedLoss,
@@ -35,8 +36,11 @@ REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
 CAPABILITIES = (
     Model, WeightedLoss, LossCounts, Detector, Sensors, FrozenEncoder, TTADetector, VoxelModel, MatchedQueries,
-    StaticStep,
+    StaticStep, StepCompileOptions,
 )  # fmt: skip
+
+
+DETECTOR = (Model, WeightedLoss, Detector, Sensors, StaticStep)  # what every reference detector declares (and more)
 
 
 def _model(config: str, *overrides: str) -> torch.nn.Module:
@@ -50,7 +54,7 @@ def _model(config: str, *overrides: str) -> torch.nn.Module:
         (
             "streampetr_tiny.yaml",
             (),
-            {Model, WeightedLoss, LossCounts, Detector, Sensors, FrozenEncoder, MatchedQueries, StaticStep},
+            {*DETECTOR, LossCounts, FrozenEncoder, MatchedQueries, StepCompileOptions},
         ),
         ("pointpillars_tiny.yaml", (), {Model, WeightedLoss, Detector, Sensors, TTADetector, VoxelModel, StaticStep}),
         ("ssn_tiny.yaml", (), {Model, WeightedLoss, Detector, Sensors, TTADetector, VoxelModel, StaticStep}),

@@ -389,3 +389,41 @@ def test_the_inductor_step_draws_dropout_as_the_eager_step_does():
     # the same masks and the same sums, up to the order inductor sums 8·64 squares in: rtol 2n·u
     torch.testing.assert_close(compiled, eager, rtol=2 * 8 * 64 * torch.finfo(torch.float32).eps / 2, atol=0.0)
     assert graph.compiles_in_steps == 0
+
+
+class _Asking(_Dropping):
+    """:class:`_Dropping` asking for inductor's own random numbers on a CPU (StepCompileOptions)."""
+
+    def step_compile_options(self, device):
+        return {"fallback_random": False} if device.type == "cpu" else {}
+
+
+def test_a_models_own_inductor_options_go_on_top_of_the_engines():
+    from drivetrain.engine.build import step_compile_options
+    from drivetrain.engine.protocol import StepCompileOptions
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")  # a device object: no CUDA needed
+    assert isinstance(_Asking(), StepCompileOptions) and not isinstance(_Dropping(), StepCompileOptions)
+    assert step_compile_options(_Dropping(), cpu) == {"fallback_random": True, "cpp_wrapper": True}
+    assert step_compile_options(_Asking(), cpu) == {"fallback_random": False, "cpp_wrapper": True}
+    assert step_compile_options(_Asking(), cuda, "reduce-overhead") == {
+        "triton.cudagraphs": True, "fallback_random": True, "cpp_wrapper": False}  # fmt: skip
+    # the step graph compiles with them (torch.compile is lazy: nothing compiles here)
+    assert StepGraph(_Asking(), "inductor", 8, cpu).options["fallback_random"] is False
+    assert StepGraph(_Asking(), "aot_eager", 8, cpu).options is None
+
+
+def test_streampetr_asks_for_contiguous_layouts_on_a_cpu_where_its_groupnorm_groups_are_narrow():
+    """The tiny backbone's GroupNorm(8) at width 32 holds 4 channels a group (inductor's channels-last kernels fill 4
+    of 16 lanes): layout optimisation off on a CPU. At width 128 (16 and 32 a group) with the focal head's
+    GroupNorm(32) over 512 channels (16 a group), and on CUDA, nothing is asked."""
+    from drivetrain.models.streampetr import StreamPETR
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    narrow = StreamPETR(**{**SMALL, "backbone_args": {"width": 32}, "static_targets": True})
+    assert narrow.step_compile_options(cpu) == {"layout_optimization": False}
+    assert narrow.step_compile_options(cuda) == {}
+    wide = StreamPETR(**{**SMALL, "backbone_args": {"width": 128}, "embed_dims": 512, "static_targets": True})
+    assert wide.step_compile_options(cpu) == {}
+    graph = StepGraph(narrow, "inductor", 2, cpu)
+    assert graph.options["layout_optimization"] is False and graph.options["fallback_random"] is True

@@ -107,6 +107,7 @@ from drivetrain.engine.protocol import (
     MapDataset,
     MatchedQueries,
     StaticStep,
+    StepCompileOptions,
     WeightedLoss,
     missing_members,
 )
@@ -127,6 +128,7 @@ __all__ = [
     "dynamo_graphs",
     "lr_factor",
     "one_cycle",
+    "step_compile_options",
     "warm_known_shapes",
     "warm_met_shapes",
     "warmup_constant",
@@ -490,6 +492,23 @@ def build_step_graph(
         raise ConfigError(f"speed.compile_step: {err}") from None
 
 
+def step_compile_options(model: Any, device: torch.device, mode: str = "default") -> dict[str, Any]:
+    """The inductor options a static step's graph is compiled with on ``device``: ``mode``'s, then the engine's
+    (``fallback_random``: torch's eager draws in the graph; on a CPU ``cpp_wrapper``; see the module docstring), then
+    the model's own (:class:`~drivetrain.engine.protocol.StepCompileOptions`, e.g. StreamPETR's layout on a CPU).
+
+    Example:
+        >>> step_compile_options(torch.nn.Linear(1, 1), torch.device("cpu"))
+        {'fallback_random': True, 'cpp_wrapper': True}
+    """
+    from torch._inductor import list_mode_options
+
+    options = {**list_mode_options(mode), "fallback_random": True, "cpp_wrapper": device.type == "cpu"}
+    if isinstance(model, StepCompileOptions):
+        options.update(model.step_compile_options(device))
+    return options
+
+
 class StepGraph:
     """The compiled forward + loss of a :class:`~drivetrain.engine.protocol.StaticStep` model.
 
@@ -509,10 +528,8 @@ class StepGraph:
         self.replays = mode == "reduce-overhead"  # CUDA graphs: outputs live in the pool until the next replay
         options = None  # inductor: the mode's options, eager RNG in the graph, on a CPU a C++ wrapper (see above)
         if backend == "inductor":
-            from torch._inductor import list_mode_options
-
-            extra = {"fallback_random": True, "cpp_wrapper": device.type == "cpu"}
-            options, mode = {**list_mode_options(mode), **extra}, None
+            options, mode = step_compile_options(model, device, mode), None
+        self.options = options  # inductor's options as compiled (None: another backend)
         self.fn = torch.compile(
             model.step_loss, fullgraph=True, dynamic=False, backend=backend, mode=mode, options=options
         )

@@ -22,6 +22,8 @@ it — and call the member through the protocol, never probing the model for a n
   reading the device (when the batch stream hands out host batches).
 - :class:`AugmentedHostShapes` — ``step_shapes_augmented``: a bucket that holds what the device's augmentation makes
   of the loader's host batch, bounded on the host from the augmentation's parameters (device augmentation on CUDA).
+- :class:`StepCompileOptions` — ``step_compile_options``: inductor options a static step's graph is compiled with on
+  a device (:func:`drivetrain.engine.build.step_compile_options`).
 
 Members must be methods, properties, class attributes or plain instance attributes: Python 3.12+ checks protocol
 members without running ``__getattr__``, so a submodule, parameter or buffer does not count as one.
@@ -61,6 +63,7 @@ __all__ = [
     "Model",
     "Sensors",
     "StaticStep",
+    "StepCompileOptions",
     "StreamMemory",
     "TTADetector",
     "VoxelModel",
@@ -261,3 +264,13 @@ class AugmentedHostShapes(Protocol):
         ``params`` (:class:`~drivetrain.pipeline.augment.stage.AugmentParams`) and ``config``
         (:class:`~drivetrain.pipeline.augment.stage.AugmentConfig`), whose float32 matrix products round to
         ``roundoff``; None where no bound is cheap (the step then counts on the device)."""
+
+
+@runtime_checkable
+class StepCompileOptions(Protocol):
+    """A :class:`StaticStep` model that asks for inductor options of its own on a device, where one of its layers
+    compiles to measurably slower code under inductor's defaults (each option's reason in the model's docs)."""
+
+    def step_compile_options(self, device: torch.device) -> Mapping[str, Any]:
+        """Inductor options (``torch._inductor.config`` names) for the step's graph on ``device``; empty: the
+        defaults. They go on top of the engine's own (``fallback_random``, ``cpp_wrapper``)."""
