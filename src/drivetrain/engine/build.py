@@ -495,7 +495,8 @@ def build_step_graph(
 def step_compile_options(model: Any, device: torch.device, mode: str = "default") -> dict[str, Any]:
     """The inductor options a static step's graph is compiled with on ``device``: ``mode``'s, then the engine's
     (``fallback_random``: torch's eager draws in the graph; on a CPU ``cpp_wrapper``; see the module docstring), then
-    the model's own (:class:`~drivetrain.engine.protocol.StepCompileOptions`, e.g. StreamPETR's layout on a CPU).
+    the model's own (:class:`~drivetrain.engine.protocol.StepCompileOptions`: say, a layout where one of its layers
+    compiles to slow kernels).
 
     Example:
         >>> step_compile_options(torch.nn.Linear(1, 1), torch.device("cpu"))
