@@ -91,7 +91,7 @@ class _Spy:
     def __getattr__(self, name: str):
         return getattr(self.graph, name)
 
-    def __call__(self, batch, call=None):
+    def __call__(self, batch, call=None, loaded=None):  # the trainer's call; ``loaded`` unused: see the fixture
         if len(self.steps) % 2:  # every other batch in the ground-truth bucket 128
             batch = dataclasses.replace(
                 batch, gt_boxes=_wider(batch.gt_boxes, 65), gt_labels=_wider(batch.gt_labels, 65)
@@ -122,12 +122,19 @@ def graphed(synth_root, synth_index, tmp_path_factory):
     cfg = load_config(TINY, _argv(out, synth_root, f"train.steps={STEPS}", "checkpoint.every=100",
                                   "model.args.max_targets=128", *GRAPHED))  # fmt: skip
     start = {"pools": _graph_pools(), "skips": counters["inductor"]["cudagraph_skips"]}
+    deterministic = torch.are_deterministic_algorithms_enabled()  # the run sets it; module scope: put it back here
     trainer = Trainer(cfg)
+    # the spy widens the device batch: its bucket must come from it, not from the host batch before it (the
+    # prefetcher's bound of the device augmentation, or the loader's batch), which is not widened
+    trainer.step_graph.handed_shapes, trainer.step_graph.host_batches = None, False
     spy = _Spy(trainer)
     trainer.step_graph = spy
-    trainer.fit()
-    trainer.close()
-    torch.cuda.synchronize()
+    try:
+        trainer.fit()
+        trainer.close()
+        torch.cuda.synchronize()
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
     end = {"recorded": _recorded_graphs(), "pools": _graph_pools(), "skips": counters["inductor"]["cudagraph_skips"]}
     return spy, start, end
 

@@ -295,3 +295,35 @@ def test_the_update_reads_nothing_on_the_host_even_where_it_runs_eagerly():
     for got, want in zip(twin.parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=tol)
     assert [s["step"].item() for s in twin_optimizer.state.values()] == [2.0] * 3
+
+
+def _graph_inputs(optimizer: torch.optim.AdamW, load: dict | None = None) -> tuple[list[torch.Tensor], list]:
+    """The tensors the update's graph takes as inputs (dynamo's example inputs), and the optimizer's state tensors."""
+    seen: list[list[torch.Tensor]] = []
+
+    def backend(gm: torch.fx.GraphModule, inputs: list) -> object:
+        seen.append([x for x in inputs if isinstance(x, torch.Tensor)])
+        return gm.forward
+
+    graph = OptimizerGraph(optimizer, backend)
+    if load is not None:
+        optimizer.load_state_dict(load)
+    graph.compile_all(lambda line: None)
+    state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    return seen[-1], state
+
+
+def test_the_update_graph_takes_the_optimizer_state_as_static_not_as_inputs():
+    """The update writes AdamW's state (step, moments) in place; cudagraph trees replay only a graph whose mutated
+    inputs are static, and the graph meets the state first among the undo copy's sources: without marking them
+    static in advance the 9 state tensors were plain inputs of the graph (CUDA: "skipping cudagraphs due to mutated
+    inputs"). Also after a checkpoint's state is loaded (new tensors)."""
+    model = _model()
+    optimizer = _adamw(model)
+    inputs, state = _graph_inputs(optimizer)
+    assert len(state) == 9  # 3 parameters × (step, exp_avg, exp_avg_sq)
+    assert not {t.data_ptr() for t in state} & {x.data_ptr() for x in inputs}
+    params = [p for p in model.parameters() if p.requires_grad]
+    assert {p.data_ptr() for p in params} <= {x.data_ptr() for x in inputs}  # the check can see an input
+    inputs, state = _graph_inputs(_adamw(_model()), load=optimizer.state_dict())  # a checkpoint's (eager form)
+    assert len(state) == 9 and not {t.data_ptr() for t in state} & {x.data_ptr() for x in inputs}

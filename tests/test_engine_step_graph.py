@@ -427,3 +427,29 @@ def test_streampetr_asks_for_contiguous_layouts_on_a_cpu_where_its_groupnorm_gro
     assert wide.step_compile_options(cpu) == {}
     graph = StepGraph(narrow, "inductor", 2, cpu)
     assert graph.options["layout_optimization"] is False and graph.options["fallback_random"] is True
+
+
+class _TwoBuckets(_Dropping):
+    """:class:`_Dropping` with two buckets (rows 8 and 16 of the batch)."""
+
+    def step_buckets(self, batch_size):
+        return (8, 16)
+
+    def step_inputs(self, batch, shapes, batch_size, device):
+        return (torch.ones(shapes, 64, device=device),)
+
+
+def test_every_bucket_compiles_from_no_gradient():
+    """Each bucket's warm-up backward starts from no gradient: under CUDA graphs the gradients one bucket's backward
+    leaves are outputs in the pool, freed when the next bucket's iteration begins, so accumulating into them fails."""
+    model = _TwoBuckets().train()
+    graph = StepGraph(model, "aot_eager", 2, torch.device("cpu"))
+    seen = []
+
+    def call(*inputs):
+        seen.append([p.grad is None for p in model.parameters()])
+        return graph.fn(*inputs)
+
+    graph.compile_all(lambda line: None, contextlib.nullcontext, call)
+    assert seen == [[True, True], [True, True]]
+    assert all(p.grad is None for p in model.parameters())

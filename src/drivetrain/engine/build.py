@@ -49,10 +49,12 @@ model's noise — are torch's eager ones, in the eager step's order, where induc
 far slower on a CPU for a camera detector's dropout, docs/engine.md; and on a CPU ``cpp_wrapper``: the graph's
 kernels called from generated C++ rather than Python, which saved ~11 % of that step, at about twice the compile
 time). Before the first step :meth:`StepGraph.compile_all` runs every bucket of
-``model.step_buckets`` once, forward and backward, on an empty batch at that bucket (one line per bucket with its
-seconds, then their total: :attr:`StepGraph.compile_seconds`), then puts back what that run touched: every buffer
-(BatchNorm statistics and counters), the gradients (None) and the RNG states — so a run compiled before its first
-step, resumed or not, trains exactly as without the warm-up (the resume test compares 2 + 2 steps with 4 straight).
+``model.step_buckets`` once, forward and backward, on an empty batch at that bucket, each from no gradient (under
+CUDA graphs the gradients of one bucket's backward are outputs in the pool, freed when the next begins); one line
+per bucket with its seconds, then their total (:attr:`StepGraph.compile_seconds`); then it puts back what that run
+touched: every buffer (BatchNorm statistics and counters), the gradients (None) and the RNG states — so a run
+compiled before its first step, resumed or not, trains exactly as without the warm-up (the resume test compares
+2 + 2 steps with 4 straight).
 
 Each step then asks the model for its batch's bucket (``model.step_shapes``: at most one host read, the model's
 ``# sync:``), pads the batch (``model.step_inputs``) and calls the compiled function. When the batch stream hands out
@@ -576,6 +578,9 @@ class StepGraph:
                 with context(), self._limit():
                     terms = call(*self.model.step_inputs(None, shapes, self.batch_size, self.device))
                 torch.stack([value.float().sum() for value in terms.values()]).sum().backward()
+                del terms
+                for param in module.parameters():  # CUDA graphs: the next bucket's iteration frees these gradients
+                    param.grad = None  # (outputs of this one's backward, in the pool): none to accumulate into
                 message(f"speed.compile_step: bucket {shapes} compiled in {time.perf_counter() - start:.1f} s")
             self.compile_seconds = time.perf_counter() - began
             count = f"{len(self.buckets)} bucket{'s' if len(self.buckets) != 1 else ''}"

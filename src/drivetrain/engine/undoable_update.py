@@ -184,6 +184,12 @@ class OptimizerGraph(UndoableUpdate):
                         exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
                         exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format),
                     )
+                # CUDA graphs: the update writes the state in place, and cudagraph trees replay only a graph whose
+                # mutated inputs are static. The graph first meets the state in the copies' sources, as plain
+                # inputs (dynamo's own marking of an optimizer's state comes later, too late): mark them here
+                for value in state[p].values():
+                    if isinstance(value, torch.Tensor):
+                        torch._dynamo.mark_static_address(value, guard=True)
 
     def _eager_form(self, _: torch.optim.Optimizer, state_dict: dict) -> dict:
         """``state_dict()`` as the eager optimizer writes it: float ``lr``, CPU step counters, the flags as built."""
