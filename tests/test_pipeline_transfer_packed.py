@@ -306,3 +306,18 @@ def test_cuda_to_host_get_waits_on_the_host_for_the_copy():
     back = PackedCopier("cuda").to_host(on_gpu, stream=side).get()  # read at once: get() waited for it
     assert_same(back, source)
     assert all(t.is_pinned() for t in back.values())
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_to_host_on_a_side_stream_reads_what_the_current_stream_wrote():
+    """The device tensors are written by kernels queued on the current stream behind a busy one; the copy on the
+    side stream waits for them (no host sync) and brings back the written values, not the zeros before."""
+    side = torch.cuda.Stream()
+    on_gpu = {f"t{i}": torch.zeros(5, i + 2, device="cuda") for i in range(24)}
+    torch.cuda.synchronize()
+    torch.cuda._sleep(BUSY)  # the current stream is busy ...
+    for i, tensor in enumerate(on_gpu.values()):
+        tensor.fill_(float(i + 1))  # ... then writes the values
+    back = PackedCopier("cuda").to_host(on_gpu, stream=side).get()
+    assert all(torch.equal(t, torch.full_like(t, float(i + 1))) for i, t in enumerate(back.values()))

@@ -20,7 +20,9 @@ caller's stream (or a given one); :class:`Transfer` is the handle: ``ready()`` a
 makes the current stream wait for it and records the buffers on that stream (``record_stream``), so the caching
 allocator does not hand them out while the consumer still reads them. Staging buffers come from PyTorch's caching
 pinned allocator, which reuses them across batches once their copies have completed. Device→host (``to_host``) is
-the same in reverse, into one pinned host buffer.
+the same in reverse, into one pinned host buffer; on a given stream other than the caller's, that stream first
+waits for the caller's (which wrote the device tensors) and records them, so the copy reads them once written and
+their blocks are not handed out before it has.
 
 **The two thresholds, measured** (CPU, 2 cores, AMD EPYC, torch 2.13, one thread; the H200 run of ``bench copy``:
 ``benchmarks/results/copy-cuda.md``; the fits below: docs/benchmarks.md, ``copy``). Per-tensor
@@ -259,7 +261,13 @@ class PackedCopier:
             alone = [i for indices, _ in plan.groups.values() for i in indices] + plan.empty
             plan.groups, plan.order, plan.region_bytes, plan.empty, plan.num_packed, plan.nbytes = {}, [], [], [], 0, 0
         if cuda:
-            stream = stream if stream is not None else torch.cuda.current_stream(self.device)
+            current = torch.cuda.current_stream(self.device)
+            stream = stream if stream is not None else current
+            if target.type == "cpu" and stream != current:  # device sources the caller's stream writes: the copy
+                stream.wait_stream(current)  # reads them after (no host sync), and their blocks stay theirs until
+                for leaf in leaves:  # the copy has read them, should the caller free them meanwhile
+                    if isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda":
+                        leaf.record_stream(stream)
         out = list(leaves)
         buffers: list[torch.Tensor] = []
         with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
