@@ -336,3 +336,32 @@ def test_the_compiled_step_names_the_key_of_what_it_cannot_take(train_frames):
     with pytest.raises(ValueError, match=r"^model\.args\.step_targets: .*, got \[20, 64\]$"):
         model_of(**{**STEP_ARGS, "step_targets": (20, 64)}).step_buckets(2)
     assert [s.targets for s in model_of(**{**STEP_ARGS, "step_targets": ()}).step_buckets(2)] == [8, 16, 32, 64]
+
+
+def test_the_compiled_steps_bank_keeps_its_tensors_through_a_resume_an_evaluation_and_a_reset(train_frames):
+    """The step's memory inputs are the same tensor objects at every step (CUDA graphs replay a graph that writes
+    static inputs only at their recorded addresses; a new tensor would record the bucket again): a bank loaded from a
+    checkpoint, or put back after an evaluation (new tensors either way), is copied into them with its values, and
+    a reset zeroes them (``filled`` 0)."""
+    model, cpu = model_of(**STEP_ARGS), torch.device("cpu")
+    frames_ = stream(train_frames)
+
+    def bank(batch):
+        frame, memory, filled = model.step_inputs(batch, model.step_shapes(batch), 2, cpu)
+        return memory, filled
+
+    held, filled = bank(frames_[0])
+    assert filled.tolist() == [0.0, 0.0]
+    with torch.no_grad():
+        model.step_loss(*model.step_inputs(frames_[0], model.step_shapes(frames_[0]), 2, cpu))
+    saved = model.stream_state()  # clones: a checkpoint's, or what an evaluation puts back
+    assert saved and all(value.abs().sum() > 0 for name, value in saved.items() if name == "embedding")
+    model.load_stream_state({name: value.clone() for name, value in saved.items()})
+    assert model.memory.embedding is not held.embedding  # the load set new tensors
+    memory, filled = bank(frames_[1])
+    assert all(mine is theirs for mine, theirs in zip(memory, held, strict=True)) and filled.tolist() == [1.0, 1.0]
+    assert all(torch.equal(memory._asdict()[name], value) for name, value in saved.items())  # the loaded values
+    model.load_stream_state({})  # a reset
+    memory, filled = bank(frames_[1])
+    assert all(mine is theirs for mine, theirs in zip(memory, held, strict=True)) and filled.tolist() == [0.0, 0.0]
+    assert all(not tensor.any() for tensor in memory)

@@ -49,7 +49,7 @@ from drivetrain.models.streampetr.denoising import DNQueries
 from drivetrain.models.streampetr.embedding import MLN, SEGate, nerf_encoding, sine_embedding_1d, sine_embedding_3d
 from drivetrain.models.streampetr.heads import FocalHead, box_codes, class_branch, regression_branch, token_locations
 from drivetrain.models.streampetr.loss import path_of, streampetr_loss
-from drivetrain.models.streampetr.memory import MEMORY_DTYPES, MemoryBank, MemoryState
+from drivetrain.models.streampetr.memory import MemoryBank, MemoryState
 from drivetrain.models.streampetr.position import PositionEmbedding3D
 from drivetrain.models.streampetr.postprocess import decode
 from drivetrain.models.streampetr.recipe import MAX_NUM, MEAN, POST_CENTER_RANGE, SIZE_DIVISOR, STD
@@ -117,6 +117,7 @@ class StreamPETR(nn.Module):
         self.cls_branch = class_branch(e, num_classes)
         self.reg_branch = regression_branch(e)
         self.memory = MemoryBank(e, args.memory_len, args.topk, args.num_propagated, self.pc_range)
+        self._held: MemoryState | None = None  # the compiled step's bank tensors (:meth:`_held_bank`)
         sync, compile_loss = args.sync_cls_avg_factor, args.compile_loss
         self.criterion = streampetr_loss(
             num_classes, dn_split=args.dn_split, sync_cls_avg_factor=sync, compile=compile_loss
@@ -364,19 +365,32 @@ class StreamPETR(nn.Module):
             memory = _static_address(self.memory.empty(batch_size, entries, device))
             return frame, memory, torch.zeros(batch_size, device=device)
         frame = step_batch(batch, shapes, self.mean, self.std)
-        if self.memory.embedding is None:  # the first frame: zeros standing for the empty bank, held from now on
-            self.memory.set_state(self.memory.empty(batch_size, entries, device))
-            return frame, _static_address(self.memory.state()), torch.zeros(batch_size, device=device)
+        held = self._held_bank(batch_size, entries, device)
+        if self.memory.embedding is None:  # the first frame, or after a reset: zeros standing for the empty bank
+            for tensor in held:
+                tensor.zero_()
+            self.memory.set_state(held)
+            return frame, _static_address(held), torch.zeros(batch_size, device=device)
         state = self.memory.state()
         if state.embedding.shape[:2] != (batch_size, entries):
             raise ValueError(
                 f"memory: the compiled step holds {batch_size} streams of {entries} entries (topk + memory_len), the "
                 f"bank holds {tuple(state.embedding.shape[:2])}"
             )
-        pairs = list(zip(state, MEMORY_DTYPES, strict=True))  # the layout and dtypes the graph was compiled for
-        if any(t.dtype != dtype or t.device != device or not t.is_contiguous() for t, dtype in pairs):
-            self.memory.set_state(MemoryState(*(t.to(device, dtype).contiguous() for t, dtype in pairs)))
-        return frame, _static_address(self.memory.state()), torch.ones(batch_size, device=device)
+        if any(tensor is not mine for tensor, mine in zip(state, held, strict=True)):  # a resume, an evaluation
+            with torch.no_grad():  # or an eager step set another bank: its values into the held tensors, so the
+                for mine, tensor in zip(held, state, strict=True):  # graph's inputs keep their addresses (CUDA
+                    mine.copy_(tensor)  # graphs: a new one would record the bucket again), dtypes and layout
+            self.memory.set_state(held)
+        return frame, _static_address(held), torch.ones(batch_size, device=device)
+
+    def _held_bank(self, batch_size: int, entries: int, device: torch.device) -> MemoryState:
+        """The bank tensors the compiled step reads and writes in place (:data:`~.memory.MEMORY_DTYPES`, contiguous),
+        the same objects from step to step: made at the first step (or for another batch size or device)."""
+        held = self._held
+        if held is None or held.embedding.shape[:2] != (batch_size, entries) or held.embedding.device != device:
+            held = self._held = self.memory.empty(batch_size, entries, device)
+        return held
 
     def step_loss(self, batch: Batch, memory: MemoryState, filled: torch.Tensor) -> dict[str, torch.Tensor]:
         """The training forward and the unweighted loss terms of :meth:`step_inputs`' arguments — :meth:`forward` then
@@ -442,8 +456,8 @@ class StreamPETR(nn.Module):
 def _static_address(memory: MemoryState) -> MemoryState:
     """``memory`` with its CUDA tensors marked as inputs at a fixed address (``torch._dynamo.mark_static_address``,
     unguarded): the step writes them in place, and CUDA graph trees replay a graph that mutates an input only when
-    the input is static (the bank's tensors stay the same objects from step to step; a new one, after a resume,
-    makes the bucket record again, it does not compile). CPU tensors are left unmarked."""
+    the input is static (the bank's tensors stay the same objects from step to step, a resumed or evaluated bank
+    copied into them: :meth:`StreamPETR._held_bank`). CPU tensors are left unmarked."""
     for tensor in memory:
         if tensor.is_cuda:
             torch._dynamo.mark_static_address(tensor)
