@@ -347,7 +347,7 @@ def test_the_compiled_steps_bank_keeps_its_tensors_through_a_resume_an_evaluatio
     frames_ = stream(train_frames)
 
     def bank(batch):
-        frame, memory, filled = model.step_inputs(batch, model.step_shapes(batch), 2, cpu)
+        _, memory, filled = model.step_inputs(batch, model.step_shapes(batch), 2, cpu)
         return memory, filled
 
     held, filled = bank(frames_[0])
