@@ -491,10 +491,12 @@ def test_mismatched_params_or_boxes_raise_value_error(gen):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_the_cpu_reference_without_sync():
+    """The parameters are drawn on the host (as the loader draws them) and moved: the same draws as on a CPU, whose
+    clearance from the filters' boundaries is checked here without a GPU (a CUDA generator's draws differ)."""
     points, boxes, labels = random_scene("four", torch.Generator().manual_seed(11))
     device_inputs = [x.to("cuda") for x in (points, boxes, labels)]
-    gen = torch.Generator(device="cuda").manual_seed(11)
-    params = sample_bev_params(device_inputs[0], FULL_CONFIG, gen)
+    drawn = sample_bev_params(points, FULL_CONFIG, torch.Generator().manual_seed(11))
+    params = BevAugParams(*(getattr(drawn, name).to("cuda") for name in BevAugParams.__dataclass_fields__))
     apply_bev_aug(*device_inputs, params, FULL_CONFIG)  # warm-up
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
