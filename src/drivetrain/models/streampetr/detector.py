@@ -411,10 +411,11 @@ class StreamPETR(nn.Module):
 
         With it on, inductor stores the convolutions' outputs channels-last, and its GroupNorm kernels then reduce
         each group over 4 strided channels: 4 of 16 vector lanes, masked (the ATen kernels it would call instead
-        want NCHW and transpose). Measured on this CPU (1 thread, docs/streampetr.md): the tiny backbone's forward and
-        backward at the tiny config's 12 images of 192 × 320, eager 67.8 ms, compiled 77.7, compiled with it off
-        69.0; the whole compiled step 251.6 → 240.8 ms. On CUDA (cuDNN wants channels-last convolutions) and for
-        wider groups nothing is asked.
+        want NCHW and transpose). Measured on this CPU (1 thread, docs/streampetr.md): the whole compiled step of the
+        tiny config 253.2 → 244.1 ms (``benchmarks/results/streampetr-static-cpu``, interleaved); the tiny backbone
+        alone, forward and backward at 12 images of 192 × 320 in a one-off run, eager 67.8 ms, compiled 77.7,
+        compiled with it off 69.0. On CUDA (cuDNN wants channels-last convolutions) and for wider groups nothing is
+        asked.
         """
         narrow = any(m.num_channels // m.num_groups < 16 for m in self.modules() if isinstance(m, nn.GroupNorm))
         return {"layout_optimization": False} if device.type == "cpu" and narrow else {}
