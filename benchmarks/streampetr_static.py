@@ -77,6 +77,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         return StreamPETR(**{**args, "static_targets": static}).train()
 
     steps, compile_seconds = {}, {}
+    # dynamo keeps 8 graphs of one function by default (then a fullgraph compile fails): every compiled variant here
+    # compiles each bucket of the same step_loss
+    limit = 2 * len(names) * len(args["step_targets"])
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
     for name in names:
         model = model_of(name != EAGER)
         if name in (EAGER, STATIC):
