@@ -49,8 +49,16 @@ dataset indices) and ``compare_overrides``; ``compared`` holds the compared run'
 ``step_max_ms``, ``parts`` with kernels and syncs, ``syncs_per_step``, ``kernels_per_step``, ``graph_breaks``,
 ``compiles_in_steps``, ...). A speedup above 1 means the compared run is faster. Not with ``--profile``.
 
+The two runs are timed one after the other by default, so a change of the machine's load between them moves the
+ratio (on a shared CPU the same command has given ×0.52 and ×1.62). ``--interleave`` builds both trainers first and
+then runs one iteration of each in turn (:func:`drivetrain.engine.stepsplit.measure_interleaved`): the load falls on
+both alike. Each trainer gets back the process-wide state it set or draws from before its iteration (threads,
+deterministic mode, cuDNN/TF32 flags, the CPU's and Python's and NumPy's generators), so on the CPU each trains
+exactly as it would alone; on CUDA they share the device's generator. Both models are held at once (memory for
+two), and each counts only its own steps' syncs and compilations. ``interleaved`` in the JSON says which was done.
+
 Run: ``drivetrain bench train --config configs/streampetr_tiny.yaml [--steps N] [--warmup N] [--device cpu|cuda]
-[--profile N] [KEY=VALUE ...] [--compare KEY=VALUE ...] [--save]``; ``--save`` writes
+[--profile N] [KEY=VALUE ...] [--interleave] [--compare KEY=VALUE ...] [--save]``; ``--save`` writes
 ``benchmarks/results/train-<model>-<size>-<device>.{json,md}`` (size: the config's name after the model's, ``nus``
 named ``full`` as ``bench iteration`` names it; ``train-<model>-<size>-compare-<device>`` with ``--compare``).
 
@@ -70,7 +78,14 @@ import torch
 
 from drivetrain.detector.spec import keywords
 from drivetrain.engine import ConfigError, load_config
-from drivetrain.engine.stepsplit import LABELS, MIN_WARMUP, StepSplit, measure_steps, table_lines
+from drivetrain.engine.stepsplit import (
+    LABELS,
+    MIN_WARMUP,
+    StepSplit,
+    measure_interleaved,
+    measure_steps,
+    table_lines,
+)
 from drivetrain.match import gpu_solver_shapes
 from drivetrain.profile import BenchResult, Row, add_bench_arguments, device_name, device_slug, emit, setup_bench, trace
 from drivetrain.profile.bench import RESULTS_DIR, result_paths
@@ -126,6 +141,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--compare", nargs="+", default=None, metavar="KEY=VALUE",
                         help="measure again with these overrides on top (last on the line) and report both splits "
                         "and their ratio (step_speedup: first median / compared median)")  # fmt: skip
+    parser.add_argument("--interleave", action="store_true",
+                        help="with --compare: build both trainers, then alternate their iterations (one step of "
+                        "each in turn), so a change of the machine's load falls on both; default: the configured "
+                        "run, then the compared one")  # fmt: skip
     args = parser.parse_args(argv)
     device = setup_bench(args)
     steps = args.steps if args.steps is not None else args.repeat
@@ -134,6 +153,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                          "--profile ≥ 0")  # fmt: skip
     if args.compare is not None and args.profile:
         raise SystemExit("bench train: --compare and --profile: profile one configuration at a time")
+    if args.interleave and args.compare is None:
+        raise SystemExit("bench train: --interleave alternates the steps of two runs: give --compare KEY=VALUE ...")
     overrides = [*args.overrides, *([f"run.seed={args.seed}"] if args.seed is not None else [])]
     try:
         cfg = load_config(args.config, [*overrides, f"train.device={device}"])
@@ -174,18 +195,25 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         for path in written:
             print(f"wrote {path} (the timed steps; the profile follows)", flush=True)
 
-    split = measure_steps(args.config, overrides, steps=steps, warmup=args.warmup, device=str(device), nvtx=args.nvtx,
-                          trace_steps=args.profile, trace_file=trace_file, on_timed=write_timed)  # fmt: skip
+    if args.interleave:
+        print(f"bench train: alternating its steps with those of a run with {' '.join(args.compare)} ...", flush=True)
+        split, other = measure_interleaved(args.config, overrides, args.compare, steps=steps, warmup=args.warmup,
+                                           device=str(device), nvtx=args.nvtx)  # fmt: skip
+    else:
+        split = measure_steps(args.config, overrides, steps=steps, warmup=args.warmup, device=str(device),
+                              nvtx=args.nvtx, trace_steps=args.profile, trace_file=trace_file,
+                              on_timed=write_timed)  # fmt: skip
     result = _result(name, device, config, split)
     if split.trace is not None:
         result.extra["profile"] = _write_profile(split, result, profile_md, trace_file)
     lines = table_lines(split.as_dict())
     if args.compare is not None:
-        print(f"bench train: again with {' '.join(args.compare)} ...", flush=True)
-        other = measure_steps(args.config, [*overrides, *args.compare], steps=steps, warmup=args.warmup,
-                              device=str(device), nvtx=args.nvtx)  # fmt: skip
+        if not args.interleave:
+            print(f"bench train: again with {' '.join(args.compare)} ...", flush=True)
+            other = measure_steps(args.config, [*overrides, *args.compare], steps=steps, warmup=args.warmup,
+                                  device=str(device), nvtx=args.nvtx)  # fmt: skip
         compared = _result(name, device, {**config, "overrides": [*overrides, *args.compare]}, other)
-        result.extra.update(comparison(split, other, args.compare))
+        result.extra.update(comparison(split, other, args.compare, interleaved=args.interleave))
         result.extra["compared"] = compared.as_dict()
         result.notes.append("--compare: the top-level split is the configured run's; `compared` is the run with "
                             f"{' '.join(args.compare)} on top; step_speedup = step_ms / compared step_ms.")  # fmt: skip
@@ -201,11 +229,12 @@ def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 4) if b > 0 else None
 
 
-def comparison(first: StepSplit, other: StepSplit, compare: list[str]) -> dict[str, Any]:
-    """The top-level keys ``--compare`` adds: the ratios of ``first``'s times to ``other``'s and whether both trained
-    on the same batches."""
+def comparison(first: StepSplit, other: StepSplit, compare: list[str], *, interleaved: bool = False) -> dict[str, Any]:
+    """The top-level keys ``--compare`` adds: the ratios of ``first``'s times to ``other``'s, whether both trained
+    on the same batches and whether their steps alternated (``--interleave``)."""
     return {
         "compare_overrides": list(compare),
+        "interleaved": interleaved,
         "step_speedup": _ratio(first.step.median, other.step.median),
         "step_max_speedup": _ratio(first.step.max, other.step.max),
         "part_speedups": {part: _ratio(s.median, other.parts[part].median) for part, s in first.parts.items()},
@@ -222,7 +251,8 @@ def comparison_lines(extra: dict[str, Any]) -> list[str]:
         ms, cms = extra["parts"][part]["median_ms"], other["parts"][part]["median_ms"]
         lines.append(f"| {LABELS[part]} | {ms:.2f} | {cms:.2f} | {ratio} |")
     lines.append(f"\n- step max: {extra['step_max_ms']:.2f} → {other['step_max_ms']:.2f} ms "
-                 f"(speedup {extra['step_max_speedup']}); same batches: {extra['same_batches']}; graph breaks "
+                 f"(speedup {extra['step_max_speedup']}); same batches: {extra['same_batches']}; steps "
+                 f"{'alternated' if extra.get('interleaved') else 'one run after the other'}; graph breaks "
                  f"{extra['graph_breaks']} → {other['graph_breaks']}; compiles in the timed steps "
                  f"{extra['compiles_in_steps']} → {other['compiles_in_steps']}; host syncs per step "
                  f"{extra['syncs_per_step']} → {other['syncs_per_step']}")  # fmt: skip

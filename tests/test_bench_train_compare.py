@@ -22,7 +22,10 @@ SPLIT_KEYS = {"step_ms", "step_max_ms", "parts", "syncs_per_step", "kernels_per_
 STEPS, WARMUP = 2, 2
 
 
-def test_compare_reports_both_splits_on_the_same_batches_and_counts_compiles_in_steps(tmp_path, monkeypatch):
+@pytest.mark.parametrize("interleave", [[], ["--interleave"]], ids=["one-after-the-other", "interleaved"])
+def test_compare_reports_both_splits_on_the_same_batches_and_counts_compiles_in_steps(
+    tmp_path, monkeypatch, interleave
+):
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
@@ -36,13 +39,15 @@ def test_compare_reports_both_splits_on_the_same_batches_and_counts_compiles_in_
     monkeypatch.setattr(Trainer, "_iteration", first_timed_step_recompiles)
     out = tmp_path / "r.json"
     argv = ["bench", "train", "--config", str(SMOKE), "--steps", str(STEPS), "--warmup", str(WARMUP), "--json",
-            str(out), "--md", str(tmp_path / "r.md"), *SMALL, "--compare", "speed.compile=['backbone']"]  # fmt: skip
+            str(out), "--md", str(tmp_path / "r.md"), *interleave, *SMALL, "--compare",
+            "speed.compile=['backbone']"]  # fmt: skip
     assert main(argv) == 0
     data = json.loads(out.read_text())
     compared = data["compared"]
     assert set(data) >= SPLIT_KEYS | {"step_speedup", "step_max_speedup", "part_speedups", "same_batches"}
     assert set(compared) >= SPLIT_KEYS and set(compared["parts"]) == {*PARTS, "other"}
     assert data["compare_overrides"] == ["speed.compile=['backbone']"]
+    assert data["interleaved"] is bool(interleave)
     assert compared["config"]["overrides"] == [*SMALL, "speed.compile=['backbone']"]
     # the same batches: the timed steps' dataset indices, one list of batch_size per step, equal in both runs
     assert len(data["batch_indices"]) == STEPS and all(len(b) == 4 for b in data["batch_indices"])
@@ -56,7 +61,8 @@ def test_compare_reports_both_splits_on_the_same_batches_and_counts_compiles_in_
     for name, ratio, first, other in pairs:
         if other > 1e-5:  # a part of no measurable time has no meaningful ratio (None when it was 0)
             assert ratio == pytest.approx(first / other, abs=5e-5 + (1 + first / other) * MS_ROUNDING / other), name
-    # eager compiles nothing; the compiled backbone once more, in the step that dropped its code
+    # eager compiles nothing; the compiled backbone once more, in the step that dropped its code (interleaved: each
+    # run counts only what was compiled in its own steps, though the eager run's step dropped the code too)
     assert (data["compiles_in_steps"], compared["compiles_in_steps"]) == (0, 1)
     assert data["graph_breaks"] == compared["graph_breaks"] == 0
     assert data["step_graph"] is None and compared["step_graph"] is None  # no speed.compile_step: no buckets
@@ -69,6 +75,7 @@ def test_compare_reports_both_splits_on_the_same_batches_and_counts_compiles_in_
     [
         (["--compare", "optim.nope=1"], "bench train: --compare: override optim.nope=1: optim.nope: unknown key"),
         (["--profile", "1", "--compare", "optim.lr=0.002"], "bench train: --compare and --profile"),
+        (["--interleave"], "bench train: --interleave alternates the steps of two runs: give --compare"),
     ],
 )
 def test_compare_misuse_is_one_line(extra, message):

@@ -63,14 +63,18 @@ import argparse
 import dataclasses
 import json
 import os
+import random
+import signal
 import statistics
 import tempfile
+import threading
 import warnings
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
@@ -88,6 +92,7 @@ __all__ = [
     "STEP",
     "StepSplit",
     "count_step",
+    "measure_interleaved",
     "measure_steps",
     "step_cost",
     "step_profiler",
@@ -205,13 +210,13 @@ class _StepMarks(Profiler):
     far, and then runs ``torch.profiler`` over the next ``trace_steps`` steps (``trace``, once they are done)."""
 
     def __init__(
-        self, device: torch.device, warmup: int, limit: int, caught: list[warnings.WarningMessage], *,
-        nvtx: bool = False, trace_steps: int = 0,
+        self, device: torch.device, warmup: int, limit: int, ledger: _Ledger, *, nvtx: bool = False,
+        trace_steps: int = 0,
     ) -> None:  # fmt: skip
         super().__init__(device, warmup=warmup, nvtx=nvtx, host_regions=HOST_REGIONS)
-        self.limit, self.caught, self.trace_steps = limit, caught, trace_steps
-        self.marks: list[int] = []
-        self.compiled = [_dynamo_counts()]  # (graphs compiled, graph breaks) so far: at the start, then per step
+        self.limit, self.ledger, self.trace_steps = limit, ledger, trace_steps
+        self.marks: list[int] = []  # the run's own warnings caught (ledger.own) as each step closed
+        self.compiled = [ledger.counts()]  # (graphs compiled, graph breaks) so far: at the start, then per step
         self.trace: Any = None
         self._traced = 0  # steps closed under the trace
         self._tracing = False
@@ -223,8 +228,8 @@ class _StepMarks(Profiler):
     def step(self) -> None:
         if self.num_steps < self.limit:
             super().step()
-            self.marks.append(len(self.caught))
-            self.compiled.append(_dynamo_counts())
+            self.marks.append(self.ledger.warnings())
+            self.compiled.append(self.ledger.counts())
         else:
             self._traced += 1
         if self.trace_steps and self.num_steps == self.limit and self.trace is None:
@@ -290,81 +295,11 @@ def measure_steps(
         ValueError: ``steps`` < 1, ``warmup`` < 1 or ``trace_steps`` < 0.
         ConfigError: the config or an override is invalid.
     """
-    if steps < 1 or warmup < 1 or trace_steps < 0:
-        raise ValueError(f"steps ≥ 1, warmup ≥ 1, trace_steps ≥ 0: got {steps}, {warmup}, {trace_steps}")
-    warmup = max(warmup, MIN_WARMUP)  # the counted step is never the run's first (one-time work is no step's cost)
-    total = warmup + steps
-    with tempfile.TemporaryDirectory(prefix="drivetrain-steps-", dir=scratch) as tmp:
-        out = Path(tmp) / "run"
-        keys = [
-            f"run.out_dir={out}", "log.progress=false", "log.tensorboard=false", "eval.every=0",
-            "eval.at_start=false", f"train.steps={total + trace_steps}", f"checkpoint.every={total + trace_steps}",
-            "checkpoint.keep=1",
-            *([f"train.device={device}"] if device is not None else []),
-        ]  # fmt: skip
-        trainer = Trainer(load_config(config, [*overrides, *keys]), generate_data=generate_data)
-        cuda = trainer.device.type == "cuda"
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                profiler = _StepMarks(trainer.device, warmup, total, caught, nvtx=nvtx, trace_steps=trace_steps)
-                fetched = _noting_indices(trainer, profiler)
-                if cuda:
-                    torch.cuda.set_sync_debug_mode("warn")
-                try:
-                    with active(profiler):
-                        trainer.fit()
-                finally:
-                    profiler.end_trace()
-                    if cuda:
-                        torch.cuda.set_sync_debug_mode("default")
-            logged = _logged(out / "metrics.jsonl", warmup, total)
-            skipped = _skipped(out / "metrics.jsonl", warmup, total)
-        finally:
-            trainer.close()
-    for w in caught:  # the run's other warnings reach the caller as they would have (once per place)
-        if SYNC_WARNING not in str(w.message).lower():
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    step_times = profiler.samples(STEP)
-    per_part = {part: _samples(profiler, f"{STEP}/{part}", len(step_times)) for part in PARTS}
-    other = [s - sum(parts) for s, *parts in zip(step_times, *per_part.values(), strict=True)]
-    summary = profiler.summary()
-    counted = profiler.cost(STEP)
-    syncs: float | None = None if counted is None else int(counted.syncs)
-    source = "counted"
-    if cuda and len(profiler.marks) >= total:  # the warnings between the end of warm-up and the last timed step
-        window = caught[profiler.marks[warmup - 1] : profiler.marks[total - 1]]
-        seen = sum(SYNC_WARNING in str(w.message).lower() for w in window)
-        syncs, source = (seen // steps if seen % steps == 0 else seen / steps), "cuda sync debug mode"
-    region_syncs = _own_syncs(profiler)
-    part_costs = {part: profiler.cost(f"{STEP}/{part}") for part in PARTS}
-    if counted is not None:
-        kernels = counted.kernels - sum(c.kernels for c in part_costs.values() if c is not None)
-        part_costs["other"] = Cost(kernels, counted.syncs - sum(c.syncs for c in part_costs.values() if c is not None))
-    compiled = profiler.compiled
-    end = compiled[min(total, len(compiled) - 1)]
-    timed_indices = [[int(i) for t in fetched if t[0] == step for i in t[1].flatten().tolist()]
-                     for step in range(warmup, total)]  # fmt: skip
-    split = StepSplit(
-        device=str(trainer.device),
-        steps=steps,
-        warmup=warmup,
-        step=Stats.of(step_times),
-        parts={**{part: Stats.of(s) for part, s in per_part.items()}, "other": Stats.of(other)},
-        inner={name: s.median for name, s in summary.items() if name.startswith(f"{STEP}/")},
-        kernels_per_step=None if counted is None else int(counted.kernels),
-        counted_syncs_per_step=None if counted is None else int(counted.syncs),
-        syncs_per_step=syncs,
-        syncs_source=source,
-        region_syncs=region_syncs,
-        part_costs=part_costs,
-        logged=logged,
-        skipped_steps=skipped,
-        graph_breaks=end[1] - compiled[0][1],
-        compiles_in_steps=end[0] - compiled[min(warmup, len(compiled) - 1)][0],
-        batch_indices=timed_indices,
-        step_graph=_step_graph(trainer),
-    )
+    _check_counts(steps, warmup, trace_steps)
+    (split,), profiler = _measure(
+        config, [list(overrides)], steps=steps, warmup=warmup, device=device, scratch=scratch, nvtx=nvtx,
+        trace_steps=trace_steps, generate_data=generate_data,
+    )  # fmt: skip
     if profiler.trace is None:
         return split
     if on_timed is not None:
@@ -375,6 +310,276 @@ def measure_steps(
             profiler.trace.export_chrome_trace(str(Path(fresh) / Path(trace_file).name))
             os.replace(Path(fresh) / Path(trace_file).name, trace_file)  # (a link there replaced, not followed)
     return dataclasses.replace(split, trace=traced)
+
+
+def measure_interleaved(
+    config: str | Path,
+    overrides: list[str] | tuple[str, ...],
+    compare: list[str] | tuple[str, ...],
+    *,
+    steps: int = 5,
+    warmup: int = 2,
+    device: str | None = None,
+    scratch: str | Path | None = None,
+    nvtx: bool = False,
+    generate_data: bool = True,
+) -> tuple[StepSplit, StepSplit]:
+    """:func:`measure_steps` of ``config`` with ``overrides`` and with ``compare`` on top, their steps alternated.
+
+    Both trainers are built first (the configured one, then the compared one), then each runs one optimizer
+    iteration in turn — warm-up (the compiled step's buckets are compiled in its first), timed steps — through
+    :meth:`~drivetrain.engine.Trainer.iterations`, so a change of the machine's load during the measurement falls on
+    both alike. Before its iteration each trainer gets back the process-wide state it set or draws from: torch's
+    threads, deterministic mode, cuDNN benchmark and TF32 flags, torch's CPU generator and Python's and NumPy's
+    global generators (:class:`_Settings`), so on the CPU each run trains exactly as it would alone (its losses,
+    batches and weights). On CUDA the two share the device's generator (a CUDA generator's state is not swapped
+    between graph replays): their random draws are not those of a run alone. Each split counts only its own
+    steps' CUDA sync warnings and dynamo compilations. Both models, optimizers and loaders are held at once.
+
+    Returns:
+        ``(configured, compared)`` splits.
+
+    Raises:
+        ValueError: ``steps`` < 1 or ``warmup`` < 1.
+        ConfigError: the config or an override is invalid.
+    """
+    _check_counts(steps, warmup, 0)
+    splits, _ = _measure(
+        config, [list(overrides), [*overrides, *compare]], steps=steps, warmup=warmup, device=device,
+        scratch=scratch, nvtx=nvtx, trace_steps=0, generate_data=generate_data,
+    )  # fmt: skip
+    return splits[0], splits[1]
+
+
+def _check_counts(steps: int, warmup: int, trace_steps: int) -> None:
+    if steps < 1 or warmup < 1 or trace_steps < 0:
+        raise ValueError(f"steps ≥ 1, warmup ≥ 1, trace_steps ≥ 0: got {steps}, {warmup}, {trace_steps}")
+
+
+def _measure(
+    config: str | Path,
+    runs: list[list[str]],
+    *,
+    steps: int,
+    warmup: int,
+    device: str | None,
+    scratch: str | Path | None,
+    nvtx: bool,
+    trace_steps: int,
+    generate_data: bool,
+) -> tuple[list[StepSplit], _StepMarks]:
+    """Build a trainer per override list in ``runs``, train them one iteration each in turn, and split each one's
+    steps; returns the splits and the last run's profiler (its trace, with ``trace_steps``)."""
+    warmup = max(warmup, MIN_WARMUP)  # the counted step is never the run's first (one-time work is no step's cost)
+    total = warmup + steps
+    with ExitStack() as stack:
+        if threading.current_thread() is threading.main_thread():  # each trainer's fit sets the stop signals' handlers
+            handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}  # and puts back what it met:
+            stack.callback(lambda: [signal.signal(s, h) for s, h in handlers.items()])  # alternated, not nested
+        measured: list[_Run] = []
+        for overrides in runs:
+            run = _Run(config, overrides, total + trace_steps, device, scratch, generate_data)
+            stack.callback(run.close)  # the last built closes first
+            measured.append(run)
+        swapped = len(measured) > 1  # alone, a run's process state is its own throughout
+        caught = stack.enter_context(warnings.catch_warnings(record=True))
+        warnings.simplefilter("always")
+        for run in measured:
+            run.start(caught, warmup, total, nvtx=nvtx, trace_steps=trace_steps)
+        cuda = any(run.trainer.device.type == "cuda" for run in measured)
+        if cuda:
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            going = list(measured)
+            while going:
+                going = [run for run in going if run.advance(swapped)]
+        finally:
+            for run in measured:
+                run.profiler.end_trace()
+            if cuda:
+                torch.cuda.set_sync_debug_mode("default")
+        splits = [run.split(steps, warmup, total) for run in measured]  # before the scratch folders go
+    for w in caught:  # the runs' other warnings reach the caller as they would have (once per place)
+        if SYNC_WARNING not in str(w.message).lower():
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return splits, measured[-1].profiler
+
+
+@dataclasses.dataclass
+class _Settings:
+    """The process-wide state a trainer sets (:class:`~drivetrain.engine.Trainer`, ``apply_speed``) or draws from,
+    swapped between the trainers :func:`measure_interleaved` alternates (CUDA's generators excepted, see there)."""
+
+    threads: int
+    deterministic: bool
+    deterministic_warn_only: bool
+    cudnn_benchmark: bool
+    matmul_tf32: bool
+    cudnn_tf32: bool
+    cpu_rng: torch.Tensor
+    python_rng: Any
+    numpy_rng: Any
+
+    @classmethod
+    def capture(cls) -> _Settings:
+        return cls(
+            torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(), torch.backends.cudnn.benchmark,
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.get_rng_state(),
+            random.getstate(), np.random.get_state(),
+        )  # fmt: skip
+
+    def apply(self) -> None:
+        torch.set_num_threads(self.threads)
+        torch.use_deterministic_algorithms(self.deterministic, warn_only=self.deterministic_warn_only)
+        torch.backends.cudnn.benchmark = self.cudnn_benchmark
+        torch.backends.cuda.matmul.allow_tf32 = self.matmul_tf32
+        torch.backends.cudnn.allow_tf32 = self.cudnn_tf32
+        torch.set_rng_state(self.cpu_rng)
+        random.setstate(self.python_rng)
+        np.random.set_state(self.numpy_rng)
+
+
+class _Ledger:
+    """What one of several alternating runs caused itself: the warnings caught and dynamo's counts while it ran.
+
+    Between :meth:`resume` and :meth:`pause` the run is the one running; the other runs' warnings stay out of
+    :attr:`own`, and dynamo's counts made while it was paused are subtracted from :meth:`counts`.
+    """
+
+    def __init__(self, caught: list[warnings.WarningMessage]) -> None:
+        self.caught = caught
+        self.own: list[warnings.WarningMessage] = []
+        self._base: int | None = None  # len(caught) at resume
+        self._foreign = (0, 0)  # dynamo's counts made while paused
+        self._paused_at = _dynamo_counts()
+
+    def resume(self) -> None:
+        now = _dynamo_counts()
+        self._foreign = (self._foreign[0] + now[0] - self._paused_at[0], self._foreign[1] + now[1] - self._paused_at[1])
+        self._base = len(self.caught)
+
+    def pause(self) -> None:
+        if self._base is not None:
+            self.own.extend(self.caught[self._base :])
+        self._base = None
+        self._paused_at = _dynamo_counts()
+
+    def warnings(self) -> int:
+        """Warnings caught while this run ran, so far."""
+        return len(self.own) + (len(self.caught) - self._base if self._base is not None else 0)
+
+    def counts(self) -> tuple[int, int]:
+        """``(graphs compiled, graph breaks)`` by this run so far (and by whatever ran before it started)."""
+        now = _dynamo_counts()
+        return now[0] - self._foreign[0], now[1] - self._foreign[1]
+
+
+class _Run:
+    """One trainer of :func:`_measure` in its scratch run directory: built, started, advanced, split, closed."""
+
+    def __init__(
+        self, config: str | Path, overrides: list[str], total: int, device: str | None, scratch: str | Path | None,
+        generate_data: bool,
+    ) -> None:  # fmt: skip
+        self._tmp = tempfile.TemporaryDirectory(prefix="drivetrain-steps-", dir=scratch)
+        self.out = Path(self._tmp.name) / "run"
+        keys = [
+            f"run.out_dir={self.out}", "log.progress=false", "log.tensorboard=false", "eval.every=0",
+            "eval.at_start=false", f"train.steps={total}", f"checkpoint.every={total}", "checkpoint.keep=1",
+            *([f"train.device={device}"] if device is not None else []),
+        ]  # fmt: skip
+        try:
+            self.trainer = Trainer(load_config(config, [*overrides, *keys]), generate_data=generate_data)
+        except BaseException:
+            self._tmp.cleanup()
+            raise
+        self.settings = _Settings.capture()  # what the trainer set up, before the next one is built
+        self._iterations: Iterator[int] | None = None
+
+    def start(
+        self, caught: list[warnings.WarningMessage], warmup: int, total: int, *, nvtx: bool, trace_steps: int
+    ) -> None:
+        self.ledger = _Ledger(caught)
+        self.profiler = _StepMarks(
+            self.trainer.device, warmup, total, self.ledger, nvtx=nvtx, trace_steps=trace_steps
+        )  # fmt: skip
+        self.fetched = _noting_indices(self.trainer, self.profiler)
+        self._iterations = self.trainer.iterations()
+
+    def advance(self, swapped: bool) -> bool:
+        """One iteration of the trainer (the first also compiles what the run compiles before step 1); False once
+        it has finished (its last checkpoint committed)."""
+        if swapped:
+            self.settings.apply()
+        self.ledger.resume()
+        try:
+            with active(self.profiler):
+                next(self._iterations)
+            return True
+        except StopIteration:
+            return False
+        finally:
+            self.ledger.pause()
+            if swapped:
+                self.settings = _Settings.capture()
+
+    def split(self, steps: int, warmup: int, total: int) -> StepSplit:
+        """The split of this run's timed steps (read before :meth:`close` deletes its run directory)."""
+        trainer, profiler = self.trainer, self.profiler
+        cuda = trainer.device.type == "cuda"
+        step_times = profiler.samples(STEP)
+        per_part = {part: _samples(profiler, f"{STEP}/{part}", len(step_times)) for part in PARTS}
+        other = [s - sum(parts) for s, *parts in zip(step_times, *per_part.values(), strict=True)]
+        summary = profiler.summary()
+        counted = profiler.cost(STEP)
+        syncs: float | None = None if counted is None else int(counted.syncs)
+        source = "counted"
+        if cuda and len(profiler.marks) >= total:  # the warnings between the end of warm-up and the last timed step
+            window = self.ledger.own[profiler.marks[warmup - 1] : profiler.marks[total - 1]]
+            seen = sum(SYNC_WARNING in str(w.message).lower() for w in window)
+            syncs, source = (seen // steps if seen % steps == 0 else seen / steps), "cuda sync debug mode"
+        region_syncs = _own_syncs(profiler)
+        part_costs = {part: profiler.cost(f"{STEP}/{part}") for part in PARTS}
+        if counted is not None:
+            kernels = counted.kernels - sum(c.kernels for c in part_costs.values() if c is not None)
+            part_costs["other"] = Cost(
+                kernels, counted.syncs - sum(c.syncs for c in part_costs.values() if c is not None)
+            )  # fmt: skip
+        compiled = profiler.compiled
+        end = compiled[min(total, len(compiled) - 1)]
+        timed_indices = [[int(i) for t in self.fetched if t[0] == step for i in t[1].flatten().tolist()]
+                         for step in range(warmup, total)]  # fmt: skip
+        return StepSplit(
+            device=str(trainer.device),
+            steps=steps,
+            warmup=warmup,
+            step=Stats.of(step_times),
+            parts={**{part: Stats.of(s) for part, s in per_part.items()}, "other": Stats.of(other)},
+            inner={name: s.median for name, s in summary.items() if name.startswith(f"{STEP}/")},
+            kernels_per_step=None if counted is None else int(counted.kernels),
+            counted_syncs_per_step=None if counted is None else int(counted.syncs),
+            syncs_per_step=syncs,
+            syncs_source=source,
+            region_syncs=region_syncs,
+            part_costs=part_costs,
+            logged=_logged(self.out / "metrics.jsonl", warmup, total),
+            skipped_steps=_skipped(self.out / "metrics.jsonl", warmup, total),
+            graph_breaks=end[1] - compiled[0][1],
+            compiles_in_steps=end[0] - compiled[min(warmup, len(compiled) - 1)][0],
+            batch_indices=timed_indices,
+            step_graph=_step_graph(trainer),
+        )
+
+    def close(self) -> None:
+        try:
+            if self._iterations is not None:
+                self._iterations.close()  # a run stopped part-way: its files closed, its directory unlocked
+        finally:
+            try:
+                self.trainer.close()
+            finally:
+                self._tmp.cleanup()
 
 
 def _step_graph(trainer: Trainer) -> dict[str, float] | None:

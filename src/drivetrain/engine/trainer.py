@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import platform
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +226,18 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
     def fit(self) -> TrainState:
         """Train until ``train.steps`` iterations are done or a stop signal arrives; returns the state."""
+        for _ in self.iterations():
+            pass
+        return self.state
+
+    def iterations(self) -> Iterator[int]:
+        """:meth:`fit` one optimizer iteration at a time: yields the iteration count after each (its evaluation and
+        checkpoint done), then ends as ``fit`` does (the last checkpoint committed, the run's files closed).
+
+        ``bench train --compare --interleave`` alternates two trainers' iterations through it. Closing the
+        generator early (``close()``) leaves as an exception would: files closed, the run directory unlocked, no
+        final checkpoint.
+        """
         cfg = self.cfg
         if self._lock is not None:
             self._lock.acquire()
@@ -286,6 +299,7 @@ class Trainer:
                             path = self.save()
                             saved_at = done
                         self._log_stall(log)  # a save's stall, once known (an asynchronous one's: after a step)
+                        yield done
                 except RuntimeError as err:  # torch reports a dead loader worker wherever the main process is
                     died = dead_worker(err)
                     if died is None:
@@ -310,7 +324,6 @@ class Trainer:
         finally:
             log.close()
             self._release()
-        return self.state
 
     def _iteration(self, log: MetricsLogger) -> str | None:
         """One optimizer iteration, top to bottom; returns the name of a received stop signal (agreed across ranks)."""
