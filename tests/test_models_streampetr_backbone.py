@@ -132,6 +132,33 @@ def test_checkpointed_blocks_match_plain_blocks() -> None:
     assert int(checkpointed.trunk.layer3[0].bn2.num_batches_tracked) == 1
 
 
+def test_a_checkpointed_block_compiles_in_one_graph() -> None:
+    """The compiled step traces the published backbone's checkpointed blocks (``with_cp``) with ``fullgraph=True``
+    (run book part 6): the same output, gradients and BN statistics (advanced once) as the eager block."""
+    from drivetrain.models.streampetr.backbone import Bottleneck
+
+    generator = torch.Generator().manual_seed(0)
+    eager = Bottleneck(16, 4, stride=2, with_cp=True).double()
+    randomise_norms(eager, generator)
+    compiled = Bottleneck(16, 4, stride=2, with_cp=True).double()
+    compiled.load_state_dict(eager.state_dict())
+    images = torch.randn(2, 16, 8, 8, dtype=torch.float64, generator=generator)
+    step = torch.compile(compiled, fullgraph=True, dynamic=False, backend="aot_eager")
+    outputs, grads = [], []
+    for run, model in ((eager, eager), (step, compiled)):
+        x = images.clone().requires_grad_(True)
+        out = run(x)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+        outputs.append(out.detach())
+        grads.append([x.grad] + [p.grad for p in model.parameters()])
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-12, atol=1e-12)  # float64, the same ops
+    for g_compiled, g in zip(grads[1], grads[0], strict=True):
+        torch.testing.assert_close(g_compiled, g, rtol=1e-10, atol=1e-12)
+    for (name, b_compiled), b in zip(compiled.named_buffers(), eager.buffers(), strict=True):
+        assert torch.equal(b_compiled, b), name
+    assert int(compiled.bn2.num_batches_tracked) == 1
+
+
 def test_checkpointing_is_off_without_grad() -> None:
     model = ResNetBackbone(embed_dims=16, with_cp=True).eval()
     with torch.no_grad():

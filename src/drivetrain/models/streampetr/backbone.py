@@ -98,6 +98,9 @@ class Bottleneck(nn.Module):
         """``(B, C_in, H, W)`` → ``(B, 4·width, H/stride, W/stride)``."""
         if not (self.with_cp and torch.is_grad_enabled()):
             return self.relu(self._residual(x))
+        if torch.compiler.is_compiling():  # traced once (dynamo refuses the closure's side effect below); the
+            # backward recomputes the traced ops, the BN statistics' update is applied once, by the forward
+            return self.relu(checkpoint(self._residual, x, use_reentrant=False))
         calls = []
 
         def run(x: torch.Tensor) -> torch.Tensor:
