@@ -299,6 +299,25 @@ def test_under_torch_compile_an_uncompiled_shape_falls_back_inside_the_operator(
     torch._dynamo.reset()
 
 
+def test_under_torch_compile_with_a_profiler_active_the_gpu_backend_is_one_graph(kernel, gen) -> None:
+    """``bench train`` times a compiled step (StreamPETR's calls the solver inside its graph) with a profiler active:
+    the gpu backend's region is a no-op while dynamo traces, not the profiler's timer (whose host clock dynamo
+    refuses: the ``fullgraph`` step would not compile; on CUDA the timer's events would be traced into the graph).
+    Before the warm-up, as the step's first call: SciPy inside the operator."""
+    torch._dynamo.reset()
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def compiled(tensor: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+        return solve(RaggedBatch.unchecked(tensor, sizes, 2), backend="auto").tensor
+
+    costs = costs_with_max((4,), 24, 6, gen)
+    profiler = Profiler("cpu", warmup=0, count=False)
+    with active(profiler), profiler.region("step"), pytest.warns(UserWarning, match=r"Q 24 × G 8 is not compiled"):
+        pairs = compiled(costs.tensor, costs.sizes)
+    assert_matches_scipy(costs, RaggedBatch.unchecked(pairs, costs.sizes, 1))  # pairs (B, G, 2): ragged dim 1
+    torch._dynamo.reset()
+
+
 # ---------------------------------------------------------------------- CUDA: the real kernel
 needs_kernel = needs_gpu_solver()  # skipped without the solver, failed instead when the run book requires it
 
@@ -388,3 +407,23 @@ def test_the_run_books_requirement_turns_the_solver_tests_skip_into_a_failure(tm
                               check=False, timeout=300)  # fmt: skip
     assert required.returncode == 1 and "4 error" in required.stdout, required.stdout[-2000:]
     assert f"{REQUIRE_ENV}=1 requires the GPU solver, but it is not usable: " in required.stdout
+
+
+@pytest.mark.cuda
+@needs_kernel
+def test_cuda_the_compiled_gpu_backend_traces_with_a_cuda_profiler_active(fresh_book, gen) -> None:
+    """The test above with the real kernel and a CUDA profiler (CUDA events, as ``bench train`` on a GPU)."""
+    warm_gpu_solver(24, 64, "cuda")
+    torch._dynamo.reset()
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def compiled(tensor: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+        return solve(RaggedBatch.unchecked(tensor, sizes, 2), backend="auto").tensor
+
+    costs = costs_with_max((4,), 24, 6, gen)
+    profiler = Profiler("cuda", warmup=0, count=False)
+    with active(profiler), profiler.region("step"):
+        pairs = compiled(costs.tensor.to("cuda"), costs.sizes.to("cuda"))
+    assert_matches_scipy(costs, RaggedBatch.unchecked(pairs.cpu(), costs.sizes, 1))
+    assert gpu_solver_shapes()["fallbacks"] == 0
+    torch._dynamo.reset()

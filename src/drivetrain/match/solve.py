@@ -59,7 +59,7 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from drivetrain.profile import region
+from drivetrain.compiled import region  # a no-op while dynamo traces (_solve_gpu runs inside compiled steps)
 from drivetrain.ragged import RaggedBatch
 
 __all__ = [
