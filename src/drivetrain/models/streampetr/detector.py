@@ -353,24 +353,26 @@ class StreamPETR(nn.Module):
 
     def step_inputs(
         self, batch: Batch | None, shapes: StepShapes, batch_size: int, device: torch.device
-    ) -> tuple[Batch, MemoryState, torch.Tensor]:
+    ) -> tuple[Batch, MemoryState, torch.Tensor, MemoryState]:
         """The arguments of :meth:`step_loss`: the batch padded to ``shapes`` (:func:`~.static.step_batch`; None: an
-        empty one, :func:`~.static.empty_batch`), the memory bank's tensors at their fixed shapes ``(B, K+M, ·)`` and
+        empty one, :func:`~.static.empty_batch`), the memory bank's tensors at their fixed shapes ``(B, K+M, ·)``,
         ``filled`` ``(B,)`` float32 (1: they hold the previous frame; 0: the bank is empty, as before the first frame
-        or after a reset). The step writes the next memory into these tensors in place; for an empty batch they are
-        fresh zeros, so compiling a bucket leaves the bank alone."""
+        or after a reset) and a copy of the bank for the step to read. The step writes the next memory into the bank's
+        tensors in place and reads only the copy: AOTAutograd's partitioner may keep a graph input for the backward
+        and recompute from it there (inductor's decompositions make it do so for the bank), which must not be a tensor
+        the forward overwrote. For an empty batch they are fresh zeros, so compiling a bucket leaves the bank alone."""
         entries = self.memory.topk + self.memory_len
         if batch is None:
             frame = empty_batch(shapes, batch_size, self.args.step_images, device)
             memory = _static_address(self.memory.empty(batch_size, entries, device))
-            return frame, memory, torch.zeros(batch_size, device=device)
+            return frame, memory, torch.zeros(batch_size, device=device), self.memory.empty(batch_size, entries, device)
         frame = step_batch(batch, shapes, self.mean, self.std)
         held = self._held_bank(batch_size, entries, device)
         if self.memory.embedding is None:  # the first frame, or after a reset: zeros standing for the empty bank
             for tensor in held:
                 tensor.zero_()
             self.memory.set_state(held)
-            return frame, _static_address(held), torch.zeros(batch_size, device=device)
+            return frame, _static_address(held), torch.zeros(batch_size, device=device), _copy(held)
         state = self.memory.state()
         if state.embedding.shape[:2] != (batch_size, entries):
             raise ValueError(
@@ -382,7 +384,7 @@ class StreamPETR(nn.Module):
                 for mine, tensor in zip(held, state, strict=True):  # graph's inputs keep their addresses (CUDA
                     mine.copy_(tensor)  # graphs: a new one would record the bucket again), dtypes and layout
             self.memory.set_state(held)
-        return frame, _static_address(held), torch.ones(batch_size, device=device)
+        return frame, _static_address(held), torch.ones(batch_size, device=device), _copy(held)
 
     def _held_bank(self, batch_size: int, entries: int, device: torch.device) -> MemoryState:
         """The bank tensors the compiled step reads and writes in place (:data:`~.memory.MEMORY_DTYPES`, contiguous),
@@ -392,13 +394,17 @@ class StreamPETR(nn.Module):
             held = self._held = self.memory.empty(batch_size, entries, device)
         return held
 
-    def step_loss(self, batch: Batch, memory: MemoryState, filled: torch.Tensor) -> dict[str, torch.Tensor]:
+    def step_loss(
+        self, batch: Batch, memory: MemoryState, filled: torch.Tensor, read: MemoryState | None = None
+    ) -> dict[str, torch.Tensor]:
         """The training forward and the unweighted loss terms of :meth:`step_inputs`' arguments — :meth:`forward` then
-        :meth:`loss` on the static path, the memory passed in and written back in place (``memory`` holds the next
-        frame's bank after the call) — one graph without a break or host read under ``torch.compile``."""
+        :meth:`loss` on the static path, the memory read from ``read`` (default ``memory`` itself: a caller without a
+        backward) and written back into ``memory`` in place (it holds the next frame's bank after the call) — one
+        graph without a break or host read under ``torch.compile``."""
         dn = self._dn_queries(batch, padded=True) if self.training and self.dn["groups"] > 0 else None
         keep = batch.prev_exists.to(torch.float32)  # (B,)
-        aligned = self.memory.aligned(memory, keep, filled, batch.timestamps, batch.ego_pose_inv)  # (B, M, ·)
+        bank = memory if read is None else read  # the copy: the backward may read it after the write below
+        aligned = self.memory.aligned(bank, keep, filled, batch.timestamps, batch.ego_pose_inv)  # (B, M, ·)
         outputs, after = self._frame(batch, dn, aligned)  # after: (B, K+M, ·)
         with torch.no_grad():
             for held, new in zip(memory, after, strict=True):
@@ -452,6 +458,11 @@ class StreamPETR(nn.Module):
             post_center_range=POST_CENTER_RANGE,
             score_threshold=score_threshold,
         )
+
+
+def _copy(memory: MemoryState) -> MemoryState:
+    """A copy of ``memory``'s tensors (the bank as the compiled step reads it; :meth:`StreamPETR.step_inputs`)."""
+    return MemoryState(*(tensor.clone() for tensor in memory))
 
 
 def _static_address(memory: MemoryState) -> MemoryState:
