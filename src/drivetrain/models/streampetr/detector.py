@@ -387,8 +387,9 @@ class StreamPETR(nn.Module):
         return frame, _static_address(held), torch.ones(batch_size, device=device), _copy(held)
 
     def _held_bank(self, batch_size: int, entries: int, device: torch.device) -> MemoryState:
-        """The bank tensors the compiled step reads and writes in place (:data:`~.memory.MEMORY_DTYPES`, contiguous),
-        the same objects from step to step: made at the first step (or for another batch size or device)."""
+        """The bank tensors the compiled step writes in place (it reads a copy; :data:`~.memory.MEMORY_DTYPES`,
+        contiguous), the same objects from step to step: made at the first step (or for another batch size or
+        device)."""
         held = self._held
         if held is None or held.embedding.shape[:2] != (batch_size, entries) or held.embedding.device != device:
             held = self._held = self.memory.empty(batch_size, entries, device)
