@@ -413,7 +413,7 @@ class StreamPETR(nn.Module):
         return self._loss(outputs, batch)  # the batch at its bucket: no padding to the solver's buckets
 
     def step_compile_options(self, device: torch.device) -> dict[str, bool]:
-        """The compiled step's own inductor options: on a CPU, where a GroupNorm holds fewer than 16 channels a group
+        """The compiled step's own inductor options. On a CPU, where a GroupNorm holds fewer than 16 channels a group
         (the tiny backbone's 4; one AVX-512 vector is 16 floats), inductor's layout optimisation off.
 
         With it on, inductor stores the convolutions' outputs channels-last, and its GroupNorm kernels then reduce
@@ -421,11 +421,21 @@ class StreamPETR(nn.Module):
         want NCHW and transpose). Measured on this CPU (1 thread, docs/streampetr.md): the whole compiled step of the
         tiny config 253.2 → 244.1 ms (``benchmarks/results/streampetr-static-cpu``, interleaved); the tiny backbone
         alone, forward and backward at 12 images of 192 × 320 in a one-off run, eager 67.8 ms, compiled 77.7,
-        compiled with it off 69.0. On CUDA (cuDNN wants channels-last convolutions) and for wider groups nothing is
-        asked.
+        compiled with it off 69.0. On CUDA (cuDNN wants channels-last convolutions) and for wider groups the layout is
+        left alone.
+
+        On CUDA with the decoder checkpointed (``with_cp``, as published) ``fallback_random`` off: with it on,
+        AOTAutograd replays each dropout of a checkpointed layer in the backward through ``run_and_save_rng_state``
+        / ``run_with_rng_state`` (``torch/_functorch/partitioners.py``: its graph-safe RNG functionalization is
+        skipped when ``fallback_random`` is set), ops that inductor does not capture in a CUDA graph
+        (``FORBIDDEN_CUDAGRAPH_OPS``): ``reduce-overhead`` would split each bucket's graphs at every one (36 a
+        direction for 6 layers). Off, inductor's own Philox generator draws the graph's random numbers — the same
+        distributions, other values than the eager step's — and the checkpointed draws are replayed graph-safely.
         """
         narrow = any(m.num_channels // m.num_groups < 16 for m in self.modules() if isinstance(m, nn.GroupNorm))
-        return {"layout_optimization": False} if device.type == "cpu" and narrow else {}
+        if device.type == "cpu":
+            return {"layout_optimization": False} if narrow else {}
+        return {"fallback_random": False} if device.type == "cuda" and self.decoder.with_cp else {}
 
     def stream_state(self) -> dict[str, torch.Tensor]:
         """The temporal memory of this rank's batch slots (``(B, M, ·)`` tensors; ``{}`` before the first frame)."""
