@@ -153,6 +153,8 @@ FULL_ROOT = "data/synth-full-704"  # the root of configs/{streampetr_full,pointp
 # (the tiny compiled step's two buckets) + 3 warm ones (dynamo and AOT again, inductor's cache hit) ≈ +65 s, so
 # ≈ 195 s, inside the 240 s cap but above the 130 s planned: part 1 has no seconds left to plan for it (520 of 540),
 # so the step keeps 130 until a run measures it, and a slow one costs the last part-1 steps (skipped and named).
+# Two more compile (23 collected now, parametrised cases counted): the GPU solver's operator traced under a
+# CUDA profiler and a 2-layer checkpointed decoder (small graphs: ~2 × 20 s cold, an estimate), on the same terms.
 # Both stream each test's outcome into their log (-v) as it ends, then the slowest 15 and every outcome again.
 _TESTS = {"fast": "-m 'cuda and not heavy'", "heavy": "-m 'cuda and heavy'"}
 _BOOK: list[tuple[str, int, int, str | None, tuple, tuple | None]] = [
