@@ -29,6 +29,7 @@ from drivetrain.pipeline.transfer import to_device
 from drivetrain.pipeline.voxelize import voxel_counts
 from drivetrain.ragged import RaggedBatch
 from helpers.nosync import no_host_sync
+from helpers.partition import inductor_partition_backend
 
 TINY = dict(
     point_cloud_range=(-16.0, -16.0, -5.0, 16.0, 16.0, 3.0),  # a 64×64 canvas: a quarter of the tiny config's
@@ -167,6 +168,25 @@ def test_the_step_is_one_graph_without_a_break(batch, name, windowed):
     torch._dynamo.reset()
     explained = torch._dynamo.explain(static_loss)(*_static_args(model, batch, step.shapes(batch)))
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+@pytest.mark.parametrize(("name", "windowed"), ONE_GRAPH_CASES)
+def test_the_backward_as_inductor_partitions_the_step_reads_no_input_the_forward_wrote(batch, name, windowed):
+    """The step writes inputs in place (the BatchNorms' running statistics); AOTAutograd's min-cut partitioner may
+    keep a graph input for the backward and recompute from it there, which must never be one of those (StreamPETR's
+    memory bank was: tests/test_models_streampetr_static.py). Checked as inductor partitions, without code
+    generation."""
+    cls, args = MODELS[name]
+    model = cls(**args).double().train()  # the batch's float64 (the partition does not depend on the dtype)
+    step = StaticPillarStep(model, Buckets.for_grid(model.grid, 1 << 15), windowed=windowed)
+    backend, kept_written = inductor_partition_backend()
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(static_loss, fullgraph=True, dynamic=False, backend=backend)
+        _total(model, compiled(*_static_args(model, batch, step.shapes(batch)))).backward()
+    finally:
+        torch._dynamo.reset()
+    assert kept_written == [set()]  # one graph; none of the inputs it writes is kept for its backward
 
 
 @pytest.mark.slow

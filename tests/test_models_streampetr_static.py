@@ -20,6 +20,7 @@ from drivetrain.models.streampetr.loss import BATCHED, STATIC
 from drivetrain.models.streampetr.static import buckets, pad_ragged, pad_targets, target_bucket
 from drivetrain.ragged import RaggedBatch
 from helpers.nosync import allow_host_sync, no_host_sync
+from helpers.partition import inductor_partition_backend
 from helpers.streampetr import SMALL
 
 ARGS = {**SMALL, "dropout": 0.0}  # dropout's draws would follow the DN query count, which the buckets change
@@ -374,24 +375,7 @@ def test_the_backward_of_the_step_as_inductor_partitions_it_reads_no_bank_tensor
     second frame on ``ego_pose_memory``'s gradients were hundreds of times the eager ones. The step reads a copy of
     the bank (:meth:`~drivetrain.models.streampetr.StreamPETR.step_inputs`): no input the forward writes is kept for
     the backward, and the gradients of every layer the bank feeds are the eager step's."""
-    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._inductor.decomposition import select_decomp_table
-
-    kept_written: list[set[str]] = []
-
-    def forward_compiler(gm: torch.fx.GraphModule, example_inputs):
-        written = {n.args[0].name for n in gm.graph.find_nodes(op="call_function", target=torch.ops.aten.copy_.default)
-                   if n.args[0].op == "placeholder"}  # fmt: skip
-        outputs = next(iter(gm.graph.find_nodes(op="output"))).args[0]
-        kept_written.append({n.name for n in outputs if isinstance(n, torch.fx.Node) and n.name in written})
-        return make_boxed_func(gm.forward)
-
-    backend = aot_autograd(
-        fw_compiler=forward_compiler, bw_compiler=lambda gm, _: make_boxed_func(gm.forward),
-        decompositions=select_decomp_table(), keep_inference_input_mutations=True,
-        partition_fn=functools.partial(min_cut_rematerialization_partition, compiler="inductor"),
-    )  # fmt: skip
+    backend, kept_written = inductor_partition_backend()
     stepped, compiled = model_of(**STEP_ARGS), model_of(**STEP_ARGS)
     torch._dynamo.reset()
     fn = torch.compile(compiled.step_loss, fullgraph=True, dynamic=False, backend=backend)
