@@ -113,6 +113,31 @@ def test_backward_ops_are_counted(x):
     assert count_call(forward_backward) == Cost(4, 0)
 
 
+def test_the_backward_runs_in_the_counting_thread_while_counting(x):
+    # On a GPU the autograd engine runs the backward on a device thread, whose ops the counter does not count (the
+    # recorded H200 iterations counted 1 backward kernel for the CPU's 142): while counting, it runs in this thread.
+    assert torch._C._is_multithreading_enabled()
+    seen = []
+    with CostCounter().counting():
+        seen.append(torch._C._is_multithreading_enabled())
+        other = threading.Thread(target=lambda: seen.append(torch._C._is_multithreading_enabled()))
+        other.start()
+        other.join()
+    assert seen == [False, True]  # this thread's switch only (another thread, not counted, is left alone)
+    assert torch._C._is_multithreading_enabled()  # put back
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_backward_ops_are_counted_on_cuda_as_on_the_cpu(x):
+    def forward_backward(device: str) -> Cost:
+        inputs, weight = x.to(device), torch.nn.Parameter(torch.ones(4, 5, device=device))  # made before counting
+        return count_call(lambda: (inputs @ weight).sum().backward())
+
+    # forward: mm, sum; backward: ones_like (the seed), mm for the weight — on CUDA on autograd's device thread
+    assert forward_backward("cuda") == forward_backward("cpu") == Cost(4, 0)
+
+
 def test_compiled_code_counts_as_its_eager_ops(x):
     compiled = torch.compile(lambda t: (t.sin() + t.cos() * 2).sum(), fullgraph=True)
     assert count_call(lambda: compiled(x)) == Cost(5, 0)  # no graph is traced while counting, none is required

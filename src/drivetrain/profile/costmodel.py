@@ -3,7 +3,9 @@
 A GPU is lent only now and then, and most of what batching saves there is launches and waits: a per-sample loop of
 small ops pays each op's launch while the GPU idles, and every ``.item()`` or ``.cpu()`` drains the queue. Both
 can be counted on a CPU. :class:`CostCounter` is a ``TorchDispatchMode``: it sees every ATen op a call dispatches
-below autograd (so backward ops too), in the calling thread, and sorts them.
+below autograd (so backward ops too), in the calling thread, and sorts them. On a GPU the autograd engine runs the
+backward on a device thread of its own; while counting it runs in the calling thread instead
+(``torch.autograd.set_multithreading_enabled(False)``), so the backward is counted on CUDA as on the CPU.
 
 **Kernels**: every dispatched op except those that launch nothing on a GPU:
 
@@ -59,9 +61,9 @@ about the kernels' own run time — a lower bound for launch-bound work. The two
 fit of ``reference_ms = kernels × PER_KERNEL_US + syncs × PER_SYNC_US`` over the reference path's leaf rows of the
 recorded H200 loss result (``benchmarks/results/loss-cuda.json``: NVIDIA H200, torch 2.11.0+cu130, CUDA 13.0, batch 8,
 6 layers, 900 queries, 10 denoising groups, seed 0; its date is in the file), with the counts that run recorded
-beside its times (:data:`CALIBRATION`). ``loss backward`` is left out: on CUDA the autograd engine runs the backward
-ops on its device thread, which the counter does not see (87 counted kernels for 19.1 ms), so its count is no
-launch count:
+beside its times (:data:`CALIBRATION`). ``loss backward`` is left out: when that run was recorded the counter left the
+backward on the autograd engine's device thread, which it does not count (87 counted kernels for 19.1 ms; the
+backward now runs in the calling thread while counting, see above), so its count is no launch count:
 
 =============================================  =======  =====  ==========
 row (reference path)                           kernels  syncs  H200 ms
@@ -250,6 +252,9 @@ class CostCounter:
         self._patches = contextlib.ExitStack()
         try:
             self._patches.enter_context(torch.compiler.set_stance("force_eager"))  # compiled code: its eager ops
+            # On a GPU the autograd engine runs the backward on a device thread of its own, whose ops this thread's
+            # counter does not count: while counting, the backward runs in the calling thread (as on a CPU)
+            self._patches.enter_context(torch.autograd.set_multithreading_enabled(False))
             self._patches.enter_context(_patched())
             self._patches.enter_context(_optimizers_as_on_cuda(self))
             self._mode = _Dispatch(self)
