@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from drivetrain.cli.main import main
-from drivetrain.engine.stepsplit import PARTS
+from drivetrain.engine.stepsplit import PARTS, measure_steps
 from helpers.engine import FAST, SMOKE
 
 solve_module = importlib.import_module("drivetrain.match.solve")  # the package's `solve` is the function
@@ -165,3 +165,15 @@ def test_bench_train_on_cuda_counts_the_syncs_of_the_timed_steps(tmp_path, monke
     assert data["syncs_per_step"] >= 1
     assert data["counted_syncs_per_step"] >= 1 and data["region_syncs"].get("step/optimizer", 0) >= 1
     assert list(scratch.iterdir()) == []
+
+
+@pytest.mark.cuda
+@pytest.mark.heavy
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_runs_peak_memory_on_cuda_is_its_own_not_that_of_an_earlier_run(tmp_path):
+    # The CUDA allocator's peak counts from the process's start: the eager run that bench train --compare measures
+    # first (here 256 MiB allocated and freed) is not the compared run's peak, which the smoke model keeps far below.
+    earlier = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    del earlier
+    split = measure_steps(SMOKE, SMALL, steps=1, warmup=2, device="cuda", scratch=tmp_path)
+    assert 0 < split.logged["peak_memory_mb"] < 256

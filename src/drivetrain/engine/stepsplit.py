@@ -22,8 +22,9 @@ host reads of the ``step`` region, the loader's host work in ``data`` excepted),
 step, which does one-time work (lazy buffers, first solves, often with more host reads than any later step), so at
 least :data:`MIN_WARMUP` warm-up steps run whatever is asked, and ``doctor`` and ``bench train`` count the same step
 of a config alike; on CUDA the timed
-steps also run under ``torch.cuda.set_sync_debug_mode("warn")`` and every synchronising call is counted (the
-metric log's flush every ``log.every`` steps included), which is then the reported number.
+steps also run under ``torch.cuda.set_sync_debug_mode("warn")`` and every synchronising call it reports is counted
+(a stream's sync, a blocking copy, a read of a value: not a device-wide ``torch.cuda.synchronize()``, which the mode
+does not report; the metric log's flush every ``log.every`` steps included), which is then the reported number.
 
 ``overhead_share = 1 − (forward + backward) / step``: the share of the step that is not the network's own work.
 ``skipped_steps``: the timed steps whose update was skipped (non-finite gradients: an fp16 loss scale still too high
@@ -61,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import random
@@ -128,7 +130,9 @@ class StepSplit:
         part_costs: part → its kernels and host reads in the counted step (None: not counted, e.g. ``data``, the
             loader's host work); ``other``'s are the step's minus the parts'.
         logged: medians of the trainer's log over the timed steps: ``step_ms``, ``data_wait_ms`` (host clock; the
-            wait includes the copy), and the run's ``peak_memory_mb``.
+            wait includes the copy), and the run's ``peak_memory_mb``: on CUDA the allocator's peak from the trainer
+            built on (interleaved: both runs' at once); on the CPU the process's peak RSS, which a run measured after
+            another in one process does not go below.
         trace: :func:`drivetrain.profile.trace.summarize` of the traced steps after the timed ones (None without).
         skipped_steps: timed steps that skipped the optimizer's update (None: the trainer's log had no record).
         graph_breaks: dynamo's graph breaks over the run (warm-up included).
@@ -334,7 +338,8 @@ def measure_interleaved(
     global generators (:class:`_Settings`), so on the CPU each run trains exactly as it would alone (its losses,
     batches and weights). On CUDA the two share the device's generator (a CUDA generator's state is not swapped
     between graph replays): their random draws are not those of a run alone. Each split counts only its own
-    steps' CUDA sync warnings and dynamo compilations. Both models, optimizers and loaders are held at once.
+    steps' CUDA sync warnings and dynamo compilations. Both models, optimizers and loaders are held at once (each
+    split's ``peak_memory_mb`` is the two runs' together).
 
     Returns:
         ``(configured, compared)`` splits.
@@ -388,6 +393,12 @@ def _measure(
             run.start(caught, warmup, total, nvtx=nvtx, trace_steps=trace_steps)
         cuda = any(run.trainer.device.type == "cuda" for run in measured)
         if cuda:
+            # The trainers log the CUDA allocator's peak, which counts from the process's start or its last reset: a
+            # run measured after another in this process (bench train --compare) would log the other's peak. Once
+            # the other's tensors are freed (cycles included), the peak counts from what these runs hold now.
+            gc.collect()
+            for device in {run.trainer.device for run in measured if run.trainer.device.type == "cuda"}:
+                torch.cuda.reset_peak_memory_stats(device)
             torch.cuda.set_sync_debug_mode("warn")
         try:
             going = list(measured)
