@@ -37,8 +37,9 @@ CPU time, GPU idle time between kernels per step, each host sync with its Python
 (``.trace.json``) when it is at most 4 MB.
 
 Every split also carries ``graph_breaks`` (dynamo's graph breaks over the run), ``compiles_in_steps`` (graphs dynamo
-compiled during the timed steps: 0 once a compiled step is warm) and ``batch_indices`` (the dataset indices of each
-timed step).
+compiled during the timed steps: 0 once a compiled step is warm), ``cudagraph_skips`` (graphs inductor ran without CUDA
+graphs although ``reduce-overhead`` asked for them, over the run: 0, or the step was not replayed as CUDA graphs) and
+``batch_indices`` (the dataset indices of each timed step).
 
 ``--compare KEY=VALUE ...`` (last on the line: it takes every ``KEY=VALUE`` after it) measures the config a second
 time in the same process with those overrides on top of the others — the same data, seed and steps, so the same
@@ -254,7 +255,8 @@ def comparison_lines(extra: dict[str, Any]) -> list[str]:
                  f"(speedup {extra['step_max_speedup']}); same batches: {extra['same_batches']}; steps "
                  f"{'alternated' if extra.get('interleaved') else 'one run after the other'}; graph breaks "
                  f"{extra['graph_breaks']} → {other['graph_breaks']}; compiles in the timed steps "
-                 f"{extra['compiles_in_steps']} → {other['compiles_in_steps']}; host syncs per step "
+                 f"{extra['compiles_in_steps']} → {other['compiles_in_steps']}; cudagraph skips "
+                 f"{extra['cudagraph_skips']} → {other['cudagraph_skips']}; host syncs per step "
                  f"{extra['syncs_per_step']} → {other['syncs_per_step']}")  # fmt: skip
     return lines
 

@@ -18,7 +18,7 @@ from helpers.engine import FAST, SMOKE
 SMALL = [*FAST, "data.batch_size=4"]
 MS_ROUNDING = 5e-7  # the JSON's ms have 6 decimals
 SPLIT_KEYS = {"step_ms", "step_max_ms", "parts", "syncs_per_step", "kernels_per_step", "region_syncs",
-              "graph_breaks", "compiles_in_steps", "batch_indices"}  # fmt: skip
+              "graph_breaks", "compiles_in_steps", "cudagraph_skips", "batch_indices"}  # fmt: skip
 STEPS, WARMUP = 2, 2
 
 

@@ -86,3 +86,20 @@ def test_ledgers_keep_each_runs_warnings_apart():
         warnings.warn("between", stacklevel=1)  # while neither runs: no one's
     assert [str(w.message) for w in a.own] == ["a1", "a2"] and [str(w.message) for w in b.own] == ["b1", "b2"]
     assert a.warnings() == b.warnings() == 2 and len(caught) == 5
+
+
+def test_ledgers_count_each_runs_cudagraph_skips_apart():
+    # inductor's counter of graphs run without the CUDA graphs asked for (reduce-overhead), bumped as inductor does
+    from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
+
+    a, b = _Ledger([]), _Ledger([])
+    seen = {id(a): [], id(b): []}
+    for ledger, skips in ((a, 1), (b, 2), (a, 3)):
+        ledger.resume()
+        seen[id(ledger)].append(ledger.counts()[2])
+        for _ in range(skips):
+            log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to this test")
+        seen[id(ledger)].append(ledger.counts()[2])
+        ledger.pause()
+    (a0, a1, a2, a3), (b0, b1) = seen[id(a)], seen[id(b)]
+    assert (a1 - a0, a2 - a1, a3 - a2, b1 - b0) == (1, 0, 3, 2)  # b's skips while a was paused are not a's

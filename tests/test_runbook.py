@@ -148,6 +148,20 @@ def test_the_summary_notes_timed_steps_that_skipped_the_optimizer_and_solver_fal
     assert result_notes(tmp_path, outcomes, "cuda") == []
 
 
+def test_the_summary_notes_graphs_run_without_the_cuda_graphs_asked_for(tmp_path):
+    # bench train --compare speed.compile_step_mode=reduce-overhead: the compiled step is the compared run's; inductor
+    # skipping CUDA graphs says so only in a log that is off by default
+    train = step("train-graph-x", 1, 5)
+    result = {"steps": 12, "cudagraph_skips": 0, "compared": {"steps": 12, "cudagraph_skips": 2}}
+    (tmp_path / "train-graph-x-cuda.json").write_text(json.dumps(result))
+    outcomes = run_book([train], 100, FakeMachine({"train-graph-x": 1}).runner)
+    (note,) = result_notes(tmp_path, outcomes, "cuda")
+    assert note.startswith("train-graph-x: inductor ran 2 graph(s) without CUDA graphs")
+    result["compared"]["cudagraph_skips"] = 0
+    (tmp_path / "train-graph-x-cuda.json").write_text(json.dumps(result))
+    assert result_notes(tmp_path, outcomes, "cuda") == []
+
+
 def test_the_cuda_tests_run_in_two_steps_that_stream_each_outcome():
     steps = {s.name: s for s in plan("cuda", "python3", Path("w"))}
     fast, heavy = steps["tests-cuda"], steps["tests-cuda-trainer"]

@@ -34,6 +34,9 @@ them overstates the optimizer a little.
 Compilations: ``graph_breaks`` and ``compiles_in_steps`` come from ``torch._dynamo``'s counters (process-wide,
 taken as differences over this run): the graph breaks over the whole run, and the graphs dynamo compiled (first
 compilations and recompilations) during the timed steps — after warm-up a compiled step should compile nothing.
+``cudagraph_skips`` (inductor's counter of that name, over the whole run): the graphs inductor ran without CUDA
+graphs although asked to replay them (``speed.compile_step_mode=reduce-overhead``; the reason goes to torch's
+``cudagraphs`` log, off by default): anything but 0 means the compiled step was not (wholly) replayed as CUDA graphs.
 ``batch_indices``: the dataset indices each timed step trained on (its micro-batches' in order), so two
 measurements can show that they saw the same batches.
 
@@ -137,6 +140,7 @@ class StepSplit:
         skipped_steps: timed steps that skipped the optimizer's update (None: the trainer's log had no record).
         graph_breaks: dynamo's graph breaks over the run (warm-up included).
         compiles_in_steps: graphs dynamo compiled during the timed steps.
+        cudagraph_skips: graphs inductor ran without CUDA graphs although asked to replay them, over the run.
         batch_indices: per timed step, the dataset indices it trained on.
         step_graph: with ``speed.compile_step``, ``{"buckets", "compile_s"}``: the compiled step's buckets and the
             seconds compiling all of them before step 1 took; None without.
@@ -159,6 +163,7 @@ class StepSplit:
     skipped_steps: int | None = None
     graph_breaks: int = 0
     compiles_in_steps: int = 0
+    cudagraph_skips: int = 0
     batch_indices: list[list[int]] = dataclasses.field(default_factory=list)
     step_graph: dict[str, float] | None = None
 
@@ -202,6 +207,7 @@ class StepSplit:
             "region_syncs": self.region_syncs,
             "graph_breaks": self.graph_breaks,
             "compiles_in_steps": self.compiles_in_steps,
+            "cudagraph_skips": self.cudagraph_skips,
             "batch_indices": self.batch_indices,
             "step_graph": self.step_graph,
             "logged": {k: round(v, 6) for k, v in self.logged.items()},
@@ -220,7 +226,7 @@ class _StepMarks(Profiler):
         super().__init__(device, warmup=warmup, nvtx=nvtx, host_regions=HOST_REGIONS)
         self.limit, self.ledger, self.trace_steps = limit, ledger, trace_steps
         self.marks: list[int] = []  # the run's own warnings caught (ledger.own) as each step closed
-        self.compiled = [ledger.counts()]  # (graphs compiled, graph breaks) so far: at the start, then per step
+        self.compiled = [ledger.counts()]  # (graphs compiled, breaks, cudagraph skips): at the start, then per step
         self.trace: Any = None
         self._traced = 0  # steps closed under the trace
         self._tracing = False
@@ -251,11 +257,15 @@ class _StepMarks(Profiler):
             self.trace.stop()
 
 
-def _dynamo_counts() -> tuple[int, int]:
-    """``(graphs compiled, graph breaks)`` in this process so far, from ``torch._dynamo``'s counters."""
+def _dynamo_counts() -> tuple[int, int, int]:
+    """``(graphs compiled, graph breaks, cudagraph skips)`` in this process so far, from ``torch._dynamo``'s counters
+    (inductor's ``cudagraph_skips``: graphs it ran without CUDA graphs although asked to replay them)."""
     from torch._dynamo.utils import counters
 
-    return int(counters["stats"]["unique_graphs"]), int(sum(counters["graph_break"].values()))
+    return (
+        int(counters["stats"]["unique_graphs"]), int(sum(counters["graph_break"].values())),
+        int(counters["inductor"]["cudagraph_skips"]),
+    )  # fmt: skip
 
 
 MIN_WARMUP = 2  # warm-up steps run at least: the last is counted, and it must not be the run's first (see the module)
@@ -462,12 +472,12 @@ class _Ledger:
         self.caught = caught
         self.own: list[warnings.WarningMessage] = []
         self._base: int | None = None  # len(caught) at resume
-        self._foreign = (0, 0)  # dynamo's counts made while paused
+        self._foreign = (0, 0, 0)  # dynamo's counts made while paused
         self._paused_at = _dynamo_counts()
 
     def resume(self) -> None:
         now = _dynamo_counts()
-        self._foreign = (self._foreign[0] + now[0] - self._paused_at[0], self._foreign[1] + now[1] - self._paused_at[1])
+        self._foreign = tuple(f + n - p for f, n, p in zip(self._foreign, now, self._paused_at, strict=True))
         self._base = len(self.caught)
 
     def pause(self) -> None:
@@ -480,10 +490,10 @@ class _Ledger:
         """Warnings caught while this run ran, so far."""
         return len(self.own) + (len(self.caught) - self._base if self._base is not None else 0)
 
-    def counts(self) -> tuple[int, int]:
-        """``(graphs compiled, graph breaks)`` by this run so far (and by whatever ran before it started)."""
-        now = _dynamo_counts()
-        return now[0] - self._foreign[0], now[1] - self._foreign[1]
+    def counts(self) -> tuple[int, ...]:
+        """``(graphs compiled, graph breaks, cudagraph skips)`` by this run so far (and by whatever ran before it
+        started)."""
+        return tuple(n - f for n, f in zip(_dynamo_counts(), self._foreign, strict=True))
 
 
 class _Run:
@@ -578,6 +588,7 @@ class _Run:
             skipped_steps=_skipped(self.out / "metrics.jsonl", warmup, total),
             graph_breaks=end[1] - compiled[0][1],
             compiles_in_steps=end[0] - compiled[min(warmup, len(compiled) - 1)][0],
+            cudagraph_skips=end[2] - compiled[0][2],
             batch_indices=timed_indices,
             step_graph=_step_graph(trainer),
         )

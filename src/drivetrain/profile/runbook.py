@@ -404,8 +404,9 @@ def summary(outcomes: list[Outcome], *, title: str, environment: str = "", notes
 
 def result_notes(work: Path, outcomes: Iterable[Outcome], device: str) -> list[str]:
     """Sentences for the summary from the results of the steps that ran: timed steps that skipped the optimizer
-    (``bench train``'s ``skipped_steps``: an fp16 loss scale still settling) and GPU-solver calls that fell back to
-    SciPy or went through the package's public wrapper (``gpu_solver``), each named with its step."""
+    (``bench train``'s ``skipped_steps``: an fp16 loss scale still settling), graphs run without the CUDA graphs
+    asked for (``cudagraph_skips``, its run's or its compared run's) and GPU-solver calls that fell back to SciPy or
+    went through the package's public wrapper (``gpu_solver``), each named with its step."""
     notes = []
     for o in outcomes:
         path = work / f"{o.step.name}-{device}.json"
@@ -417,6 +418,11 @@ def result_notes(work: Path, outcomes: Iterable[Outcome], device: str) -> list[s
         if isinstance(skipped, int) and skipped > 0:
             notes.append(f"{o.step.name}: {skipped} of its {result.get('steps')} timed steps skipped the optimizer "
                          "(fp16 loss scale): its optimizer share is understated.")  # fmt: skip
+        runs = [result, result.get("compared") or {}]  # bench train --compare: the compiled step is the compared run
+        graphless = sum(r["cudagraph_skips"] for r in runs if isinstance(r.get("cudagraph_skips"), int))
+        if graphless > 0:
+            notes.append(f"{o.step.name}: inductor ran {graphless} graph(s) without CUDA graphs (cudagraph_skips; "
+                         "why: TORCH_LOGS=cudagraphs): the step was not (wholly) replayed as CUDA graphs.")  # fmt: skip
         solver = result.get("config", {}).get("gpu_solver") or result.get("gpu_solver") or {}
         timed = [solver[key] for key in ("fallbacks_timed", "scipy_fallbacks_timed", "fallbacks") if key in solver]
         fallbacks, wrapper = (timed[0] if timed else 0), solver.get("wrapper_calls", 0)
