@@ -133,9 +133,9 @@ class StepSplit:
         part_costs: part → its kernels and host reads in the counted step (None: not counted, e.g. ``data``, the
             loader's host work); ``other``'s are the step's minus the parts'.
         logged: medians of the trainer's log over the timed steps: ``step_ms``, ``data_wait_ms`` (host clock; the
-            wait includes the copy), and the run's ``peak_memory_mb``: on CUDA the allocator's peak from the trainer
-            built on (interleaved: both runs' at once); on the CPU the process's peak RSS, which a run measured after
-            another in one process does not go below.
+            wait includes the copy), and the run's ``peak_memory_mb``: on CUDA the allocator's peak since the run's
+            trainer was built (interleaved: both runs' together); on the CPU the process's peak RSS, which a run
+            measured after another in one process does not go below.
         trace: :func:`drivetrain.profile.trace.summarize` of the traced steps after the timed ones (None without).
         skipped_steps: timed steps that skipped the optimizer's update (None: the trainer's log had no record).
         graph_breaks: dynamo's graph breaks over the run (warm-up included).
@@ -472,7 +472,7 @@ class _Ledger:
         self.caught = caught
         self.own: list[warnings.WarningMessage] = []
         self._base: int | None = None  # len(caught) at resume
-        self._foreign = (0, 0, 0)  # dynamo's counts made while paused
+        self._foreign: tuple[int, ...] = (0, 0, 0)  # dynamo's counts made while paused
         self._paused_at = _dynamo_counts()
 
     def resume(self) -> None:
