@@ -20,7 +20,7 @@ from drivetrain.engine import batches as batches_module
 from drivetrain.engine.build import StepGraph, dynamo_graphs
 from drivetrain.engine.config import ConfigError, load_config
 from drivetrain.engine.trainer import Trainer
-from helpers.engine import final_state, losses
+from helpers.engine import final_state, losses, metrics
 from helpers.nosync import allow_host_sync
 from helpers.streampetr import SMALL
 from test_engine_step_syncs import _watched
@@ -82,6 +82,30 @@ def test_a_checkpoint_of_the_eager_step_resumes_with_the_compiled_update(synth_r
     assert all(isinstance(group["lr"], float) and not group["capturable"] for group in optimizer["param_groups"])
     steps = [state["step"] for state in optimizer["state"].values()]
     assert steps and all(step.device.type == "cpu" and step.item() == 2 for step in steps)
+
+
+@pytest.mark.slow  # ~25 s (two runs of 4 steps, one compiling its bucket and update)
+def test_fp16_through_the_compiled_step_skips_and_scales_as_the_eager_step(synth_root, synth_index, tmp_path, capfd):
+    """fp16 with the loss scaler (the run book's part 6 precision) through the compiled step and update: autocast at
+    the call as at the trace, the scale multiplying the loss outside the graph, unscaling, the overflow decision, the
+    scaler and the undo of a skipped update outside it too. From a scale of 2**40, backing off by 2**-8 on each
+    overflow, the first three steps overflow and skip, the fourth updates: the same steps, scales and update count as
+    the eager step, and every loss within the float32 summation bound of the first test (aot_eager runs the ATen ops
+    of the eager forward on the same fp16 values; steps 2-4 start from weights every skip put back)."""
+    fp16 = ["precision.mode=fp16", "precision.init_scale=1099511627776", "precision.backoff_factor=0.00390625",
+            "precision.hysteresis=1", "train.steps=4", "log.every=1"]  # fmt: skip
+    eager, graph = tmp_path / "eager", tmp_path / "graph"
+    _train(capfd, _argv(eager, synth_root, *fp16, *STEP_GRAPH[2:]))  # the compiled run's model args, eager
+    err = _train(capfd, _argv(graph, synth_root, *fp16, *STEP_GRAPH))
+    assert "inside steps" not in err, err
+    decisions = {
+        name: [(m["skipped_steps"], m["opt_step"], m["loss_scale"]) for m in metrics(run)]
+        for name, run in (("eager", eager), ("graph", graph))
+    }
+    assert decisions["graph"] == decisions["eager"] == [(1, 0, 2.0**40), (2, 0, 2.0**32), (3, 0, 2.0**24),
+                                                         (3, 1, 2.0**16)]  # fmt: skip
+    rtol = 2 * 64 * 64 * 6 * torch.finfo(torch.float32).eps
+    torch.testing.assert_close(losses(graph), losses(eager), rtol=rtol, atol=0.0)
 
 
 def test_the_compiled_dense_step_adds_no_host_read(synth_root, synth_index, tmp_path):
