@@ -507,3 +507,15 @@ def test_cuda_matches_the_cpu_reference_without_sync():
     cpu_params = BevAugParams(*(getattr(params, name).cpu() for name in BevAugParams.__dataclass_fields__))
     assert_clear_of_boundaries(points, boxes, labels, cpu_params, FULL_CONFIG)
     assert_matches_reference(points, boxes, labels, cpu_params, FULL_CONFIG, tuple(o.to("cpu") for o in out))
+
+
+def test_on_the_cpu_the_augmentations_parameters_are_not_copied():
+    """``stage._to`` moves the parameters as the loader's batches are moved (the packed copier): on the CPU it hands
+    back the very tensors (the CUDA case, pinned and not waiting for the stream, is in tests/test_cuda_lidar.py)."""
+    from drivetrain.pipeline.augment.stage import _to
+
+    gen = torch.Generator().manual_seed(0)
+    points, _, _ = random_scene("four_ordinary", gen)
+    params = sample_bev_params(points, FULL_CONFIG, gen)
+    moved = _to(params, torch.device("cpu"))
+    assert all(getattr(moved, f.name) is getattr(params, f.name) for f in dataclasses.fields(params))
