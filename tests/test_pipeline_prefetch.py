@@ -206,3 +206,23 @@ def test_cuda_batch_freed_while_the_consumer_reads_it_is_not_overwritten_by_the_
             totals.append(batch["x"].sum())  # ... then reads the batch
             del batch  # batch n+1 was started with the last next(); batch n+2 starts with the next one
         assert [t.item() for t in totals] == [3.0 * i for i in range(4)]
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_batches_already_on_the_device_are_transformed_once_the_current_stream_wrote_them():
+    """A stream handing out device tensors (DALI's images: copied into torch's tensors on the current stream) while
+    the current stream is busy: the transform on the side stream reads them once written, not before."""
+
+    class OnDevice(CountingStream):
+        def next(self):
+            batch, indices = super().next()
+            x = torch.zeros(3, device="cuda")
+            torch.cuda._sleep(BUSY)  # the current stream is busy (a step) ...
+            x.fill_(float(self.position))  # ... then writes the batch
+            return {**batch, "x": x}, indices
+
+    prefetcher = DevicePrefetcher(OnDevice(), "cuda", transform=lambda b, position: {**b, "x": b["x"] * 2})
+    for i in range(3):
+        batch, _ = prefetcher.next()
+        assert batch["x"].tolist() == [2.0 * (i + 1)] * 3

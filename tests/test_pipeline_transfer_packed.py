@@ -321,3 +321,22 @@ def test_cuda_to_host_on_a_side_stream_reads_what_the_current_stream_wrote():
         tensor.fill_(float(i + 1))  # ... then writes the values
     back = PackedCopier("cuda").to_host(on_gpu, stream=side).get()
     assert all(torch.equal(t, torch.full_like(t, float(i + 1))) for i, t in enumerate(back.values()))
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_to_device_on_a_side_stream_hands_on_device_tensors_once_the_current_stream_wrote_them():
+    """Tensors already on the device (a DALI batch's images) pass through the copy; work queued on its side stream
+    after it (the prefetcher's transform) reads them once the current stream has written them (no host wait)."""
+    side = torch.cuda.Stream()
+    images = torch.zeros(1000, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda._sleep(BUSY)  # the current stream is busy ...
+    images.fill_(3.0)  # ... then writes the values
+    value = {"images": images, **{f"t{i}": torch.full((4,), float(i)) for i in range(24)}}
+    handle = PackedCopier("cuda").to_device(value, stream=side)
+    assert not torch.cuda.current_stream().query()  # the host did not wait for the current stream
+    with torch.cuda.stream(side):
+        total = handle.get()["images"].sum()  # on the side stream, as the prefetcher's transform
+    side.synchronize()
+    assert total.item() == 3000.0  # exact: integer-valued float32 sums below 2^24

@@ -20,9 +20,11 @@ caller's stream (or a given one); :class:`Transfer` is the handle: ``ready()`` a
 makes the current stream wait for it and records the buffers on that stream (``record_stream``), so the caching
 allocator does not hand them out while the consumer still reads them. Staging buffers come from PyTorch's caching
 pinned allocator, which reuses them across batches once their copies have completed. Device→host (``to_host``) is
-the same in reverse, into one pinned host buffer; on a given stream other than the caller's, that stream first
-waits for the caller's (which wrote the device tensors) and records them, so the copy reads them once written and
-their blocks are not handed out before it has.
+the same in reverse, into one pinned host buffer. On a given stream other than the caller's, a structure holding
+device tensors (the sources of ``to_host``; for ``to_device``, tensors already on the device, e.g. a DALI batch's
+images, which pass through to work the caller queues on that stream, as the prefetcher's transform) makes that
+stream first wait for the caller's (which wrote them) and records them on it, so that stream reads them once
+written and their blocks are not handed out before it has.
 
 **The two thresholds, measured** (CPU, 2 cores, AMD EPYC, torch 2.13, one thread; the H200 run of ``bench copy``:
 ``benchmarks/results/copy-cuda.md``; the fits below: docs/benchmarks.md, ``copy``). Per-tensor
@@ -240,7 +242,8 @@ class PackedCopier:
         self.pack_below, self.min_leaves, self.always = int(pack_below), int(min_leaves), bool(always)
 
     def to_device(self, structure: Any, stream: Any = None) -> Transfer:
-        """Start copying every host tensor of ``structure`` to the device (on ``stream``, default: the current one)."""
+        """Start copying every host tensor of ``structure`` to the device (on ``stream``, default: the current one);
+        tensors already on the device pass through, and ``stream`` waits for the caller's stream that wrote them."""
         if self.device.type == "cpu" and not self.always:
             return Transfer(structure, None, [], None)
         return self._copy(structure, self.device, stream)
@@ -263,10 +266,11 @@ class PackedCopier:
         if cuda:
             current = torch.cuda.current_stream(self.device)
             stream = stream if stream is not None else current
-            if target.type == "cpu" and stream != current:  # device sources the caller's stream writes: the copy
-                stream.wait_stream(current)  # reads them after (no host sync), and their blocks stay theirs until
-                for leaf in leaves:  # the copy has read them, should the caller free them meanwhile
-                    if isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda":
+            if stream != current:  # device tensors the caller's stream writes (a copy's sources to the host; tensors
+                on_device = [leaf for leaf in leaves if leaf.is_cuda]  # already on the device, handed on as they are
+                if on_device:  # to work queued on ``stream``): ``stream`` reads them after (no host sync), and their
+                    stream.wait_stream(current)  # blocks stay theirs until it has, should the caller free them
+                    for leaf in on_device:
                         leaf.record_stream(stream)
         out = list(leaves)
         buffers: list[torch.Tensor] = []
