@@ -94,6 +94,24 @@ def test_loss_scaler_hysteresis_backoff_growth_and_floor() -> None:
     assert all(torch.equal(a, b) for a, b in zip(restored.state_dict().values(), s.state_dict().values(), strict=True))
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_scaler_unscales_gradients_kept_on_the_host_by_the_scale_it_holds() -> None:
+    """FSDP CPU offload keeps the gradients on the host while the scale lives on the GPU: the host multiplies them by
+    the scale's inverse once it has arrived there, not by what its pinned buffer held before (the scale is written
+    behind a busy stream, so a copy not waited for lands after the multiplication read it)."""
+    from drivetrain.engine.precision import unscale_clip_
+
+    s = LossScaler(PrecisionConfig(mode="fp16", init_scale=2.0**10), torch.device("cuda"))
+    p = torch.nn.Parameter(torch.ones(64))
+    p.grad = torch.full((64,), 2.0**12)
+    torch.cuda._sleep(200_000_000)  # the current stream is busy (~0.1 s) ...
+    s.scale.mul_(2.0)  # ... then writes the scale: 2**11
+    norm, found_inf = unscale_clip_([p], s, None)
+    assert torch.equal(p.grad, torch.full((64,), 2.0))  # exact: powers of two
+    assert norm.item() == 16.0 and not found_inf.item()  # sqrt(64 · 2²)
+
+
 def test_schedules_are_pure_functions_matching_torch_onecycle() -> None:
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=1.0)

@@ -6,7 +6,8 @@
 
 Losses are computed outside autocast on fp32 copies of the outputs (:func:`fp32_outputs`); normalisation
 layers follow autocast's fp32 policy. All scaler state lives on the device and is updated with
-``torch.where``: nothing here reads a value on the host.
+``torch.where``: nothing here reads a value on the host, except :func:`unscale_clip_` for gradients kept on the host
+(FSDP CPU offload), whose fp16 unscaling needs the scale there.
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 def unscale_clip_(
     params: Iterable[torch.nn.Parameter], scaler: LossScaler, max_norm: float | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unscale gradients in place, measure their global norm and clip to ``max_norm``; no host sync.
+    """Unscale gradients in place, measure their global norm and clip to ``max_norm``; no host sync, except one read
+    of the scale when fp16 gradients live on the host (FSDP CPU offload: the host multiplies them).
 
     Returns:
         ``(grad_norm, found_inf)``: float32 and bool scalars on the device. The norm is of the unscaled
@@ -125,7 +127,9 @@ def unscale_clip_(
             local = _local(g)
             by_device.setdefault(local.device, []).append(local)
         for device, group in by_device.items():  # FSDP CPU offload keeps gradients on the host
-            torch._foreach_mul_(group, inv.to(device, non_blocking=True))
+            # sync: the host multiplies offloaded gradients by the scale, so it waits for it; a non-blocking copy
+            # to the host would land in pinned memory after the multiplication read it
+            torch._foreach_mul_(group, inv.to(device, non_blocking=device.type != "cpu"))
     norm = torch.nn.utils.get_total_norm(grads, 2.0)
     if max_norm is not None:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
