@@ -5,8 +5,10 @@
 device, handing out batch n first starts batch n+1: it is read from the stream and copied by a
 :class:`~drivetrain.pipeline.transfer.PackedCopier` on a side stream (and, when given, transformed there — the
 place for device augmentation); ``next()`` then makes the current stream wait for batch n's copy (no host
-sync) and returns it. On a CPU device (or with ``overlap=False``) it is a pass-through: ``next()`` is the
-stream's ``next()``, then the copy and the transform on the current stream (nothing to overlap with).
+sync) and returns it. Tensors a stream hands out on the device already (DALI's images, written on the current stream
+when the stream is read) pass through the copier, which makes the side stream wait for the current one first. On a
+CPU device (or with ``overlap=False``) it is a pass-through: ``next()`` is the stream's ``next()``, then the copy
+and the transform on the current stream (nothing to overlap with).
 
 **A bucket chosen on the host.** With ``shapes`` (``speed.compile_step`` with device augmentation: the model's
 bound of the augmented batch's bucket from the host batch and the augmentation's parameters), each batch's bucket is
