@@ -10,12 +10,13 @@
 #               at most 16 MiB) and summary.md (step, part, status, seconds, cap, expected), both rewritten before
 #               every step: a run killed part-way (SIGKILL) leaves every finished step's results there
 #   --budget    seconds for the whole command, wheel install included (default: every step's cap)
-#   --part      1-6: only that part's steps (a 15-minute GPU lease runs parts 1 and 2): 1 CUDA tests (device
-#               tests, then those that train or compile), bench solve, bench train --profile and full-size
+#   --part      1-7: only that part's steps (a 15-minute GPU lease runs parts 1 and 2): 1 CUDA tests (device
+#               tests, then those that train), bench solve, bench train --profile and full-size
 #               iterations of the three published configs (9 min); 2 tiny iterations, copy, loss, ragged
 #               (4.5 min); 3 augment, precision, switches; 4 the rest; 5 eager vs the compiled step replayed as
 #               CUDA graphs (bench train --compare, PointPillars and SSN; 9 min); 6 the same at StreamPETR's
-#               published config (a lease of its own);
+#               published config (a lease of its own); 7 the CUDA tests that compile with inductor (CUDA
+#               graphs, compiled losses; a lease of its own);
 #               without it every step runs in priority order
 #   --device    cpu: a dry run of the run book with tiny sizes and few repeats (CUDA-only steps are skipped)
 #   --wheels    folder of wheels from scripts/gpu_wheels.sh (default: .whl; skipped if absent)

@@ -118,6 +118,7 @@ def fresh_dynamo():
 
 
 @pytest.mark.heavy
+@pytest.mark.compiles
 def test_compiled_streampetr_loss_on_cuda_is_one_graph_within_the_float32_bound(fresh_dynamo, gen):
     """Inductor's CUDA kernels for the 3D head's batched loss, for two batches whose ground-truth count differs
     (7, then 9: no recompile), against eager CUDA (tests/test_losses_compile.py derives the bound)."""
@@ -133,6 +134,7 @@ def test_compiled_streampetr_loss_on_cuda_is_one_graph_within_the_float32_bound(
 
 
 @pytest.mark.heavy
+@pytest.mark.compiles
 def test_compiled_focal_head_loss_on_cuda_is_one_graph_within_the_float32_bound(fresh_dynamo, gen):
     loss = focal_head_loss(backend="scipy").to(DEVICE)
     for num_gt in FH_BATCHES[:2]:
@@ -144,6 +146,7 @@ def test_compiled_focal_head_loss_on_cuda_is_one_graph_within_the_float32_bound(
 
 
 @pytest.mark.heavy
+@pytest.mark.compiles
 def test_compiled_anchor_assignment_and_loss_on_cuda_is_one_graph_within_the_float32_bound(fresh_dynamo, gen):
     """PointPillars' dense assignment and loss in one inductor graph on CUDA against its eager windowed path."""
     feature_size = (8, 8)

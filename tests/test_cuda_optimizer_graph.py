@@ -29,6 +29,7 @@ from test_engine_optimizer_graph import (
 
 pytestmark = [
     pytest.mark.heavy,
+    pytest.mark.compiles,
     pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]

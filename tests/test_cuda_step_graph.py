@@ -28,6 +28,7 @@ from helpers.engine import final_state, losses
 
 pytestmark = [
     pytest.mark.heavy,
+    pytest.mark.compiles,
     pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]

@@ -411,6 +411,7 @@ def test_the_run_books_requirement_turns_the_solver_tests_skip_into_a_failure(tm
 
 @pytest.mark.cuda
 @pytest.mark.heavy
+@pytest.mark.compiles
 @needs_kernel
 def test_cuda_the_compiled_gpu_backend_traces_with_a_cuda_profiler_active(fresh_book, gen) -> None:
     """The test above with the real kernel and a CUDA profiler (CUDA events, as ``bench train`` on a GPU)."""

@@ -65,6 +65,7 @@ def test_the_model_asks_cuda_for_inductors_generator_only_with_a_checkpointed_de
 
 @pytest.mark.cuda
 @pytest.mark.heavy
+@pytest.mark.compiles
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_the_checkpointed_decoder_compiles_without_replay_ops():
     model = StreamPETR(with_cp=True, **SMALL)

@@ -167,7 +167,7 @@ def test_the_cuda_tests_run_in_two_steps_that_stream_each_outcome():
     fast, heavy = steps["tests-cuda"], steps["tests-cuda-trainer"]
     assert (fast.priority, fast.part, heavy.part) == (1, 1, 1)
     assert list(steps).index("tests-cuda") < list(steps).index("tests-cuda-trainer")
-    for s, marks in ((fast, "cuda and not heavy"), (heavy, "cuda and heavy")):
+    for s, marks in ((fast, "cuda and not heavy"), (heavy, "cuda and heavy and not compiles")):
         argv = list(s.argv)
         assert argv[len(argv) - 1 - argv[::-1].index("-m") + 1] == marks  # the last -m (the first: -m pytest)
         assert {"-v", "-rA", "--durations=15"} <= set(argv)
@@ -195,6 +195,57 @@ def test_every_cuda_test_that_trains_or_compiles_is_in_the_second_test_step():
             if "mark.cuda" in marks and "mark.heavy" not in marks and any(c in body for c in heavy_calls):
                 unmarked.append(f"{path.name}::{node.name}")
     assert unmarked == []
+
+
+# What compiles with inductor (or replays CUDA graphs) in a test's body, or in a fixture or module name it uses
+COMPILE_CALLS = ("torch.compile", "fresh_dynamo", "compile_step=true", "OptimizerGraph(", "replays_in_checkpointed")
+
+
+def _compiling_cuda_tests() -> dict[str, bool]:
+    """``file::test`` of every cuda test that compiles → whether it is marked ``compiles``."""
+    import ast
+
+    found = {}
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        source = path.read_text()
+        tree = ast.parse(source)
+        module_marks = next((ast.get_source_segment(source, n) for n in tree.body if isinstance(n, ast.Assign)
+                             and any(getattr(t, "id", "") == "pytestmark" for t in n.targets)), "")  # fmt: skip
+        named = {}  # module-level functions (fixtures) and constants, by name
+        for n in tree.body:
+            if isinstance(n, ast.FunctionDef):
+                named[n.name] = ast.get_source_segment(source, n)
+            elif isinstance(n, ast.Assign):
+                for t in n.targets:
+                    named[getattr(t, "id", "")] = ast.get_source_segment(source, n)
+        for node in tree.body:
+            if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test")):
+                continue
+            marks = module_marks + " ".join(ast.get_source_segment(source, d) for d in node.decorator_list)
+            body = ast.get_source_segment(source, node)
+            texts, seen = [body], {node.name}  # the body, then every module name it uses, and the names they use
+            while new := [n for n in named if n and n not in seen and any(re.search(rf"\b{n}\b", t) for t in texts)]:
+                seen.update(new)
+                texts += [named[n] for n in new]
+            if "mark.cuda" in marks and any(c in text for text in texts for c in COMPILE_CALLS):
+                found[f"{path.name}::{node.name}"] = "mark.compiles" in marks
+    return found
+
+
+def test_every_cuda_test_that_compiles_runs_in_a_step_of_its_own_outside_part_1():
+    """Inductor's cold compiles (a detector's step, forward and backward, per bucket; the compiled losses and update)
+    take tens of seconds each on a GPU: with the trainer runs they overran the second test step's 240 s cap (and the
+    130 s part 1 plans for it), so every cuda test that compiles is marked ``compiles`` and runs in part 7's step,
+    a lease of its own; the second step leaves them out."""
+    compiling = _compiling_cuda_tests()
+    assert len(compiling) >= 13 and [name for name, marked in compiling.items() if not marked] == []
+    steps = {s.name: s for s in plan("cuda", "python3", Path("w"))}
+    heavy, compiled = steps["tests-cuda-trainer"], steps["tests-cuda-compile"]
+    assert (heavy.part, compiled.part, compiled.priority) == (1, 7, 1)
+    for s, marks in ((heavy, "cuda and heavy and not compiles"), (compiled, "cuda and compiles")):
+        argv = list(s.argv)
+        assert argv[len(argv) - 1 - argv[::-1].index("-m") + 1] == marks
+        assert {"-v", "-rA", "--durations=15"} <= set(argv) and dict(s.env) == {"DRIVETRAIN_REQUIRE_GPU_SOLVER": "1"}
 
 
 def test_a_step_marked_not_for_this_device_is_skipped_with_its_reason_without_running():
@@ -266,7 +317,7 @@ def test_part_1_measures_the_three_published_configs_in_the_trainer_and_in_the_i
     assert PART_BUDGET_S[1] <= 540 and PART_BUDGET_S[1] + PART_BUDGET_S[2] <= 810  # with a 1.5-min start: 15 min
 
 
-@pytest.mark.parametrize("part", [1, 2, 3, 4, 5, 6])
+@pytest.mark.parametrize("part", sorted(PARTS))
 def test_each_part_is_sized_for_one_device_command_of_at_most_nine_minutes(part):
     steps = select(plan("cuda", "python3", Path("w")), part)
     assert PART_BUDGET_S[part] <= 540

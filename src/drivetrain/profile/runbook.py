@@ -5,11 +5,12 @@ priority first: (1) the CUDA tests, in two steps: the device tests, then those t
 each test's outcome streamed into the log as it ends, (2) the solver's kernel shapes (``bench solve``) over the
 synthetic full set, (3) the trainer's own step at the three published configs with a profile of each (``bench
 train --profile``), (4) the full-size iterations, reference vs batched; part 2 the tiny iterations, copy, loss and
-ragged ops; parts 3 and 4 the camera data path, precision, switches, sweeps and the rest, and parts 5 (PointPillars,
+ragged ops; parts 3 and 4 the camera data path, precision, switches, sweeps and the rest, parts 5 (PointPillars,
 SSN) and 6 (StreamPETR) the compiled step replayed as CUDA graphs against the eager one
-(``speed.compile_step_mode=reduce-overhead``), each for a later lease. Each step has the time it is expected to need
-and a cap; it runs under ``timeout`` with min(cap, what remains of the budget − a reserve for packing), and a step
-expected to need more than what remains is skipped and named rather than started and cut.
+(``speed.compile_step_mode=reduce-overhead``) and part 7 the CUDA tests that compile with inductor, each for a later
+lease. Each step has the time it is expected to need and a cap; it runs under ``timeout`` with min(cap, what remains
+of the budget − a reserve for packing), and a step expected to need more than what remains is skipped and named
+rather than started and cut.
 ``--part N`` picks one group of steps sized for one device command (:data:`PART_BUDGET_S`); the parts partition
 the steps. Everything a run writes goes into one ``gpu-results.tar.gz`` (kept under the 16 MiB a borrowed machine
 hands back) beside ``summary.md``, both rewritten into ``--out`` before every step (the steps done, the one starting,
@@ -66,7 +67,7 @@ TARBALL = "gpu-results.tar.gz"
 TARBALL_LIMIT = 16 * 1024 * 1024  # the largest file a borrowed machine hands back
 # --budget of each part's device command, wheel install included. A borrowed GPU comes for 15 minutes in all, its
 # start (1–2 min) included: part 1 (9 min) then part 2 (4.5 min) fit one lease; parts 3 and 4 are for a later one.
-PART_BUDGET_S = {1: 540, 2: 270, 3: 540, 4: 540, 5: 540, 6: 540}
+PART_BUDGET_S = {1: 540, 2: 270, 3: 540, 4: 540, 5: 540, 6: 540, 7: 540}
 PARTS = {
     1: "CUDA tests, bench solve, bench train (with its profile) and full-size iterations of the three published "
     "configs",
@@ -77,6 +78,8 @@ PARTS = {
     5: "the compiled step replayed as CUDA graphs vs eager (bench train --compare) at the PointPillars and SSN "
     "published configs",
     6: "the compiled step replayed as CUDA graphs vs eager (bench train --compare) at the StreamPETR published config",
+    7: "the CUDA tests that compile with inductor: the compiled step and update replayed as CUDA graphs, the compiled "
+    "losses",
 }
 RESULT = re.compile(r"[a-z0-9][a-z0-9-]*-cuda\.(json|md|png)|data-gpu-host\.(json|md)")
 
@@ -155,11 +158,19 @@ FULL_ROOT = "data/synth-full-704"  # the root of configs/{streampetr_full,pointp
 # so the step keeps 130 until a run measures it, and a slow one costs the last part-1 steps (skipped and named).
 # Two more compile (23 collected now, parametrised cases counted): the GPU solver's operator traced under a
 # CUDA profiler and a 2-layer checkpointed decoder (small graphs: ~2 × 20 s cold, an estimate), on the same terms.
-# Both stream each test's outcome into their log (-v) as it ends, then the slowest 15 and every outcome again.
-_TESTS = {"fast": "-m 'cuda and not heavy'", "heavy": "-m 'cuda and heavy'"}
+# With them 24 tests, 13 of which compile (~10 graphs cold, more than 300 s on these estimates), do not fit the
+# step's 240 s cap: the tests that compile (marked `compiles`) run in part 7, a lease of its own, and the second step
+# keeps the 11 that train (22 + 2.6 + 14 trainer runs × 2 s + 2 CLI trainings × ~12 s ≈ 80 s, inside its 130 s).
+# Part 7: 22 + 2.6 + ~10 cold inductor graphs × ~20 s (PointPillars tiny's step at 2 buckets and StreamPETR's small
+# one, forward and backward; 3 losses; the AdamW update; a decoder) + the resume's 3 runs on warm caches × ~10 s + 2
+# more trainer runs and the CUDA graphs' recording ≈ 270 s; its cap what the part's budget leaves (540 − 30 − 20).
+# All three stream each test's outcome into their log (-v) as it ends, then the slowest 15 and every outcome again.
+_TESTS = {"fast": "-m 'cuda and not heavy'", "heavy": "-m 'cuda and heavy and not compiles'",
+          "compiles": "-m 'cuda and compiles'"}  # fmt: skip
 _BOOK: list[tuple[str, int, int, str | None, tuple, tuple | None]] = [
     ("tests-cuda", 1, 1, None, (45, 90, _TESTS["fast"]), (30, 90, _TESTS["fast"])),
     ("tests-cuda-trainer", 1, 1, None, (130, 240, _TESTS["heavy"]), (30, 90, _TESTS["heavy"])),
+    ("tests-cuda-compile", 1, 7, None, (270, 490, _TESTS["compiles"]), (30, 90, _TESTS["compiles"])),
     # The published configs read the synthetic set at 704×256, which a benchmark would render on first use in one
     # process (~4 min); "synth" renders it with a process per core first (35 s on 16 cores then).
     ("synth-full-704", 2, 1, "synth", (40, 150, FULL_ROOT), None),
