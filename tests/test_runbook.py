@@ -515,6 +515,28 @@ def test_every_option_a_step_passes_is_one_its_benchmark_takes(tmp_path, capsys)
             assert all(flag in helps[key] for flag in flags), (s.name, [f for f in flags if f not in helps[key]])
 
 
+def test_every_override_a_train_step_passes_is_one_its_config_takes(tmp_path):
+    """``bench train``'s KEY=VALUE overrides, before ``--compare`` and after it, load with the step's config and
+    device (a key the schema lacks or a value it refuses would end the step in its first seconds on a lease; the
+    test above checks only the ``--`` options)."""
+    from drivetrain.engine.config import load_config
+
+    checked = 0
+    for device in ("cuda", "cpu"):
+        for s in plan(device, "python3", tmp_path):
+            argv = list(s.argv)
+            if "bench" not in argv or argv[argv.index("bench") + 1] != "train":
+                continue
+            end = argv.index("--compare") if "--compare" in argv else argv.index("--json")
+            overrides = [a for a in argv[argv.index("train") + 1 : end] if "=" in a and not a.startswith("-")]
+            compare = argv[end + 1 : argv.index("--json")] if "--compare" in argv else []
+            config = ROOT / argv[argv.index("--config") + 1]
+            for extra in ([], compare) if compare else ([],):
+                load_config(config, [*overrides, *extra, f"train.device={device}"])  # a ConfigError fails the test
+            checked += len(overrides) + len(compare)
+    assert checked >= 10  # the compared runs' overrides among them
+
+
 def test_the_full_set_is_rendered_once_with_the_settings_the_full_configs_read(tmp_path, capsys):
     """The synth steps render configs/streampetr_full.yaml's set (the lidar configs read the same root) unless its
     index is there, with options `drivetrain data synth` and `data index` take."""
