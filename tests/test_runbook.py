@@ -248,6 +248,29 @@ def test_every_cuda_test_that_compiles_runs_in_a_step_of_its_own_outside_part_1(
         assert {"-v", "-rA", "--durations=15"} <= set(argv) and dict(s.env) == {"DRIVETRAIN_REQUIRE_GPU_SOLVER": "1"}
 
 
+def test_a_test_module_that_does_not_import_there_does_not_stop_a_test_steps_other_tests(tmp_path):
+    """pytest imports every test module to select by mark: one that does not import on the GPU machine (a package
+    its image lacks, an API its own torch lacks) interrupted the whole step before any test ran. Each test step's
+    options, on a folder of one such module and one cuda test: the test runs, the module is named as an error."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_absent.py").write_text("import drivetrain_absent_package  # noqa\n")
+    (tmp_path / "tests" / "test_present.py").write_text("import pytest\n\n\n@pytest.mark.cuda\ndef test_ran():\n"
+                                                       "    pass\n")  # fmt: skip
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    cuda: x\n    heavy: x\n    compiles: x\n")
+    for name in ("tests-cuda", "tests-cuda-trainer", "tests-cuda-compile"):
+        (s,) = [s for s in plan("cuda", sys.executable, tmp_path) if s.name == name]
+        argv = list(s.argv)  # ends with "tests": the folder here
+        if name != "tests-cuda":  # the marks of the other two steps: the test is heavy and compiles there
+            (tmp_path / "tests" / "test_present.py").write_text(
+                "import pytest\n\n\n@pytest.mark.cuda\n@pytest.mark.heavy\n@pytest.mark.compiles\ndef test_ran():\n"
+                "    pass\n" if name == "tests-cuda-compile" else
+                "import pytest\n\n\n@pytest.mark.cuda\n@pytest.mark.heavy\ndef test_ran():\n    pass\n"
+            )  # fmt: skip
+        done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+        assert "test_present.py::test_ran PASSED" in done.stdout, (name, done.stdout[-2000:])
+        assert "1 passed" in done.stdout and "test_absent.py" in done.stdout and done.returncode != 0, name
+
+
 def test_a_step_marked_not_for_this_device_is_skipped_with_its_reason_without_running():
     fake = FakeMachine({})
     outcomes = run_book([step("full", 0, 0, skip="GPU only: not in the CPU dry run")], 100, fake.runner,
