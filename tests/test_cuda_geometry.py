@@ -69,6 +69,24 @@ def test_rotated_iou_on_cuda_equals_the_cpu_one_dense_and_sparse(dtype, gen):
     torch.testing.assert_close(sparse, rotated_bev_iou_pairwise(batched, batched[:1]), rtol=0, atol=IOU_ATOL[dtype])
 
 
+def test_sparse_rotated_iou_on_cuda_under_tf32_is_the_dense_matrix(gen):
+    """With ``allow_tf32`` (``speed.tf32: true``; the run's evaluation inherits it) a float32 matmul on CUDA rounds
+    its inputs to 10 mantissa bits: cdist's matmul form ``|a|² + |b|² − 2a·b`` (its default beyond 25 rows) is then
+    off by about ``5000 × 2⁻¹¹ ≈ 2.4`` square metres at lidar range, which dropped overlapping pairs (IoU up to 1)
+    from the sparse path's meeting pairs (PointPillars' compact decoding). The gaps are each pair's difference,
+    untouched by the flag. Same device, same per-pair ops: the float32 tolerance of the two devices (IOU_ATOL)
+    bounds the difference, and a dropped pair breaks it."""
+    torch.backends.cuda.matmul.allow_tf32 = True  # restored by conftest
+    n = 300
+    centre = torch.rand(n, 2, generator=gen) * 20 + 30  # (n, 2) a crowd near the corner of a nuScenes range
+    size = torch.rand(n, 2, generator=gen) * 0.8 + 0.3  # (n, 2) pedestrian- to cone-sized: small radii
+    boxes = torch.cat([centre, size, torch.rand(n, 1, generator=gen) * 6], dim=-1).to(DEVICE)  # (n, 5) float32
+    dense = rotated_bev_iou_pairwise(boxes, boxes)  # elementwise clipping: no matmul
+    assert (dense > 0.1).sum() > n + 100  # overlapping pairs beside the diagonal
+    sparse = rotated_bev_iou_pairwise(boxes, boxes, sparse=True)
+    torch.testing.assert_close(sparse, dense, rtol=0, atol=IOU_ATOL[torch.float32])
+
+
 @pytest.mark.parametrize("threshold", [0.1, 0.5])
 def test_batched_rotated_nms_on_cuda_equals_the_per_sample_reference(threshold, gen):
     boxes = _scene(gen, 4, 60)  # (4, 60, 5) float64, crowded

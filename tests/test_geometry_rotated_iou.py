@@ -256,3 +256,17 @@ def test_sparse_pairwise_is_the_dense_matrix():
     sparse = rotated_bev_iou_pairwise(a, b, sparse=True)
     assert torch.equal(sparse, dense) and (dense > 0).sum() > 20 and (dense == 0).sum() > 1000
     assert rotated_bev_iou_pairwise(a[..., :0, :], b, sparse=True).shape == (2, 3, 0, 25)
+
+
+def test_sparse_pairwise_is_the_dense_matrix_far_from_the_origin_in_float32():
+    """The circles' gaps come from each pair's difference: cdist's matmul form ``|a|² + |b|² − 2a·b`` (its default
+    beyond 25 rows) cancels in float32 a kilometre out (``|a|² ≈ 2e6``, whose rounding 0.125 is a square metre's
+    tenth) and once dropped overlapping pairs there. The dense path works in each ``b``'s frame, so both are exact
+    differences of the same float32 coordinates and must agree exactly."""
+    g = torch.Generator().manual_seed(0)
+    centre = torch.rand(400, 2, generator=g) * 10 + 995  # (400, 2) a crowd of small boxes 1 km out
+    size = torch.rand(400, 2, generator=g) * 0.8 + 0.3  # (400, 2)
+    boxes = torch.cat([centre, size, torch.rand(400, 1, generator=g) * 6], dim=-1)  # (400, 5) float32
+    dense = rotated_bev_iou_pairwise(boxes, boxes)
+    assert (dense > 0).sum() > 2 * 400  # overlapping pairs beside the diagonal
+    assert torch.equal(rotated_bev_iou_pairwise(boxes, boxes, sparse=True), dense)

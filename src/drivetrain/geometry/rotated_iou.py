@@ -192,7 +192,9 @@ def _pairwise_sparse(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """:func:`rotated_bev_iou_pairwise` over the pairs whose circumscribed circles meet; ``a``, ``b`` expanded."""
     radius_a = torch.hypot(a[..., 2], a[..., 3]) / 2  # (..., N)
     radius_b = torch.hypot(b[..., 2], b[..., 3]) / 2  # (..., M)
-    gap = torch.cdist(a[..., :2].contiguous(), b[..., :2].contiguous())  # (..., N, M)
+    # each pair's difference, not cdist's matmul form |a|² + |b|² − 2a·b (its default beyond 25 rows): that cancels
+    # (float32 far from the origin) and on CUDA runs as a TF32 matmul under allow_tf32, metres off at lidar range
+    gap = torch.cdist(a[..., :2].contiguous(), b[..., :2].contiguous(), compute_mode="donot_use_mm_for_euclid_dist")
     meet = gap <= (radius_a.unsqueeze(-1) + radius_b.unsqueeze(-2)) * (1 + 1e-6) + 1e-9  # (..., N, M) margin: rounding
     out = a.new_zeros(meet.shape)  # (..., N, M)
     if out.numel() == 0:
