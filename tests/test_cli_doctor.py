@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import psutil
 import pytest
+import torch
 
 from drivetrain.cli import doctor
 from drivetrain.cli.main import main
@@ -165,3 +167,21 @@ def test_the_counted_step_is_the_same_whatever_the_warm_up(tmp_path):
     assert splits[1].warmup == MIN_WARMUP and splits[MIN_WARMUP + 1].warmup == MIN_WARMUP + 1
     counted = {w: (s.kernels_per_step, s.counted_syncs_per_step, s.region_syncs) for w, s in splits.items()}
     assert counted[1] == counted[MIN_WARMUP + 1], counted
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_default_budget_of_a_cuda_run_is_the_gpus_memory_also_for_the_configs_auto():
+    """A run read with --no-profile names its config's ``train.device``: ``auto`` (the default) trained on the GPU,
+    so its peak (the CUDA allocator's) is held against the GPU's memory, not the machine's RAM."""
+    gpu = torch.cuda.get_device_properties(torch.device("cuda")).total_memory / 2**20
+    assert doctor.memory_budget_mb("cuda") == doctor.memory_budget_mb("cuda:0") == gpu
+    assert doctor.memory_budget_mb("auto") == gpu
+    assert doctor.memory_budget_mb("cpu") == psutil.virtual_memory().total / 2**20 != gpu
+
+
+def test_the_default_budget_without_a_gpu_is_the_machines_ram():
+    ram = psutil.virtual_memory().total / 2**20
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the cuda test covers it")
+    assert doctor.memory_budget_mb("cpu") == doctor.memory_budget_mb("auto") == ram

@@ -338,10 +338,13 @@ def render(summary: dict[str, Any], window: dict[str, Any] | None, findings: lis
 
 
 def memory_budget_mb(device: str) -> float:
-    """The default budget: the GPU's memory on CUDA, the machine's RAM otherwise."""
+    """The default budget: the GPU's memory on CUDA (``auto``, the config's default, is CUDA where there is one, as
+    the trainer resolves it), the machine's RAM otherwise."""
     import psutil
     import torch
 
+    if device == "auto":  # a run read with --no-profile names its config's device, not the one it trained on
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and torch.cuda.is_available():
         return torch.cuda.get_device_properties(torch.device(device)).total_memory / 2**20
     return psutil.virtual_memory().total / 2**20
