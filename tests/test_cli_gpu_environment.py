@@ -3,6 +3,7 @@ cudnn.benchmark settings, and the torch, CUDA and driver versions — on a machi
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from drivetrain.cli import gpu_environment
@@ -24,3 +25,12 @@ def test_the_lines_name_versions_gpu_solver_and_math_settings():
 def test_the_driver_version_says_why_it_is_unknown_without_nvidia_smi(monkeypatch):
     monkeypatch.setattr(gpu_environment.shutil, "which", lambda name: None)
     assert gpu_environment.driver_version() == "none (no nvidia-smi)"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_lines_name_it_and_its_compute_capability():
+    major, minor = torch.cuda.get_device_capability()
+    lines = gpu_environment.lines()
+    assert f"GPU: {torch.cuda.get_device_name()} (compute capability {major}.{minor})" in lines
+    assert f"| CUDA {torch.version.cuda} |" in lines[0] and "GPU: none visible to torch" not in lines

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -299,3 +300,30 @@ def test_profiler_times_cuda_work_with_events():
     with ResourceMonitor("cuda") as mon:
         torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda")
     assert mon.result.peak_device_mb >= 64
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_resource_monitor_on_cuda_reports_the_peak_of_its_own_block():
+    """The allocator's peak is reset on entry: a larger tensor freed before the block is not its peak. Sizes are
+    whole MiB, far above the allocator's rounding (2 MiB blocks for large tensors)."""
+    held = torch.cuda.memory_allocated() / 2**20  # what earlier tests in this process still hold
+    big = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    del big  # the process's peak is now ≥ held + 256 MiB, the block's must not be
+    with ResourceMonitor("cuda") as mon:
+        small = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda")
+    assert held + 64 <= mon.result.peak_device_mb < held + 256
+    del small
+    with ResourceMonitor("cpu") as host:
+        pass
+    assert host.result.peak_device_mb is None
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_device_name_and_slug_of_a_gpu_are_its_name():
+    name = torch.cuda.get_device_name(0)
+    assert device_name("cuda") == device_name("cuda:0") == name
+    slug = device_slug("cuda")
+    assert slug == device_slug(torch.device("cuda", 0)) and re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", slug)
+    assert slug.replace("-", "") == re.sub(r"[^a-z0-9]", "", name.lower())
