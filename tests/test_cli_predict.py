@@ -258,3 +258,16 @@ def test_other_misuse_of_predict_and_eval_is_named(camera_run, lidar_run, synth_
         main(["eval", "--predictions", str(tmp_path / "p.json"), "--root", str(synth_root), "--blank-inputs"])
     with pytest.raises(SystemExit, match=r"^eval: --json: .* its folder does not exist; name a file to write$"):
         main(["eval", "--checkpoint", str(lidar_run), "--json", str(tmp_path / "no" / "m.json")])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible: --device cuda is fine here")
+@pytest.mark.parametrize("command", ["predict", "eval", "viz frame"])
+def test_device_cuda_without_a_gpu_is_one_line_naming_the_option(lidar_run, synth_root, tmp_path, command):
+    argv = {
+        "predict": ["predict", "--root", str(synth_root), "--out", str(tmp_path / "p.json")],
+        "eval": ["eval", "--out", str(tmp_path / "e")],
+        "viz frame": ["viz", "frame", "--frame", "0", "--png", str(tmp_path / "f.png")],
+    }[command]
+    with pytest.raises(SystemExit, match=rf"^{command}: --device cuda, but no CUDA device is available$"):
+        main([*argv, "--checkpoint", str(lidar_run), "--device", "cuda"])
+    assert not any(tmp_path.iterdir())  # nothing written

@@ -51,6 +51,7 @@ def run_frame(args: argparse.Namespace) -> int:
     """Draw ``args.frame``; return the exit code."""
     import torch
 
+    from drivetrain.cli.predict import pick_device
     from drivetrain.data.dataset import Skipped
     from drivetrain.data.errors import DataError
     from drivetrain.data.sources import StreamingFrames
@@ -107,7 +108,7 @@ def run_frame(args: argparse.Namespace) -> int:
     if model is not None:
         if not isinstance(model, Detector):
             raise SystemExit(f"viz frame: {type(model).__name__} has no detect(batch)")
-        device = torch.device(args.device)
+        device = pick_device(args.device, "viz frame")  # one line, not a traceback, for cuda without a GPU
         model_batch = batch.to(device)
         if cfg.data.augment is not None:  # a camera model trained on augmented images: its test-time transform
             from drivetrain.pipeline.augment.stage import Augmentation
