@@ -130,3 +130,38 @@ def test_misuse_is_named() -> None:
         memory.pre_update(torch.ones(3), torch.zeros(3, dtype=torch.float64), torch.eye(4).expand(3, 4, 4))
     with pytest.raises(ValueError, match="topk"):
         MemoryBank(memory_len=4, topk=8)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_memory_moves_without_a_host_sync_as_on_the_cpu() -> None:
+    """Four frames of two samples (the second restarts its scene at frame 2) on the CPU and, under CUDA's sync debug
+    mode set to raise at any synchronising call, on the device. Copies (embeddings, velocities, the pseudo points)
+    and the float64 ages (sums) are exact on both; references and poses go through one 4 × 4 float32 product per
+    update (TF32 off: conftest's default), each device within γ₄·m of the exact product per coordinate (γ₄ ≈ 4·2⁻²⁴;
+    m = Σ|M_ij||p_j| + |t_i| ≤ 90 here: the car 30 m out, the ego ≤ 22 m from the origin), so 2·γ₄·m ≈ 4.3e-5 apart,
+    √3 times that as a vector, which the later rotations carry unchanged in norm: over the 8 products the oldest
+    entries went through, 6e-4."""
+    torch.manual_seed(0)
+    cpu = MemoryBank(embed_dims=E, memory_len=8, topk=2, num_propagated=2)
+    gpu = MemoryBank(embed_dims=E, memory_len=8, topk=2, num_propagated=2)
+    gpu.load_state_dict(cpu.state_dict())
+    gpu.to("cuda")
+    for k in range(4):
+        prev_exists = torch.tensor([k > 0, k > 0 and k != 2])
+        step(cpu, k, prev_exists)
+        times = torch.full((2,), TIMES[k], dtype=torch.float64)
+        inputs = [prev_exists, times, torch.linalg.inv(POSES[k]).expand(2, 4, 4), *frame_outputs(k, 2)]
+        inputs.append(POSES[k].expand(2, 4, 4))
+        keep, times, pose_inv, logits, boxes, hidden, ego_pose = (t.to("cuda") for t in inputs)  # copies: before
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            gpu.pre_update(keep, times, pose_inv)
+            gpu.post_update(logits, boxes, hidden, times, ego_pose)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert gpu.embedding.device.type == "cuda"
+    for name in ("embedding", "age", "velocity"):
+        assert torch.equal(getattr(gpu, name).cpu(), getattr(cpu, name)), name
+    for name in ("reference", "pose"):
+        torch.testing.assert_close(getattr(gpu, name).cpu(), getattr(cpu, name), rtol=0, atol=6e-4)

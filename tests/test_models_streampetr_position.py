@@ -130,3 +130,30 @@ def test_token_points_invert_the_projections_without_the_singularity_check() -> 
     coords = torch.cat([uv, depths.view(1, 1, 1, -1, 1).expand_as(uv[..., :1]), torch.ones_like(uv[..., :1])], -1)
     expected = (torch.linalg.inv(l2i)[:, :, None, None] @ coords.unsqueeze(-1)).squeeze(-1)[..., :3]
     assert torch.equal(points, expected)  # inv_ex computes what inv computes
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_rays_and_the_embedding_take_no_host_sync_and_agree_with_float64() -> None:
+    """Whether CUDA's inverse reads its info flags (the CPU's LU solve reads twice, see above): under CUDA's sync
+    debug mode set to raise at any synchronising call, the rays (``inv_ex``) and the whole embedding run on the
+    device. The rays are float32 arithmetic of the same products as on the CPU: the bound derived in
+    test_float32_rays_agree_with_float64 (1e-4 m), against float64 on the CPU."""
+    torch.manual_seed(0)
+    module = PositionEmbedding3D(embed_dims=32, depth_num=64).to("cuda")
+    l2i, rig = rig_lidar2img(torch.float64)
+    grid = token_grid().expand(1, 6, -1, 2)
+    exact = token_points(grid, l2i, lid_depths(64, 1.0, 61.2).double())
+    centres, matrices = grid.float().cuda(), l2i.float().cuda()
+    intrinsics = torch.from_numpy(rig.intrinsics).float().unsqueeze(0).cuda()  # (1, 6, 3, 3)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        points = token_points(centres, matrices, module.depths)  # (1, 6, T, 64, 3)
+        pos_embed, cone = module(centres, matrices, intrinsics)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert points.device.type == "cuda" and points.dtype == torch.float32
+    torch.testing.assert_close(points.cpu().double(), exact, rtol=0, atol=1e-4)
+    assert pos_embed.shape == (1, 6 * grid.shape[2], 32) and torch.isfinite(pos_embed).all()
+    normalised = ((points - module.range_min) / module.range_size).reshape(1, -1, 64, 3)
+    torch.testing.assert_close(cone[0, :, 2:5], normalised[0, :, -1])  # as on the CPU (its test above)
