@@ -3,6 +3,8 @@ range filter and threshold, no host sync, and ground truth fed as outputs decode
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -76,3 +78,36 @@ def test_bad_shapes_are_named(gen) -> None:
         decode(logits, codes[..., :9])
     with pytest.raises(ValueError, match="max_num"):
         decode(logits, codes, max_num=Q * C + 1)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("threshold", [None, 0.5])
+def test_decoding_on_cuda_equals_the_original_on_the_cpu_without_a_host_sync(threshold, gen) -> None:
+    """The batched decoding on the device, under CUDA's sync debug mode set to raise at any synchronising call (the
+    post-centre range is copied to the device once, before), against the per-sample original on the CPU. A sample's
+    logits are the Q·C distinct values of a grid 0.03 apart in [−6, 6): neighbouring scores differ by ≥ 7e-5, far
+    beyond the devices' sigmoids (each within 2 ulp), so topk picks and orders the same (query, class) pairs.
+    Centres and velocities are copies: exact. Scores: SIGMOID_RTOL; sizes (exp) and yaw (atan2): each device within
+    2 ulp of the exact value, 4·eps32 apart (relative; for a yaw near 0, 4·eps32·π absolute)."""
+    _, codes = outputs(gen)
+    rank = torch.rand(B, Q * C, generator=gen).argsort(dim=1)
+    logits = (rank.double() * (12 / (Q * C)) - 6.0).float().view(B, Q, C)  # (B, Q, C) distinct, 0.03 apart
+    logits_gpu, codes_gpu = logits.cuda(), codes.cuda()
+    decode(logits_gpu, codes_gpu, max_num=50, score_threshold=threshold)  # the range's one copy to the device
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        boxes, scores, labels = decode(logits_gpu, codes_gpu, max_num=50, score_threshold=threshold)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    boxes, scores, labels = (rb.to("cpu") for rb in (boxes, scores, labels))
+    expected = reference_decode(logits, codes, max_num=50, score_threshold=threshold)
+    eps = torch.finfo(torch.float32).eps
+    for b, ref in enumerate(expected):
+        k = int(boxes.sizes[b])
+        assert k == len(ref["scores"]) > 0 and torch.equal(labels.tensor[b, :k], ref["labels"])
+        got = boxes.tensor[b, :k]
+        assert torch.equal(got[:, [0, 1, 2, 7, 8]], ref["boxes"][:, [0, 1, 2, 7, 8]])
+        torch.testing.assert_close(got[:, 3:6], ref["boxes"][:, 3:6], rtol=4 * eps, atol=0)
+        torch.testing.assert_close(got[:, 6], ref["boxes"][:, 6], rtol=4 * eps, atol=4 * eps * math.pi)
+        torch.testing.assert_close(scores.tensor[b, :k], ref["scores"], rtol=SIGMOID_RTOL, atol=0)
