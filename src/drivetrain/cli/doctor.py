@@ -19,9 +19,10 @@ Findings, each stated with the numbers behind it (thresholds are parameters of :
   ``data.prefetch=true`` (CUDA), and ``drivetrain tune loader`` to measure them;
 - **loss-bound**: the loss is ≥ 25 % of the step → ``model.args.impl=batched`` when the run uses the reference
   (per-sample) loss path, otherwise the loss's largest part is named;
-- **memory-heavy**: peak memory ≥ 85 % of the budget (``--memory-budget-mb``; default the GPU's memory, or the
-  machine's RAM) → ``speed.activation_checkpointing`` and ``precision.mode=bf16`` (fp32 runs); a CUDA run at
-  ≤ 30 % has room for a larger ``data.batch_size``;
+- **memory-heavy**: peak memory ≥ 85 % of the budget (``--memory-budget-mb``; default the GPU's memory for a CUDA
+  run, ``train.device: auto`` on a machine with a GPU included, or the machine's RAM) →
+  ``speed.activation_checkpointing`` and ``precision.mode=bf16`` (fp32 runs); a CUDA run at ≤ 30 % has room for a
+  larger ``data.batch_size``;
 - **host syncs**: more than the trainer's one documented sync per step (the regions that read are named);
 - otherwise **network-bound**: forward + backward dominate → ``precision.mode=bf16`` on a GPU,
   ``speed.compile``, ``speed.channels_last``.
