@@ -109,3 +109,24 @@ def test_ground_truth_decoded_on_cuda_scores_a_perfect_map(synth_index, synth_ro
     counts = [len(records) for records in submission["results"].values()]
     expected = [int((dataset[i].gt_labels >= 0).sum()) for i in range(len(dataset))]
     assert sorted(counts) == sorted(expected) and sum(counts) > 0  # every box, once, decoded on the device
+
+
+class JitteringDetector(GroundTruthOnDevice):
+    """Ground truth moved by noise drawn from the device's generator: a detector that draws at test time."""
+
+    def detect(self, batch):
+        boxes, scores, labels = super().detect(batch)
+        noise = torch.randn(boxes.tensor.shape, device=boxes.tensor.device) * 0.01  # the CUDA generator's draws
+        return boxes.with_tensor(boxes.tensor + noise), scores, labels
+
+
+def test_evaluation_on_cuda_leaves_the_devices_generator_as_it_was(synth_index, synth_root, tmp_path):
+    """The module's promise (the global RNG states untouched, so a run that evaluates every N steps trains as one
+    that does not) on CUDA: the device's generator too, not only the CPU's."""
+    dataset = frames(str(synth_root / "drivetrain_index.npz"), split="mini_val")
+    torch.cuda.manual_seed(0)
+    before, host = torch.cuda.get_rng_state(), torch.get_rng_state()
+    result = evaluate_model(JitteringDetector().to(DEVICE), dataset, DEVICE, tmp_path, split="mini_val",
+                            progress=False, quiet=True)  # fmt: skip
+    assert result.frames == 6 and result.metrics["mean_ap"] > 0.5  # the boxes moved by 1 cm: still found
+    assert torch.equal(torch.cuda.get_rng_state(), before) and torch.equal(torch.get_rng_state(), host)

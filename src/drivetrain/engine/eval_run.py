@@ -239,12 +239,14 @@ def detect_frames(
 
     frames = range(len(dataset)) if frames is None else frames
     detections: list[FrameDetections] = []
+    # The CPU's generator and, on CUDA, the device's: a detector that draws at test time leaves the run's RNGs be
+    on_cuda = [torch.device(device)] if torch.device(device).type == "cuda" else []
     was_training = model.training
     model.eval()
     try:
         with (
             streaming_state_aside(model),
-            torch.random.fork_rng(devices=[]),
+            torch.random.fork_rng(devices=on_cuda, device_type="cuda"),
             tqdm(total=len(frames), desc=label, unit="frame", disable=not progress) as bar,
         ):
             for start in range(frames.start, frames.stop, batch_size):
