@@ -69,3 +69,32 @@ def test_each_term_is_normalised_by_the_local_or_the_mean_count_as_the_original(
     assert checked > 60
     # The counts do differ between ranks, so the check can tell a local count from a mean one.
     assert all(counts(n, 0)["pos"] != counts(n, 1)["pos"] for n in ("streampetr", "focal_head"))
+
+
+def test_both_paths_hand_the_counts_to_the_reduction_on_the_predictions_device(monkeypatch) -> None:
+    """NCCL all-reduces CUDA tensors only ("No backend type associated with device type cpu" for a CPU one): every
+    count a loss averages over ranks reaches ``average_factor`` as a tensor on the predictions' device, on both
+    paths (the reference path once made CPU tensors of Python numbers there)."""
+    import drivetrain.losses.focal_head as focal_head_module
+    import drivetrain.models.streampetr.loss_3d as loss_3d_module
+    from drivetrain.losses.normalize import average_factor
+
+    seen: list[object] = []
+
+    def recording(count, **kwargs):
+        seen.append(count)
+        return average_factor(count, **kwargs)
+
+    monkeypatch.setattr(focal_head_module, "average_factor", recording)
+    monkeypatch.setattr(loss_3d_module, "average_factor", recording)
+    checked = 0
+    for _, (loss_of, outputs, targets) in rank_cases(0).items():
+        device = outputs["cls_logits"].device
+        for impl in ("reference", "batched"):
+            seen.clear()
+            path(loss_of(True), impl)(outputs, targets)
+            assert seen, impl
+            for count in seen:
+                assert isinstance(count, torch.Tensor) and count.device == device, (impl, count)
+                checked += 1
+    assert checked >= 12

@@ -16,7 +16,8 @@ def average_factor(count: torch.Tensor | float, *, across_ranks: bool = True) ->
     heads do with their positive counts, so each rank divides by the same number.
 
     Args:
-        count: 0-dim tensor (or number) of positives on this rank.
+        count: 0-dim tensor (or number) of positives on this rank; under a process group a tensor on this rank's
+            device (a number becomes a CPU tensor, which NCCL cannot all-reduce).
         across_ranks: average over the ranks of the default process group (False: this rank's count).
 
     Returns:
