@@ -119,6 +119,30 @@ def test_cli_runs_under_torchrun(tmp_path: Path) -> None:
     assert len(losses(tmp_path)) == 3
 
 
+@pytest.mark.parametrize(
+    ("extra", "cuda", "expected"),
+    [
+        ([], True, "nccl"),
+        ([], False, "gloo"),
+        (["distributed.strategy=fsdp"], True, "nccl"),
+        (["distributed.strategy=fsdp", "distributed.fsdp_cpu_offload=true"], False, "gloo"),
+        (["distributed.strategy=fsdp", "distributed.fsdp_cpu_offload=true"], True, "cuda:nccl,cpu:gloo"),
+        (["distributed.strategy=fsdp", "distributed.fsdp_cpu_offload=true", "distributed.backend=nccl"], True,
+         "cuda:nccl,cpu:gloo"),
+    ],
+)  # fmt: skip
+def test_fsdp_cpu_offload_on_cuda_reduces_its_cpu_tensors_with_gloo_beside_nccl(
+    tmp_path: Path, extra: list[str], cuda: bool, expected: str
+) -> None:
+    """An NCCL group reduces no CPU tensor, and FSDP2 CPU offload's gradient norm is one (a partial norm of CPU
+    shards, all-reduced): the process group gets a gloo backend for the CPU beside NCCL (the CUDA half,
+    tests/test_cuda_distributed.py, needs a GPU)."""
+    from drivetrain.engine.distributed import process_group_backend
+
+    cfg = load_config(SMOKE, overrides(tmp_path, "distributed.strategy=ddp", *extra))
+    assert process_group_backend(cfg, use_cuda=cuda) == expected
+
+
 def test_more_ranks_than_gpus_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A second torchrun rank on a machine with one visible GPU (seen on an H100 machine): the error must say
     # so before CUDA's "invalid device ordinal". Only the device count is faked; no process group starts.

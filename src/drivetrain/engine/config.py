@@ -322,7 +322,7 @@ class DistributedConfig:
     """Section ``distributed``: the data-parallel strategy (DDP, FSDP2, DeepSpeed) and its options."""
 
     strategy: Literal["none", "ddp", "fsdp", "deepspeed"] = "none"  # with torchrun; "none" = one process
-    backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl on CUDA, gloo on CPU
+    backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl on CUDA (+ gloo under fsdp_cpu_offload), gloo on CPU
     static_graph: bool = False  # DDP static_graph (same used parameters every step)
     find_unused_parameters: bool = False  # DDP find_unused_parameters
     fsdp_modules: list[str] = field(default_factory=list)  # FSDP2 units (module paths); [] = direct children

@@ -45,7 +45,15 @@ import torch.distributed as dist
 
 from drivetrain.engine.config import ConfigError, TrainConfig
 
-__all__ = ["DistContext", "agree_on_attempt", "attempt_store", "setup", "teardown", "uses_agent_store"]
+__all__ = [
+    "DistContext",
+    "agree_on_attempt",
+    "attempt_store",
+    "process_group_backend",
+    "setup",
+    "teardown",
+    "uses_agent_store",
+]
 
 
 @dataclass(frozen=True)
@@ -137,9 +145,7 @@ def setup(cfg: TrainConfig) -> DistContext:
         torch.cuda.set_device(device)
     initialized = False
     if strategy != "none":
-        backend = cfg.distributed.backend
-        if backend == "auto":
-            backend = "nccl" if use_cuda else "gloo"
+        backend = process_group_backend(cfg, use_cuda)
         if not dist.is_initialized():
             kwargs: dict[str, Any] = {"backend": backend, "timeout": _dt.timedelta(seconds=cfg.distributed.timeout_s)}
             if use_cuda:
@@ -149,6 +155,29 @@ def setup(cfg: TrainConfig) -> DistContext:
             dist.init_process_group(**kwargs)
         initialized = True
     return DistContext(rank, world, local_rank, device, strategy, initialized)
+
+
+def process_group_backend(cfg: TrainConfig, use_cuda: bool) -> str:
+    """The ``backend`` argument of ``init_process_group`` for this run: ``distributed.backend`` (``auto``: NCCL on CUDA,
+    gloo on the CPU), with gloo for CPU tensors beside NCCL (``"cuda:nccl,cpu:gloo"``) under FSDP2 CPU offload.
+
+    An NCCL group reduces CUDA tensors only ("No backend type associated with device type cpu"). Under
+    ``fsdp_cpu_offload`` the gradients are DTensors whose local shards live on the CPU, so the gradient norm's
+    reduction (``torch.nn.utils.get_total_norm``: a partial norm all-reduced over the mesh, pytorch#148532) and the full
+    state dicts' gathers run on CPU tensors; they take the gloo half, everything on CUDA the NCCL half.
+
+    Args:
+        cfg: the run's config (``distributed``).
+        use_cuda: the ranks run on CUDA devices.
+
+    Returns:
+        ``"gloo"``, ``"nccl"`` or ``"cuda:nccl,cpu:gloo"``.
+    """
+    dcfg = cfg.distributed
+    backend = dcfg.backend if dcfg.backend != "auto" else ("nccl" if use_cuda else "gloo")
+    if backend == "nccl" and dcfg.strategy == "fsdp" and dcfg.fsdp_cpu_offload:
+        return "cuda:nccl,cpu:gloo"
+    return backend
 
 
 def teardown(ctx: DistContext) -> None:
