@@ -79,8 +79,8 @@ the update). The gradients the backward leaves in ``.grad`` live in the pool too
 :attr:`StepGraph.compiles_in_steps` counts the graphs dynamo compiled inside steps (its ``unique_graphs`` counter):
 0 when every bucket was compiled before step 1; the trainer logs a line when it is not.
 
-One process only for now: the compiled step calls the model around the data-parallel wrapper, whose forward prepares
-DDP's gradient all-reduce, so ``distributed.strategy`` other than ``none`` is a ConfigError
+Under DDP the strategy wraps :meth:`StepGraph.module` (:class:`StepModule`), so that every step and the warm-up run
+through DDP's forward, which prepares the gradient all-reduce (docs/engine.md); FSDP and DeepSpeed are a ConfigError
 (:class:`~drivetrain.engine.config.TrainConfig`).
 """
 
