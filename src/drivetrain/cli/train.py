@@ -64,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
     0 when done, 2 on a config error, 1 on a non-finite loss, data or checkpoint error or a file of the run that
     cannot be written (a full disk, an exceeded quota, a read-only file system: one line naming the file; the
     committed checkpoints are kept), 130 / 143 when SIGINT / SIGTERM stopped it (after its checkpoint, or before
-    the first step). A run in a process group leaves with ``os._exit`` instead of returning. With ``--print-config``:
+    the first step). A run in a process group leaves with ``os._exit`` instead of returning (a failed one at once,
+    with status 1 and no collective: the failure may be this rank's alone). With ``--print-config``:
     the resolved config printed, 0 (2 on a config error), nothing trained or written.
     """
     if args.print_config:
@@ -122,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         trainer.close()
+        if trainer.failed:  # under torchrun, perhaps this rank alone: no collective, no teardown (Trainer.close)
+            _leave_failed(sys.exc_info()[1])
     if trainer.ctx.is_main:
         print(
             f"drivetrain train: {state.iteration}/{cfg.train.steps} steps ({state.step} updates, "
@@ -137,6 +140,22 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+def _leave_failed(err: BaseException | None) -> None:
+    """End a rank whose training failed under a process group, now: status 1 (``err``'s traceback first when no
+    handler printed its line), without the interpreter's teardown, whose destructors of the process group would wait
+    for ranks still in a collective; torchrun sees the exit and stops the other ranks."""
+    import traceback
+
+    from drivetrain.cli.launch import record_worker_status
+
+    if err is not None:
+        traceback.print_exception(err)
+    record_worker_status(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def _report_no_room(err: BaseException, cfg: object) -> bool:

@@ -275,15 +275,24 @@ class MetricsLogger:
         else:
             print(text, file=sys.stderr, flush=True)
 
-    def close(self) -> None:
+    def close(self, *, reduce: bool = True) -> None:
         """Flush pending records, then close the progress bar, the TensorBoard writer and the metrics file.
+
+        Args:
+            reduce: average the pending records over the ranks and write them (a collective); False drops them
+                (said in one line): a rank that failed, perhaps alone, leaves without a collective.
 
         Raises:
             RunWriteError: as :meth:`flush`, for the records still pending or the last TensorBoard write (once:
                 after a failed write, close only releases the files).
         """
         try:
-            self.flush()
+            if reduce:
+                self.flush()
+            elif self._pending:
+                dropped, self._pending = len(self._pending), []
+                self.message(f"drivetrain train: the metrics of the last {dropped} step(s) are not written (the run "
+                             "failed; their mean over the ranks would wait for every rank)")  # fmt: skip
             if self._tb is not None:
                 with self._writing(self._tb_dir):
                     self._tb.flush()  # raises what the writer thread met; its close() would not

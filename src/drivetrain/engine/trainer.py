@@ -207,6 +207,7 @@ class Trainer:
         self._saved_clock = time.monotonic()
         self.stopped_by: str | None = None  # after fit(): the signal that stopped it ("SIGINT", "SIGTERM", ...)
         self._step_delay = float(os.environ.get(STEP_DELAY_ENV, "0") or 0)
+        self.failed = False  # training raised under a process group: close() leaves it without a collective
 
     def _components(self) -> dict[str, Stateful]:
         """What a checkpoint holds, by name, in restore order: the RNG states last (nothing restored after them
@@ -321,8 +322,14 @@ class Trainer:
                 self.save()
             self.checkpointer.wait()  # an asynchronous save in flight commits before the run ends
             self._log_stall(log)
+        except BaseException:
+            # Perhaps this rank's failure alone (a frame only it reads, a file only rank 0 writes): the other ranks may
+            # be in another collective, where one of this rank's would wait until distributed.timeout_s (gloo, NCCL) or,
+            # on NCCL, pair with a collective of another size. None from here on: see close().
+            self.failed = self.ctx.initialized
+            raise
         finally:
-            log.close()
+            log.close(reduce=not self.failed)
             self._release()
 
     def _iteration(self, log: MetricsLogger) -> str | None:
@@ -477,8 +484,13 @@ class Trainer:
             self._lock.release()
 
     def close(self) -> None:
-        """Release the run directory and leave the process group (if any); the trainer cannot train after it."""
+        """Release the run directory and leave the process group (if any); the trainer cannot train after it.
+
+        After a failed :meth:`fit` under a process group (:attr:`failed`) the group is left as it is: leaving it takes
+        a barrier, which ranks still training would never join. The process then exits without one
+        (``drivetrain train`` with ``os._exit``), and torchrun stops the other ranks."""
         self._release()
         close_train_batches(self.data)  # a DALI pipeline's worker processes
         self.strategy.wrapped = self.model  # drop the DDP wrapper (its reducer holds the process group) first
-        teardown(self.ctx)
+        if not self.failed:
+            teardown(self.ctx)
