@@ -7,6 +7,8 @@ host must have landed before the host reads it.
   (a world of one still reduces the norm's partial DTensor through the group).
 - The fp16 loss scale, kept on the GPU, unscales gradients kept on the host (FSDP CPU offload) only once its copy
   to the host has landed.
+- A rank's CUDA generator is restored onto the rank's device, from the saving rank's device: a rank's device index
+  changes with the node layout, and a node with fewer GPUs than the saving one has no generator at the later indices.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 
 from drivetrain.engine.config import PrecisionConfig
 from drivetrain.engine.precision import LossScaler, unscale_clip_
+from drivetrain.engine.state import capture_rng, restore_rng
 from helpers.engine import SMOKE, losses, overrides, torchrun
 
 pytestmark = [
@@ -38,6 +41,17 @@ def test_host_gradients_are_unscaled_by_the_landed_scale_behind_a_busy_stream() 
     unscale_clip_(params, scaler, None)
     for p in params:
         assert torch.equal(p.grad, torch.ones_like(p)), p.grad[:4]
+
+
+def test_a_ranks_cuda_generator_is_restored_onto_its_device_from_a_node_with_more_gpus() -> None:
+    mine = torch.cuda.get_rng_state()
+    expected = torch.rand(8, device="cuda")
+    other = torch.cuda.get_rng_state()
+    state = capture_rng()
+    # saved by a rank on device 3 of a node with 4 GPUs (more than this node has, when it has fewer than 4)
+    state["cuda"], state["cuda_device"] = [other, other, other, mine], 3
+    restore_rng(state)
+    assert torch.equal(torch.rand(8, device="cuda"), expected)
 
 
 @pytest.mark.heavy  # a torchrun training run on the GPU (~30 s)

@@ -380,6 +380,8 @@ def capture_rng() -> dict[str, Any]:
         },
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        # this rank's device (its LOCAL_RANK's), whose state restore_rng puts on the restoring rank's device
+        "cuda_device": torch.cuda.current_device() if torch.cuda.is_available() else -1,
     }
     return state
 
@@ -393,4 +395,11 @@ def restore_rng(state: dict[str, Any]) -> None:
     np.random.set_state((npy["kind"], keys, npy["pos"], npy["has_gauss"], npy["gauss"]))
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        device = state.get("cuda_device")
+        if isinstance(device, int) and 0 <= device < len(state["cuda"]):
+            # The saving rank's device onto this rank's (the current device): under torchrun a rank's local rank, and
+            # so its device index, changes with the node layout (8 × 1 → 4 × 2); by index, a node with fewer GPUs
+            # than the saving one had no generator for the later states (IndexError), and a rank took another's.
+            torch.cuda.set_rng_state(state["cuda"][device])
+        else:  # an older checkpoint: by index, the devices this node has
+            torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
