@@ -306,10 +306,25 @@ def _predict_shared(model: Any, cfg: Any, dataset: Any, ctx: Any, args: argparse
             transform=frame_transform(cfg, blank=args.blank_inputs), batch_size=args.batch_size,
         )  # fmt: skip
     except EvaluationFailed as err:  # on every rank alike; rank 0 says why
-        raise SystemExit(f"eval: {err}" if ctx.is_main else 1) from None
-    finally:
         teardown(ctx)
+        raise SystemExit(f"eval: {err}" if ctx.is_main else 1) from None
+    except BaseException as err:  # perhaps this rank's alone (an interrupt, an out-of-memory): the others are in a
+        _leave_now(err)  # frame's agreement, where teardown's barrier would wait until distributed.timeout_s
+    teardown(ctx)
     return submission_of(detections, model, dataset.index.format) if detections is not None else None
+
+
+def _leave_now(err: BaseException) -> None:
+    """End this rank at once after ``err`` (its traceback, status 1; 130 for an interrupt), with no collective and
+    without the interpreter's teardown of the process group; torchrun sees the exit and stops the other ranks."""
+    import os
+    import sys
+    import traceback
+
+    traceback.print_exception(err)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130 if isinstance(err, KeyboardInterrupt) else 1)
 
 
 def _checkpoint_frames(args: argparse.Namespace, cfg: Any) -> tuple[Any, str]:
