@@ -296,7 +296,7 @@ def _predict_shared(model: Any, cfg: Any, dataset: Any, ctx: Any, args: argparse
     """This rank's share of the frames predicted, every rank's gathered on rank 0: its submission and unreadable
     frames there, None elsewhere; the process group is left afterwards (rank 0 scores alone)."""
     from drivetrain.cli.predict import frame_transform
-    from drivetrain.engine.distributed import teardown
+    from drivetrain.engine.distributed import exit_failed, teardown
     from drivetrain.engine.eval_run import submission_of
     from drivetrain.engine.eval_shards import EvaluationFailed, predict_shared
 
@@ -309,22 +309,10 @@ def _predict_shared(model: Any, cfg: Any, dataset: Any, ctx: Any, args: argparse
         teardown(ctx)
         raise SystemExit(f"eval: {err}" if ctx.is_main else 1) from None
     except BaseException as err:  # perhaps this rank's alone (an interrupt, an out-of-memory): the others are in a
-        _leave_now(err)  # frame's agreement, where teardown's barrier would wait until distributed.timeout_s
+        # frame's agreement, where teardown's barrier would wait until distributed.timeout_s
+        exit_failed(err, 130 if isinstance(err, KeyboardInterrupt) else 1)
     teardown(ctx)
     return submission_of(detections, model, dataset.index.format) if detections is not None else None
-
-
-def _leave_now(err: BaseException) -> None:
-    """End this rank at once after ``err`` (its traceback, status 1; 130 for an interrupt), with no collective and
-    without the interpreter's teardown of the process group; torchrun sees the exit and stops the other ranks."""
-    import os
-    import sys
-    import traceback
-
-    traceback.print_exception(err)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(130 if isinstance(err, KeyboardInterrupt) else 1)
 
 
 def _checkpoint_frames(args: argparse.Namespace, cfg: Any) -> tuple[Any, str]:

@@ -144,18 +144,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _leave_failed(err: BaseException | None) -> None:
     """End a rank whose training failed under a process group, now: status 1 (``err``'s traceback first when no
-    handler printed its line), without the interpreter's teardown, whose destructors of the process group would wait
-    for ranks still in a collective; torchrun sees the exit and stops the other ranks."""
-    import traceback
-
+    handler printed its line), with no collective (:func:`~drivetrain.engine.distributed.exit_failed`)."""
     from drivetrain.cli.launch import record_worker_status
+    from drivetrain.engine.distributed import exit_failed
 
-    if err is not None:
-        traceback.print_exception(err)
     record_worker_status(1)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1)
+    exit_failed(err, 1)
 
 
 def _report_no_room(err: BaseException, cfg: object) -> bool:

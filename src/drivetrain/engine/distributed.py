@@ -38,7 +38,7 @@ import os
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -49,6 +49,7 @@ __all__ = [
     "DistContext",
     "agree_on_attempt",
     "attempt_store",
+    "exit_failed",
     "process_group_backend",
     "setup",
     "teardown",
@@ -194,6 +195,31 @@ def teardown(ctx: DistContext) -> None:
         dist.barrier()
         time.sleep(0.05)
         dist.destroy_process_group()
+
+
+# How long a failed rank waits before it exits: longer than torchrun's --monitor-interval (0.1 s by default), so that
+# torchrun, which names the first worker it sees exit as the root cause, sees a peer that failed first before it.
+EXIT_DELAY_S = 1.0
+
+
+def exit_failed(err: BaseException | None, code: int) -> NoReturn:
+    """End this rank of a process group after a failure that may be its own alone: ``err``'s traceback (None when a
+    handler printed its line), then ``os._exit(code)``, with no further collective.
+
+    The other ranks may be in a collective this rank would never join: teardown's barrier, or the interpreter's
+    teardown of the process group, would wait for them until ``distributed.timeout_s``. torchrun sees the exit and
+    stops the other ranks (a gloo rank whose collective fails on the closed connection exits through here too, after
+    :data:`EXIT_DELAY_S`: torchrun then names the rank that failed first as the root cause).
+    """
+    import sys
+    import traceback
+
+    if err is not None:
+        traceback.print_exception(err)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    time.sleep(EXIT_DELAY_S)
+    os._exit(code)
 
 
 POLL_S = 0.05  # how often a rank that has not been confirmed reads the leader key again
