@@ -374,12 +374,11 @@ class StreamPETRLoss(torch.nn.Module):
             codes = dn_codes.permute(1, 2, 0, 3)[bid, slots].permute(1, 0, 2)  # (L, K, 10)
             num_known = known_labels.shape[0]
             one_hot = class_mask(known_labels, num_classes).float()  # (K, C)
-            # on the device, as the original's new_tensor: NCCL reduces no CPU tensor
-            known = torch.tensor(float(num_known), device=dn_logits.device)  # ()
-            cls_factor = average_factor(
-                known * DN_BALL_FRACTION * self.dn_split**3, across_ranks=self.sync_cls_avg_factor
-            )  # ()
-            box_factor = average_factor(known)  # ()
+            # on the device, as the original's new_tensor (NCCL reduces no CPU tensor); the product in Python's
+            # double first, rounded to float32 once, as there
+            dn_balls = torch.tensor(num_known * DN_BALL_FRACTION * self.dn_split**3, device=dn_logits.device)  # ()
+            cls_factor = average_factor(dn_balls, across_ranks=self.sync_cls_avg_factor)  # ()
+            box_factor = average_factor(torch.tensor(float(num_known), device=dn_logits.device))  # ()
         terms = {}
         for layer in range(num_layers):
             with region("losses"):
