@@ -73,16 +73,16 @@ def test_each_term_is_normalised_by_the_local_or_the_mean_count_as_the_original(
 
 def test_both_paths_hand_the_counts_to_the_reduction_on_the_predictions_device(monkeypatch) -> None:
     """NCCL all-reduces CUDA tensors only ("No backend type associated with device type cpu" for a CPU one): every
-    count a loss averages over ranks reaches ``average_factor`` as a tensor on the predictions' device, on both
-    paths (the reference path once made CPU tensors of Python numbers there)."""
+    count a loss averages over ranks reaches ``average_factor`` as a tensor on the predictions' device, or as a number
+    with that device to make it on, on both paths (the reference path once made CPU tensors of Python numbers there)."""
     import drivetrain.losses.focal_head as focal_head_module
     import drivetrain.models.streampetr.loss_3d as loss_3d_module
     from drivetrain.losses.normalize import average_factor
 
-    seen: list[object] = []
+    seen: list[tuple[object, object]] = []  # (count, the device a number is made on)
 
     def recording(count, **kwargs):
-        seen.append(count)
+        seen.append((count, kwargs.get("device")))
         return average_factor(count, **kwargs)
 
     monkeypatch.setattr(focal_head_module, "average_factor", recording)
@@ -94,7 +94,8 @@ def test_both_paths_hand_the_counts_to_the_reduction_on_the_predictions_device(m
             seen.clear()
             path(loss_of(True), impl)(outputs, targets)
             assert seen, impl
-            for count in seen:
-                assert isinstance(count, torch.Tensor) and count.device == device, (impl, count)
+            for count, made_on in seen:
+                on_device = count.device if isinstance(count, torch.Tensor) else made_on
+                assert on_device == device, (impl, count, made_on)
                 checked += 1
     assert checked >= 12

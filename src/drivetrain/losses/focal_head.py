@@ -310,11 +310,10 @@ class FocalHeadLoss(torch.nn.Module):
             pred_xyxy = boxes_cxcywh_to_xyxy(flat_boxes) * factors  # (B·N·Q, 4) pixels
             target_xyxy = boxes_cxcywh_to_xyxy(box_targets) * factors  # (B·N·Q, 4) pixels, zeros off the positives
             scores = iou_aligned(target_xyxy, pred_xyxy.detach())  # (B·N·Q,) used at the positives only
-            # on the device, as the original's cls_scores.new_tensor: NCCL reduces no CPU tensor
-            positives = torch.tensor(float(count), device=logits.device)  # ()
-            cls_factor = average_factor(positives, across_ranks=self.sync_cls_avg_factor)  # ()
-            iou_factor = average_factor(positives, across_ranks=False)  # ()
-            num_pos = average_factor(positives)  # ()
+            on = logits.device  # the counts made there, as the original's cls_scores.new_tensor (NCCL: no CPU tensor)
+            cls_factor = average_factor(float(count), across_ranks=self.sync_cls_avg_factor, device=on)  # ()
+            iou_factor = average_factor(float(count), across_ranks=False, device=on)  # ()
+            num_pos = average_factor(float(count), device=on)  # ()
         with region("heatmap"):
             heat_shape = tuple(centerness.shape[-2:])
             heatmap = torch.stack(

@@ -298,10 +298,9 @@ class StreamPETRLoss(torch.nn.Module):
                     torch.cat([t[i] for t in targets]) for i in range(4)
                 )  # (B·Q,), (B·Q,), (B·Q, 9), (B·Q, 10)
                 num_pos = float(sum(min(boxes.shape[0], num_queries) for boxes in boxes_list))  # matched queries
-                # on the device, as the original's cls_scores.new_tensor: NCCL reduces no CPU tensor
-                num_pos = torch.tensor(num_pos, device=cls_logits.device)  # ()
-                cls_factor = average_factor(num_pos, across_ranks=self.sync_cls_avg_factor)  # ()
-                box_factor = average_factor(num_pos)  # ()
+                on = cls_logits.device  # made there, as the original's cls_scores.new_tensor (NCCL: no CPU tensor)
+                cls_factor = average_factor(num_pos, across_ranks=self.sync_cls_avg_factor, device=on)  # ()
+                box_factor = average_factor(num_pos, device=on)  # ()
                 one_hot = class_mask(label_all, num_classes).float()  # (B·Q, C)
                 normalized = encode_boxes(target_all)  # (B·Q, 10): unmatched rows hold -inf
                 finite = torch.isfinite(normalized).all(-1)  # (B·Q,)
@@ -374,11 +373,11 @@ class StreamPETRLoss(torch.nn.Module):
             codes = dn_codes.permute(1, 2, 0, 3)[bid, slots].permute(1, 0, 2)  # (L, K, 10)
             num_known = known_labels.shape[0]
             one_hot = class_mask(known_labels, num_classes).float()  # (K, C)
-            # on the device, as the original's new_tensor (NCCL reduces no CPU tensor); the product in Python's
-            # double first, rounded to float32 once, as there
-            dn_balls = torch.tensor(num_known * DN_BALL_FRACTION * self.dn_split**3, device=dn_logits.device)  # ()
-            cls_factor = average_factor(dn_balls, across_ranks=self.sync_cls_avg_factor)  # ()
-            box_factor = average_factor(torch.tensor(float(num_known), device=dn_logits.device))  # ()
+            on = dn_logits.device  # made there, as the original's new_tensor (NCCL: no CPU tensor)
+            cls_factor = average_factor(
+                num_known * DN_BALL_FRACTION * self.dn_split**3, across_ranks=self.sync_cls_avg_factor, device=on
+            )  # ()
+            box_factor = average_factor(float(num_known), device=on)  # ()
         terms = {}
         for layer in range(num_layers):
             with region("losses"):
