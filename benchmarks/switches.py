@@ -44,7 +44,7 @@ from typing import Any
 import torch
 import yaml
 
-from drivetrain.engine import stepsplit
+from drivetrain.engine import load_config, stepsplit
 from drivetrain.engine.config_files import load_yaml
 from drivetrain.profile import BenchResult, Row, add_bench_arguments, device_name, emit, setup_bench
 from drivetrain.profile.costmodel import Cost
@@ -234,6 +234,15 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             result.extra["schedule"] = schedule_race(config, args, folder)
         if args.model == "voxelnet" and args.channels_table:
             result.extra["base_channels"] = channels_table(config, args, folder)
+    # The flags the reference column ran under: the baseline's process applied the config's speed section. Not those
+    # in effect here (emit's default): each variant is counted in this process after its runs (stepsplit.count_step
+    # builds a Trainer, which sets the flags from its speed section and leaves them so), so they are the last counted
+    # variant's (tf32 on CUDA: TF32 on). A variant's own settings are its overrides (measured[...].overrides).
+    # (torch reports the matmul TF32 flag as the float32 matmul precision: "high" with it, "highest" without.)
+    speed = load_config(config, []).speed
+    result.config["backends"] = {"tf32_matmul": speed.tf32, "tf32_cudnn": speed.tf32,
+                                 "cudnn_benchmark": speed.cudnn_benchmark,
+                                 "float32_matmul_precision": "high" if speed.tf32 else "highest"}  # fmt: skip
     result.notes.append(
         "reference = the baseline config (DDP without static_graph for ddp_static), batched = the switch; one process "
         "per run, --repeat runs per variant; 'measured' holds the spread (min–max of the run medians), memory and "

@@ -74,3 +74,37 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
 def test_unknown_variants_are_named():
     with pytest.raises(SystemExit, match="channels_last_3d"):
         main(["bench", "switches", "--model", "pointpillars", "--variants", "channels_last_3d"])
+
+
+@pytest.fixture
+def backends_restored():
+    """The process-wide TF32 and cuDNN flags put back after the test (the benchmark's in-process counts set them)."""
+    import torch
+
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved
+
+
+@pytest.mark.slow
+def test_the_recorded_backends_are_the_baselines_not_the_last_counted_variants(tmp_path, monkeypatch, backends_restored):
+    """Each variant is counted in this process after its timed runs (stepsplit.count_step builds a Trainer here, which
+    sets the process-wide flags from its speed section and leaves them so); the tf32 variant (CUDA-only in the table,
+    added here so a CPU shows it) is counted last. The result's config.backends must still say what the baseline,
+    the reference column, ran under: the config's speed section (TF32 off), not the tf32 variant's flags."""
+    from drivetrain.cli import bench
+
+    module = bench.load(bench.available()["switches"])
+    table = module.variants
+
+    def with_tf32(model: str, cuda: bool) -> dict[str, list[str]]:
+        return {**table(model, cuda), "tf32": ["speed.tf32=true"]}
+
+    monkeypatch.setattr(module, "variants", with_tf32)
+    argv = ["--model", "pointpillars", "--variants", "tf32", "--steps", "1", "--warmup", "1", "--repeat", "1",
+            "--no-ddp", "--no-schedule", "--no-channels-table", "--json", str(tmp_path / "r.json")]  # fmt: skip
+    assert module.main(argv) == 0
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["measured"]["tf32"]["cost"] is not None  # counted in this process, after the baseline
+    assert data["config"]["backends"] == {"tf32_matmul": False, "tf32_cudnn": False, "cudnn_benchmark": False,
+                                          "float32_matmul_precision": "highest"}  # fmt: skip
