@@ -87,7 +87,7 @@ def backends_restored():
 
 
 @pytest.mark.slow
-def test_the_recorded_backends_are_the_baselines_not_the_last_counted_variants(tmp_path, monkeypatch, backends_restored):
+def test_the_recorded_backends_are_the_baselines_not_the_last_counted_ones(tmp_path, monkeypatch, backends_restored):
     """Each variant is counted in this process after its timed runs (stepsplit.count_step builds a Trainer here, which
     sets the process-wide flags from its speed section and leaves them so); the tf32 variant (CUDA-only in the table,
     added here so a CPU shows it) is counted last. The result's config.backends must still say what the baseline,
