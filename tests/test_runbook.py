@@ -660,7 +660,7 @@ def test_a_run_killed_during_a_step_has_every_finished_step_in_out(tmp_path):
 
 @pytest.mark.slow
 def test_the_cpu_dry_run_killed_part_way_has_every_finished_steps_result_in_out(tmp_path):
-    """The whole dry run (scripts/gpu_check.sh --device cpu), SIGKILLed after its third finished step: every step
+    """The whole dry run (scripts/gpu_check.sh --device cpu), SIGKILLed after its fourth finished step: every step
     that finished is in OUT's summary and tarball, with its log and, for a benchmark that ended ok, its JSON."""
     out = tmp_path / "out"
     env = {**os.environ, "PYTHON": sys.executable, "TMPDIR": str(tmp_path)}
@@ -670,19 +670,19 @@ def test_the_cpu_dry_run_killed_part_way_has_every_finished_steps_result_in_out(
     finished = re.compile(r"^\| (\S+) \| \d \| (ok|failed \(-?\d+\)|timed out after \d+ s) \|", re.MULTILINE)
     try:
         deadline = time.time() + 900
-        while len(finished.findall(_text(out / "summary.md"))) < 3:
+        while len(finished.findall(_text(out / "summary.md"))) < 4:
             assert proc.poll() is None and time.time() < deadline, _text(out / "summary.md")
             time.sleep(1)
     finally:
         _kill_run(proc)
     text = (out / "summary.md").read_text()
     done = dict(finished.findall(text))
-    assert len(done) >= 3 and "In progress:" in text
+    assert len(done) >= 4 and "In progress:" in text
     members = _members(out / "gpu-results.tar.gz")
     record = json.loads(members["gpu-check/steps.json"])
     assert {s["name"] for s in record["steps"] if s["status"] != "skipped"} == set(done)
     benchmarks = [name for name, status in done.items() if status == "ok" and not name.startswith(("tests-", "synth"))]
-    assert benchmarks  # the third finished step at the latest is a benchmark (solve)
+    assert benchmarks  # the fourth finished step at the latest is a benchmark (solve), after the 3 test steps
     for name, status in done.items():
         assert f"gpu-check/{name}.log" in members, name
         if status == "ok" and not name.startswith(("tests-", "synth")):  # a benchmark: its result was written
