@@ -305,6 +305,32 @@ def test_an_async_save_writes_a_staged_copy_in_the_background_and_commits_at_wai
     assert all(torch.equal(saved["optimizer"]["state"][numbered[i]]["exp_avg"], m) for i, m in moments.items())
 
 
+def test_staging_keeps_a_shard_of_a_cuda_mesh_on_the_cpu_and_reuses_its_copy(tmp_path: Path) -> None:
+    """FSDP2 with CPU offload on CUDA hands out DTensors whose local shard is on the CPU and whose mesh is ``cuda``;
+    their staged copies stay on the CPU (``DTensor.from_local`` would move them to a GPU: without CUDA, it fails)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        mesh = DeviceMesh("cuda", [0], _init_backend=False)  # FSDP's mesh on CUDA; nothing here runs on it
+        local = torch.arange(6.0).reshape(3, 2)
+        meta = TensorMeta(local.shape, local.stride(), local.dtype)
+        shard = DTensor(local, DTensorSpec(mesh, (Shard(0),), meta), requires_grad=False)
+        into: dict[str, torch.Tensor] = {}
+        first = dcp_files.stage({"w": shard}, into)["w"]
+        assert isinstance(first, DTensor) and first.to_local().device.type == "cpu"
+        assert first.device_mesh is mesh and first.placements == (Shard(0),) and first.shape == shard.shape
+        assert torch.equal(first.to_local(), local) and first.to_local().data_ptr() != local.data_ptr()
+        local.add_(1)  # the next step changes the live shard in place: the next save's copy reuses the staged one
+        second = dcp_files.stage({"w": shard}, into)["w"]
+        assert second.to_local().data_ptr() == first.to_local().data_ptr() and torch.equal(second.to_local(), local)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_the_next_save_waits_for_the_one_in_flight_and_counts_the_wait_as_its_stall(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv(DELAY_ENV, "0.4")
     run = strategy(0)

@@ -169,16 +169,20 @@ def stage(tensors: Mapping[str, torch.Tensor], into: dict[str, torch.Tensor] | N
         local = t.to_local() if isinstance(t, DTensor) else t
         old = into.get(key)
         old_local = old.to_local() if isinstance(old, DTensor) else old
-        if old_local is not None and old_local.shape == local.shape and old_local.dtype == local.dtype:
-            copy = old_local.copy_(local.detach())
+        if (
+            old_local is not None
+            and isinstance(old, DTensor) == isinstance(t, DTensor)
+            and old.shape == t.shape
+            and old_local.shape == local.shape
+            and old_local.dtype == local.dtype
+        ):
+            old_local.copy_(local.detach())
+            staged[key] = old
         else:
-            copy = local.detach().to("cpu", copy=True)
-        if isinstance(t, DTensor):
-            staged[key] = DTensor.from_local(
-                copy, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride()
-            )
-        else:
-            staged[key] = copy
+            # A DTensor's .to() copies its local shard and keeps its spec; DTensor.from_local would move a CPU copy to
+            # the mesh's device type (under FSDP on CUDA, back onto a GPU: the current one, cuda:0 in the background
+            # thread of every rank).
+            staged[key] = t.detach().to("cpu", copy=True)
         into[key] = staged[key]
     return staged
 
