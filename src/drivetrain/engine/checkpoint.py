@@ -277,6 +277,11 @@ def check_components(state: Mapping[str, Any], components: Mapping[str, Stateful
         )
 
 
+def _cuda_device() -> int | None:
+    """The calling thread's current CUDA device, for a thread that works for it (None where CUDA is not in use)."""
+    return torch.cuda.current_device() if torch.cuda.is_initialized() else None
+
+
 class _StepGate:
     """Holds the next ``optimizer.step()`` until an asynchronous save has copied the tensors that step changes in
     place (parameters and optimizer state: nothing else writes them between two steps), so that the copy runs
@@ -424,7 +429,7 @@ class Checkpointer:
                 gate = _StepGate(optimizer, step) if later else None
                 self._inflight = threading.Thread(
                     target=self._write_in_background,
-                    args=(step, small, now, {k: tensors[k] for k in later}, gate, group, failed),
+                    args=(step, small, now, {k: tensors[k] for k in later}, gate, group, failed, _cuda_device()),
                     name=f"checkpoint-{step}",
                 )
                 self._gate = gate
@@ -490,9 +495,12 @@ class Checkpointer:
         gate: _StepGate | None,
         group: Any,
         failed: str | None,
+        device: int | None = None,
     ) -> None:
         try:
             try:  # the tensors only an optimizer step changes: copied here while the next step's forward runs
+                if device is not None:  # a new thread's CUDA device is 0, not the rank's (DCP's writer syncs it)
+                    torch.cuda.set_device(device)
                 staged = {**staged, **dcp_files.stage(later, self._staging)}
             finally:
                 if gate is not None:
