@@ -152,4 +152,5 @@ def test_deepspeed_config_maps_engine_settings(tmp_path: Path) -> None:
                           "min_loss_scale": 1.0}  # fmt: skip
     assert "bf16" not in ds
     bf16 = deepspeed_config(load_config(SMOKE, overrides(tmp_path, "precision.mode=bf16", "optim.clip_norm=null")), 1)
-    assert bf16["bf16"] == {"enabled": True} and bf16["gradient_clipping"] == 0.0 and "fp16" not in bf16
+    assert bf16["bf16"] == {"enabled": True, "check_grad_overflow": True}  # DeepSpeed skips non-finite steps (ZeRO-1/2)
+    assert bf16["gradient_clipping"] == 0.0 and "fp16" not in bf16

@@ -14,8 +14,10 @@ DeepSpeed wraps the engine's own model and optimizer (``deepspeed.initialize(mod
   (``set_gradient_accumulation_boundary`` in ``distributed.grad_sync``) and calls :meth:`DeepSpeedRun.step`
   once per iteration.
 - **Clipping, finiteness, precision.** ``gradient_clipping = optim.clip_norm``; DeepSpeed measures the global
-  norm (before clipping), skips the step and clears the gradients when it is not finite. A non-finite loss
-  is turned into NaN gradients (:meth:`DeepSpeedRun.backward`) so that the same check skips that step.
+  norm (before clipping). It skips the step and clears the gradients when they are not finite under fp16, and
+  under bf16 at ZeRO-1/2 (``check_grad_overflow``, set here); by DeepSpeed's source (0.16–0.19.6) not under
+  fp32, nor under bf16 at ZeRO-3 (stage 3 checks fp16 only): there a NaN gradient reaches AdamW. A non-finite
+  loss is turned into NaN gradients (:meth:`DeepSpeedRun.backward`) so that the same check skips that step.
   ``precision.mode`` bf16/fp16 map to DeepSpeed's ``bf16`` / ``fp16`` sections (fp16: its dynamic loss
   scale from ``init_scale``, ``growth_interval``, ``hysteresis``, ``min_scale``); fp32 uses neither.
 - **Buffers** are broadcast from rank 0 before every training forward, as under DDP.
@@ -87,8 +89,8 @@ def deepspeed_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
         "steps_per_print": 2**62,  # the engine logs; DeepSpeed's own progress lines stay off
         "wall_clock_breakdown": False,
     }
-    if pcfg.mode == "bf16":
-        out["bf16"] = {"enabled": True}
+    if pcfg.mode == "bf16":  # ZeRO-1/2 skip non-finite gradients under bf16 only with check_grad_overflow (from 0.17.1;
+        out["bf16"] = {"enabled": True, "check_grad_overflow": True}  # off by default before 0.19.3, ignored before)
     elif pcfg.mode == "fp16":
         out["fp16"] = {
             "enabled": True,
