@@ -463,6 +463,11 @@ class TrainConfig:
                 "precision.growth_factor",
                 "DeepSpeed's fp16 loss scaler needs growth_factor=2 and backoff_factor=0.5",
             )
+            _check(
+                float(p.min_scale).is_integer(),
+                "precision.min_scale",
+                f"must be a whole number with distributed.strategy=deepspeed (its min_loss_scale), got {p.min_scale}",
+            )
 
 
 def module_available(name: str) -> bool:

@@ -97,7 +97,7 @@ def deepspeed_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
             "initial_scale_power": round(math.log2(pcfg.init_scale)),
             "loss_scale_window": pcfg.growth_interval,
             "hysteresis": pcfg.hysteresis,
-            "min_loss_scale": pcfg.min_scale,
+            "min_loss_scale": int(pcfg.min_scale),  # an integer in DeepSpeed's schema (0.17.1 on; checked whole)
         }
     return out
 
