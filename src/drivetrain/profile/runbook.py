@@ -164,8 +164,8 @@ FULL_ROOT = "data/synth-full-704"  # the root of configs/{streampetr_full,pointp
 # Part 7: 22 + 2.6 + ~10 cold inductor graphs × ~20 s (PointPillars tiny's step at 2 buckets and StreamPETR's small
 # one, forward and backward; 3 losses; the AdamW update; a decoder) + the resume's 3 runs on warm caches × ~10 s + 2
 # more trainer runs and the CUDA graphs' recording ≈ 270 s; its cap what the part's budget leaves (540 − 30 − 20).
-# Counted again after the CUDA-path reviews: 111 device tests (the evaluation and decoding on the device, the
-# side-stream copies, ...; two devkit scorings ~3 s each): 22 + 2.6 + 111 × 0.13 + 7.5 + 6 ≈ 52 s, inside the 90 s cap;
+# Counted again after the CUDA-path reviews: 114 device tests (the evaluation and decoding on the device, the
+# side-stream copies, ...; two devkit scorings ~3 s each): 22 + 2.6 + 114 × 0.13 + 7.5 + 6 ≈ 53 s, inside the 90 s cap;
 # it keeps 45 (part 1 plans 520 of 540 − 20: nothing left) until a run measures it; 12 that train, one more a
 # one-rank NCCL FSDP-offload torchrun training (~30 s): ≈ 110 s, inside the 130 s planned.
 # All three stream each test's outcome into their log (-v) as it ends, then the slowest 15 and every outcome again.
