@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import itertools
 import math
 import sys
 from dataclasses import dataclass, field
@@ -351,6 +352,13 @@ class DistributedConfig:
             "distributed.strategy",
             "'deepspeed' needs the deepspeed package, which is not installed: pip install 'drivetrain[deepspeed]'",
         )
+        found = installed_version("deepspeed") if self.strategy == "deepspeed" else None
+        _check(
+            found is None or _release(found) >= DEEPSPEED_MIN,
+            "distributed.strategy",
+            f"'deepspeed' needs deepspeed >= {'.'.join(map(str, DEEPSPEED_MIN))}, found {found}: older versions "
+            "apply AdamW to non-finite fp32 gradients; pip install -U 'drivetrain[deepspeed]'",
+        )
 
 
 @dataclass(frozen=True)
@@ -473,6 +481,35 @@ class TrainConfig:
 def module_available(name: str) -> bool:
     """Whether ``name`` can be imported (found without importing it)."""
     return importlib.util.find_spec(name) is not None
+
+
+# The oldest DeepSpeed this engine accepts: the version its tests ran (CPU accelerator, gloo). From it on, ZeRO-1/2
+# and ZeRO-3 mark a step whose global gradient norm is not finite as an overflow and skip it in every precision
+# (run here under fp32 at ZeRO-1, 2, 2 with offload and 3: the steps skipped, AdamW never stepped); before it, by
+# their source (0.16–0.19.6), only fp16 (and bf16 at ZeRO-1/2 with check_grad_overflow) was checked, so a NaN
+# gradient reached AdamW.
+DEEPSPEED_MIN = (0, 19, 8)
+
+
+def installed_version(name: str) -> str | None:
+    """The installed distribution ``name``'s version (its metadata, nothing imported); None when it has none."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The leading release numbers of ``version`` (``"0.19.8+cu124"`` → ``(0, 19, 8)``)."""
+    numbers = []
+    for part in version.split(".")[:3]:
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            break
+        numbers.append(int(digits))
+    return tuple(numbers)
 
 
 # Keys that may differ between a checkpoint's config and the resuming run's (they do not change what is learned).

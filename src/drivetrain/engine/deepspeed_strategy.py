@@ -14,10 +14,11 @@ DeepSpeed wraps the engine's own model and optimizer (``deepspeed.initialize(mod
   (``set_gradient_accumulation_boundary`` in ``distributed.grad_sync``) and calls :meth:`DeepSpeedRun.step`
   once per iteration.
 - **Clipping, finiteness, precision.** ``gradient_clipping = optim.clip_norm``; DeepSpeed measures the global
-  norm (before clipping). It skips the step and clears the gradients when they are not finite under fp16, and
-  under bf16 at ZeRO-1/2 (``check_grad_overflow``, set here); by DeepSpeed's source (0.16–0.19.6) not under
-  fp32, nor under bf16 at ZeRO-3 (stage 3 checks fp16 only): there a NaN gradient reaches AdamW. A non-finite
-  loss is turned into NaN gradients (:meth:`DeepSpeedRun.backward`) so that the same check skips that step.
+  norm (before clipping). From 0.19.8 on (``engine.config.DEEPSPEED_MIN``, required) it skips the step and clears
+  the gradients when that norm is not finite, at every ZeRO stage and in every precision (bf16 at ZeRO-1/2 with
+  ``check_grad_overflow``, set here); older versions, by their source (0.16–0.19.6), checked fp16 only, so a NaN
+  gradient reached AdamW. A non-finite loss is turned into NaN gradients (:meth:`DeepSpeedRun.backward`) so that
+  the same check skips that step.
   ``precision.mode`` bf16/fp16 map to DeepSpeed's ``bf16`` / ``fp16`` sections (fp16: its dynamic loss
   scale from ``init_scale``, ``growth_interval``, ``hysteresis``, ``min_scale``); fp32 uses neither.
 - **Buffers** are broadcast from rank 0 before every training forward, as under DDP.
