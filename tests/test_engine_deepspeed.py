@@ -69,10 +69,15 @@ def test_zero_stages_match_one_process_with_double_batch(runs: Path, single: Pat
     assert [m["lr"] for m in metrics(runs / stage)] == [m["lr"] for m in metrics(single)]
     ours, ref = final_state(runs / stage), final_state(single)
     # The gathered optimizer state has the 1-process AdamW layout: same groups (lr set by the schedule
-    # × lr_mult), step counts and moments.
-    assert ours["optimizer"]["param_groups"] == ref["optimizer"]["param_groups"]
-    assert ours["optimizer"]["state"].keys() == ref["optimizer"]["state"].keys()
-    for index, state in ref["optimizer"]["state"].items():
+    # × lr_mult), step counts and moments. DeepSpeed's keys the parameters by number (torch.optim's own
+    # state_dict: a DeepSpeed checkpoint resumes only under DeepSpeed), the 1-process run's by name (DCP's
+    # get_state_dict), both in the optimizer's parameter order.
+    names = [name for group in ref["optimizer"]["param_groups"] for name in group["params"]]
+    by_name = [{**group, "params": [names[i] for i in group["params"]]} for group in ours["optimizer"]["param_groups"]]
+    assert by_name == ref["optimizer"]["param_groups"]
+    assert [names[i] for i in ours["optimizer"]["state"]] == list(ref["optimizer"]["state"])
+    for index, name in enumerate(names):
+        state = ref["optimizer"]["state"][name]
         assert torch.equal(ours["optimizer"]["state"][index]["step"], state["step"])
         for key in ("exp_avg", "exp_avg_sq"):
             assert ours["optimizer"]["state"][index][key].shape == state[key].shape

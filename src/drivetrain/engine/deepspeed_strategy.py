@@ -189,7 +189,9 @@ class DeepSpeedRun:
     def full_state(self) -> tuple[dict, dict]:
         """Full model (fp32 master weights) and AdamW state dicts on CPU, on every rank (collective).
 
-        The layout is that of ``model.state_dict()`` and ``torch.optim.AdamW.state_dict()`` in a 1-process run.
+        The layout is that of ``model.state_dict()`` and ``torch.optim.AdamW.state_dict()`` in a 1-process run (the
+        parameters keyed by number, where the other strategies' checkpoints key them by name: a DeepSpeed checkpoint
+        resumes only under DeepSpeed, :mod:`drivetrain.engine.resume`).
         """
         with self._gathered(list(self.model.parameters())):  # stage 3: full values of frozen params, buffers
             current = self.model.state_dict()
